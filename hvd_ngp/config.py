@@ -1,0 +1,265 @@
+"""Command line, environment and config files.
+
+Precedence, highest first: command-line flags > ``HVD_NGP_*`` environment variables > the
+``--config`` file > built-in defaults.
+
+A config file is JSON in instant-ngp style: network blocks (``encoding``, ``network``,
+``dir_encoding``, ``rgb_network``, ``loss``, ``optimizer``, ``marching``, ``distributed``),
+a ``"parent"`` chain merged like JSON merge-patch, and top-level scalar keys that set trainer
+options (``"n_steps": 2000``). The seed guides' ``"training": {"precision", "batch_size"}`` block
+sets ``--precision`` and ``--target_samples``. A block given on the command line or in the
+environment (``--encoding '{"log2_hashmap_size": 15}'``) is merge-patched over the file's block.
+Files with another extension use configargparse's ``key = value`` syntax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Sequence
+
+import configargparse
+
+from .errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
+BASE_CONFIG = CONFIG_DIR / "base.json"
+CPU_CONFIG = CONFIG_DIR / "cpu.json"
+
+#: JSON blocks that describe the model and its training recipe; merged, never flattened.
+BLOCKS = ("encoding", "network", "dir_encoding", "rgb_network", "loss", "optimizer", "marching", "distributed")
+#: keys of the seed guides' "training" block -> trainer option names
+TRAINING_ALIASES = {"batch_size": "target_samples", "precision": "precision"}
+#: top-level keys in a config file that are documentation only
+IGNORED_KEYS = ("parent", "comment")
+
+
+# ------------------------------------------------------------------------------------------ JSON
+
+
+def merge_patch(base: dict, patch: dict) -> dict:
+    """RFC 7386 merge-patch: dicts merge recursively, ``null`` deletes, anything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_patch(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_json_config(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> dict:
+    """Load an instant-ngp style JSON config, resolving its ``"parent"`` chain (paths relative to the file)."""
+    path = Path(path).expanduser().resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ConfigError(f"{path}: circular 'parent' chain: {chain}")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must hold a JSON object, found {type(data).__name__}")
+    parent = data.get("parent")
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ConfigError(f"{path}: 'parent' must be a file name, found {parent!r}")
+        data = merge_patch(load_json_config(path.parent / parent, (*_seen, path)), data)
+    data.pop("parent", None)
+    return data
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"invalid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+class NgpConfigFileParser(configargparse.ConfigFileParser):
+    """``.json`` files: instant-ngp style with ``parent``; anything else: configargparse's default syntax."""
+
+    def get_syntax_description(self) -> str:
+        return ("JSON in instant-ngp style (network blocks, 'parent' chain, top-level trainer options), "
+                "or 'key = value' lines for other extensions")
+
+    def parse(self, stream) -> OrderedDict:
+        name = getattr(stream, "name", "")
+        if not str(name).endswith(".json"):
+            return configargparse.DefaultConfigFileParser().parse(stream)
+        data = load_json_config(name)
+        items: OrderedDict[str, Any] = OrderedDict()
+        for key, value in data.items():
+            if key in IGNORED_KEYS:
+                continue
+            if key == "training":
+                if not isinstance(value, dict):
+                    raise ConfigError(f"{name}: 'training' must be an object")
+                for sub, sub_value in value.items():
+                    if sub not in TRAINING_ALIASES:
+                        raise ConfigError(f"{name}: unknown key training.{sub} (known: {', '.join(TRAINING_ALIASES)})")
+                    items[TRAINING_ALIASES[sub]] = _scalar(sub_value)
+            elif key in BLOCKS:
+                if not isinstance(value, dict):
+                    raise ConfigError(f"{name}: block {key!r} must be a JSON object")
+                items[key] = json.dumps(value)
+            elif isinstance(value, dict):
+                raise ConfigError(f"{name}: unknown block {key!r} (known blocks: {', '.join(BLOCKS)}, training)")
+            else:
+                items[key] = _scalar(value) if not isinstance(value, list) else [str(v) for v in value]
+        return items
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
+    """The trainer's argument parser, grouped, with defaults in ``--help``."""
+    p = configargparse.ArgumentParser(
+        prog=prog,
+        description="Train an instant-ngp style NeRF with Horovod. Run under horovodrun/mpirun for several ranks.",
+        formatter_class=configargparse.ArgumentDefaultsHelpFormatter,
+        config_file_parser_class=NgpConfigFileParser,
+        auto_env_var_prefix="HVD_NGP_",
+        add_env_var_help=False,
+        add_config_file_help=False,
+    )
+    p.add_argument("--config", is_config_file=True, metavar="FILE",
+                   help=f"JSON config (instant-ngp style, 'parent' chains). Default: {BASE_CONFIG.name} on GPU, "
+                        f"{CPU_CONFIG.name} on CPU")
+
+    g = p.add_argument_group("scene")
+    g.add_argument("--scene", default="builtin",
+                   help="'builtin' (generated procedurally and cached), a scene folder, or a transforms*.json file")
+    g.add_argument("--scene_cache", default=os.path.join(os.path.expanduser("~"), ".cache", "hvd_ngp", "scenes"),
+                   help="where the built-in scene is generated")
+    g.add_argument("--builtin_seed", type=int, default=0, help="seed of the built-in scene generator")
+    g.add_argument("--train_split", default="train", help="split trained on (transforms_<split>.json)")
+    g.add_argument("--test_split", default="test", help="split evaluated on (transforms_<split>.json)")
+    g.add_argument("--holdout_every", type=int, default=0,
+                   help="for a single transforms.json: every N-th frame is a test view and not trained on (0: none)")
+    g.add_argument("--downscale", type=int, default=1, help="integer image downscale factor applied at load time")
+    g.add_argument("--train_background", choices=("random", "white", "black"), default="random",
+                   help="background composited behind RGBA training images")
+    g.add_argument("--eval_background", choices=("white", "black"), default="white",
+                   help="background for evaluation of RGBA scenes (white is the NeRF-synthetic protocol)")
+
+    g = p.add_argument_group("training")
+    g.add_argument("--n_steps", type=int, default=2000, help="training steps")
+    g.add_argument("--time_budget_s", type=float, default=0.0,
+                   help="stop after this many seconds of training (0: no limit); checked every 8 steps on rank 0")
+    g.add_argument("--target_samples", type=int, default=1 << 18,
+                   help="samples per step per rank; the ray count adapts to reach it")
+    g.add_argument("--n_rays_init", type=int, default=4096, help="rays per step at the start, before adaptation")
+    g.add_argument("--max_rays", type=int, default=1 << 20, help="upper bound of the adaptive ray count")
+    g.add_argument("--backend", choices=("auto", "torch", "cpp"), default="auto",
+                   help="hash-grid backend: torch (reference), cpp (C++ CPU kernel); auto picks the fastest available")
+    g.add_argument("--seed", type=int, default=1337, help="global seed; each rank's ray generator is seeded with seed + rank")
+    g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="compute device")
+    g.add_argument("--threads", type=int, default=0,
+                   help="CPU threads per rank (0: cores / ranks on this node)")
+
+    g = p.add_argument_group("evaluation and output")
+    g.add_argument("--out_dir", default="runs/latest", help="folder for renders, metrics and snapshots (rank 0 only)")
+    g.add_argument("--metrics_json", default=None, help="write final metrics here as JSON (rank 0)")
+    g.add_argument("--log_every", type=int, default=100, help="steps between log lines")
+    g.add_argument("--eval_every", type=int, default=0, help="evaluate test PSNR every N steps (0: only at the end)")
+    g.add_argument("--n_eval_views", type=int, default=0, help="test views used for PSNR (0: all)")
+    g.add_argument("--save_renders", type=int, default=8, help="test renders written as PNG at the end")
+    g.add_argument("--save_snapshot", default=None, help="write a snapshot here at the end (rank 0)")
+    g.add_argument("--load_snapshot", default=None, help="start from this snapshot (model, grid, optimizer, step)")
+
+    g = p.add_argument_group("network blocks (JSON merge-patch over the config file's block)")
+    for block in BLOCKS:
+        g.add_argument(f"--{block}", type=_json_object, default=None, metavar="JSON",
+                       help=f"patch for the '{block}' block")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None, default_config: Path | None = None) -> argparse.Namespace:
+    """Parse CLI/env/config and return options plus ``args.model``: the merged network config dict.
+
+    ``default_config`` is used when neither ``--config`` nor ``HVD_NGP_CONFIG`` names one.
+    """
+    argv = list(argv) if argv is not None else None
+    parser = build_parser()
+    if argv is None:
+        import sys
+
+        argv = sys.argv[1:]
+    explicit = any(a == "--config" or a.startswith("--config=") for a in argv) or "HVD_NGP_CONFIG" in os.environ
+    if not explicit:
+        argv = ["--config", str(default_config or BASE_CONFIG), *argv]
+    try:
+        args = parser.parse_args(argv)
+    except ConfigError:
+        raise
+    config_path = _config_path(argv) or os.environ.get("HVD_NGP_CONFIG")
+    args.config = str(Path(config_path).resolve()) if config_path else None
+    args.model = resolve_model(parser, args)
+    validate(args)
+    return args
+
+
+def _config_path(argv: Sequence[str]) -> str | None:
+    for i, a in enumerate(argv):
+        if a == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--config="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def resolve_model(parser: configargparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """base.json blocks <- config file blocks <- CLI/env block patches."""
+    model = {k: v for k, v in load_json_config(BASE_CONFIG).items() if k in BLOCKS}
+    file_blocks: dict[str, dict] = {}
+    for source, settings in parser.get_source_to_settings_dict().items():
+        if source.startswith("config_file"):
+            for key, (_action, value) in settings.items():
+                if key in BLOCKS:
+                    file_blocks[key] = json.loads(value)
+    for block in BLOCKS:
+        value = file_blocks.get(block)
+        if value is not None:
+            model[block] = merge_patch(model.get(block, {}), value)
+        cli_value = getattr(args, block)
+        if cli_value is not None and cli_value != value:
+            model[block] = merge_patch(model.get(block, {}), cli_value)
+        setattr(args, block, None)  # the merged view lives in args.model only
+    model["_source"] = args.config or str(BASE_CONFIG)
+    return model
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Cross-field checks with messages that say what was expected."""
+    positive = ("n_steps", "target_samples", "n_rays_init", "max_rays", "log_every", "downscale")
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
+    for name in ("time_budget_s", "eval_every", "n_eval_views", "save_renders", "holdout_every", "threads"):
+        if getattr(args, name) < 0:
+            raise ConfigError(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if args.n_rays_init > args.max_rays:
+        raise ConfigError(f"--n_rays_init ({args.n_rays_init}) exceeds --max_rays ({args.max_rays})")

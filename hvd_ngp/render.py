@@ -1,0 +1,135 @@
+"""Ray marching through the occupancy grid and volume rendering of packed samples.
+
+Layout: a batch of R rays is marched in fixed steps of ``dt`` into a dense lane of S candidate
+steps per ray; candidates in free cells are dropped, and the survivors are *packed* (ray-major,
+so each ray's samples are contiguous and in order). Transmittance is computed by a cumulative
+sum along the dense lane, which is exact per ray.
+
+Training renders in two passes, like instant-ngp: densities of all packed samples without
+gradients give the transmittance, samples behind an opaque surface (T < ``early_termination``)
+are dropped, and only the survivors go through the network with gradients. The packing is the
+one host synchronisation of a step (the number of samples must be known to size the tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .data.cameras import intersect_aabb
+from .occupancy import OccupancyGrid
+
+RGBSigmaFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # x [M,3], d [M,3] -> rgb [M,3], sigma [M]
+SigmaFn = Callable[[Tensor], Tensor]                            # x [M,3] -> sigma [M]
+
+
+@dataclass
+class Samples:
+    """Packed samples of R rays. mask ``[R, S]`` marks the dense-lane slots that hold a sample;
+    ray ``[M]``, t ``[M]`` (midpoint), dt ``[M]`` follow the mask's row-major order."""
+
+    mask: Tensor
+    ray: Tensor
+    t: Tensor
+    dt: Tensor
+
+    def __len__(self) -> int:
+        return int(self.ray.shape[0])
+
+    def select(self, keep: Tensor) -> "Samples":
+        """The samples where ``keep`` ``[M]`` is true (mask updated accordingly)."""
+        mask = self.mask.clone()
+        mask[self.mask] = keep
+        return Samples(mask, self.ray[keep], self.t[keep], self.dt[keep])
+
+    def positions(self, origins: Tensor, directions: Tensor) -> Tensor:
+        return origins[self.ray] + directions[self.ray] * self.t[:, None]
+
+
+def march(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid | None, dt: float, n_steps: int,
+          jitter: Tensor | None = None) -> Samples:
+    """Candidate samples at ``t_near + (k + jitter) * dt`` inside the aabb and in occupied cells.
+
+    origins, directions ``[R, 3]`` (unit); jitter ``[R]`` in [0, 1) or None (0.5: midpoints).
+    """
+    R = origins.shape[0]
+    t_near, t_far = intersect_aabb(origins, directions, aabb)
+    j = jitter if jitter is not None else torch.full((R,), 0.5, device=origins.device)
+    k = torch.arange(n_steps, device=origins.device, dtype=origins.dtype)
+    t = t_near[:, None] + (k[None, :] + j[:, None]) * dt                    # [R, S]
+    valid = t < t_far[:, None]
+    if grid is not None:
+        x = origins[:, None, :] + directions[:, None, :] * t[..., None]
+        valid = valid & grid.is_occupied(x.view(-1, 3)).view(R, n_steps)
+    ray = torch.arange(R, device=origins.device)[:, None].expand(R, n_steps)[valid]
+    tv = t[valid]
+    return Samples(valid, ray, tv, torch.full_like(tv, dt))
+
+
+def transmittance_weights(sigma: Tensor, samples: Samples) -> tuple[Tensor, Tensor]:
+    """Volume-rendering weights and the transmittance before each sample, both ``[M]``.
+
+    w_i = T_i (1 - exp(-sigma_i dt_i)), T_i = exp(-sum_{j<i} sigma_j dt_j) along each ray.
+    """
+    tau = torch.zeros(samples.mask.shape, dtype=sigma.dtype, device=sigma.device)
+    tau = tau.masked_scatter(samples.mask, sigma * samples.dt)
+    cum = torch.cumsum(tau, dim=1)
+    t_before = torch.exp(-(cum - tau))
+    w = t_before * (1.0 - torch.exp(-tau))
+    return w[samples.mask], t_before[samples.mask]
+
+
+def accumulate(weights: Tensor, values: Tensor | None, ray: Tensor, n_rays: int) -> Tensor:
+    """Per-ray sums: weights ``[M]`` times values ``[M, C]`` (or 1) -> ``[R, C]`` (or ``[R]``)."""
+    if values is None:
+        return torch.zeros(n_rays, dtype=weights.dtype, device=weights.device).index_add(0, ray, weights)
+    out = torch.zeros(n_rays, values.shape[-1], dtype=values.dtype, device=values.device)
+    return out.index_add(0, ray, weights[:, None] * values)
+
+
+@dataclass
+class RenderResult:
+    """rgb ``[R, 3]`` (premultiplied: no background), opacity ``[R]``, depth ``[R]``; n_samples: the
+    samples that went through the full network, n_candidates: the samples marched."""
+
+    rgb: Tensor
+    opacity: Tensor
+    depth: Tensor
+    n_samples: int
+    n_candidates: int
+
+
+def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
+                grid: OccupancyGrid | None, dt: float, n_steps: int, early_termination: float = 1e-4,
+                jitter: Tensor | None = None) -> RenderResult:
+    """Two-pass rendering of R rays (see the module docstring). Differentiable in the second pass."""
+    R = origins.shape[0]
+    samples = march(origins, directions, aabb, grid, dt, n_steps, jitter)
+    n_candidates = len(samples)
+    if early_termination > 0 and n_candidates:
+        with torch.no_grad():
+            sigma0 = sigma_fn(samples.positions(origins, directions))
+            _, t_before = transmittance_weights(sigma0, samples)
+        samples = samples.select(t_before > early_termination)
+    x = samples.positions(origins, directions)
+    rgb, sigma = rgb_sigma_fn(x, directions[samples.ray])
+    w, _ = transmittance_weights(sigma, samples)
+    return RenderResult(accumulate(w, rgb, samples.ray, R), accumulate(w, None, samples.ray, R),
+                        accumulate(w, samples.t[:, None], samples.ray, R)[:, 0], len(samples), n_candidates)
+
+
+def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
+                 grid: OccupancyGrid | None, dt: float, n_steps: int, background: Tensor, early_termination: float = 1e-4,
+                 chunk: int = 1 << 14) -> tuple[Tensor, Tensor]:
+    """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``."""
+    rgbs, depths = [], []
+    with torch.no_grad():
+        for s in range(0, origins.shape[0], chunk):
+            out = render_rays(rgb_sigma_fn, sigma_fn, origins[s:s + chunk], directions[s:s + chunk], aabb, grid, dt,
+                              n_steps, early_termination)
+            rgbs.append(out.rgb + background * (1.0 - out.opacity[:, None]))
+            depths.append(out.depth)
+    return torch.cat(rgbs), torch.cat(depths)

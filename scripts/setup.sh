@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# One-shot, idempotent set-up for hvd_ngp on a fresh Debian/Ubuntu machine (CPU or GPU).
+#
+#   bash scripts/setup.sh            # creates .venv, builds Horovod once, installs hvd_ngp editable
+#
+# Environment knobs:
+#   HVD_NGP_VENV            virtual environment path (default: <repo>/.venv)
+#   HVD_NGP_CACHE           cache for built Horovod wheels (default: ~/.cache/hvd_ngp)
+#   HVD_NGP_HOROVOD_SDIST   local horovod-0.28.1.tar.gz for air-gapped clusters (default: download from PyPI)
+#   HVD_NGP_SKIP_APT=1      do not touch system packages (you installed OpenMPI, cmake, g++ yourself)
+#   HVD_NGP_TORCH           torch requirement when no torch is installed (default: torch==2.13.0)
+#   HVD_NGP_SYSTEM_SITE=1   create the venv with --system-site-packages (reuse a cluster's CUDA torch)
+#   HVD_NGP_EXTRAS          extra pip requirements installed into the venv (e.g. "triton==3.6.0")
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${HVD_NGP_VENV:-$ROOT/.venv}"
+CACHE="${HVD_NGP_CACHE:-$HOME/.cache/hvd_ngp}"
+HOROVOD_VERSION=0.28.1
+TORCH_REQ="${HVD_NGP_TORCH:-torch==2.13.0}"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- system packages
+apt_packages=(openmpi-bin libopenmpi-dev cmake g++ make python3-venv python3-dev)
+if [[ "${HVD_NGP_SKIP_APT:-0}" != "1" ]] && command -v dpkg-query >/dev/null; then
+  missing=()
+  for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  # python3-venv/-dev only matter for the distribution's own python; a pyenv/conda python has its own.
+  if python3 -c 'import venv, sysconfig, os; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' 2>/dev/null; then
+    missing=("${missing[@]/python3-venv}"); missing=("${missing[@]/python3-dev}")
+  fi
+  read -r -a missing <<<"${missing[*]:-}"
+  if ((${#missing[@]})); then
+    log "installing system packages: ${missing[*]}"
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
+command -v mpicc >/dev/null || die "mpicc not found: install OpenMPI (apt-get install openmpi-bin libopenmpi-dev) or load your cluster's MPI module"
+command -v cmake >/dev/null || die "cmake not found: apt-get install cmake"
+
+# ---------------------------------------------------------------- virtual environment
+if [[ ! -x "$VENV/bin/python" ]]; then
+  log "creating virtual environment $VENV"
+  if [[ "${HVD_NGP_SYSTEM_SITE:-0}" == "1" ]]; then
+    python3 -m venv --system-site-packages "$VENV"
+  else
+    python3 -m venv "$VENV"
+  fi
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip install -q --disable-pip-version-check)
+
+have() { "$PY" -c "import $1" >/dev/null 2>&1; }
+
+if ! have torch; then
+  log "installing $TORCH_REQ"
+  "${PIP[@]}" "$TORCH_REQ"
+fi
+# mpi4py is built against the system MPI (its binary wheels bundle their own MPI ABI layer).
+have mpi4py || { log "building mpi4py against $(command -v mpicc)"; "${PIP[@]}" --no-binary mpi4py "mpi4py>=3.1"; }
+"${PIP[@]}" "numpy>=1.24" "opencv-python-headless>=4.8" "configargparse>=1.7" "pytest>=7" "pytest-timeout" \
+  "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ${HVD_NGP_EXTRAS:-}
+
+# ---------------------------------------------------------------- Horovod (patched 0.28.1, cached wheel)
+read -r PYV TORCHV CUDAV < <("$PY" -c 'import sys, torch; print(f"{sys.version_info[0]}{sys.version_info[1]}", torch.__version__.replace("+", "_"), torch.version.cuda or "cpu")')
+KEY="py${PYV}-torch${TORCHV}-cuda${CUDAV}"
+WHEEL_DIR="$CACHE/wheels/$KEY"
+
+horovod_ok() { "$PY" -c "import horovod, horovod.torch; assert horovod.__version__ == '$HOROVOD_VERSION'" >/dev/null 2>&1; }
+
+if ! horovod_ok; then
+  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+    BUILD="$(mktemp -d)"; trap 'rm -rf "$BUILD"' EXIT
+    if [[ -n "${HVD_NGP_HOROVOD_SDIST:-}" ]]; then
+      [[ -f "$HVD_NGP_HOROVOD_SDIST" ]] || die "HVD_NGP_HOROVOD_SDIST=$HVD_NGP_HOROVOD_SDIST: no such file"
+      cp "$HVD_NGP_HOROVOD_SDIST" "$BUILD/"
+    else
+      log "downloading the horovod==$HOROVOD_VERSION sdist"
+      "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD"
+    fi
+    tar -xzf "$BUILD"/horovod-*.tar.gz -C "$BUILD"
+    SRC="$BUILD/horovod-$HOROVOD_VERSION"
+    [[ -d "$SRC" ]] || die "the sdist did not unpack to horovod-$HOROVOD_VERSION"
+    # Fixes from docs/HOROVOD_BUILD.md: C++17 for PyTorch >= 2.1, CUDA C++17 for CUDA 13.
+    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"
+    sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' "$SRC/horovod/common/ops/cuda/CMakeLists.txt"
+    export CMAKE_POLICY_VERSION_MINIMUM=3.5
+    export CXXFLAGS="${CXXFLAGS:-} -include cstdint -include string -include stdexcept -include memory -include limits"
+    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+    export MAKEFLAGS="-j$(nproc)"
+    if [[ "$CUDAV" != "cpu" ]]; then
+      NCCL_LIB="$(dirname "$(ldconfig -p 2>/dev/null | awk '/libnccl\.so /{print $NF; exit}')" 2>/dev/null || true)"
+      if [[ -f /usr/include/nccl.h && -n "$NCCL_LIB" ]]; then
+        export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=/usr HOROVOD_NCCL_LIB="$NCCL_LIB" HOROVOD_NCCL_LINK=SHARED
+        CC_LIST="$("$PY" -c 'import torch; print(",".join(sorted({f"{a}{b}" for a, b in (torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))})))' 2>/dev/null || true)"
+        export HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-${CC_LIST:-90}}"
+        log "CUDA $CUDAV with NCCL in $NCCL_LIB: building Horovod with NCCL for sm_${HOROVOD_BUILD_CUDA_CC_LIST}"
+      else
+        log "CUDA torch but no system NCCL (nccl.h + libnccl.so): building Horovod without GPU operations"
+      fi
+    fi
+    log "building Horovod $HOROVOD_VERSION for $KEY (several minutes; cached afterwards in $WHEEL_DIR)"
+    mkdir -p "$WHEEL_DIR"
+    "$PY" -m pip wheel -q --no-build-isolation --no-deps "$SRC" -w "$BUILD/dist" >"$BUILD/build.log" 2>&1 \
+      || { tail -40 "$BUILD/build.log" >&2; die "Horovod build failed (full log above)"; }
+    cp "$BUILD"/dist/horovod-*.whl "$WHEEL_DIR/"
+  fi
+  log "installing cached $(basename "$WHEEL_DIR"/horovod-*.whl) ($KEY)"
+  "${PIP[@]}" --no-deps --force-reinstall "$WHEEL_DIR"/horovod-*.whl
+fi
+
+# ---------------------------------------------------------------- this project (editable)
+if ! "$PY" -c 'import hvd_ngp, sys; sys.exit(0 if hvd_ngp.__file__.startswith(sys.argv[1]) else 1)' "$ROOT" 2>/dev/null \
+   || [[ ! -x "$VENV/bin/hvd-ngp-train" ]]; then
+  log "installing hvd_ngp (editable)"
+  "${PIP[@]}" --no-build-isolation --no-deps -e "$ROOT"
+fi
+
+"$VENV/bin/horovodrun" --check-build
+log "ready: $VENV (horovod $HOROVOD_VERSION, $KEY)"
