@@ -8,7 +8,8 @@ A config file is JSON in instant-ngp style: network blocks (``encoding``, ``netw
 a ``"parent"`` chain merged like JSON merge-patch, and top-level scalar keys that set trainer
 options (``"n_steps": 2000``). The seed guides' ``"training": {"precision", "batch_size"}`` block
 sets ``--precision`` and ``--target_samples``. A block given on the command line or in the
-environment (``--encoding '{"log2_hashmap_size": 15}'``) is merge-patched over the file's block.
+environment (``--encoding '{"log2_hashmap_size": 15}'``) is merge-patched over the file's block; the
+``network`` block's option is ``--density_network`` (``--network`` clashes with horovodrun's options).
 Files with another extension use configargparse's ``key = value`` syntax.
 """
 
@@ -32,6 +33,9 @@ CPU_CONFIG = CONFIG_DIR / "cpu.json"
 
 #: JSON blocks that describe the model and its training recipe; merged, never flattened.
 BLOCKS = ("encoding", "network", "dir_encoding", "rgb_network", "loss", "optimizer", "marching", "distributed")
+#: command-line name of a block where the block's own name would clash with a horovodrun option
+#: (argparse rejects "--network" as an ambiguous prefix of horovodrun's --network-interface(s))
+BLOCK_OPTION = {block: ("density_network" if block == "network" else block) for block in BLOCKS}
 #: keys of the seed guides' "training" block -> trainer option names
 TRAINING_ALIASES = {"batch_size": "target_samples", "precision": "precision"}
 #: top-level keys in a config file that are documentation only
@@ -94,6 +98,10 @@ def _json_object(text: str) -> dict:
 class NgpConfigFileParser(configargparse.ConfigFileParser):
     """``.json`` files: instant-ngp style with ``parent``; anything else: configargparse's default syntax."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.known: set[str] = set()  # option names a file may set (filled in by build_parser)
+
     def get_syntax_description(self) -> str:
         return ("JSON in instant-ngp style (network blocks, 'parent' chain, top-level trainer options), "
                 "or 'key = value' lines for other extensions")
@@ -114,12 +122,13 @@ class NgpConfigFileParser(configargparse.ConfigFileParser):
                     if sub not in TRAINING_ALIASES:
                         raise ConfigError(f"{name}: unknown key training.{sub} (known: {', '.join(TRAINING_ALIASES)})")
                     items[TRAINING_ALIASES[sub]] = _scalar(sub_value)
-            elif key in BLOCKS:
+            elif key in BLOCKS:  # merged by resolve_model(), which re-reads the file
                 if not isinstance(value, dict):
                     raise ConfigError(f"{name}: block {key!r} must be a JSON object")
-                items[key] = json.dumps(value)
             elif isinstance(value, dict):
                 raise ConfigError(f"{name}: unknown block {key!r} (known blocks: {', '.join(BLOCKS)}, training)")
+            elif self.known and key not in self.known:
+                raise ConfigError(f"{name}: unknown option {key!r} (see --help for the trainer's options)")
             else:
                 items[key] = _scalar(value) if not isinstance(value, list) else [str(v) for v in value]
         return items
@@ -136,11 +145,12 @@ def _scalar(value: Any) -> str:
 
 def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     """The trainer's argument parser, grouped, with defaults in ``--help``."""
+    file_parser = NgpConfigFileParser()
     p = configargparse.ArgumentParser(
         prog=prog,
         description="Train an instant-ngp style NeRF with Horovod. Run under horovodrun/mpirun for several ranks.",
         formatter_class=configargparse.ArgumentDefaultsHelpFormatter,
-        config_file_parser_class=NgpConfigFileParser,
+        config_file_parser_class=file_parser,
         auto_env_var_prefix="HVD_NGP_",
         add_env_var_help=False,
         add_config_file_help=False,
@@ -173,6 +183,8 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                    help="samples per step per rank; the ray count adapts to reach it")
     g.add_argument("--n_rays_init", type=int, default=4096, help="rays per step at the start, before adaptation")
     g.add_argument("--max_rays", type=int, default=1 << 20, help="upper bound of the adaptive ray count")
+    g.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="autocast precision of the MLPs (fp16 uses a gradient scaler)")
     g.add_argument("--backend", choices=("auto", "torch", "cpp"), default="auto",
                    help="hash-grid backend: torch (reference), cpp (C++ CPU kernel); auto picks the fastest available")
     g.add_argument("--seed", type=int, default=1337, help="global seed; each rank's ray generator is seeded with seed + rank")
@@ -191,9 +203,10 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--load_snapshot", default=None, help="start from this snapshot (model, grid, optimizer, step)")
 
     g = p.add_argument_group("network blocks (JSON merge-patch over the config file's block)")
-    for block in BLOCKS:
-        g.add_argument(f"--{block}", type=_json_object, default=None, metavar="JSON",
+    for block, option in BLOCK_OPTION.items():
+        g.add_argument(f"--{option}", type=_json_object, default=None, metavar="JSON",
                        help=f"patch for the '{block}' block")
+    file_parser.known = {a.dest for a in p._actions if a.dest not in BLOCK_OPTION.values()} - {"config", "help"}
     return p
 
 
@@ -217,7 +230,7 @@ def parse_args(argv: Sequence[str] | None = None, default_config: Path | None = 
         raise
     config_path = _config_path(argv) or os.environ.get("HVD_NGP_CONFIG")
     args.config = str(Path(config_path).resolve()) if config_path else None
-    args.model = resolve_model(parser, args)
+    args.model = resolve_model(args)
     validate(args)
     return args
 
@@ -231,23 +244,15 @@ def _config_path(argv: Sequence[str]) -> str | None:
     return None
 
 
-def resolve_model(parser: configargparse.ArgumentParser, args: argparse.Namespace) -> dict:
-    """base.json blocks <- config file blocks <- CLI/env block patches."""
+def resolve_model(args: argparse.Namespace) -> dict:
+    """base.json blocks <- config file blocks (after its parent chain) <- CLI/env block patches."""
     model = {k: v for k, v in load_json_config(BASE_CONFIG).items() if k in BLOCKS}
-    file_blocks: dict[str, dict] = {}
-    for source, settings in parser.get_source_to_settings_dict().items():
-        if source.startswith("config_file"):
-            for key, (_action, value) in settings.items():
-                if key in BLOCKS:
-                    file_blocks[key] = json.loads(value)
-    for block in BLOCKS:
-        value = file_blocks.get(block)
-        if value is not None:
-            model[block] = merge_patch(model.get(block, {}), value)
-        cli_value = getattr(args, block)
-        if cli_value is not None and cli_value != value:
-            model[block] = merge_patch(model.get(block, {}), cli_value)
-        setattr(args, block, None)  # the merged view lives in args.model only
+    file_data = load_json_config(args.config) if args.config and args.config.endswith(".json") else {}
+    for block, option in BLOCK_OPTION.items():
+        for patch in (file_data.get(block), getattr(args, option)):
+            if patch is not None:
+                model[block] = merge_patch(model.get(block, {}), patch)
+        setattr(args, option, None)  # the merged view lives in args.model only
     model["_source"] = args.config or str(BASE_CONFIG)
     return model
 

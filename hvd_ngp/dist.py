@@ -58,6 +58,11 @@ def init(device: str = "auto", threads: int = 0) -> Runtime:
     if _runtime is not None:
         return _runtime
     if launched():
+        want_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+        if not want_cuda:
+            # CPU ranks share cores with MPI's progress loop: let it yield instead of spinning
+            # (measured 43 s -> 31 s for 300 steps of the built-in scene on 2 cores, 2 ranks).
+            os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         try:
             import horovod.torch as hvd
         except ImportError as exc:

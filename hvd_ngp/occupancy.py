@@ -49,6 +49,8 @@ class OccupancyGrid(nn.Module):
 
     def cascade_of(self, x: Tensor) -> Tensor:
         """Smallest cascade containing each point ``[M, 3]`` -> ``[M]`` long (clamped to the last)."""
+        if self.n_cascades == 1:
+            return torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         r = ((x - self.center).abs() / self.half0).amax(dim=-1)
         k = torch.ceil(torch.log2(r.clamp(min=1e-12))).clamp(min=0, max=self.n_cascades - 1)
         return k.long()
@@ -102,7 +104,7 @@ class OccupancyGrid(nn.Module):
         for start in range(0, mine.numel(), chunk):
             idx = mine[start:start + chunk]
             sigma = density_fn(self.cell_positions(idx, my_offset[start:start + chunk])).float()
-            fresh.index_reduce_(0, idx, sigma * step_size, "amax", include_self=True)
+            fresh.scatter_reduce_(0, idx, sigma * step_size, reduce="amax")
         fresh = dist.allreduce(fresh, "max", name="occupancy.update")
         self.density.copy_(torch.maximum(self.density * self.decay, fresh.view_as(self.density)))
         self.refresh_occupied()

@@ -127,21 +127,39 @@ class StepResult:
     n_candidates: int
 
 
+AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
-               background: Tensor, march: Marching, loss_fn, jitter: Tensor | None) -> StepResult:
+               background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
+               scaler: torch.amp.GradScaler | None = None) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
     Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
-    must see every rank.
+    must see every rank. With a gradient scaler (fp16), Horovod's pattern: synchronize (allreduce),
+    unscale, then step without a second synchronisation.
     """
-    out = render_rays(field, lambda x: field.query_density(x)[0], rays.origins, rays.directions, field.aabb, grid,
-                      march.dt, march.n_steps, march.early_termination, jitter)
-    pred = out.rgb + background * (1.0 - out.opacity[:, None])
+    device_type = rays.origins.device.type
+    with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
+        out = render_rays(field, lambda x: field.query_density(x)[0], rays.origins, rays.directions, field.aabb,
+                          grid, march.dt, march.n_steps, march.early_termination, jitter)
+    pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
     target = composite_background(rays.rgba, background)
     loss = loss_fn(pred, target)
-    optimizer.zero_grad(set_to_none=False)
-    loss.backward()
-    optimizer.step()
+    optimizer.zero_grad()
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        if hasattr(optimizer, "synchronize"):  # Horovod DistributedOptimizer
+            optimizer.synchronize()
+            scaler.unscale_(optimizer)
+            with optimizer.skip_synchronize():
+                scaler.step(optimizer)
+        else:
+            scaler.step(optimizer)
+        scaler.update()
     return StepResult(loss.detach(), F.mse_loss(pred.detach(), target), out.n_samples, out.n_candidates)
 
 
@@ -188,8 +206,24 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
+@dataclass
+class RunResult:
+    """What a training run leaves behind (for tests and benchmarks that drive ``run`` in-process)."""
+
+    field: NGPField
+    grid: OccupancyGrid
+    step: int
+    metrics: dict
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
+    run(args)
+    return 0
+
+
+def run(args: argparse.Namespace) -> RunResult:
+    """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
     rt = dist.init(args.device, args.threads)
     torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
     source = args.model["_source"]
@@ -227,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.broadcast_state(field)
     optimizer = dist.distributed_optimizer(optimizer, field.named_parameters())
 
+    scaler = torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None
     sampler = RaySampler(scene.train, rt.rank, rt.size, args.seed, rt.device)
     bg_gen = torch.Generator(device=rt.device)
     bg_gen.manual_seed(args.seed * 7919 + rt.rank)
@@ -259,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
             background = background.expand(len(rays), 3)
         jitter = torch.rand(len(rays), generator=bg_gen, device=rt.device)
-        res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter)
+        res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter, args.precision, scaler)
         stats.add(res.loss, res.mse, len(rays), res.n_samples, res.n_candidates)
         # Adapt the ray count so the next step carries about target_samples samples (instant-ngp's rule).
         per_ray = max(res.n_samples, 1) / len(rays)
@@ -302,16 +337,17 @@ def main(argv: list[str] | None = None) -> int:
         if rt.is_root:
             save_snapshot(args.save_snapshot, field, grid, inner, step, {"args": vars_for_json(args)})
         dist.barrier()
+    metrics = {"world_size": rt.size, "steps": step, "train_seconds": round(train_seconds, 3),
+               "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_views": ev["views"],
+               "psnr_per_view": ev.get("psnr_per_view", []), "device": device_name(rt.device), "backend": backend,
+               "precision": args.precision, "controller": rt.controller, "scene": scene.source, "config": source,
+               "history": history}
     if rt.is_root:
-        metrics = {"world_size": rt.size, "steps": step, "train_seconds": round(train_seconds, 3),
-                   "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_views": ev["views"],
-                   "psnr_per_view": ev.get("psnr_per_view", []), "device": device_name(rt.device), "backend": backend,
-                   "controller": rt.controller, "scene": scene.source, "config": source, "history": history}
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:
             Path(args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
-    return 0
+    return RunResult(field, grid, step, metrics)
 
 
 def vars_for_json(args: argparse.Namespace) -> dict:

@@ -62,10 +62,17 @@ if ! have torch; then
   log "installing $TORCH_REQ"
   "${PIP[@]}" "$TORCH_REQ"
 fi
-# mpi4py is built against the system MPI (its binary wheels bundle their own MPI ABI layer).
-have mpi4py || { log "building mpi4py against $(command -v mpicc)"; "${PIP[@]}" --no-binary mpi4py "mpi4py>=3.1"; }
+# mpi4py's binary wheels load the system libmpi at run time (checked with Open MPI 4.1);
+# HVD_NGP_MPI4PY_SOURCE=1 compiles it against $(mpicc) instead, for MPIs the wheels do not support.
+if ! have mpi4py; then
+  if [[ "${HVD_NGP_MPI4PY_SOURCE:-0}" == "1" ]]; then
+    log "building mpi4py against $(command -v mpicc)"; "${PIP[@]}" --no-binary mpi4py "mpi4py>=3.1"
+  else
+    "${PIP[@]}" "mpi4py>=4.0"
+  fi
+fi
 "${PIP[@]}" "numpy>=1.24" "opencv-python-headless>=4.8" "configargparse>=1.7" "pytest>=7" "pytest-timeout" \
-  "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ${HVD_NGP_EXTRAS:-}
+  "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ninja ${HVD_NGP_EXTRAS:-}
 
 # ---------------------------------------------------------------- Horovod (patched 0.28.1, cached wheel)
 read -r PYV TORCHV CUDAV < <("$PY" -c 'import sys, torch; print(f"{sys.version_info[0]}{sys.version_info[1]}", torch.__version__.replace("+", "_"), torch.version.cuda or "cpu")')
@@ -121,6 +128,10 @@ if ! "$PY" -c 'import hvd_ngp, sys; sys.exit(0 if hvd_ngp.__file__.startswith(sy
   log "installing hvd_ngp (editable)"
   "${PIP[@]}" --no-build-isolation --no-deps -e "$ROOT"
 fi
+
+# The C++ CPU hash-grid kernel compiles on first use; do it now rather than inside the first run.
+"$PY" -c 'from hvd_ngp.encoding import hashgrid_cpp; hashgrid_cpp.load_extension()' \
+  || log "warning: the C++ CPU kernel did not build; CPU runs fall back to --backend torch (slower)"
 
 "$VENV/bin/horovodrun" --check-build
 log "ready: $VENV (horovod $HOROVOD_VERSION, $KEY)"

@@ -1,0 +1,57 @@
+"""Shared test helpers: launching real ranks, tiny configs, GPU skips that can be made strict."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = Path(os.environ.get("HVD_NGP_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+#: a model small enough that a CPU step takes milliseconds
+TINY_ENCODING = '{"n_levels": 4, "log2_hashmap_size": 12, "base_resolution": 8, "desired_resolution": 64}'
+TINY_ARGS = ["--encoding", TINY_ENCODING, "--density_network", '{"n_neurons": 16}', "--rgb_network", '{"n_neurons": 16}',
+             "--marching", '{"grid_resolution": 16, "steps_per_diagonal": 64, "warmup_steps": 4}',
+             "--target_samples", "1024", "--n_rays_init", "128", "--save_renders", "1", "--n_eval_views", "2"]
+
+
+def gpu_or_skip() -> None:
+    """Skip without a GPU, unless HVD_NGP_REQUIRE_GPU=1 (GPU machines), where that is a failure."""
+    if not torch.cuda.is_available():
+        if os.environ.get("HVD_NGP_REQUIRE_GPU") == "1":
+            pytest.fail("HVD_NGP_REQUIRE_GPU=1 but torch sees no CUDA GPU")
+        pytest.skip("needs a CUDA GPU")
+
+
+def horovodrun() -> str:
+    exe = Path(sys.executable).with_name("horovodrun")
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("horovodrun")
+    if not found:
+        pytest.skip("horovodrun not installed (run scripts/setup.sh)")
+    return found
+
+
+def run_ranks(module_args: list[str], np: int = 2, controller: str = "mpi", env: dict | None = None,
+              timeout: float = 300) -> subprocess.CompletedProcess:
+    """``horovodrun -np N -H localhost:N [--gloo|--mpi] python <module_args>`` -> completed process."""
+    cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", sys.executable, *module_args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def scene_cache(tmp_path_factory) -> Path:
+    """One built-in scene generation for the whole session."""
+    from hvd_ngp.data.builtin import ensure_builtin
+
+    cache = tmp_path_factory.mktemp("scenes")
+    ensure_builtin(cache, 0)
+    return cache

@@ -1,0 +1,90 @@
+"""Config files with parent chains, and CLI > environment > config file > default precedence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hvd_ngp.config import BASE_CONFIG, CONFIG_DIR, load_json_config, merge_patch, parse_args
+from hvd_ngp.errors import ConfigError
+
+
+def write(path, obj):
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def test_merge_patch_semantics():
+    base = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1, 2]}
+    out = merge_patch(base, {"b": {"c": 20, "d": None}, "e": [3], "f": "x"})
+    assert out == {"a": 1, "b": {"c": 20}, "e": [3], "f": "x"}
+    assert base["b"] == {"c": 2, "d": 3}  # inputs are not modified
+
+
+def test_parent_chain_is_resolved_relative_to_the_file(tmp_path):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    write(tmp_path / "grand.json", {"encoding": {"n_levels": 8, "log2_hashmap_size": 14}, "n_steps": 5})
+    write(sub / "parent.json", {"parent": "../grand.json", "encoding": {"n_levels": 12}})
+    child = write(sub / "child.json", {"parent": "parent.json", "encoding": {"log2_hashmap_size": None}})
+    cfg = load_json_config(child)
+    assert cfg == {"encoding": {"n_levels": 12}, "n_steps": 5}
+
+
+def test_shipped_configs_merge_to_complete_blocks():
+    big = load_json_config(CONFIG_DIR / "big.json")
+    assert big["encoding"]["log2_hashmap_size"] == 21 and big["encoding"]["n_levels"] == 16
+    assert big["network"]["n_neurons"] == 128 and big["network"]["n_hidden_layers"] == 1
+    assert load_json_config(BASE_CONFIG)["optimizer"]["nested"]["epsilon"] == 1e-15
+
+
+def test_circular_parent_and_bad_json_name_the_file(tmp_path):
+    a = write(tmp_path / "a.json", {"parent": "b.json"})
+    write(tmp_path / "b.json", {"parent": "a.json"})
+    with pytest.raises(ConfigError, match="circular"):
+        load_json_config(a)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"encoding": {"n_levels": 4,}}')
+    with pytest.raises(ConfigError, match=r"bad\.json: invalid JSON at line 1"):
+        load_json_config(bad)
+
+
+def test_precedence_cli_over_env_over_file_over_default(tmp_path, monkeypatch):
+    cfg = write(tmp_path / "run.json", {"parent": str(CONFIG_DIR / "cpu.json"), "n_steps": 11, "log_every": 7,
+                                        "seed": 3, "encoding": {"n_levels": 6}})
+    monkeypatch.setenv("HVD_NGP_LOG_EVERY", "9")
+    monkeypatch.setenv("HVD_NGP_SEED", "4")
+    args = parse_args(["--config", str(cfg), "--seed", "5"])
+    assert args.seed == 5           # CLI beats env and file
+    assert args.log_every == 9      # env beats file
+    assert args.n_steps == 11       # file beats default
+    assert args.eval_every == 0     # default
+    assert args.target_samples == 8192  # from the parent cpu.json
+    assert args.model["encoding"]["n_levels"] == 6
+    assert args.model["encoding"]["log2_hashmap_size"] == 15  # cpu.json, through the parent chain
+    assert args.model["rgb_network"]["n_hidden_layers"] == 2  # base.json
+
+
+def test_cli_block_is_a_patch_over_the_file_block(tmp_path):
+    cfg = write(tmp_path / "run.json", {"encoding": {"n_levels": 6, "log2_hashmap_size": 13}})
+    args = parse_args(["--config", str(cfg), "--encoding", '{"log2_hashmap_size": 12}'])
+    assert args.model["encoding"]["n_levels"] == 6
+    assert args.model["encoding"]["log2_hashmap_size"] == 12
+
+
+def test_training_block_sets_precision_and_batch(tmp_path):
+    args = parse_args(["--config", str(CONFIG_DIR / "hashgrid.json")])
+    assert args.target_samples == 262144 and args.precision == "fp32"
+    assert args.model["distributed"]["enable"] is True
+
+
+def test_unknown_config_keys_and_bad_values_are_refused(tmp_path):
+    cfg = write(tmp_path / "typo.json", {"n_stepz": 10})
+    with pytest.raises(ConfigError, match=r"typo\.json: unknown option 'n_stepz'"):
+        parse_args(["--config", str(cfg)])
+    with pytest.raises(ConfigError, match="n_steps must be positive"):
+        parse_args(["--n_steps", "0"])
+    blk = write(tmp_path / "blk.json", {"encodings": {"n_levels": 4}})
+    with pytest.raises(ConfigError, match="unknown block 'encodings'"):
+        parse_args(["--config", str(blk)])

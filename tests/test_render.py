@@ -1,0 +1,107 @@
+"""Volume rendering against closed forms, and ray marching through the occupancy grid."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hvd_ngp import dist
+from hvd_ngp.occupancy import OccupancyGrid
+from hvd_ngp.render import march, render_rays, transmittance_weights
+
+AABB = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+
+
+def axis_rays(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rays along +x through the cube at a few (y, z): they cross it over t in [1, 2]."""
+    yz = torch.linspace(0.2, 0.8, n)
+    o = torch.stack([torch.full((n,), -1.0), yz, yz.flip(0)], dim=-1)
+    d = torch.tensor([[1.0, 0.0, 0.0]]).expand(n, 3)
+    return o, d
+
+
+def const_field(sigma_of_x, color=(0.2, 0.4, 0.6)):
+    c = torch.tensor(color)
+
+    def rgb_sigma(x, d):
+        return c.expand(x.shape[0], 3), sigma_of_x(x)
+
+    return rgb_sigma, sigma_of_x
+
+
+def test_constant_density_slab_matches_closed_form():
+    sigma, dt, n_steps = 3.0, 1.0 / 256, 300
+    rgb_sigma, sig = const_field(lambda x: torch.full((x.shape[0],), sigma))
+    o, d = axis_rays()
+    out = render_rays(rgb_sigma, sig, o, d, AABB, None, dt, n_steps, early_termination=0.0)
+    n_inside = 256  # samples at t = 1 + (k + 0.5) dt, k < 256
+    alpha = 1.0 - math.exp(-sigma * dt)
+    opacity = 1.0 - math.exp(-sigma * dt * n_inside)
+    depth = sum((1.0 + (k + 0.5) * dt) * math.exp(-sigma * dt * k) * alpha for k in range(n_inside))
+    torch.testing.assert_close(out.opacity, torch.full((4,), opacity), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.depth, torch.full((4,), depth), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.rgb, opacity * torch.tensor([[0.2, 0.4, 0.6]]).expand(4, 3), rtol=1e-5, atol=1e-5)
+    # the continuous-slab limit is close for small dt
+    assert abs(opacity - (1 - math.exp(-sigma))) < 1e-6
+
+
+def test_empty_space_renders_nothing():
+    rgb_sigma, sig = const_field(lambda x: torch.zeros(x.shape[0]))
+    o, d = axis_rays()
+    out = render_rays(rgb_sigma, sig, o, d, AABB, None, 1 / 128, 256)
+    assert torch.all(out.opacity == 0) and torch.all(out.rgb == 0) and torch.all(out.depth == 0)
+
+
+def test_opaque_wall_stops_rays_at_its_surface():
+    wall = 0.5
+    rgb_sigma, sig = const_field(lambda x: torch.where(x[:, 0] > wall, 1e4, 0.0))
+    o, d = axis_rays()
+    out = render_rays(rgb_sigma, sig, o, d, AABB, None, 1 / 256, 300)
+    torch.testing.assert_close(out.opacity, torch.ones(4), rtol=0, atol=1e-6)
+    assert torch.all((out.depth - (1.0 + wall)).abs() < 2 / 256)
+    # early termination: the 128 free samples before the wall and the first one inside it went through
+    # the network; the 127 behind it (transmittance ~0) did not
+    assert out.n_candidates == 4 * 256 and out.n_samples == 4 * 129
+
+
+def test_weights_sum_to_opacity_and_transmittance_is_exclusive():
+    o, d = axis_rays(2)
+    samples = march(o, d, AABB, None, 0.1, 12)
+    sigma = torch.rand(len(samples)) * 5
+    w, t_before = transmittance_weights(sigma, samples)
+    first = torch.zeros(len(samples), dtype=torch.bool)
+    first[0] = True
+    first[1:] = samples.ray[1:] != samples.ray[:-1]
+    assert torch.all(t_before[first] == 1.0)
+    torch.testing.assert_close(w.sum(), torch.stack([w[samples.ray == r].sum() for r in range(2)]).sum())
+    assert torch.all(w >= 0) and float(w[samples.ray == 0].sum()) <= 1.0
+
+
+def test_march_skips_free_cells_and_grid_update_is_max_decay():
+    dist.init("cpu")
+    grid = OccupancyGrid(AABB, resolution=8, threshold=0.01, decay=0.5)
+    # density only in the half x > 0.5
+    grid.update(lambda x: torch.where(x[:, 0] > 0.5, 10.0, 0.0), step_size=0.01, step=0, warmup_steps=10, seed=0)
+    occ = grid.occupied.view(8, 8, 8)
+    assert occ[4:].all() and not occ[:4].any()
+    o, d = axis_rays()
+    s = march(o, d, AABB, grid, 1 / 64, 128)
+    x = o[s.ray] + d[s.ray] * s.t[:, None]
+    assert len(s) > 0 and torch.all(x[:, 0] >= 0.5 - 1e-6)
+    # decayed max: with no density anywhere, values halve
+    before = grid.density.clone()
+    grid.update(lambda x: torch.zeros(x.shape[0]), step_size=0.01, step=1, warmup_steps=10, seed=0)
+    torch.testing.assert_close(grid.density, before * 0.5)
+
+
+def test_cascades_cover_nested_boxes():
+    grid = OccupancyGrid(torch.tensor([[-1.5, -1.5, -1.5], [2.5, 2.5, 2.5]]), resolution=4, n_cascades=3)
+    pts = torch.tensor([[0.5, 0.5, 0.5], [0.95, 0.5, 0.5], [1.4, 0.5, 0.5], [2.4, 0.5, 0.5]])
+    assert grid.cascade_of(pts).tolist() == [0, 0, 1, 2]
+    idx, inside = grid.cell_index(pts)
+    assert inside.all()
+    back = grid.cell_positions(idx, torch.full((4, 3), 0.5))
+    # the centre of the containing cell is within half a cell of the point
+    cell = 1.0 * torch.tensor([1, 1, 2, 4])[:, None] / 4
+    assert torch.all((back - pts).abs() <= cell / 2 + 1e-6)
