@@ -1,13 +1,15 @@
 """Hash-grid encoding as a C++ CPU kernel (compiled on first use with torch's extension tools).
 
 Twin of ``HashGridTorch`` (same parameters, same indexing); ``tests/test_encoding.py`` checks
-forward values and table gradients against it. Built once per machine into
-``$TORCH_EXTENSIONS_DIR`` (``scripts/setup.sh`` builds it ahead of time); concurrent ranks wait on
-torch's build lock instead of compiling twice.
+forward values and table gradients against it. Built once per Python environment into ``<sys.prefix>/share/hvd_ngp/torch_extensions``
+(``scripts/setup.sh`` builds it ahead of time; two virtual environments never rebuild each other's
+copy); concurrent ranks wait on torch's build lock instead of compiling twice.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -27,12 +29,23 @@ def load_extension(verbose: bool = False):
         try:
             from torch.utils.cpp_extension import load
 
-            _ext = load(name="hvd_ngp_hashgrid_cpu", sources=[str(SOURCE)], extra_cflags=["-O3"], verbose=verbose)
+            _ext = load(name="hvd_ngp_hashgrid_cpu", sources=[str(SOURCE)], extra_cflags=["-O3"], verbose=verbose,
+                        build_directory=_build_directory())
         except Exception as exc:  # compiler or ninja missing, headers mismatched...
             raise BackendError(f"the C++ hash-grid kernel could not be built ({type(exc).__name__}: "
                                f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}); it needs g++ and "
                                "ninja (pip install ninja), or use --backend torch") from None
     return _ext
+
+
+def _build_directory() -> str | None:
+    """A build folder inside this Python environment, or None (torch's default) if it is read-only."""
+    folder = Path(sys.prefix) / "share" / "hvd_ngp" / "torch_extensions" / "hashgrid_cpu"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return str(folder) if os.access(folder, os.W_OK) else None
 
 
 def available() -> bool:
