@@ -68,7 +68,8 @@ def test_bad_scene_fails_fast_on_every_rank(problem, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert elapsed < 60, f"took {elapsed:.0f} s"
-    errors = [line for line in out.splitlines() if "hvd_ngp: error:" in line]
-    assert len(errors) == 2, out[-3000:]                      # one line from each rank
+    # one error from each rank (mpirun may glue the two ranks' lines together)
+    errors = out.split("hvd_ngp: error:")[1:]
+    assert len(errors) == 2 and "[rank 0] hvd_ngp: error:" in out and "[rank 1] hvd_ngp: error:" in out, out[-3000:]
     assert all(expect in e and str(scene.name) in e for e in errors), errors
     assert "Traceback" not in out
