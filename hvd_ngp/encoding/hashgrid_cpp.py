@@ -1,13 +1,15 @@
 """Hash-grid encoding as a C++ CPU kernel (compiled on first use with torch's extension tools).
 
 Twin of ``HashGridTorch`` (same parameters, same indexing); ``tests/test_encoding.py`` checks
-forward values and table gradients against it. Built once per Python environment into ``<sys.prefix>/share/hvd_ngp/torch_extensions``
-(``scripts/setup.sh`` builds it ahead of time; two virtual environments never rebuild each other's
-copy); concurrent ranks wait on torch's build lock instead of compiling twice.
+forward values and table gradients against it. Built once per Python environment and source version into
+``<sys.prefix>/share/hvd_ngp/torch_extensions/hashgrid_cpu-<hash>`` from a copy of the source kept
+there, so checkouts and virtual environments never rebuild each other's copy
+(``scripts/setup.sh`` builds it ahead of time). Concurrent ranks wait on torch's build lock.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -29,8 +31,9 @@ def load_extension(verbose: bool = False):
         try:
             from torch.utils.cpp_extension import load
 
-            _ext = load(name="hvd_ngp_hashgrid_cpu", sources=[str(SOURCE)], extra_cflags=["-O3"], verbose=verbose,
-                        build_directory=_build_directory())
+            build_dir, source = _build_location()
+            _ext = load(name="hvd_ngp_hashgrid_cpu", sources=[source], extra_cflags=["-O3"], verbose=verbose,
+                        build_directory=build_dir)
         except Exception as exc:  # compiler or ninja missing, headers mismatched...
             raise BackendError(f"the C++ hash-grid kernel could not be built ({type(exc).__name__}: "
                                f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}); it needs g++ and "
@@ -38,14 +41,21 @@ def load_extension(verbose: bool = False):
     return _ext
 
 
-def _build_directory() -> str | None:
-    """A build folder inside this Python environment, or None (torch's default) if it is read-only."""
-    folder = Path(sys.prefix) / "share" / "hvd_ngp" / "torch_extensions" / "hashgrid_cpu"
+def _build_location() -> tuple[str | None, str]:
+    """(build folder, source path): a content-addressed copy inside this Python environment, or
+    torch's default folder and the packaged source if the environment is read-only."""
+    code = SOURCE.read_bytes()
+    folder = Path(sys.prefix) / "share" / "hvd_ngp" / "torch_extensions" / f"hashgrid_cpu-{hashlib.sha1(code).hexdigest()[:10]}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        copy = folder / SOURCE.name
+        if not copy.is_file() or copy.read_bytes() != code:
+            tmp = folder / f".{SOURCE.name}.{os.getpid()}"
+            tmp.write_bytes(code)
+            os.replace(tmp, copy)
+        return str(folder), str(copy)
     except OSError:
-        return None
-    return str(folder) if os.access(folder, os.W_OK) else None
+        return None, str(SOURCE)
 
 
 def available() -> bool:
