@@ -32,7 +32,7 @@ from .errors import ConfigError, HvdNgpError
 from .field import NGPField
 from .metrics import IntervalStats, mse_to_psnr
 from .occupancy import OccupancyGrid, n_cascades_for
-from .render import render_image, render_rays
+from .render import StepSchedule, render_image, render_rays
 
 
 # ------------------------------------------------------------------------------------ recipe
@@ -40,24 +40,32 @@ from .render import render_image, render_rays
 
 @dataclass(frozen=True)
 class Marching:
-    """Ray-marching constants derived from the ``marching`` block and the scene bounds."""
+    """Ray-marching settings derived from the ``marching`` block and the scene."""
 
-    dt: float
-    n_steps: int
+    schedule: StepSchedule
     early_termination: float
     update_interval: int
     warmup_steps: int
 
     @staticmethod
-    def from_config(block: dict, aabb: Tensor) -> "Marching":
-        diag = float((aabb[1] - aabb[0]).norm())
+    def from_config(block: dict, scene_aabb_scale: int, source: str = "config") -> "Marching":
+        """instant-ngp's constants: ``dt_min = sqrt(3) / steps_per_diagonal`` (the unit cube's diagonal),
+        cone angle 1/256 for scenes larger than the unit cube ("auto"), and at most
+        ``dt_min * 2^(cascades-1) * steps_per_diagonal / grid_resolution``."""
         steps = int(block["steps_per_diagonal"])
-        if steps <= 0:
-            raise ConfigError(f"marching.steps_per_diagonal must be positive, got {steps}")
-        # dt is set by the unit cube (like instant-ngp); larger scenes take proportionally more steps.
-        dt = math.sqrt(3.0) / steps
-        return Marching(dt, int(math.ceil(diag / dt)) + 1, float(block["early_termination"]),
-                        int(block["update_interval"]), int(block["warmup_steps"]))
+        res = int(block["grid_resolution"])
+        if steps <= 0 or res <= 0:
+            raise ConfigError(f"{source}: marching.steps_per_diagonal and grid_resolution must be positive")
+        cone = block.get("cone_angle", "auto")
+        if cone == "auto":
+            cone = 0.0 if scene_aabb_scale <= 1 else 1.0 / 256
+        if not isinstance(cone, (int, float)) or cone < 0:
+            raise ConfigError(f"{source}: marching.cone_angle must be 'auto' or a number >= 0, got {cone!r}")
+        dt_min = math.sqrt(3.0) / steps
+        dt_max = dt_min * 2 ** (n_cascades_for(scene_aabb_scale) - 1) * max(steps / res, 1.0)
+        schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)))
+        return Marching(schedule, float(block["early_termination"]), int(block["update_interval"]),
+                        int(block["warmup_steps"]))
 
 
 def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
@@ -142,7 +150,7 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     device_type = rays.origins.device.type
     with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
         out = render_rays(field, lambda x: field.query_density(x)[0], rays.origins, rays.directions, field.aabb,
-                          grid, march.dt, march.n_steps, march.early_termination, jitter)
+                          grid, march.schedule, march.early_termination, jitter)
     pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
     target = composite_background(rays.rgba, background)
     loss = loss_fn(pred, target)
@@ -179,8 +187,8 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, march: Marchi
     field.eval()
     for i in range(rt.rank, n, rt.size):
         o, d = image_rays(frames, i, rt.device)
-        rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, grid, march.dt,
-                              march.n_steps, bg, march.early_termination)
+        rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, grid, march.schedule,
+                              bg, march.early_termination)
         gt = composite_background(frames.images[i].to(rt.device).view(-1, 4).float() / 255.0, bg)
         mse[i] = float(torch.mean((rgb.clamp(0, 1) - gt) ** 2))
         if i < n_save:
@@ -242,7 +250,7 @@ def run(args: argparse.Namespace) -> RunResult:
     model = args.model
     field = NGPField(model, scene.aabb, backend).to(rt.device)
     grid = make_grid(model["marching"], scene).to(rt.device)
-    march = Marching.from_config(model["marching"], scene.aabb)
+    march = Marching.from_config(model["marching"], scene.aabb_scale, source)
     optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
     loss_fn = make_loss(model["loss"], source)
 
@@ -275,7 +283,7 @@ def run(args: argparse.Namespace) -> RunResult:
 
     dist.log(f"training {args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
              + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
-               f"{march.n_steps} steps/ray max")
+               f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
     history: list[dict] = []
     stats = IntervalStats()
     total_samples = 0.0
@@ -286,7 +294,7 @@ def run(args: argparse.Namespace) -> RunResult:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
         if step % march.update_interval == 0:
-            grid.update(lambda x: field.query_density(x)[0], march.dt, step, march.warmup_steps, args.seed)
+            grid.update(lambda x: field.query_density(x)[0], march.schedule.dt_min, step, march.warmup_steps, args.seed)
         rays = sampler.sample(n_rays)
         if scene.has_alpha and args.train_background == "random":
             background = torch.rand((len(rays), 3), generator=bg_gen, device=rt.device)
