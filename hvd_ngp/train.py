@@ -26,7 +26,7 @@ from . import dist
 from .checkpoint import read_snapshot, restore_snapshot, save_snapshot
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
 from .data import Frames, Scene, load_scene
-from .data.sampler import RayBatch, RaySampler, image_rays
+from .data.sampler import RayBatch, RaySampler, image_pixels, image_rays
 from .encoding import resolve_backend
 from .errors import ConfigError, HvdNgpError
 from .field import NGPField
@@ -189,10 +189,11 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, march: Marchi
         o, d = image_rays(frames, i, rt.device)
         rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, grid, march.schedule,
                               bg, march.early_termination)
-        gt = composite_background(frames.images[i].to(rt.device).view(-1, 4).float() / 255.0, bg)
+        gt = composite_background(image_pixels(frames, i).to(rt.device).float() / 255.0, bg)
         mse[i] = float(torch.mean((rgb.clamp(0, 1) - gt) ** 2))
         if i < n_save:
-            keep.append((i, (rgb.clamp(0, 1).view(frames.height, frames.width, 3) * 255 + 0.5).byte().cpu().numpy()))
+            w, h = frames.image_size(i)
+            keep.append((i, (rgb.clamp(0, 1).view(h, w, 3) * 255 + 0.5).byte().cpu().numpy()))
     field.train()
     mse = dist.allreduce(mse, "sum", name="eval.mse")
     gathered = dist.allgather_object(keep, name="eval.images") if n_save > 0 else []
