@@ -129,9 +129,21 @@ class NgpConfigFileParser(configargparse.ConfigFileParser):
                 raise ConfigError(f"{name}: unknown block {key!r} (known blocks: {', '.join(BLOCKS)}, training)")
             elif self.known and key not in self.known:
                 raise ConfigError(f"{name}: unknown option {key!r} (see --help for the trainer's options)")
+            elif isinstance(value, list):
+                items[key] = ",".join(str(v) for v in value)
             else:
-                items[key] = _scalar(value) if not isinstance(value, list) else [str(v) for v in value]
+                items[key] = _scalar(value)
         return items
+
+
+def _seconds_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in str(text).replace(" ", "").strip("[]").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated seconds, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"seconds must be positive, got {text!r}")
+    return sorted(values)
 
 
 def _scalar(value: Any) -> str:
@@ -197,6 +209,8 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--metrics_json", default=None, help="write final metrics here as JSON (rank 0)")
     g.add_argument("--log_every", type=int, default=100, help="steps between log lines")
     g.add_argument("--eval_every", type=int, default=0, help="evaluate test PSNR every N steps (0: only at the end)")
+    g.add_argument("--eval_at_s", type=_seconds_list, default=[], metavar="S1,S2,...",
+                   help="also evaluate when training time reaches these seconds (a PSNR-versus-time curve)")
     g.add_argument("--n_eval_views", type=int, default=0, help="test views used for PSNR (0: all)")
     g.add_argument("--save_renders", type=int, default=8, help="test renders written as PNG at the end")
     g.add_argument("--save_snapshot", default=None, help="write a snapshot here at the end (rank 0)")

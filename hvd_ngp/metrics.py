@@ -59,3 +59,30 @@ class IntervalStats:
             "candidates": float(total[5]),
             "seconds": float(slowest[0]),
         }
+
+
+def _gaussian_window(size: int = 11, sigma: float = 1.5, device=None) -> Tensor:
+    x = torch.arange(size, dtype=torch.float32, device=device) - (size - 1) / 2
+    g = torch.exp(-(x ** 2) / (2 * sigma ** 2))
+    g = g / g.sum()
+    return g[:, None] * g[None, :]
+
+
+def ssim(a: Tensor, b: Tensor) -> float:
+    """Structural similarity of two images ``[H, W, C]`` in [0, 1] (Wang et al. 2004: 11x11 Gaussian
+    window, sigma 1.5, K1 0.01, K2 0.03, mean over the valid region and the channels)."""
+    c = a.shape[-1]
+    x = a.float().permute(2, 0, 1)[None]
+    y = b.float().permute(2, 0, 1)[None]
+    w = _gaussian_window(device=a.device).expand(c, 1, 11, 11)
+
+    def blur(t: Tensor) -> Tensor:
+        return torch.nn.functional.conv2d(t, w, groups=c)
+
+    mx, my = blur(x), blur(y)
+    sxx = blur(x * x) - mx * mx
+    syy = blur(y * y) - my * my
+    sxy = blur(x * y) - mx * my
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
+    return float(s.mean())

@@ -26,13 +26,15 @@ from . import dist
 from .checkpoint import read_snapshot, restore_snapshot, save_snapshot
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
 from .data import Frames, Scene, load_scene
-from .data.sampler import RayBatch, RaySampler, image_pixels, image_rays
+from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
 from .errors import ConfigError, HvdNgpError
 from .field import NGPField
+from .clock import TrainClock
+from .evaluate import BACKGROUNDS, composite_background, evaluate
 from .metrics import IntervalStats, mse_to_psnr
 from .occupancy import OccupancyGrid, n_cascades_for
-from .render import StepSchedule, render_image, render_rays
+from .render import StepSchedule, render_rays
 
 
 # ------------------------------------------------------------------------------------ recipe
@@ -116,14 +118,6 @@ def make_loss(block: dict, source: str):
     raise ConfigError(f"{source}: loss.otype {otype!r} is unknown (L2, Huber, L1)")
 
 
-BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
-
-
-def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
-    """RGBA ``[R, 4]`` over background ``[R, 3]`` or ``[3]`` -> RGB ``[R, 3]``."""
-    return rgba[:, :3] * rgba[:, 3:4] + background * (1.0 - rgba[:, 3:4])
-
-
 # ------------------------------------------------------------------------------------ one step
 
 
@@ -169,43 +163,6 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
             scaler.step(optimizer)
         scaler.update()
     return StepResult(loss.detach(), F.mse_loss(pred.detach(), target), out.n_samples, out.n_candidates)
-
-
-# ------------------------------------------------------------------------------------ evaluation
-
-
-def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, march: Marching, background: str,
-             n_views: int = 0, save_dir: Path | None = None, n_save: int = 0) -> dict:
-    """PSNR over the test views; every rank renders its share (collective). Rank 0 writes PNGs."""
-    rt = dist.runtime()
-    n = len(frames) if n_views <= 0 else min(n_views, len(frames))
-    if n == 0:
-        return {"psnr": float("nan"), "views": 0}
-    bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
-    mse = torch.zeros(n, dtype=torch.float64)
-    keep: list[tuple[int, np.ndarray]] = []
-    field.eval()
-    for i in range(rt.rank, n, rt.size):
-        o, d = image_rays(frames, i, rt.device)
-        rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, grid, march.schedule,
-                              bg, march.early_termination)
-        gt = composite_background(image_pixels(frames, i).to(rt.device).float() / 255.0, bg)
-        mse[i] = float(torch.mean((rgb.clamp(0, 1) - gt) ** 2))
-        if i < n_save:
-            w, h = frames.image_size(i)
-            keep.append((i, (rgb.clamp(0, 1).view(h, w, 3) * 255 + 0.5).byte().cpu().numpy()))
-    field.train()
-    mse = dist.allreduce(mse, "sum", name="eval.mse")
-    gathered = dist.allgather_object(keep, name="eval.images") if n_save > 0 else []
-    if rt.is_root and save_dir is not None:
-        import cv2
-
-        save_dir.mkdir(parents=True, exist_ok=True)
-        for per_rank in gathered:
-            for i, img in per_rank:
-                cv2.imwrite(str(save_dir / f"test_{i:03d}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
-    psnrs = [mse_to_psnr(float(m)) for m in mse]
-    return {"psnr": float(np.mean(psnrs)), "views": n, "psnr_per_view": [round(p, 3) for p in psnrs]}
 
 
 # ------------------------------------------------------------------------------------ main
@@ -285,11 +242,17 @@ def run(args: argparse.Namespace) -> RunResult:
     dist.log(f"training {args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
              + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
                f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
-    history: list[dict] = []
+
+    def test_metrics(n_views: int = args.n_eval_views, save_dir: Path | None = None, n_save: int = 0) -> dict:
+        return evaluate(field, grid, scene.test, march.schedule, march.early_termination, args.eval_background,
+                        n_views, save_dir, n_save)
+
+    history: list[dict] = []   # one entry per log interval
+    curve: list[dict] = []     # test PSNR/SSIM against training time
+    eval_at = sorted(args.eval_at_s)
     stats = IntervalStats()
     total_samples = 0.0
-    train_seconds = 0.0
-    t_start = time.perf_counter()
+    clock = TrainClock(rt.device)
     step = start_step
     while step < args.n_steps:
         for group in optimizer.param_groups:
@@ -311,46 +274,53 @@ def run(args: argparse.Namespace) -> RunResult:
         step += 1
 
         if step % args.log_every == 0 or step == args.n_steps:
-            if rt.device.type == "cuda":
-                torch.cuda.synchronize()
             r = stats.reduce(rt.device)
-            train_seconds += r["seconds"]
             total_samples += r["samples"]
-            line = (f"[step {step}] {r['samples'] / max(r['seconds'], 1e-9) / 1e6:.3f} M samples/s | "
-                    f"{r['rays_per_step']:.0f} rays/step | loss {r['loss']:.5f} | train PSNR {mse_to_psnr(r['mse']):.2f} | "
-                    f"occupied {100 * grid.occupancy_fraction():.1f}% | {train_seconds:.1f} s")
-            dist.log(line)
-            history.append({"step": step, "seconds": round(train_seconds, 3), "loss": r["loss"],
+            seconds = clock.seconds()
+            dist.log(f"[step {step}] {r['samples'] / max(r['seconds'], 1e-9) / 1e6:.3f} M samples/s | "
+                     f"{r['rays_per_step']:.0f} rays/step | loss {r['loss']:.5f} | train PSNR {mse_to_psnr(r['mse']):.2f} | "
+                     f"occupied {100 * grid.occupancy_fraction():.1f}% | {seconds:.1f} s")
+            history.append({"step": step, "seconds": round(seconds, 3), "loss": r["loss"],
                             "train_psnr": mse_to_psnr(r["mse"]), "samples_per_sec": r["samples"] / max(r["seconds"], 1e-9)})
-            if args.eval_every and step % args.eval_every == 0 and step < args.n_steps:
-                ev = evaluate(field, grid, scene.test, march, args.eval_background, args.n_eval_views)
-                dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB over {ev['views']} views")
-                history[-1]["test_psnr"] = ev["psnr"]
             stats = IntervalStats()
-        if args.time_budget_s and step % 8 == 0:
-            over = torch.tensor([1.0 if (rt.is_root and time.perf_counter() - t_start > args.time_budget_s) else 0.0])
-            if float(dist.allreduce(over, "max", name="time_budget")[0]) > 0:
-                break
+        # Evaluation points and the time budget, decided from one shared clock reading every 8 steps.
+        due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
+        if (eval_at or args.time_budget_s) and step % 8 == 0:
+            elapsed = clock.shared_seconds()
+            due = due or bool(eval_at and elapsed >= eval_at[0])
+            eval_at = [t for t in eval_at if t > elapsed]
+            stop = bool(args.time_budget_s and elapsed >= args.time_budget_s)
+        else:
+            stop = False
+        if due and not stop:
+            seconds = clock.seconds()
+            with clock.paused():
+                ev = test_metrics()
+            stats.started += clock.last_pause
+            curve.append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
+            dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views "
+                     f"at {seconds:.1f} s")
+        if stop:
+            break
     if stats.steps:  # the partial interval before a time-budget stop
-        r = stats.reduce(rt.device)
-        train_seconds += r["seconds"]
-        total_samples += r["samples"]
+        total_samples += stats.reduce(rt.device)["samples"]
+    train_seconds = clock.seconds()
 
-    ev = evaluate(field, grid, scene.test, march, args.eval_background, args.n_eval_views,
-                  out_dir / "renders", args.save_renders)
+    ev = test_metrics(save_dir=out_dir / "renders", n_save=args.save_renders)
+    curve.append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
     samples_per_sec = total_samples / max(train_seconds, 1e-9)
     dist.log(f"done: {step} steps in {train_seconds:.1f} s, {samples_per_sec / 1e6:.3f} M samples/s, "
-             f"test PSNR {ev['psnr']:.2f} dB over {ev['views']} views")
+             f"test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views")
     if args.save_snapshot:
         inner = optimizer  # DistributedOptimizer is a subclass of the wrapped optimizer: its state_dict is the same
         if rt.is_root:
             save_snapshot(args.save_snapshot, field, grid, inner, step, {"args": vars_for_json(args)})
         dist.barrier()
     metrics = {"world_size": rt.size, "steps": step, "train_seconds": round(train_seconds, 3),
-               "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_views": ev["views"],
-               "psnr_per_view": ev.get("psnr_per_view", []), "device": device_name(rt.device), "backend": backend,
-               "precision": args.precision, "controller": rt.controller, "scene": scene.source, "config": source,
-               "history": history}
+               "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_ssim": ev["ssim"],
+               "test_views": ev["views"], "psnr_per_view": ev.get("psnr_per_view", []), "curve": curve,
+               "device": device_name(rt.device), "backend": backend, "precision": args.precision,
+               "controller": rt.controller, "scene": scene.source, "config": source, "history": history}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:

@@ -26,8 +26,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .data.cameras import intersect_aabb
-from .occupancy import OccupancyGrid
+from ..data.cameras import intersect_aabb
+from ..occupancy import OccupancyGrid
 
 RGBSigmaFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # x [M,3], d [M,3] -> rgb [M,3], sigma [M]
 SigmaFn = Callable[[Tensor], Tensor]                            # x [M,3] -> sigma [M]
