@@ -197,8 +197,9 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--max_rays", type=int, default=1 << 20, help="upper bound of the adaptive ray count")
     g.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="autocast precision of the MLPs (fp16 uses a gradient scaler)")
-    g.add_argument("--backend", choices=("auto", "torch", "cpp"), default="auto",
-                   help="hash-grid backend: torch (reference), cpp (C++ CPU kernel); auto picks the fastest available")
+    g.add_argument("--backend", choices=("auto", "torch", "cpp", "triton"), default="auto",
+                   help="compute path: torch (reference), cpp (C++ CPU hash grid), triton (GPU kernels for the hash "
+                        "grid, marching and compositing); auto picks the fastest available")
     g.add_argument("--seed", type=int, default=1337, help="global seed; each rank's ray generator is seeded with seed + rank")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="compute device")
     g.add_argument("--threads", type=int, default=0,

@@ -25,11 +25,12 @@ def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
 
 
 def render_view(field: NGPField, grid: OccupancyGrid, frames: Frames, index: int, schedule: StepSchedule,
-                background: Tensor, early_termination: float) -> Tensor:
-    """One image of ``frames`` rendered over ``background`` ``[3]`` -> ``[H, W, 3]`` in [0, 1]."""
+                background: Tensor, early_termination: float, fast: bool = False) -> Tensor:
+    """One image of ``frames`` rendered over ``background`` ``[3]`` -> ``[H, W, 3]`` in [0, 1]
+    (``fast``: with the Triton kernels)."""
     o, d = image_rays(frames, index, background.device)
     rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, grid, schedule, background,
-                          early_termination)
+                          early_termination, fast=fast)
     w, h = frames.image_size(index)
     return rgb.clamp(0, 1).view(h, w, 3)
 
@@ -47,7 +48,7 @@ def write_png(path: Path, rgb: np.ndarray) -> None:
 
 def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,
              background: str, n_views: int = 0, save_dir: Path | None = None, n_save: int = 0,
-             writer: str = "root") -> dict:
+             writer: str = "root", fast: bool = False) -> dict:
     """PSNR (mean over views) and SSIM over the first ``n_views`` views (0: all). Collective: every rank
     renders views ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
 
@@ -64,7 +65,7 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
     was_training = field.training
     field.eval()
     for i in range(rt.rank, n, rt.size):
-        img = render_view(field, grid, frames, i, schedule, bg, early_termination)
+        img = render_view(field, grid, frames, i, schedule, bg, early_termination, fast)
         gt = composite_background(image_pixels(frames, i).to(rt.device).float() / 255.0, bg).view_as(img)
         scores[i, 0] = float(torch.mean((img - gt) ** 2))
         scores[i, 1] = ssim(img, gt)

@@ -29,11 +29,11 @@ class IntervalStats:
     mse_sum: Tensor | float = 0.0
     steps: int = 0
     rays: int = 0
-    samples: int = 0
-    candidates: int = 0
+    samples: int | Tensor = 0     # device scalars on the fast path: summed on the device
+    candidates: int | Tensor = 0
     started: float = field(default_factory=time.perf_counter)
 
-    def add(self, loss: Tensor, mse: Tensor, rays: int, samples: int, candidates: int) -> None:
+    def add(self, loss: Tensor, mse: Tensor, rays: int, samples: int | Tensor, candidates: int | Tensor) -> None:
         self.loss_sum = self.loss_sum + loss.detach()
         self.mse_sum = self.mse_sum + mse.detach()
         self.steps += 1
@@ -44,8 +44,8 @@ class IntervalStats:
     def reduce(self, device: torch.device) -> dict:
         """Across ranks: totals of rays/samples, mean loss/mse, the slowest rank's wall time."""
         elapsed = time.perf_counter() - self.started
-        v = torch.tensor([float(self.loss_sum), float(self.mse_sum), self.steps, self.rays, self.samples, self.candidates, elapsed],
-                         dtype=torch.float64)
+        v = torch.tensor([float(self.loss_sum), float(self.mse_sum), self.steps, self.rays, float(self.samples),
+                          float(self.candidates), elapsed], dtype=torch.float64)
         total = dist.allreduce(v, "sum", name="metrics.interval")
         slowest = dist.allreduce(v[6:7].clone(), "max", name="metrics.interval_time")
         rt = dist.runtime()

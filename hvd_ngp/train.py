@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,9 @@ from .clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate
 from .metrics import IntervalStats, mse_to_psnr
 from .occupancy import OccupancyGrid, n_cascades_for
+
+if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
+    from .render.fast import FastRenderer
 from .render import StepSchedule, render_rays
 
 
@@ -107,15 +111,24 @@ def make_optimizer(field: NGPField, block: dict, source: str) -> tuple[torch.opt
 
 
 def make_loss(block: dict, source: str):
+    """The ``loss`` block -> an element-wise loss ``(pred, target) -> [R, 3]`` (reduced by ``masked_mean``)."""
     otype = block.get("otype", "L2")
     if otype == "L2":
-        return lambda pred, target: F.mse_loss(pred, target)
+        return lambda pred, target: (pred - target) ** 2
     if otype == "Huber":
         delta = float(block.get("delta", 0.1))
-        return lambda pred, target: F.huber_loss(pred, target, delta=delta) / delta
+        return lambda pred, target: F.huber_loss(pred, target, delta=delta, reduction="none") / delta
     if otype == "L1":
-        return lambda pred, target: F.l1_loss(pred, target)
+        return lambda pred, target: (pred - target).abs()
     raise ConfigError(f"{source}: loss.otype {otype!r} is unknown (L2, Huber, L1)")
+
+
+def masked_mean(values: Tensor, valid: Tensor | None) -> Tensor:
+    """Mean of ``[R, C]`` values over the rays where ``valid`` ``[R]`` holds (all when None); no host sync."""
+    if valid is None:
+        return values.mean()
+    w = valid.to(values.dtype)[:, None]
+    return (values * w).sum() / (w.sum() * values.shape[1]).clamp(min=1.0)
 
 
 # ------------------------------------------------------------------------------------ one step
@@ -123,10 +136,14 @@ def make_loss(block: dict, source: str):
 
 @dataclass
 class StepResult:
+    """loss, mse: device scalars; n_samples (through the network), n_candidates (marched): ints on the
+    reference path, device scalars on the fast path (read them without blocking: see ``RayBudget``)."""
+
     loss: Tensor
     mse: Tensor
-    n_samples: int
-    n_candidates: int
+    n_samples: int | Tensor
+    n_candidates: int | Tensor
+    n_valid: int | Tensor
 
 
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -134,20 +151,23 @@ AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
-               scaler: torch.amp.GradScaler | None = None) -> StepResult:
+               scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
+    ``renderer``: the fast GPU renderer, or None for the reference (``render.render_rays``).
     Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
     must see every rank. With a gradient scaler (fp16), Horovod's pattern: synchronize (allreduce),
     unscale, then step without a second synchronisation.
     """
     device_type = rays.origins.device.type
+    render = renderer or render_rays
     with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
-        out = render_rays(field, lambda x: field.query_density(x)[0], rays.origins, rays.directions, field.aabb,
-                          grid, march.schedule, march.early_termination, jitter)
+        out = render(field, lambda x: field.query_density(x)[0], rays.origins, rays.directions, field.aabb,
+                     grid, march.schedule, march.early_termination, jitter)
+    valid = getattr(out, "valid", None)
     pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
     target = composite_background(rays.rgba, background)
-    loss = loss_fn(pred, target)
+    loss = masked_mean(loss_fn(pred, target), valid)
     optimizer.zero_grad()
     if scaler is None:
         loss.backward()
@@ -162,7 +182,48 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
         else:
             scaler.step(optimizer)
         scaler.update()
-    return StepResult(loss.detach(), F.mse_loss(pred.detach(), target), out.n_samples, out.n_candidates)
+    mse = masked_mean((pred.detach() - target) ** 2, valid)
+    n_valid = len(rays) if valid is None else valid.sum()
+    return StepResult(loss.detach(), mse, out.n_samples, out.n_candidates, n_valid)
+
+
+class RayBudget:
+    """Rays per step, adapted so a step carries about ``target`` samples through the network
+    (instant-ngp's rule) and, on the fast path, its marched samples fit ``candidate_capacity``.
+
+    Fast-path counts are device scalars: they are copied to pinned host memory without blocking
+    and used once the copy has landed (a step or two later), so the host never waits for the GPU.
+    """
+
+    def __init__(self, n_rays: int, target: int, max_rays: int, candidate_capacity: int | None = None) -> None:
+        self.n_rays, self.target, self.max_rays = n_rays, target, max_rays
+        self.candidate_capacity = candidate_capacity
+        self._pending: list[tuple[torch.cuda.Event | None, Tensor]] = []
+
+    def _adapt(self, samples: float, candidates: float, valid: float) -> None:
+        per_ray = max(samples, 1.0) / max(valid, 1.0)
+        n = self.target / per_ray
+        if self.candidate_capacity:
+            n = min(0.95 * n, 0.95 * self.candidate_capacity / (max(candidates, 1.0) / max(valid, 1.0)))
+        self.n_rays = int(min(max(n, 64), self.max_rays)) // 64 * 64
+
+    def update(self, res: StepResult) -> int:
+        if not isinstance(res.n_samples, Tensor):
+            self._adapt(res.n_samples, res.n_candidates, res.n_valid)
+            return self.n_rays
+        counts = torch.stack([torch.as_tensor(v, device=res.loss.device).float()
+                              for v in (res.n_samples, res.n_candidates, res.n_valid)])
+        host = torch.empty(3, pin_memory=counts.is_cuda)
+        host.copy_(counts, non_blocking=counts.is_cuda)
+        event = None
+        if counts.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._pending.append((event, host))
+        while self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):
+            _, ready = self._pending.pop(0)
+            self._adapt(*ready.tolist())
+        return self.n_rays
 
 
 # ------------------------------------------------------------------------------------ main
@@ -231,6 +292,14 @@ def run(args: argparse.Namespace) -> RunResult:
     sampler = RaySampler(scene.train, rt.rank, rt.size, args.seed, rt.device)
     bg_gen = torch.Generator(device=rt.device)
     bg_gen.manual_seed(args.seed * 7919 + rt.rank)
+    renderer = None
+    if backend == "triton":
+        from .render.fast import FastRenderer
+
+        renderer = FastRenderer(int(model["marching"].get("candidate_factor", 4) * args.target_samples),
+                                args.target_samples)
+    budget = RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
+                       renderer.candidate_capacity if renderer else None)
     n_rays = args.n_rays_init
     out_dir = Path(args.out_dir)
     if rt.is_root:
@@ -245,7 +314,7 @@ def run(args: argparse.Namespace) -> RunResult:
 
     def test_metrics(n_views: int = args.n_eval_views, save_dir: Path | None = None, n_save: int = 0) -> dict:
         return evaluate(field, grid, scene.test, march.schedule, march.early_termination, args.eval_background,
-                        n_views, save_dir, n_save)
+                        n_views, save_dir, n_save, fast=backend == "triton")
 
     history: list[dict] = []   # one entry per log interval
     curve: list[dict] = []     # test PSNR/SSIM against training time
@@ -266,11 +335,10 @@ def run(args: argparse.Namespace) -> RunResult:
             background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
             background = background.expand(len(rays), 3)
         jitter = torch.rand(len(rays), generator=bg_gen, device=rt.device)
-        res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter, args.precision, scaler)
+        res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter, args.precision, scaler,
+                         renderer)
         stats.add(res.loss, res.mse, len(rays), res.n_samples, res.n_candidates)
-        # Adapt the ray count so the next step carries about target_samples samples (instant-ngp's rule).
-        per_ray = max(res.n_samples, 1) / len(rays)
-        n_rays = int(min(max(args.target_samples / per_ray, 64), args.max_rays)) // 64 * 64
+        n_rays = budget.update(res)
         step += 1
 
         if step % args.log_every == 0 or step == args.n_steps:

@@ -181,13 +181,23 @@ def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, di
 
 def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
                  grid: OccupancyGrid | None, schedule: StepSchedule, background: Tensor,
-                 early_termination: float = 1e-4, chunk: int = 1 << 14) -> tuple[Tensor, Tensor]:
-    """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``."""
+                 early_termination: float = 1e-4, chunk: int = 1 << 14, fast: bool = False) -> tuple[Tensor, Tensor]:
+    """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``.
+    ``fast``: the Triton kernels (``render.fast``) instead of the reference, with larger chunks."""
+    if fast:
+        from .fast import render_rays_fast
+
+        chunk = max(chunk, 1 << 18)
     rgbs, depths = [], []
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):
-            out = render_rays(rgb_sigma_fn, sigma_fn, origins[s:s + chunk], directions[s:s + chunk], aabb, grid,
-                              schedule, early_termination)
-            rgbs.append(out.rgb + background * (1.0 - out.opacity[:, None]))
-            depths.append(out.depth)
+            o, d = origins[s:s + chunk], directions[s:s + chunk]
+            if fast:
+                rgb, opacity, depth = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule,
+                                                       early_termination)
+            else:
+                out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination)
+                rgb, opacity, depth = out.rgb, out.opacity, out.depth
+            rgbs.append(rgb.float() + background * (1.0 - opacity.float()[:, None]))
+            depths.append(depth)
     return torch.cat(rgbs), torch.cat(depths)

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     n_views = len(scene.test) if args.split_views < 0 else min(args.split_views, len(scene.test))
     if n_views:
         ev = evaluate(field, grid, scene.test, march.schedule, march.early_termination, background, n_views,
-                      out / "test", n_views, writer="each_rank")
+                      out / "test", n_views, writer="each_rank", fast=backend == "triton")
         result.update(test_psnr=ev["psnr"], test_ssim=ev["ssim"], test_views=ev["views"])
         dist.log(f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views -> {out / 'test'}")
     if args.video != "none":
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
         bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
         field.eval()
         for i in range(rt.rank, args.n_frames, rt.size):
-            img = render_view(field, grid, path, i, march.schedule, bg, march.early_termination)
+            img = render_view(field, grid, path, i, march.schedule, bg, march.early_termination, backend == "triton")
             cv2.imwrite(str(frames_dir / f"frame_{i:04d}.png"), cv2.cvtColor(to_uint8(img), cv2.COLOR_RGB2BGR))
         dist.barrier()
         if rt.is_root:
