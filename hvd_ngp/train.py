@@ -13,12 +13,10 @@ import math
 import os
 import socket
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -26,7 +24,7 @@ from torch import Tensor
 from . import dist
 from .checkpoint import read_snapshot, restore_snapshot, save_snapshot
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
-from .data import Frames, Scene, load_scene
+from .data import Scene, load_scene
 from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
 from .errors import ConfigError, HvdNgpError
@@ -35,6 +33,7 @@ from .clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate
 from .metrics import IntervalStats, mse_to_psnr
 from .occupancy import OccupancyGrid, n_cascades_for
+from .profiling import NULL_TIMER, StageTimer
 
 if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
     from .render.fast import FastRenderer
@@ -151,7 +150,8 @@ AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
-               scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None) -> StepResult:
+               scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None,
+               timer: StageTimer = NULL_TIMER) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
     ``renderer``: the fast GPU renderer, or None for the reference (``render.render_rays``).
@@ -163,25 +163,28 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     render = renderer or render_rays
     with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
         out = render(field, lambda x: field.query_density(x)[0], rays.origins, rays.directions, field.aabb,
-                     grid, march.schedule, march.early_termination, jitter)
+                     grid, march.schedule, march.early_termination, jitter, timer=timer)
     valid = getattr(out, "valid", None)
     pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
     target = composite_background(rays.rgba, background)
     loss = masked_mean(loss_fn(pred, target), valid)
     optimizer.zero_grad()
-    if scaler is None:
-        loss.backward()
-        optimizer.step()
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    timer.mark("backward")
+    distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
+    if distributed:
+        optimizer.synchronize()  # waits for the gradient allreduce started during backward
+        timer.mark("allreduce")
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if distributed:
+        with optimizer.skip_synchronize():
+            optimizer.step() if scaler is None else scaler.step(optimizer)
     else:
-        scaler.scale(loss).backward()
-        if hasattr(optimizer, "synchronize"):  # Horovod DistributedOptimizer
-            optimizer.synchronize()
-            scaler.unscale_(optimizer)
-            with optimizer.skip_synchronize():
-                scaler.step(optimizer)
-        else:
-            scaler.step(optimizer)
+        optimizer.step() if scaler is None else scaler.step(optimizer)
+    if scaler is not None:
         scaler.update()
+    timer.mark("optimizer")
     mse = masked_mean((pred.detach() - target) ** 2, valid)
     n_valid = len(rays) if valid is None else valid.sum()
     return StepResult(loss.detach(), mse, out.n_samples, out.n_candidates, n_valid)
@@ -249,58 +252,115 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@dataclass
+class Trainer:
+    """Everything one rank's training steps need, built by ``Trainer.build`` (collective)."""
+
+    args: argparse.Namespace
+    rt: dist.Runtime
+    backend: str
+    scene: Scene
+    field: NGPField
+    grid: OccupancyGrid
+    march: Marching
+    optimizer: torch.optim.Optimizer
+    lr_at: object
+    loss_fn: object
+    scaler: torch.amp.GradScaler | None
+    sampler: RaySampler
+    renderer: "FastRenderer | None"
+    budget: RayBudget
+    generator: torch.Generator  # backgrounds and jitter, seeded by global rank
+    start_step: int = 0
+
+    @staticmethod
+    def build(args: argparse.Namespace) -> "Trainer":
+        rt = dist.init(args.device, args.threads)
+        torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
+        source = args.model["_source"]
+        backend = resolve_backend(args.backend, rt.device)
+        dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}], device {device_name(rt.device)}, "
+                 f"config {source}, backend {backend}, host {socket.gethostname()}")
+        scene: Scene = dist.agree(lambda: load_scene(
+            args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
+            test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale),
+            "loading the scene")
+        dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
+                 f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
+                 + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
+
+        model = args.model
+        field = NGPField(model, scene.aabb, backend).to(rt.device)
+        grid = make_grid(model["marching"], scene).to(rt.device)
+        march = Marching.from_config(model["marching"], scene.aabb_scale, source)
+        optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
+        start_step = 0
+        if args.load_snapshot:
+            def load() -> int:
+                if not rt.is_root:
+                    return 0
+                return restore_snapshot(read_snapshot(args.load_snapshot, rt.device), field, grid, optimizer,
+                                        args.load_snapshot)
+            start_step = dist.broadcast_object(dist.agree(load, "loading the snapshot"), name="snapshot.step")
+            dist.broadcast_(grid.density, name="snapshot.grid")
+            grid.refresh_occupied()
+            dist.broadcast_state(field, optimizer)  # optimizer state first, then parameters (see dist)
+        else:
+            dist.broadcast_state(field)
+        optimizer = dist.distributed_optimizer(optimizer, field.named_parameters())
+
+        renderer = None
+        if backend == "triton":
+            from .render.fast import FastRenderer
+
+            renderer = FastRenderer(int(model["marching"].get("candidate_factor", 4) * args.target_samples),
+                                    args.target_samples)
+        generator = torch.Generator(device=rt.device)
+        generator.manual_seed(args.seed * 7919 + rt.rank)
+        return Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, make_loss(model["loss"], source),
+                       torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None,
+                       RaySampler(scene.train, rt.rank, rt.size, args.seed, rt.device), renderer,
+                       RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
+                                 renderer.candidate_capacity if renderer else None),
+                       generator, start_step)
+
+    def step(self, step: int, timer: StageTimer = NULL_TIMER) -> tuple[StepResult, int]:
+        """Training step number ``step`` (collective): occupancy refresh when due, rays, render, update.
+        Returns the result and the number of rays it used."""
+        args, rt = self.args, self.rt
+        timer.start()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(step)
+        if step % self.march.update_interval == 0:
+            self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
+                             self.march.warmup_steps, args.seed)
+            timer.mark("occupancy update")
+        n_rays = self.budget.n_rays
+        rays = self.sampler.sample(n_rays)
+        if self.scene.has_alpha and args.train_background == "random":
+            background = torch.rand((n_rays, 3), generator=self.generator, device=rt.device)
+        else:
+            background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
+            background = background.expand(n_rays, 3)
+        jitter = torch.rand(n_rays, generator=self.generator, device=rt.device)
+        timer.mark("sampling")
+        res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn, jitter,
+                         args.precision, self.scaler, self.renderer, timer)
+        self.budget.update(res)
+        return res, n_rays
+
+    def evaluate(self, n_views: int | None = None, save_dir: Path | None = None, n_save: int = 0) -> dict:
+        """Test-split metrics (collective)."""
+        return evaluate(self.field, self.grid, self.scene.test, self.march.schedule, self.march.early_termination,
+                        self.args.eval_background, self.args.n_eval_views if n_views is None else n_views, save_dir,
+                        n_save, fast=self.backend == "triton")
+
+
 def run(args: argparse.Namespace) -> RunResult:
     """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
-    rt = dist.init(args.device, args.threads)
-    torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
+    tr = Trainer.build(args)
+    rt, scene, field, grid, march, backend = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend
     source = args.model["_source"]
-    backend = resolve_backend(args.backend, rt.device)
-    dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}], device {device_name(rt.device)}, "
-             f"config {source}, backend {backend}, host {socket.gethostname()}")
-
-    scene: Scene = dist.agree(lambda: load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
-                                                 train_split=args.train_split, test_split=args.test_split,
-                                                 holdout_every=args.holdout_every, downscale=args.downscale),
-                              "loading the scene")
-    dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
-             f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
-             + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
-
-    model = args.model
-    field = NGPField(model, scene.aabb, backend).to(rt.device)
-    grid = make_grid(model["marching"], scene).to(rt.device)
-    march = Marching.from_config(model["marching"], scene.aabb_scale, source)
-    optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
-    loss_fn = make_loss(model["loss"], source)
-
-    start_step = 0
-    if args.load_snapshot:
-        def load() -> int:
-            if not rt.is_root:
-                return 0
-            return restore_snapshot(read_snapshot(args.load_snapshot, rt.device), field, grid, optimizer,
-                                    args.load_snapshot)
-        start_step = dist.broadcast_object(dist.agree(load, "loading the snapshot"), name="snapshot.step")
-        dist.broadcast_(grid.density, name="snapshot.grid")
-        grid.refresh_occupied()
-        dist.broadcast_state(field, optimizer)  # optimizer state first, then parameters (see dist)
-    else:
-        dist.broadcast_state(field)
-    optimizer = dist.distributed_optimizer(optimizer, field.named_parameters())
-
-    scaler = torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None
-    sampler = RaySampler(scene.train, rt.rank, rt.size, args.seed, rt.device)
-    bg_gen = torch.Generator(device=rt.device)
-    bg_gen.manual_seed(args.seed * 7919 + rt.rank)
-    renderer = None
-    if backend == "triton":
-        from .render.fast import FastRenderer
-
-        renderer = FastRenderer(int(model["marching"].get("candidate_factor", 4) * args.target_samples),
-                                args.target_samples)
-    budget = RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
-                       renderer.candidate_capacity if renderer else None)
-    n_rays = args.n_rays_init
     out_dir = Path(args.out_dir)
     if rt.is_root:
         try:
@@ -312,33 +372,16 @@ def run(args: argparse.Namespace) -> RunResult:
              + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
                f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
 
-    def test_metrics(n_views: int = args.n_eval_views, save_dir: Path | None = None, n_save: int = 0) -> dict:
-        return evaluate(field, grid, scene.test, march.schedule, march.early_termination, args.eval_background,
-                        n_views, save_dir, n_save, fast=backend == "triton")
-
     history: list[dict] = []   # one entry per log interval
     curve: list[dict] = []     # test PSNR/SSIM against training time
     eval_at = sorted(args.eval_at_s)
     stats = IntervalStats()
     total_samples = 0.0
     clock = TrainClock(rt.device)
-    step = start_step
+    step = tr.start_step
     while step < args.n_steps:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
-        if step % march.update_interval == 0:
-            grid.update(lambda x: field.query_density(x)[0], march.schedule.dt_min, step, march.warmup_steps, args.seed)
-        rays = sampler.sample(n_rays)
-        if scene.has_alpha and args.train_background == "random":
-            background = torch.rand((len(rays), 3), generator=bg_gen, device=rt.device)
-        else:
-            background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
-            background = background.expand(len(rays), 3)
-        jitter = torch.rand(len(rays), generator=bg_gen, device=rt.device)
-        res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter, args.precision, scaler,
-                         renderer)
-        stats.add(res.loss, res.mse, len(rays), res.n_samples, res.n_candidates)
-        n_rays = budget.update(res)
+        res, n_rays = tr.step(step)
+        stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
         step += 1
 
         if step % args.log_every == 0 or step == args.n_steps:
@@ -363,7 +406,7 @@ def run(args: argparse.Namespace) -> RunResult:
         if due and not stop:
             seconds = clock.seconds()
             with clock.paused():
-                ev = test_metrics()
+                ev = tr.evaluate()
             stats.started += clock.last_pause
             curve.append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
             dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views "
@@ -374,15 +417,14 @@ def run(args: argparse.Namespace) -> RunResult:
         total_samples += stats.reduce(rt.device)["samples"]
     train_seconds = clock.seconds()
 
-    ev = test_metrics(save_dir=out_dir / "renders", n_save=args.save_renders)
+    ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
     curve.append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
     samples_per_sec = total_samples / max(train_seconds, 1e-9)
     dist.log(f"done: {step} steps in {train_seconds:.1f} s, {samples_per_sec / 1e6:.3f} M samples/s, "
              f"test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views")
     if args.save_snapshot:
-        inner = optimizer  # DistributedOptimizer is a subclass of the wrapped optimizer: its state_dict is the same
-        if rt.is_root:
-            save_snapshot(args.save_snapshot, field, grid, inner, step, {"args": vars_for_json(args)})
+        if rt.is_root:  # a DistributedOptimizer's state_dict is the wrapped optimizer's
+            save_snapshot(args.save_snapshot, field, grid, tr.optimizer, step, {"args": vars_for_json(args)})
         dist.barrier()
     metrics = {"world_size": rt.size, "steps": step, "train_seconds": round(train_seconds, 3),
                "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_ssim": ev["ssim"],

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..data.cameras import intersect_aabb
 from ..occupancy import OccupancyGrid
+from ..profiling import NULL_TIMER, StageTimer
 
 RGBSigmaFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # x [M,3], d [M,3] -> rgb [M,3], sigma [M]
 SigmaFn = Callable[[Tensor], Tensor]                            # x [M,3] -> sigma [M]
@@ -162,21 +163,26 @@ class RenderResult:
 
 def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
                 grid: OccupancyGrid | None, schedule: StepSchedule, early_termination: float = 1e-4,
-                jitter: Tensor | None = None) -> RenderResult:
+                jitter: Tensor | None = None, timer: StageTimer = NULL_TIMER) -> RenderResult:
     """Two-pass rendering of R rays (see the module docstring). Differentiable in the second pass."""
     R = origins.shape[0]
     samples = march(origins, directions, aabb, grid, schedule, jitter)
+    timer.mark("march")
     n_candidates = len(samples)
     if early_termination > 0 and n_candidates:
         with torch.no_grad():
             sigma0 = sigma_fn(samples.positions(origins, directions))
             _, t_before = transmittance_weights(sigma0, samples)
         samples = samples.select(t_before > early_termination)
+    timer.mark("density pass")
     x = samples.positions(origins, directions)
     rgb, sigma = rgb_sigma_fn(x, directions[samples.ray])
+    timer.mark("network fwd")
     w, _ = transmittance_weights(sigma, samples)
-    return RenderResult(accumulate(w, rgb, samples.ray, R), accumulate(w, None, samples.ray, R),
-                        accumulate(w, samples.t[:, None], samples.ray, R)[:, 0], len(samples), n_candidates)
+    out = RenderResult(accumulate(w, rgb, samples.ray, R), accumulate(w, None, samples.ray, R),
+                       accumulate(w, samples.t[:, None], samples.ray, R)[:, 0], len(samples), n_candidates)
+    timer.mark("composite")
+    return out
 
 
 def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,

@@ -21,6 +21,7 @@ from torch import Tensor
 from ..kernels.composite import composite, count_until_opaque
 from ..kernels.march import march_packed
 from ..occupancy import OccupancyGrid
+from ..profiling import NULL_TIMER, StageTimer
 from . import RGBSigmaFn, SigmaFn, StepSchedule
 
 
@@ -68,21 +69,26 @@ class FastRenderer:
 
     def __call__(self, rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor,
                  aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,
-                 jitter: Tensor | None) -> FastRenderResult:
+                 jitter: Tensor | None, timer: StageTimer = NULL_TIMER) -> FastRenderResult:
         R = origins.shape[0]
         packed = march_packed(origins, directions, aabb, grid, schedule, jitter, self.candidate_capacity)
+        timer.mark("march")
         ray_c = packed.ray.long().clamp(max=R - 1)
         with torch.no_grad():
             x = origins[ray_c] + directions[ray_c] * packed.t[:, None]
             sigma0 = sigma_fn(x)
             keep = count_until_opaque(sigma0, packed.dt, packed.start, packed.count, early_termination)
+        timer.mark("density pass")
         src, ray, start, count, fits = compact(keep, packed.start, self.sample_capacity)
         ray_c = ray.clamp(max=R - 1)
         t, dt = packed.t[src], packed.dt[src]
         d = directions[ray_c]
         x = origins[ray_c] + d * t[:, None]
+        timer.mark("compaction")
         rgb, sigma = rgb_sigma_fn(x, d)
+        timer.mark("network fwd")
         out_rgb, opacity, depth = composite(sigma, rgb, dt, t, start.int(), count.int())
+        timer.mark("composite")
         return FastRenderResult(out_rgb, opacity, depth, packed.fits & fits, packed.total, count.sum())
 
 
