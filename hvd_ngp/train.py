@@ -68,7 +68,10 @@ class Marching:
             raise ConfigError(f"{source}: marching.cone_angle must be 'auto' or a number >= 0, got {cone!r}")
         dt_min = math.sqrt(3.0) / steps
         dt_max = dt_min * 2 ** (n_cascades_for(scene_aabb_scale) - 1) * max(steps / res, 1.0)
-        schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)))
+        near = float(block.get("near_distance", 0.1))
+        if near < 0:
+            raise ConfigError(f"{source}: marching.near_distance must be >= 0, got {near}")
+        schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)), near)
         return Marching(schedule, float(block["early_termination"]), int(block["update_interval"]),
                         int(block["warmup_steps"]))
 
@@ -293,6 +296,8 @@ class Trainer:
         field = NGPField(model, scene.aabb, backend).to(rt.device)
         grid = make_grid(model["marching"], scene).to(rt.device)
         march = Marching.from_config(model["marching"], scene.aabb_scale, source)
+        seen = grid.mark_unseen(scene.train.c2w, scene.train.intrinsics, scene.train.sizes, march.schedule.near)
+        dist.log(f"occupancy grid: {100 * seen:.1f}% of the cells are seen by a training camera")
         optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
         start_step = 0
         if args.load_snapshot:
@@ -337,7 +342,7 @@ class Trainer:
             timer.mark("occupancy update")
         n_rays = self.budget.n_rays
         rays = self.sampler.sample(n_rays)
-        if self.scene.has_alpha and args.train_background == "random":
+        if args.train_background == "random":  # also for opaque scenes: it teaches full opacity
             background = torch.rand((n_rays, 3), generator=self.generator, device=rt.device)
         else:
             background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)

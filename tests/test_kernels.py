@@ -47,7 +47,7 @@ def test_hashgrid_matches_reference(spec, table_dtype):
     x = torch.rand(n, 3, device=DEV)
     x[:5] = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1 / 6, 0.5, 5 / 6], [0.25, 0.75, 0.125], [0.5, 0.5, 0.5]])
     a, b = ref(x), fast(x)
-    tol = 1e-5 if table_dtype == torch.float32 else 4e-3  # fp16 rounding of N(0, 1) table values
+    tol = 1e-4 if table_dtype == torch.float32 else 4e-3  # summation order; fp16 rounding of N(0, 1) values
     torch.testing.assert_close(b, a, rtol=tol, atol=tol)
     g = torch.randn_like(a)
     (a * g).sum().backward()

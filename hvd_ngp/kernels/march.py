@@ -49,7 +49,7 @@ def _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE: tl.constexpr):
 @triton.jit
 def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, t_ptr, dt_ptr, ray_ptr, R,
            lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, c_x, c_y, c_z, h_x, h_y, h_z, cell0,
-           dt_min, dt_max, t1, t2, s1, s2, lc, max_steps, capacity,
+           dt_min, dt_max, t1, t2, s1, s2, lc, near, max_steps, capacity,
            RES: tl.constexpr, K: tl.constexpr, CONE: tl.constexpr, WRITE: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = r < R
@@ -68,6 +68,7 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, t_ptr, dt_p
     ay, by = (lo_y - oy) * iy, (hi_y - oy) * iy
     az, bz = (lo_z - oz) * iz, (hi_z - oz) * iz
     t_near = tl.maximum(tl.maximum(tl.maximum(tl.minimum(ax, bx), tl.minimum(ay, by)), tl.minimum(az, bz)), 0.0)
+    t_near = tl.maximum(t_near, near)
     t_far = tl.minimum(tl.minimum(tl.maximum(ax, bx), tl.maximum(ay, by)), tl.maximum(az, bz))
     s0 = _coord(t_near, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) + j
     active = m & (t_far > t_near)
@@ -159,7 +160,7 @@ def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupa
     count = torch.zeros(R, device=dev, dtype=torch.int32)
     grid_fn = (triton.cdiv(max(R, 1), BLOCK),)
     common = dict(RES=grid.resolution, K=grid.n_cascades, CONE=schedule.cone_angle > 0, BLOCK=BLOCK)
-    args = (*lo, *hi, *center, *half0, cell0, *consts, schedule.max_steps)
+    args = (*lo, *hi, *center, *half0, cell0, *consts, schedule.near, schedule.max_steps)
     if R:
         _march[grid_fn](o, d, j, bits, count, count, count, count, count, R, *args, 0, WRITE=False, **common)
     ends = torch.cumsum(count, 0, dtype=torch.int64)
