@@ -30,7 +30,8 @@ class GpuReading:
 
 
 class GpuSampler:
-    """Samples one CUDA device every ``period_s`` seconds; ``begin()``/``take()`` bracket an interval.
+    """Samples one CUDA device every ``period_s`` seconds; ``begin()``/``take()`` bracket an interval,
+    ``pause()``/``resume()`` leave a stretch of it out (evaluation).
 
     ``nvml`` is the ``pynvml`` module (injectable for tests). ``available`` is False, with the
     reason in ``why_unavailable``, when there is nothing to sample.
@@ -127,8 +128,8 @@ class GpuSampler:
         return self._query("energy", lambda: self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
 
     def sample(self) -> None:
-        """Take one sample now (the thread calls this every ``period_s``)."""
-        if not self.available:
+        """Take one sample now (the thread calls this every ``period_s``; skipped while paused)."""
+        if not self.available or self._paused_at is not None:
             return
         nvml, h = self._nvml, self._handle
         util = self._query("util", lambda: nvml.nvmlDeviceGetUtilizationRates(h).gpu)
@@ -157,22 +158,41 @@ class GpuSampler:
             self._mem_total: float | None = None
             self._started = now
             self._energy_start = None
+            self._paused_at: float | None = None
+            self._paused_s = 0.0
+            self._pause_energy: float | None = None
+            self._excluded_mj = 0.0
 
     def begin(self) -> None:
         """Start a new interval: forget earlier samples (evaluation, start-up) and read the energy counter."""
         self._reset(time.perf_counter())
         self._energy_start = self._energy_mj()
 
+    def pause(self) -> None:
+        """Stop counting (samples and energy) until ``resume()``."""
+        self._pause_energy = self._energy_mj()
+        with self._lock:
+            self._paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        energy = self._energy_mj()
+        with self._lock:
+            if self._paused_at is not None:
+                self._paused_s += time.perf_counter() - self._paused_at
+            self._paused_at = None
+            if energy is not None and self._pause_energy is not None:
+                self._excluded_mj += energy - self._pause_energy
+
     def take(self) -> GpuReading:
         """This interval's reading (one extra sample is taken now, so short intervals have one too)."""
         self.sample()
         energy_end = self._energy_mj()
         with self._lock:
-            seconds = time.perf_counter() - self._started
+            seconds = time.perf_counter() - self._started - self._paused_s
             util = self._util_sum / self._util_n if self._util_n else None
             power = self._power_sum / self._power_n if self._power_n else None
             if energy_end is not None and self._energy_start is not None:
-                energy = (energy_end - self._energy_start) / 1000.0  # mJ -> J
+                energy = (energy_end - self._energy_start - self._excluded_mj) / 1000.0  # mJ -> J
             else:
                 energy = power * seconds if power is not None else None
             return GpuReading(util, self._mem_max, self._mem_total, power, energy, self._count)
