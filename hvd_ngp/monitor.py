@@ -182,10 +182,11 @@ def interval_record(table: np.ndarray, step: int, train_s: float, occupancy: flo
 
 
 def _si(x: float) -> str:
+    """12345.6 -> '12.3 k' (3 significant digits, SI prefix)."""
     for scale, unit in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
         if abs(x) >= scale:
             return f"{x / scale:.3g}{unit}"
-    return f"{x:.3g} "
+    return f"{x:.3g}"
 
 
 def format_line(rec: dict[str, Any]) -> str:
@@ -205,7 +206,7 @@ def format_line(rec: dict[str, Any]) -> str:
         parts.append(f"GPU mem {rec['gpu_mem_used_gib_max']:.1f}{total} GiB")
     parts.append(f"comm {100 * rec['comm_fraction']:.1f}%" if rec["comm_fraction"] is not None else f"comm {na}")
     parts.append(f"{rec['power_w']:.0f} W" if rec["power_w"] is not None else f"power {na}")
-    parts.append(f"{_si(rec['samples_per_joule'])}samples/J" if rec["samples_per_joule"] is not None
+    parts.append(f"{_si(rec['samples_per_joule'])} samples/J" if rec["samples_per_joule"] is not None
                  else f"samples/J {na}")
     parts.append(f"loss {rec['loss']:.5f}")
     parts.append(f"train PSNR {rec['train_psnr']:.2f}" if rec["train_psnr"] is not None else "train PSNR inf")
@@ -252,15 +253,16 @@ class Monitor:
     ``with paused():`` around evaluation keeps its collectives and GPU samples out of the interval.
 
     Construction does no collective (wrap it in ``dist.agree``); ``end_interval`` is one collective
-    that every rank calls at the same step.
+    that every rank calls at the same step. ``gpu`` replaces the NVML sampler (tests).
     """
 
-    def __init__(self, settings: MonitorSettings, total_steps: int, start_step: int = 0) -> None:
+    def __init__(self, settings: MonitorSettings, total_steps: int, start_step: int = 0,
+                 gpu: GpuSampler | None = None) -> None:
         self.rt = dist.runtime()
         self.settings = settings
         COMM_CLOCK.enabled = settings.comm_timing
         self._comm_start = COMM_CLOCK.seconds
-        self.gpu = GpuSampler(self.rt.device, settings.gpu_sample_period_s)
+        self.gpu = gpu if gpu is not None else GpuSampler(self.rt.device, settings.gpu_sample_period_s)
         key = f"{socket.gethostname()}/{self.gpu.uuid}".encode()
         # a 48-bit identity of the physical GPU: exact in float64, so it travels in the reduced table
         self.gpu_id = float(int.from_bytes(hashlib.sha1(key).digest()[:6], "big")) if self.gpu.available else math.nan
