@@ -183,17 +183,24 @@ def rank_ranges(ranks: list[int]) -> str:
     return ",".join(out)
 
 
-def groups(values: list[str]) -> list[tuple[str, list[int]]]:
-    """Ranks grouped by value, the reference (most ranks; ties: rank 0's side) first."""
+def groups(values: list[str], ranks: list[int] | None = None) -> list[tuple[str, list[int]]]:
+    """Ranks grouped by value, the reference (most ranks; ties: the lowest rank's side) first.
+
+    ``values[i]`` belongs to rank ``ranks[i]`` (default: rank i).
+    """
+    ranks = list(range(len(values))) if ranks is None else ranks
     count = Counter(values)
     order = sorted(count, key=lambda v: (-count[v], values.index(v)))
-    return [(v, [r for r, x in enumerate(values) if x == v]) for v in order]
+    return [(v, [r for r, x in zip(ranks, values) if x == v]) for v in order]
 
 
 def compare_values(what: str, values: list[str], hosts: list[str], severity: str) -> list[Finding]:
-    """A finding for every rank whose value differs from the reference group's."""
+    """A finding for every rank whose value differs from the reference group's (undetermined values skipped)."""
+    known = [r for r, v in enumerate(values) if not v.startswith("error:")]
+    if not known:
+        return []
     found = []
-    (ref, ref_ranks), *others = groups(values)
+    (ref, ref_ranks), *others = groups([values[r] for r in known], known)
     for value, ranks in others:
         for r in ranks:
             found.append(Finding(severity, what, r, hosts[r],
