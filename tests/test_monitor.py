@@ -162,7 +162,8 @@ def test_monitor_writes_complete_jsonl_and_tensorboard_scalars(tmp_path):
     dist.init("cpu")
     gpu = GpuSampler(torch.device("cuda", 0), period_s=0.05, nvml=FakeNvml(util=64, power_w=123))
     monitor = Monitor(settings(tmp_path, tensorboard=tmp_path / "tb"), total_steps=8, gpu=gpu)
-    records = [monitor.end_interval(4 * (i + 1), fake_interval(monitor, 4), occupancy=0.5) for i in range(2)]
+    records = [monitor.end_interval(4 * (i + 1), fake_interval(monitor, 4), train_s=1.5 * (i + 1), occupancy=0.5)
+               for i in range(2)]
     monitor.close()
     lines = (tmp_path / "m.jsonl").read_text().splitlines()
     assert [json.loads(x) for x in lines] == records if dist.runtime().is_root else lines == []
@@ -171,7 +172,7 @@ def test_monitor_writes_complete_jsonl_and_tensorboard_scalars(tmp_path):
         assert rec["world_size"] == dist.runtime().size and rec["interval_steps"] == 4
         assert rec["gpu_util"] == 64 and rec["power_w"] == pytest.approx(123 * rec["gpus_measured"])
         assert 0.0 <= rec["comm_fraction"] <= 1.0
-    assert [r["step"] for r in records] == [4, 8] and records[1]["train_s"] > records[0]["train_s"]
+    assert [r["step"] for r in records] == [4, 8] and [r["train_s"] for r in records] == [1.5, 3.0]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -181,6 +182,24 @@ def test_monitor_writes_complete_jsonl_and_tensorboard_scalars(tmp_path):
     assert {"train/loss", "throughput/samples_per_s", "gpu/util_mean", "energy/power_w", "comm/fraction_mean"} <= tags
     assert [e.step for e in acc.Scalars("train/loss")] == [4, 8]
     assert acc.Scalars("gpu/util_mean")[0].value == pytest.approx(64)
+
+
+def test_pause_leaves_evaluation_out_of_the_interval(tmp_path):
+    from hvd_ngp.commclock import COMM_CLOCK
+
+    dist.init("cpu")
+    gpu = GpuSampler(torch.device("cuda", 0), period_s=60, nvml=FakeNvml(joules_per_read=5.0))
+    monitor = Monitor(settings(tmp_path, jsonl=None), total_steps=1, gpu=gpu)
+    stats = fake_interval(monitor, 1)
+    with monitor.paused():
+        assert gpu.take().samples == 0  # the sampler is paused
+        with COMM_CLOCK.blocking():
+            time.sleep(0.05)  # an evaluation collective
+    row = monitor.local_row(stats)
+    monitor.close()
+    assert row[COL["comm_seconds"]] < 0.05
+    # energy counter read at begin, pause, resume and take (5 J each): the paused 5 J are left out
+    assert row[COL["gpu_energy"]] == pytest.approx(10.0)
 
 
 def test_monitoring_options_parse_and_validate(tmp_path, monkeypatch):

@@ -53,10 +53,10 @@ def test_training_writes_jsonl_timeline_autotune_log_and_tensorboard(scene_cache
         assert 0 <= r["comm_fraction_min"] <= r["comm_fraction"] <= r["comm_fraction_max"] <= 1
         assert r["comm_fraction_max_rank"] in (0, 1) and r["rank_samples_per_s_min_rank"] in (0, 1)
         assert r["gpu_util"] is None and r["power_w"] is None and r["gpus_measured"] == 0  # CPU run
-    assert records[-1]["train_s"] == pytest.approx(sum(r["interval_s"] for r in records))
     assert log.count("| GPU util n/a | GPU mem n/a | comm ") == 3, log[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["train_seconds"] == pytest.approx(records[-1]["train_s"], abs=1e-3)
+    assert [h["seconds"] for h in metrics["history"]] == [round(r["train_s"], 3) for r in records]
+    assert 0 < records[0]["train_s"] < records[-1]["train_s"] <= metrics["train_seconds"]
     # Horovod's timeline (rank 0): a Chrome trace with our gradient and metric allreduces in it
     trace = json.loads((tmp_path / "timeline.json").read_text())
     names = {e.get("args", {}).get("name") for e in trace if e.get("ph") == "M"}

@@ -72,7 +72,7 @@ def check_monitor(out_dir: Path) -> None:
     for _ in range(6):
         stats.add(torch.tensor(0.02), torch.tensor(0.01), 100, 1000, 2000)
         dist.allreduce(torch.ones(4), "sum", name="check.step")
-    rec = monitor.end_interval(6, stats, occupancy=0.5)
+    rec = monitor.end_interval(6, stats, train_s=1.0, occupancy=0.5)
     monitor.close()
     assert rec["gpu_util_min_rank"] == rt.size - 1 and rec["gpu_util_max_rank"] == 0, rec
     assert rec["gpus_measured"] == 1 and rec["power_w"] == 300, f"one physical GPU counted {rec['gpus_measured']} times"
@@ -95,7 +95,7 @@ def check_comm_share() -> None:
             time.sleep(0.25)  # the straggler: everyone else waits for it inside the collective
         dist.allreduce(torch.ones(16), "sum", name="check.comm")
         stats.add(torch.tensor(0.0), torch.tensor(0.0), 1, 1, 1)
-    rec = monitor.end_interval(4, stats)
+    rec = monitor.end_interval(4, stats, train_s=1.0)
     monitor.close()
     assert rec["comm_fraction_min_rank"] == rt.size - 1, rec
     assert rec["comm_fraction_max"] > 0.5 > rec["comm_fraction_min"], rec
