@@ -329,7 +329,7 @@ def _env_int(names: tuple[str, ...], default: int) -> int:
 
 
 def plan_topology_dump(path: str, use_cuda: bool) -> TopologyPlan:
-    """Set ``NCCL_TOPO_DUMP_FILE``/``NCCL_TOPO_DUMP_FILE_RANK`` on each node's local rank 0 (before init).
+    """Set ``NCCL_TOPO_DUMP_FILE``/``NCCL_TOPO_DUMP_FILE_RANK`` so that each node's local rank 0 writes (before init).
 
     NCCL writes the topology of the node it runs on (every GPU and NIC it detected there, fused
     across the node's ranks) while it builds its first communicator, from the process whose rank in
@@ -357,11 +357,14 @@ def plan_topology_dump(path: str, use_cuda: bool) -> TopologyPlan:
         if not target.parent.is_dir():
             raise ConfigError(f"--dump-topology {path}: folder {target.parent} does not exist on {host}")
         target.unlink(missing_ok=True)  # a stale file must not pass for this run's
-        hierarchical = os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE", "0") not in ("", "0") and multi_node
-        os.environ["NCCL_TOPO_DUMP_FILE"] = str(target)
-        # the first NCCL communicator is the global one (rank = Horovod rank), or with hierarchical
-        # allreduce the node-local one (rank = local rank = 0 here)
-        os.environ["NCCL_TOPO_DUMP_FILE_RANK"] = "0" if hierarchical else str(rank)
+    # Every rank of the node must set the file: NCCL (2.19+) builds the topology to dump with an
+    # intra-node exchange on every rank where the variable is set, so setting it on some ranks
+    # only would leave the others out of that exchange. The rank variable picks the one writer:
+    # its rank in NCCL's first communicator, the global one (rank = Horovod rank) or, with
+    # hierarchical allreduce on several nodes, the node-local one (rank = local rank = 0).
+    hierarchical = os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE", "0") not in ("", "0") and multi_node
+    os.environ["NCCL_TOPO_DUMP_FILE"] = str(target)
+    os.environ["NCCL_TOPO_DUMP_FILE_RANK"] = ("0" if hierarchical else str(rank)) if writer else "-1"
     return TopologyPlan(str(target), writer, rank, local_rank)
 
 

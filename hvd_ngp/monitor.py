@@ -51,9 +51,10 @@ JSONL_FIELDS: dict[str, tuple[str, str | None]] = {
     "train_s": ("training seconds so far on rank 0 (evaluation excluded)", None),
     "samples": ("ray-marching samples processed by all ranks in the interval", None),
     "samples_per_s": ("samples / interval_s: the job's throughput", "throughput/samples_per_s"),
-    "rank_samples_per_s_min": ("throughput of the slowest rank (its samples / its seconds)",
+    "rank_samples_per_s_min": ("lowest per-rank compute throughput: its samples / its seconds not spent in "
+                               "collectives (all ranks share one wall clock, so this is how the slowest rank shows)",
                                "throughput/slowest_rank_samples_per_s"),
-    "rank_samples_per_s_min_rank": ("the slowest rank", None),
+    "rank_samples_per_s_min_rank": ("the slowest rank by that measure", None),
     "rays_per_step": ("rays per step, all ranks together", "throughput/rays_per_step"),
     "samples_per_step": ("samples per step, all ranks together", None),
     "loss": ("training loss, mean over ranks and steps", "train/loss"),
@@ -128,9 +129,11 @@ def interval_record(table: np.ndarray, step: int, train_s: float, occupancy: flo
     interval_s = max(float(seconds.max()), 1e-9)
     samples = float(col["samples"].sum())
     mse = float(col["mse_sum"].sum()) / size / steps
+    comm_s = col["comm_seconds"]
+    busy = seconds - np.where(np.isfinite(comm_s), comm_s, 0.0)  # time not spent waiting in collectives
     with np.errstate(divide="ignore", invalid="ignore"):
-        rank_rate = spread(col["samples"] / np.maximum(seconds, 1e-9))
-        comm = spread(col["comm_seconds"] / np.maximum(seconds, 1e-9))
+        rank_rate = spread(col["samples"] / np.maximum(busy, 1e-9))
+        comm = spread(comm_s / np.maximum(seconds, 1e-9))
     util = spread(col["gpu_util"])
     mem = spread(col["gpu_mem_used"])
     # power and energy: each physical GPU once (the first rank that reports it)

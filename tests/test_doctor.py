@@ -113,11 +113,12 @@ def test_topology_dump_is_requested_from_each_nodes_local_rank_zero(launcher_env
     assert os.environ["NCCL_TOPO_DUMP_FILE_RANK"] == "0"
 
 
-def test_topology_dump_other_local_ranks_leave_nccl_alone(launcher_env, tmp_path):
+def test_topology_dump_other_local_ranks_take_part_but_do_not_write(launcher_env, tmp_path):
     launcher_env(HOROVOD_RANK=1, HOROVOD_LOCAL_RANK=1, HOROVOD_SIZE=2, HOROVOD_LOCAL_SIZE=2)
     plan = plan_topology_dump(str(tmp_path / "topo.xml"), use_cuda=True)
     assert not plan.writer and plan.path == str(tmp_path / "topo.xml")  # one node: the name is kept
-    assert "NCCL_TOPO_DUMP_FILE" not in os.environ and "NCCL_TOPO_DUMP_FILE_RANK" not in os.environ
+    # NCCL exchanges topology within the node on every rank that has the file variable: all must have it
+    assert os.environ["NCCL_TOPO_DUMP_FILE"] == plan.path and os.environ["NCCL_TOPO_DUMP_FILE_RANK"] == "-1"
     with pytest.raises(ConfigError, match="does not exist"):
         launcher_env(HOROVOD_LOCAL_RANK=0)
         plan_topology_dump(str(tmp_path / "missing" / "topo.xml"), use_cuda=True)
