@@ -77,8 +77,9 @@ def test_doctor_on_two_gpus_checks_nccl_and_dumps_the_topology(tmp_path):
     assert "topology: rank 0 (" in out and f"written {tmp_path / 'topo.xml'}" in out, out[-4000:]
 
 
-def test_training_on_two_gpus_reports_nvml_figures(scene_cache, tmp_path):
+def test_training_on_two_gpus_reports_nvml_figures(request, tmp_path):
     two_gpus_or_skip()
+    scene_cache = request.getfixturevalue("scene_cache")  # only once the skip is decided: it takes a while
     proc = run_ranks(["-m", "hvd_ngp.train", *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cuda",
                       "--out_dir", str(tmp_path / "out"), "--n_steps", "300", "--log_every", "100",
                       "--target_samples", "65536"], timeout=600)
