@@ -107,15 +107,16 @@ def horovod_info() -> dict[str, str]:
     try:
         import horovod
         import horovod.torch as hvd
+
+        nccl = hvd.nccl_built()  # NCCL_VERSION_CODE, or 0
+        built = [name for name, flag in (("mpi", hvd.mpi_built()), ("gloo", hvd.gloo_built())) if flag]
+        if nccl:
+            major, rest = (nccl // 10000, nccl % 10000) if nccl >= 20900 else (nccl // 1000, nccl % 1000)
+            built.append(f"nccl {major}.{rest // 100}.{rest % 100}")
+        built += [name for name, flag in (("cuda", hvd.cuda_built()), ("rocm", hvd.rocm_built()),
+                                          ("ddl", hvd.ddl_built()), ("ccl", hvd.ccl_built())) if flag]
     except Exception as exc:  # ImportError, or a library that fails to load (wrong torch ABI)
-        return {"version": f"not importable: {type(exc).__name__}: {exc}", "built": "-", "controller": "-"}
-    nccl = hvd.nccl_built()
-    built = [name for name, flag in (("mpi", hvd.mpi_built()), ("gloo", hvd.gloo_built())) if flag]
-    if nccl:
-        major, rest = (nccl // 10000, nccl % 10000) if nccl >= 20900 else (nccl // 1000, nccl % 1000)
-        built.append(f"nccl {major}.{rest // 100}.{rest % 100}")
-    built += [name for name, flag in (("cuda", hvd.cuda_built()), ("rocm", hvd.rocm_built()),
-                                      ("ddl", hvd.ddl_built()), ("ccl", hvd.ccl_built())) if flag]
+        return {"version": f"error: {type(exc).__name__}: {exc}", "built": "-", "controller": "-"}
     controller = _runtime.controller if (_runtime is not None and _hvd is not None) else "not initialised"
     return {"version": horovod.__version__, "built": ", ".join(built) or "nothing", "controller": controller}
 
