@@ -256,7 +256,8 @@ def render_table(records: list[dict], findings: list[Finding], color: bool = Fal
             shown = value if len(value) <= vwidth else value[:vwidth - 3] + "..."
             who = "all" if len(ranks) == rt_size else rank_ranges(ranks)
             note = {"error": "  <- MISMATCH", "warning": "  <- differs"}.get(sev, "")
-            lines.append(f"{tint}{mark}{label if i == 0 else '':<{width}}{shown:<{vwidth}}  {who}{note}{reset if tint else ''}")
+            name = label if i == 0 or sev else ""  # a marked line names its field, for grep
+            lines.append(f"{tint}{mark}{name:<{width}}{shown:<{vwidth}}  {who}{note}{reset if tint else ''}")
     for rec in records:
         if rec["overridden"]:
             lines.append(f"note: rank {rec['rank']} values replaced by {OVERRIDE_VAR} (testing only): "
