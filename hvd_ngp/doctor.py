@@ -313,6 +313,7 @@ class TopologyPlan:
     rank: int  # global and local rank as the launcher's variables say (checked after init)
     local_rank: int
     reason: str = ""  # why nothing is dumped
+    error: str = ""  # why nothing can be dumped although it should be (reported after init)
 
 
 _RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -354,9 +355,10 @@ def plan_topology_dump(path: str, use_cuda: bool) -> TopologyPlan:
         target = target.with_name(f"{target.stem}.{host}{target.suffix}")
     target = target.expanduser().resolve()
     writer = local_rank == 0
+    if not target.parent.is_dir():  # the node's ranks share the file system: all of them take this branch
+        return TopologyPlan(str(target), writer, rank, local_rank,
+                            error=f"--dump-topology {path}: folder {target.parent} does not exist on {host}")
     if writer:
-        if not target.parent.is_dir():
-            raise ConfigError(f"--dump-topology {path}: folder {target.parent} does not exist on {host}")
         target.unlink(missing_ok=True)  # a stale file must not pass for this run's
     # Every rank of the node must set the file: NCCL (2.19+) builds the topology to dump with an
     # intra-node exchange on every rank where the variable is set, so setting it on some ranks
@@ -373,9 +375,14 @@ def topology_result(plan: TopologyPlan | None) -> dict[str, Any]:
     """After the GPU allreduce: did NCCL write this node's file? (``ok`` False is a failure.)"""
     if plan is None:
         return {"ok": True, "text": ""}
-    if plan.reason:
-        return {"ok": True, "text": plan.reason}
     rt = dist.runtime()
+    if plan.error:
+        return {"ok": not plan.writer, "text": plan.error if plan.writer else ""}  # one report per node
+    if plan.reason:
+        if rt.device.type == "cuda" and rt.size > 1:  # the launcher's variables did not tell the size
+            return {"ok": False, "text": "could not tell this rank's place before Horovod started (unknown "
+                                         "launcher): set NCCL_TOPO_DUMP_FILE and NCCL_TOPO_DUMP_FILE_RANK yourself"}
+        return {"ok": True, "text": plan.reason}
     if (plan.rank, plan.local_rank) != (rt.rank, rt.local_rank):
         return {"ok": False, "text": f"the launcher's variables said rank {plan.rank} / local rank {plan.local_rank}, "
                                      f"Horovod says {rt.rank} / {rt.local_rank}: NCCL was told the wrong rank"}

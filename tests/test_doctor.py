@@ -119,9 +119,13 @@ def test_topology_dump_other_local_ranks_take_part_but_do_not_write(launcher_env
     assert not plan.writer and plan.path == str(tmp_path / "topo.xml")  # one node: the name is kept
     # NCCL exchanges topology within the node on every rank that has the file variable: all must have it
     assert os.environ["NCCL_TOPO_DUMP_FILE"] == plan.path and os.environ["NCCL_TOPO_DUMP_FILE_RANK"] == "-1"
-    with pytest.raises(ConfigError, match="does not exist"):
-        launcher_env(HOROVOD_LOCAL_RANK=0)
-        plan_topology_dump(str(tmp_path / "missing" / "topo.xml"), use_cuda=True)
+
+def test_topology_dump_into_a_missing_folder_is_reported_by_the_writer_without_touching_nccl(launcher_env, tmp_path):
+    for local_rank in (1, 0):
+        launcher_env(HOROVOD_RANK=local_rank, HOROVOD_LOCAL_RANK=local_rank, HOROVOD_SIZE=2, HOROVOD_LOCAL_SIZE=2)
+        plan = plan_topology_dump(str(tmp_path / "missing" / "topo.xml"), use_cuda=True)
+        assert "does not exist" in plan.error and plan.writer == (local_rank == 0)
+        assert "NCCL_TOPO_DUMP_FILE" not in os.environ  # the same on every rank of the node: NCCL stays consistent
 
 
 def test_doctor_without_a_launcher_is_a_size_one_check(tmp_path):
