@@ -37,7 +37,7 @@ from .metrics import IntervalStats, mse_to_psnr
 from .nvml import GpuSampler
 
 #: one rank's measurements over one interval: the columns of the reduced table
-RANK_FIELDS = ("steps", "rays", "samples", "candidates", "loss_sum", "mse_sum", "seconds", "comm_seconds",
+RANK_FIELDS = ("steps", "rays", "samples", "loss_sum", "mse_sum", "seconds", "comm_seconds",
                "gpu_util", "gpu_mem_used", "gpu_mem_total", "gpu_power", "gpu_energy", "gpu_id")
 COL = {name: i for i, name in enumerate(RANK_FIELDS)}
 
@@ -326,7 +326,7 @@ class Monitor:
         nan = math.nan
         comm = COMM_CLOCK.seconds - self._comm_start if self.settings.comm_timing else nan
         values = {
-            "steps": stats.steps, "rays": stats.rays, "samples": stats.samples, "candidates": stats.candidates,
+            "steps": stats.steps, "rays": stats.rays, "samples": stats.samples,
             "loss_sum": float(stats.loss_sum), "mse_sum": float(stats.mse_sum),
             "seconds": time.perf_counter() - stats.started, "comm_seconds": comm,
             "gpu_util": g.util_pct, "gpu_mem_used": g.mem_used_bytes, "gpu_mem_total": g.mem_total_bytes,

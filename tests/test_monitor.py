@@ -32,7 +32,7 @@ def table(rows: list[dict]) -> np.ndarray:
 
 
 def rank_row(**kw) -> dict:
-    base = {"steps": 10, "rays": 1000, "samples": 50_000, "candidates": 80_000, "loss_sum": 0.5, "mse_sum": 0.01,
+    base = {"steps": 10, "rays": 1000, "samples": 50_000, "loss_sum": 0.5, "mse_sum": 0.01,
             "seconds": 2.0, "comm_seconds": 0.2}
     return {**base, **kw}
 
