@@ -31,7 +31,8 @@ from .errors import ConfigError, HvdNgpError
 from .field import NGPField
 from .clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate
-from .metrics import IntervalStats, mse_to_psnr
+from .hvdtools import apply as apply_horovod_tools
+from .monitor import Monitor, MonitorSettings
 from .occupancy import OccupancyGrid, n_cascades_for
 from .profiling import NULL_TIMER, StageTimer
 
@@ -278,6 +279,7 @@ class Trainer:
 
     @staticmethod
     def build(args: argparse.Namespace) -> "Trainer":
+        apply_horovod_tools(args)  # timeline/autotune/stall-check variables must precede Horovod's init
         rt = dist.init(args.device, args.threads)
         torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
         source = args.model["_source"]
@@ -380,7 +382,9 @@ def run(args: argparse.Namespace) -> RunResult:
     history: list[dict] = []   # one entry per log interval
     curve: list[dict] = []     # test PSNR/SSIM against training time
     eval_at = sorted(args.eval_at_s)
-    stats = IntervalStats()
+    monitor = dist.agree(lambda: Monitor(MonitorSettings.from_args(args), args.n_steps, tr.start_step),
+                         "starting the monitor")
+    stats = monitor.new_interval()
     total_samples = 0.0
     clock = TrainClock(rt.device)
     step = tr.start_step
@@ -388,17 +392,15 @@ def run(args: argparse.Namespace) -> RunResult:
         res, n_rays = tr.step(step)
         stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
         step += 1
+        monitor.tick()
 
         if step % args.log_every == 0 or step == args.n_steps:
-            r = stats.reduce(rt.device)
-            total_samples += r["samples"]
             seconds = clock.seconds()
-            dist.log(f"[step {step}] {r['samples'] / max(r['seconds'], 1e-9) / 1e6:.3f} M samples/s | "
-                     f"{r['rays_per_step']:.0f} rays/step | loss {r['loss']:.5f} | train PSNR {mse_to_psnr(r['mse']):.2f} | "
-                     f"occupied {100 * grid.occupancy_fraction():.1f}% | {seconds:.1f} s")
+            r = monitor.end_interval(step, stats, seconds, grid.occupancy_fraction())  # one collective; rank 0 prints
+            total_samples += r["samples"]
             history.append({"step": step, "seconds": round(seconds, 3), "loss": r["loss"],
-                            "train_psnr": mse_to_psnr(r["mse"]), "samples_per_sec": r["samples"] / max(r["seconds"], 1e-9)})
-            stats = IntervalStats()
+                            "train_psnr": r["train_psnr"], "samples_per_sec": r["samples_per_s"]})
+            stats = monitor.new_interval()
         # Evaluation points and the time budget, decided from one shared clock reading every 8 steps.
         due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
         if (eval_at or args.time_budget_s) and step % 8 == 0:
@@ -410,7 +412,7 @@ def run(args: argparse.Namespace) -> RunResult:
             stop = False
         if due and not stop:
             seconds = clock.seconds()
-            with clock.paused():
+            with clock.paused(), monitor.paused():
                 ev = tr.evaluate()
             stats.started += clock.last_pause
             curve.append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
@@ -418,9 +420,10 @@ def run(args: argparse.Namespace) -> RunResult:
                      f"at {seconds:.1f} s")
         if stop:
             break
-    if stats.steps:  # the partial interval before a time-budget stop
-        total_samples += stats.reduce(rt.device)["samples"]
     train_seconds = clock.seconds()
+    if stats.steps:  # the partial interval before a time-budget stop
+        total_samples += monitor.end_interval(step, stats, train_seconds, grid.occupancy_fraction())["samples"]
+    monitor.close()
 
     ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
     curve.append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
