@@ -182,6 +182,8 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--holdout_every", type=int, default=0,
                    help="for a single transforms.json: every N-th frame is a test view and not trained on (0: none)")
     g.add_argument("--downscale", type=int, default=1, help="integer image downscale factor applied at load time")
+    g.add_argument("--sharpness_threshold", type=float, default=0.0,
+                   help="discard frames whose 'sharpness' field is below this (0: keep all)")
     g.add_argument("--train_background", choices=("random", "white", "black"), default="random",
                    help="background composited behind RGBA training images")
     g.add_argument("--eval_background", choices=("white", "black"), default="white",

@@ -288,7 +288,8 @@ class Trainer:
                  f"config {source}, backend {backend}, host {socket.gethostname()}")
         scene: Scene = dist.agree(lambda: load_scene(
             args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
-            test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale),
+            test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale,
+            sharpness_threshold=args.sharpness_threshold),
             "loading the scene")
         dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
