@@ -24,6 +24,7 @@ from torch import Tensor
 
 from . import dist
 from .checkpoint import read_snapshot, restore_snapshot, save_snapshot
+from .comm import CommSettings
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
 from .data import Frames, Scene, load_scene
 from .data.sampler import RayBatch, RaySampler, image_rays
@@ -132,26 +133,42 @@ AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
-               scaler: torch.amp.GradScaler | None = None) -> StepResult:
+               scaler: torch.amp.GradScaler | None = None, backward_passes: int = 1) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
-    Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
-    must see every rank. With a gradient scaler (fp16), Horovod's pattern: synchronize (allreduce),
-    unscale, then step without a second synchronisation.
+    ``backward_passes`` > 1 splits the rays into that many chunks with one backward pass each
+    (gradient accumulation; each chunk's loss is weighted by its share of the rays, so the summed
+    gradient is the one of the whole batch). Every rank calls this every step, even with no samples:
+    the allreduce inside ``optimizer.step()`` must see every rank. With a gradient scaler (fp16
+    autocast or fp16 compression), Horovod's pattern: synchronize (allreduce), unscale, then step
+    without a second synchronisation.
     """
     device_type = rays.origins.device.type
-    with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
-        out = render_rays(field, lambda x: field.query_density(x)[0], rays.origins, rays.directions, field.aabb,
-                          grid, march.dt, march.n_steps, march.early_termination, jitter)
-    pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
     target = composite_background(rays.rgba, background)
-    loss = loss_fn(pred, target)
+    n = len(rays)
+    bounds = [round(i * n / backward_passes) for i in range(backward_passes + 1)]
+    loss_sum, mse_sum = torch.zeros((), device=rays.origins.device), torch.zeros((), device=rays.origins.device)
+    n_samples = n_candidates = 0
     optimizer.zero_grad()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if a == b:
+            continue
+        part = slice(a, b)
+        with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
+            out = render_rays(field, lambda x: field.query_density(x)[0], rays.origins[part], rays.directions[part],
+                              field.aabb, grid, march.dt, march.n_steps, march.early_termination,
+                              None if jitter is None else jitter[part])
+        pred = out.rgb.float() + background[part] * (1.0 - out.opacity.float()[:, None])
+        share = (b - a) / n
+        loss = loss_fn(pred, target[part]) * share
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        loss_sum += loss.detach()
+        mse_sum += F.mse_loss(pred.detach(), target[part]) * share
+        n_samples += out.n_samples
+        n_candidates += out.n_candidates
     if scaler is None:
-        loss.backward()
         optimizer.step()
     else:
-        scaler.scale(loss).backward()
         if hasattr(optimizer, "synchronize"):  # Horovod DistributedOptimizer
             optimizer.synchronize()
             scaler.unscale_(optimizer)
@@ -160,7 +177,22 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
         else:
             scaler.step(optimizer)
         scaler.update()
-    return StepResult(loss.detach(), F.mse_loss(pred.detach(), target), out.n_samples, out.n_candidates)
+    return StepResult(loss_sum, mse_sum, n_samples, n_candidates)
+
+
+#: first loss scale when fp16 gradient compression runs without fp16 autocast: hash-grid gradients
+#: of 1e-8 become 1e-5 in half precision instead of flushing to zero; an overflow (inf after the
+#: allreduce, the same on every rank) skips that step everywhere and halves the scale
+COMPRESSION_LOSS_SCALE = 1024.0
+
+
+def make_scaler(precision: str, comm: CommSettings, device: torch.device, size: int) -> torch.amp.GradScaler | None:
+    """A gradient scaler for fp16 autocast, or for fp16-compressed gradients when ranks average them."""
+    if precision == "fp16":
+        return torch.amp.GradScaler(device.type)
+    if comm.loss_scaled_compression and size > 1:
+        return torch.amp.GradScaler(device.type, init_scale=COMPRESSION_LOSS_SCALE)
+    return None
 
 
 # ------------------------------------------------------------------------------------ evaluation
@@ -224,12 +256,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> RunResult:
     """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
-    rt = dist.init(args.device, args.threads)
+    comm: CommSettings = args.comm
+    rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
+    use_cuda = rt.device.type == "cuda"
+    notes = comm.check_runtime(rt.size, rt.local_size, rt.controller, use_cuda, os.environ)
+    dist.agree(lambda: comm.block.check_host(rt.is_root), "checking the distributed block")
     torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
     source = args.model["_source"]
     backend = resolve_backend(args.backend, rt.device)
     dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}], device {device_name(rt.device)}, "
              f"config {source}, backend {backend}, host {socket.gethostname()}")
+    lr_scale = comm.lr_multiplier(rt.size, rt.local_size, use_cuda)
+    if rt.size > 1 or comm.backward_passes_per_step > 1:
+        dist.log(comm.describe(os.environ, lr_scale, notes))
 
     scene: Scene = dist.agree(lambda: load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
                                                  train_split=args.train_split, test_split=args.test_split,
@@ -259,9 +298,10 @@ def run(args: argparse.Namespace) -> RunResult:
         dist.broadcast_state(field, optimizer)  # optimizer state first, then parameters (see dist)
     else:
         dist.broadcast_state(field)
-    optimizer = dist.distributed_optimizer(optimizer, field.named_parameters())
+    optimizer = dist.distributed_optimizer(optimizer, field.named_parameters(), comm.compression,
+                                           comm.backward_passes_per_step, comm.reduce_op)
 
-    scaler = torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None
+    scaler = make_scaler(args.precision, comm, rt.device, rt.size)
     sampler = RaySampler(scene.train, rt.rank, rt.size, args.seed, rt.device)
     bg_gen = torch.Generator(device=rt.device)
     bg_gen.manual_seed(args.seed * 7919 + rt.rank)
@@ -284,17 +324,18 @@ def run(args: argparse.Namespace) -> RunResult:
     step = start_step
     while step < args.n_steps:
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = lr_at(step) * lr_scale
         if step % march.update_interval == 0:
             grid.update(lambda x: field.query_density(x)[0], march.dt, step, march.warmup_steps, args.seed)
-        rays = sampler.sample(n_rays)
+        rays = sampler.sample(n_rays * comm.backward_passes_per_step)
         if scene.has_alpha and args.train_background == "random":
             background = torch.rand((len(rays), 3), generator=bg_gen, device=rt.device)
         else:
             background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
             background = background.expand(len(rays), 3)
         jitter = torch.rand(len(rays), generator=bg_gen, device=rt.device)
-        res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter, args.precision, scaler)
+        res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter, args.precision, scaler,
+                         comm.backward_passes_per_step)
         stats.add(res.loss, res.mse, len(rays), res.n_samples, res.n_candidates)
         # Adapt the ray count so the next step carries about target_samples samples (instant-ngp's rule).
         per_ray = max(res.n_samples, 1) / len(rays)
@@ -341,6 +382,7 @@ def run(args: argparse.Namespace) -> RunResult:
                "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_views": ev["views"],
                "psnr_per_view": ev.get("psnr_per_view", []), "device": device_name(rt.device), "backend": backend,
                "precision": args.precision, "controller": rt.controller, "scene": scene.source, "config": source,
+               "communication": comm.summary(os.environ, lr_scale),
                "history": history}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
