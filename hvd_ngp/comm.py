@@ -258,12 +258,17 @@ class CommSettings:
             notes.append(f"hierarchical allreduce on ({nodes} node(s))")
         elif (hierarchical_on or self.hierarchical == "on") and not use_cuda:
             notes.append("hierarchical allreduce requested; it has no effect on CPU tensors (Horovod's is NCCL + MPI)")
-        if self.reduce_op == "adasum" and size > 1:
-            if controller != "mpi":
-                raise ConfigError(f"--reduce_op adasum needs the MPI controller; this job uses {controller} ({how})")
-            if size & (size - 1):
-                raise ConfigError(f"--reduce_op adasum needs a power-of-2 number of ranks; this job runs {size}")
+        self.check_reduce_op(size, controller)
         return notes
+
+    def check_reduce_op(self, size: int, controller: str | None) -> None:
+        """Adasum in Horovod 0.28 runs on the MPI controller only, with a power-of-2 number of ranks."""
+        if self.reduce_op != "adasum" or size == 1:
+            return
+        if controller == "gloo":
+            raise ConfigError("--reduce_op adasum needs the MPI controller; this job uses Gloo")
+        if size & (size - 1):
+            raise ConfigError(f"--reduce_op adasum needs a power-of-2 number of ranks; this job runs {size}")
 
     def lr_multiplier(self, size: int, local_size: int, use_cuda: bool) -> float:
         """Factor on the configured learning rate for ``size`` ranks (see the module docstring)."""

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from .config import CPU_CONFIG, BASE_CONFIG, parse_args
 from .data import Frames, Scene, load_scene
 from .data.sampler import RayBatch, RaySampler, image_rays
 from .encoding import resolve_backend
-from .errors import ConfigError, HvdNgpError
+from .errors import ConfigError, run_cli
 from .field import NGPField
 from .metrics import IntervalStats, mse_to_psnr
 from .occupancy import OccupancyGrid, n_cascades_for
@@ -398,16 +397,7 @@ def vars_for_json(args: argparse.Namespace) -> dict:
 
 def cli(argv: list[str] | None = None) -> None:
     """Console-script wrapper: user errors become one line on stderr and exit status 2."""
-    try:
-        code = main(argv)
-    except HvdNgpError as exc:
-        rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")))
-        where = f"[rank {rank}] " if rank is not None else ""
-        print(f"{where}hvd_ngp: error: {exc}", file=sys.stderr, flush=True)
-        code = 2
-    sys.stdout.flush()
-    # Horovod's shutdown waits for its background thread; after an error that can block: leave fast.
-    os._exit(code) if code else sys.exit(0)
+    run_cli(main, argv)
 
 
 if __name__ == "__main__":
