@@ -295,10 +295,10 @@ class CommSettings:
                 "nccl_algo": environ.get("NCCL_ALGO"),
                 "nccl_topo_file": environ.get("NCCL_TOPO_FILE")}
 
-    def describe(self, environ: Mapping[str, str], lr_multiplier: float, notes: list[str]) -> str:
-        """One log line: what the allreduce will do."""
+    def describe(self, environ: Mapping[str, str], lr_multiplier: float, nodes: int, notes: list[str]) -> str:
+        """One log line: where the ranks run and what the allreduce will do."""
         s = self.summary(environ, lr_multiplier)
-        parts = [f"fusion {s['fusion_threshold_mb']:g} MiB" if s["fusion_threshold_mb"] is not None else "fusion default",
+        parts = [f"{nodes} node(s)",f"fusion {s['fusion_threshold_mb']:g} MiB" if s["fusion_threshold_mb"] is not None else "fusion default",
                  f"cycle {s['cycle_time_ms']:g} ms" if s["cycle_time_ms"] is not None else "cycle default",
                  f"compression {self.compression}", self.reduce_op,
                  f"{self.backward_passes_per_step} backward pass(es)/step", f"lr x{lr_multiplier:.3g}",

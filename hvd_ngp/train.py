@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> RunResult:
              f"config {source}, backend {backend}, host {socket.gethostname()}")
     lr_scale = comm.lr_multiplier(rt.size, rt.local_size, use_cuda)
     if rt.size > 1 or comm.backward_passes_per_step > 1:
-        dist.log(comm.describe(os.environ, lr_scale, notes))
+        dist.log(comm.describe(os.environ, lr_scale, rt.cross_size, notes))
 
     scene: Scene = dist.agree(lambda: load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
                                                  train_split=args.train_split, test_split=args.test_split,

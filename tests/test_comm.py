@@ -105,7 +105,8 @@ def test_summary_reports_what_horovod_reads():
     summary = s.summary(env, 1.5)
     assert summary["fusion_threshold_mb"] == 64 and summary["cycle_time_ms"] == 0.1
     assert summary["hierarchical_allreduce"] is True and summary["compression"] == "fp16" and summary["lr_multiplier"] == 1.5
-    assert s.describe(env, 1.5, ["note"]).startswith("communication: fusion 64 MiB, cycle 0.1 ms, compression fp16")
+    assert s.describe(env, 1.5, 2, ["note"]).startswith("communication: 2 node(s), fusion 64 MiB, cycle 0.1 ms, "
+                                                        "compression fp16")
 
 
 def test_per_host_checks(tmp_path):

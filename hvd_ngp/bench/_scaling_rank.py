@@ -1,0 +1,95 @@
+"""One rank count of ``bench scaling``; every rank runs it under the launcher, rank 0 writes the result.
+
+    python -m hvd_ngp.bench._scaling_rank --result PATH [--ceiling_repeats N] -- <trainer options>
+
+1. the allreduce ceiling (Horovod vs raw torch.distributed) for this model's gradient sizes;
+2. training as ``hvd_ngp.train`` does it, with the wait for gradient allreduces timed and the GPU
+   sampled (NVML);
+3. rank 0 writes {throughput, communication share, GPU utilization, energy, PSNR history, ceiling}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from .. import dist
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..errors import run_cli
+from ..field import NGPField
+from ..launch import split_program_args
+from ..train import run
+from . import _collectives
+from ._nvml import GpuMonitor
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench._scaling_rank")
+    p.add_argument("--result", required=True, help="JSON written by rank 0")
+    p.add_argument("--ceiling_repeats", type=int, default=20, help="timed allreduces per tensor (after 3 warm-up)")
+    return p
+
+
+def gradient_sizes(model: dict) -> dict[str, int]:
+    """Parameter name -> number of values of the field this config builds (what the optimizer reduces)."""
+    field = NGPField(model, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]), "torch")
+    return {name: p.numel() for name, p in field.named_parameters()}
+
+
+def steady_throughput(history: list[dict]) -> float:
+    """Samples/s over the log intervals after the first (occupancy warm-up, allocator, first kernels)."""
+    bounds = [0.0] + [h["seconds"] for h in history]
+    intervals = [(h["samples_per_sec"], bounds[i + 1] - bounds[i]) for i, h in enumerate(history)]
+    intervals = intervals[1:] if len(intervals) > 1 else intervals
+    seconds = sum(s for _, s in intervals)
+    return sum(rate * s for rate, s in intervals) / seconds if seconds > 0 else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    own, trainer_argv = split_program_args(sys.argv[1:] if argv is None else argv)
+    opts = build_parser().parse_args(own)
+    args = parse_args(trainer_argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
+    comm = args.comm
+    dist.COMM_TIMER.enabled = True
+    rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
+    ceiling = _collectives.measure(gradient_sizes(args.model), comm.block, opts.ceiling_repeats)
+
+    monitor = GpuMonitor(rt.device).start()
+    result = run(args)
+    gpu = monitor.stop()
+    train_s = result.metrics["train_seconds"]
+    mine = {"comm_s": dist.COMM_TIMER.seconds, "steps_timed": dist.COMM_TIMER.calls,
+            "util_percent": gpu["util_percent"], "energy_j": gpu["energy_j"]}
+    ranks = dist.allgather_object(mine, name="bench.ranks")
+    if rt.is_root:
+        energies = [r["energy_j"] for r in ranks]
+        utils = [r["util_percent"] for r in ranks]
+        samples = result.metrics["samples_per_sec"] * train_s
+        out = {
+            "ranks": rt.size, "nodes": rt.cross_size, "device": result.metrics["device"],
+            "controller": rt.controller, "steps": result.step, "train_seconds": train_s,
+            "samples_per_sec": result.metrics["samples_per_sec"],
+            "steady_samples_per_sec": steady_throughput(result.metrics["history"]),
+            "comm_share": (sum(r["comm_s"] for r in ranks) / len(ranks) / train_s) if train_s > 0 else None,
+            "gpu_util_percent": None if None in utils else sum(utils) / len(utils),
+            "gpu_util_min_percent": None if None in utils else min(utils),
+            "energy_j": None if None in energies else sum(energies),
+            "samples_per_joule": None if None in energies or not sum(energies) else samples / sum(energies),
+            "test_psnr": result.metrics["test_psnr"],
+            "psnr_curve": [(h["seconds"], h["test_psnr"]) for h in result.metrics["history"] if "test_psnr" in h]
+                          + [(train_s, result.metrics["test_psnr"])],
+            "communication": result.metrics["communication"], "ceiling": ceiling, "per_rank": ranks,
+        }
+        Path(opts.result).parent.mkdir(parents=True, exist_ok=True)
+        Path(opts.result).write_text(json.dumps(out, indent=1))
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main, prog="hvd_ngp.bench")
