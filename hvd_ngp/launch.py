@@ -165,7 +165,7 @@ def plan(opts: argparse.Namespace, environ: Mapping[str, str], program_args: Seq
         ("Adasum", comm is not None and comm.reduce_op == "adasum" and placement.np > 1)) if needed]
     if controller is None and needs_mpi:
         controller = "mpi"
-        notes.append(f"controller: mpi ({' and '.join(needs_mpi)} need(s) it)")
+        notes.append(f"controller: mpi ({' and '.join(needs_mpi)} {'needs' if len(needs_mpi) == 1 else 'need'} it)")
     elif controller:
         notes.append(f"controller: {controller}")
     else:
