@@ -12,11 +12,10 @@ import json
 import math
 import os
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -25,14 +24,20 @@ from . import dist
 from .checkpoint import read_snapshot, restore_snapshot, save_snapshot
 from .comm import CommSettings
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
-from .data import Frames, Scene, load_scene
-from .data.sampler import RayBatch, RaySampler, image_rays
+from .data import Scene, load_scene
+from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
 from .errors import ConfigError, run_cli
 from .field import NGPField
+from .clock import TrainClock
+from .evaluate import BACKGROUNDS, composite_background, evaluate
 from .metrics import IntervalStats, mse_to_psnr
 from .occupancy import OccupancyGrid, n_cascades_for
-from .render import render_image, render_rays
+from .profiling import NULL_TIMER, StageTimer
+
+if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
+    from .render.fast import FastRenderer
+from .render import StepSchedule, render_rays
 
 
 # ------------------------------------------------------------------------------------ recipe
@@ -40,24 +45,32 @@ from .render import render_image, render_rays
 
 @dataclass(frozen=True)
 class Marching:
-    """Ray-marching constants derived from the ``marching`` block and the scene bounds."""
+    """Ray-marching settings derived from the ``marching`` block and the scene."""
 
-    dt: float
-    n_steps: int
+    schedule: StepSchedule
     early_termination: float
     update_interval: int
     warmup_steps: int
 
     @staticmethod
-    def from_config(block: dict, aabb: Tensor) -> "Marching":
-        diag = float((aabb[1] - aabb[0]).norm())
+    def from_config(block: dict, scene_aabb_scale: int, source: str = "config") -> "Marching":
+        """instant-ngp's constants: ``dt_min = sqrt(3) / steps_per_diagonal`` (the unit cube's diagonal),
+        cone angle 1/256 for scenes larger than the unit cube ("auto"), and at most
+        ``dt_min * 2^(cascades-1) * steps_per_diagonal / grid_resolution``."""
         steps = int(block["steps_per_diagonal"])
-        if steps <= 0:
-            raise ConfigError(f"marching.steps_per_diagonal must be positive, got {steps}")
-        # dt is set by the unit cube (like instant-ngp); larger scenes take proportionally more steps.
-        dt = math.sqrt(3.0) / steps
-        return Marching(dt, int(math.ceil(diag / dt)) + 1, float(block["early_termination"]),
-                        int(block["update_interval"]), int(block["warmup_steps"]))
+        res = int(block["grid_resolution"])
+        if steps <= 0 or res <= 0:
+            raise ConfigError(f"{source}: marching.steps_per_diagonal and grid_resolution must be positive")
+        cone = block.get("cone_angle", "auto")
+        if cone == "auto":
+            cone = 0.0 if scene_aabb_scale <= 1 else 1.0 / 256
+        if not isinstance(cone, (int, float)) or cone < 0:
+            raise ConfigError(f"{source}: marching.cone_angle must be 'auto' or a number >= 0, got {cone!r}")
+        dt_min = math.sqrt(3.0) / steps
+        dt_max = dt_min * 2 ** (n_cascades_for(scene_aabb_scale) - 1) * max(steps / res, 1.0)
+        schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)))
+        return Marching(schedule, float(block["early_termination"]), int(block["update_interval"]),
+                        int(block["warmup_steps"]))
 
 
 def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
@@ -97,23 +110,24 @@ def make_optimizer(field: NGPField, block: dict, source: str) -> tuple[torch.opt
 
 
 def make_loss(block: dict, source: str):
+    """The ``loss`` block -> an element-wise loss ``(pred, target) -> [R, 3]`` (reduced by ``masked_mean``)."""
     otype = block.get("otype", "L2")
     if otype == "L2":
-        return lambda pred, target: F.mse_loss(pred, target)
+        return lambda pred, target: (pred - target) ** 2
     if otype == "Huber":
         delta = float(block.get("delta", 0.1))
-        return lambda pred, target: F.huber_loss(pred, target, delta=delta) / delta
+        return lambda pred, target: F.huber_loss(pred, target, delta=delta, reduction="none") / delta
     if otype == "L1":
-        return lambda pred, target: F.l1_loss(pred, target)
+        return lambda pred, target: (pred - target).abs()
     raise ConfigError(f"{source}: loss.otype {otype!r} is unknown (L2, Huber, L1)")
 
 
-BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
-
-
-def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
-    """RGBA ``[R, 4]`` over background ``[R, 3]`` or ``[3]`` -> RGB ``[R, 3]``."""
-    return rgba[:, :3] * rgba[:, 3:4] + background * (1.0 - rgba[:, 3:4])
+def masked_mean(values: Tensor, valid: Tensor | None) -> Tensor:
+    """Mean of ``[R, C]`` values over the rays where ``valid`` ``[R]`` holds (all when None); no host sync."""
+    if valid is None:
+        return values.mean()
+    w = valid.to(values.dtype)[:, None]
+    return (values * w).sum() / (w.sum() * values.shape[1]).clamp(min=1.0)
 
 
 # ------------------------------------------------------------------------------------ one step
@@ -121,10 +135,14 @@ def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
 
 @dataclass
 class StepResult:
+    """loss, mse: device scalars; n_samples (through the network), n_candidates (marched): ints on the
+    reference path, device scalars on the fast path (read them without blocking: see ``RayBudget``)."""
+
     loss: Tensor
     mse: Tensor
-    n_samples: int
-    n_candidates: int
+    n_samples: int | Tensor
+    n_candidates: int | Tensor
+    n_valid: int | Tensor
 
 
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -132,51 +150,58 @@ AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
-               scaler: torch.amp.GradScaler | None = None, backward_passes: int = 1) -> StepResult:
+               scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None,
+               timer: StageTimer = NULL_TIMER, backward_passes: int = 1) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
+    ``renderer``: the fast GPU renderer, or None for the reference (``render.render_rays``).
     ``backward_passes`` > 1 splits the rays into that many chunks with one backward pass each
-    (gradient accumulation; each chunk's loss is weighted by its share of the rays, so the summed
-    gradient is the one of the whole batch). Every rank calls this every step, even with no samples:
-    the allreduce inside ``optimizer.step()`` must see every rank. With a gradient scaler (fp16
-    autocast or fp16 compression), Horovod's pattern: synchronize (allreduce), unscale, then step
-    without a second synchronisation.
+    (gradient accumulation, Horovod's ``backward_passes_per_step``); each chunk's loss is weighted
+    by its share of the rays, so on the reference path the summed gradient is the whole batch's.
+    Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
+    must see every rank. With a gradient scaler (fp16 autocast or fp16 compression), Horovod's
+    pattern: synchronize (allreduce), unscale, then step without a second synchronisation.
     """
     device_type = rays.origins.device.type
+    render = renderer or render_rays
     target = composite_background(rays.rgba, background)
     n = len(rays)
     bounds = [round(i * n / backward_passes) for i in range(backward_passes + 1)]
-    loss_sum, mse_sum = torch.zeros((), device=rays.origins.device), torch.zeros((), device=rays.origins.device)
-    n_samples = n_candidates = 0
+    loss = mse = torch.zeros((), device=rays.origins.device)
+    n_samples = n_candidates = n_valid = 0
     optimizer.zero_grad()
     for a, b in zip(bounds[:-1], bounds[1:]):
         if a == b:
             continue
-        part = slice(a, b)
+        part, share = slice(a, b), (b - a) / n
         with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
-            out = render_rays(field, lambda x: field.query_density(x)[0], rays.origins[part], rays.directions[part],
-                              field.aabb, grid, march.dt, march.n_steps, march.early_termination,
-                              None if jitter is None else jitter[part])
+            out = render(field, lambda x: field.query_density(x)[0], rays.origins[part], rays.directions[part],
+                         field.aabb, grid, march.schedule, march.early_termination,
+                         None if jitter is None else jitter[part], timer=timer)
+        valid = getattr(out, "valid", None)
         pred = out.rgb.float() + background[part] * (1.0 - out.opacity.float()[:, None])
-        share = (b - a) / n
-        loss = loss_fn(pred, target[part]) * share
-        (loss if scaler is None else scaler.scale(loss)).backward()
-        loss_sum += loss.detach()
-        mse_sum += F.mse_loss(pred.detach(), target[part]) * share
-        n_samples += out.n_samples
-        n_candidates += out.n_candidates
-    if scaler is None:
-        optimizer.step()
+        part_loss = masked_mean(loss_fn(pred, target[part]), valid) * share
+        (part_loss if scaler is None else scaler.scale(part_loss)).backward()
+        loss = loss + part_loss.detach()
+        mse = mse + masked_mean((pred.detach() - target[part]) ** 2, valid) * share
+        n_samples, n_candidates = n_samples + out.n_samples, n_candidates + out.n_candidates
+        n_valid = n_valid + ((b - a) if valid is None else valid.sum())
+    timer.mark("backward")
+    distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
+    if distributed:
+        optimizer.synchronize()  # waits for the gradient allreduce started during backward
+        timer.mark("allreduce")
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if distributed:
+        with optimizer.skip_synchronize():
+            optimizer.step() if scaler is None else scaler.step(optimizer)
     else:
-        if hasattr(optimizer, "synchronize"):  # Horovod DistributedOptimizer
-            optimizer.synchronize()
-            scaler.unscale_(optimizer)
-            with optimizer.skip_synchronize():
-                scaler.step(optimizer)
-        else:
-            scaler.step(optimizer)
+        optimizer.step() if scaler is None else scaler.step(optimizer)
+    if scaler is not None:
         scaler.update()
-    return StepResult(loss_sum, mse_sum, n_samples, n_candidates)
+    timer.mark("optimizer")
+    return StepResult(loss, mse, n_samples, n_candidates, n_valid)
 
 
 def make_scaler(precision: str, comm: CommSettings, device: torch.device, size: int) -> torch.amp.GradScaler | None:
@@ -192,40 +217,43 @@ def make_scaler(precision: str, comm: CommSettings, device: torch.device, size: 
     return None
 
 
-# ------------------------------------------------------------------------------------ evaluation
+class RayBudget:
+    """Rays per step, adapted so a step carries about ``target`` samples through the network
+    (instant-ngp's rule) and, on the fast path, its marched samples fit ``candidate_capacity``.
 
+    Fast-path counts are device scalars: they are copied to pinned host memory without blocking
+    and used once the copy has landed (a step or two later), so the host never waits for the GPU.
+    """
 
-def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, march: Marching, background: str,
-             n_views: int = 0, save_dir: Path | None = None, n_save: int = 0) -> dict:
-    """PSNR over the test views; every rank renders its share (collective). Rank 0 writes PNGs."""
-    rt = dist.runtime()
-    n = len(frames) if n_views <= 0 else min(n_views, len(frames))
-    if n == 0:
-        return {"psnr": float("nan"), "views": 0}
-    bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
-    mse = torch.zeros(n, dtype=torch.float64)
-    keep: list[tuple[int, np.ndarray]] = []
-    field.eval()
-    for i in range(rt.rank, n, rt.size):
-        o, d = image_rays(frames, i, rt.device)
-        rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, grid, march.dt,
-                              march.n_steps, bg, march.early_termination)
-        gt = composite_background(frames.images[i].to(rt.device).view(-1, 4).float() / 255.0, bg)
-        mse[i] = float(torch.mean((rgb.clamp(0, 1) - gt) ** 2))
-        if i < n_save:
-            keep.append((i, (rgb.clamp(0, 1).view(frames.height, frames.width, 3) * 255 + 0.5).byte().cpu().numpy()))
-    field.train()
-    mse = dist.allreduce(mse, "sum", name="eval.mse")
-    gathered = dist.allgather_object(keep, name="eval.images") if n_save > 0 else []
-    if rt.is_root and save_dir is not None:
-        import cv2
+    def __init__(self, n_rays: int, target: int, max_rays: int, candidate_capacity: int | None = None) -> None:
+        self.n_rays, self.target, self.max_rays = n_rays, target, max_rays
+        self.candidate_capacity = candidate_capacity
+        self._pending: list[tuple[torch.cuda.Event | None, Tensor]] = []
 
-        save_dir.mkdir(parents=True, exist_ok=True)
-        for per_rank in gathered:
-            for i, img in per_rank:
-                cv2.imwrite(str(save_dir / f"test_{i:03d}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
-    psnrs = [mse_to_psnr(float(m)) for m in mse]
-    return {"psnr": float(np.mean(psnrs)), "views": n, "psnr_per_view": [round(p, 3) for p in psnrs]}
+    def _adapt(self, samples: float, candidates: float, valid: float) -> None:
+        per_ray = max(samples, 1.0) / max(valid, 1.0)
+        n = self.target / per_ray
+        if self.candidate_capacity:
+            n = min(0.95 * n, 0.95 * self.candidate_capacity / (max(candidates, 1.0) / max(valid, 1.0)))
+        self.n_rays = int(min(max(n, 64), self.max_rays)) // 64 * 64
+
+    def update(self, res: StepResult) -> int:
+        if not isinstance(res.n_samples, Tensor):
+            self._adapt(res.n_samples, res.n_candidates, res.n_valid)
+            return self.n_rays
+        counts = torch.stack([torch.as_tensor(v, device=res.loss.device).float()
+                              for v in (res.n_samples, res.n_candidates, res.n_valid)])
+        host = torch.empty(3, pin_memory=counts.is_cuda)
+        host.copy_(counts, non_blocking=counts.is_cuda)
+        event = None
+        if counts.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._pending.append((event, host))
+        while self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):
+            _, ready = self._pending.pop(0)
+            self._adapt(*ready.tolist())
+        return self.n_rays
 
 
 # ------------------------------------------------------------------------------------ main
@@ -251,58 +279,124 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@dataclass
+class Trainer:
+    """Everything one rank's training steps need, built by ``Trainer.build`` (collective)."""
+
+    args: argparse.Namespace
+    rt: dist.Runtime
+    backend: str
+    scene: Scene
+    field: NGPField
+    grid: OccupancyGrid
+    march: Marching
+    optimizer: torch.optim.Optimizer
+    lr_at: object
+    loss_fn: object
+    scaler: torch.amp.GradScaler | None
+    sampler: RaySampler
+    renderer: "FastRenderer | None"
+    budget: RayBudget
+    generator: torch.Generator  # backgrounds and jitter, seeded by global rank
+    start_step: int = 0
+    lr_scale: float = 1.0  # the learning-rate rule for this many ranks (comm.CommSettings.lr_multiplier)
+
+    @staticmethod
+    def build(args: argparse.Namespace) -> "Trainer":
+        comm: CommSettings = args.comm
+        rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
+        use_cuda = rt.device.type == "cuda"
+        notes = comm.check_runtime(rt.size, rt.local_size, rt.controller, use_cuda, os.environ)
+        dist.agree(lambda: comm.block.check_host(rt.is_root), "checking the distributed block")
+        torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
+        source = args.model["_source"]
+        backend = resolve_backend(args.backend, rt.device)
+        dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}], device {device_name(rt.device)}, "
+                 f"config {source}, backend {backend}, host {socket.gethostname()}")
+        lr_scale = comm.lr_multiplier(rt.size, rt.local_size, use_cuda)
+        if rt.size > 1 or comm.backward_passes_per_step > 1:
+            dist.log(comm.describe(os.environ, lr_scale, rt.cross_size, notes))
+        scene: Scene = dist.agree(lambda: load_scene(
+            args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
+            test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale),
+            "loading the scene")
+        dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
+                 f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
+                 + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
+
+        model = args.model
+        field = NGPField(model, scene.aabb, backend).to(rt.device)
+        grid = make_grid(model["marching"], scene).to(rt.device)
+        march = Marching.from_config(model["marching"], scene.aabb_scale, source)
+        optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
+        start_step = 0
+        if args.load_snapshot:
+            def load() -> int:
+                if not rt.is_root:
+                    return 0
+                return restore_snapshot(read_snapshot(args.load_snapshot, rt.device), field, grid, optimizer,
+                                        args.load_snapshot)
+            start_step = dist.broadcast_object(dist.agree(load, "loading the snapshot"), name="snapshot.step")
+            dist.broadcast_(grid.density, name="snapshot.grid")
+            grid.refresh_occupied()
+            dist.broadcast_state(field, optimizer)  # optimizer state first, then parameters (see dist)
+        else:
+            dist.broadcast_state(field)
+        optimizer = dist.distributed_optimizer(optimizer, field.named_parameters(), comm.compression,
+                                               comm.backward_passes_per_step, comm.reduce_op)
+
+        renderer = None
+        if backend == "triton":
+            from .render.fast import FastRenderer
+
+            renderer = FastRenderer(int(model["marching"].get("candidate_factor", 4) * args.target_samples),
+                                    args.target_samples)
+        generator = torch.Generator(device=rt.device)
+        generator.manual_seed(args.seed * 7919 + rt.rank)
+        return Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, make_loss(model["loss"], source),
+                       make_scaler(args.precision, comm, rt.device, rt.size),
+                       RaySampler(scene.train, rt.rank, rt.size, args.seed, rt.device), renderer,
+                       RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
+                                 renderer.candidate_capacity if renderer else None),
+                       generator, start_step, lr_scale)
+
+    def step(self, step: int, timer: StageTimer = NULL_TIMER) -> tuple[StepResult, int]:
+        """Training step number ``step`` (collective): occupancy refresh when due, rays, render, update.
+        Returns the result and the number of rays it used."""
+        args, rt = self.args, self.rt
+        timer.start()
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(step) * self.lr_scale
+        if step % self.march.update_interval == 0:
+            self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
+                             self.march.warmup_steps, args.seed)
+            timer.mark("occupancy update")
+        n_rays = self.budget.n_rays * self.args.comm.backward_passes_per_step  # the budget is per backward pass
+        rays = self.sampler.sample(n_rays)
+        if self.scene.has_alpha and args.train_background == "random":
+            background = torch.rand((n_rays, 3), generator=self.generator, device=rt.device)
+        else:
+            background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
+            background = background.expand(n_rays, 3)
+        jitter = torch.rand(n_rays, generator=self.generator, device=rt.device)
+        timer.mark("sampling")
+        res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn, jitter,
+                         args.precision, self.scaler, self.renderer, timer, args.comm.backward_passes_per_step)
+        self.budget.update(res)
+        return res, n_rays
+
+    def evaluate(self, n_views: int | None = None, save_dir: Path | None = None, n_save: int = 0) -> dict:
+        """Test-split metrics (collective)."""
+        return evaluate(self.field, self.grid, self.scene.test, self.march.schedule, self.march.early_termination,
+                        self.args.eval_background, self.args.n_eval_views if n_views is None else n_views, save_dir,
+                        n_save, fast=self.backend == "triton")
+
+
 def run(args: argparse.Namespace) -> RunResult:
     """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
-    comm: CommSettings = args.comm
-    rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
-    use_cuda = rt.device.type == "cuda"
-    notes = comm.check_runtime(rt.size, rt.local_size, rt.controller, use_cuda, os.environ)
-    dist.agree(lambda: comm.block.check_host(rt.is_root), "checking the distributed block")
-    torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
+    tr = Trainer.build(args)
+    rt, scene, field, grid, march, backend = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend
     source = args.model["_source"]
-    backend = resolve_backend(args.backend, rt.device)
-    dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}], device {device_name(rt.device)}, "
-             f"config {source}, backend {backend}, host {socket.gethostname()}")
-    lr_scale = comm.lr_multiplier(rt.size, rt.local_size, use_cuda)
-    if rt.size > 1 or comm.backward_passes_per_step > 1:
-        dist.log(comm.describe(os.environ, lr_scale, rt.cross_size, notes))
-
-    scene: Scene = dist.agree(lambda: load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
-                                                 train_split=args.train_split, test_split=args.test_split,
-                                                 holdout_every=args.holdout_every, downscale=args.downscale),
-                              "loading the scene")
-    dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
-             f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
-             + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
-
-    model = args.model
-    field = NGPField(model, scene.aabb, backend).to(rt.device)
-    grid = make_grid(model["marching"], scene).to(rt.device)
-    march = Marching.from_config(model["marching"], scene.aabb)
-    optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
-    loss_fn = make_loss(model["loss"], source)
-
-    start_step = 0
-    if args.load_snapshot:
-        def load() -> int:
-            if not rt.is_root:
-                return 0
-            return restore_snapshot(read_snapshot(args.load_snapshot, rt.device), field, grid, optimizer,
-                                    args.load_snapshot)
-        start_step = dist.broadcast_object(dist.agree(load, "loading the snapshot"), name="snapshot.step")
-        dist.broadcast_(grid.density, name="snapshot.grid")
-        grid.refresh_occupied()
-        dist.broadcast_state(field, optimizer)  # optimizer state first, then parameters (see dist)
-    else:
-        dist.broadcast_state(field)
-    optimizer = dist.distributed_optimizer(optimizer, field.named_parameters(), comm.compression,
-                                           comm.backward_passes_per_step, comm.reduce_op)
-
-    scaler = make_scaler(args.precision, comm, rt.device, rt.size)
-    sampler = RaySampler(scene.train, rt.rank, rt.size, args.seed, rt.device)
-    bg_gen = torch.Generator(device=rt.device)
-    bg_gen.manual_seed(args.seed * 7919 + rt.rank)
-    n_rays = args.n_rays_init
     out_dir = Path(args.out_dir)
     if rt.is_root:
         try:
@@ -312,75 +406,68 @@ def run(args: argparse.Namespace) -> RunResult:
 
     dist.log(f"training {args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
              + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
-               f"{march.n_steps} steps/ray max")
-    history: list[dict] = []
+               f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
+
+    history: list[dict] = []   # one entry per log interval
+    curve: list[dict] = []     # test PSNR/SSIM against training time
+    eval_at = sorted(args.eval_at_s)
     stats = IntervalStats()
     total_samples = 0.0
-    train_seconds = 0.0
-    t_start = time.perf_counter()
-    step = start_step
+    clock = TrainClock(rt.device)
+    step = tr.start_step
     while step < args.n_steps:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step) * lr_scale
-        if step % march.update_interval == 0:
-            grid.update(lambda x: field.query_density(x)[0], march.dt, step, march.warmup_steps, args.seed)
-        rays = sampler.sample(n_rays * comm.backward_passes_per_step)
-        if scene.has_alpha and args.train_background == "random":
-            background = torch.rand((len(rays), 3), generator=bg_gen, device=rt.device)
-        else:
-            background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
-            background = background.expand(len(rays), 3)
-        jitter = torch.rand(len(rays), generator=bg_gen, device=rt.device)
-        res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter, args.precision, scaler,
-                         comm.backward_passes_per_step)
-        stats.add(res.loss, res.mse, len(rays), res.n_samples, res.n_candidates)
-        # Adapt the ray count so the next step carries about target_samples samples (instant-ngp's rule).
-        per_ray = max(res.n_samples, 1) / len(rays)
-        n_rays = int(min(max(args.target_samples / per_ray, 64), args.max_rays)) // 64 * 64
+        res, n_rays = tr.step(step)
+        stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
         step += 1
 
         if step % args.log_every == 0 or step == args.n_steps:
-            if rt.device.type == "cuda":
-                torch.cuda.synchronize()
             r = stats.reduce(rt.device)
-            train_seconds += r["seconds"]
             total_samples += r["samples"]
-            line = (f"[step {step}] {r['samples'] / max(r['seconds'], 1e-9) / 1e6:.3f} M samples/s | "
-                    f"{r['rays_per_step']:.0f} rays/step | loss {r['loss']:.5f} | train PSNR {mse_to_psnr(r['mse']):.2f} | "
-                    f"occupied {100 * grid.occupancy_fraction():.1f}% | {train_seconds:.1f} s")
-            dist.log(line)
-            history.append({"step": step, "seconds": round(train_seconds, 3), "loss": r["loss"],
+            seconds = clock.seconds()
+            dist.log(f"[step {step}] {r['samples'] / max(r['seconds'], 1e-9) / 1e6:.3f} M samples/s | "
+                     f"{r['rays_per_step']:.0f} rays/step | loss {r['loss']:.5f} | train PSNR {mse_to_psnr(r['mse']):.2f} | "
+                     f"occupied {100 * grid.occupancy_fraction():.1f}% | {seconds:.1f} s")
+            history.append({"step": step, "seconds": round(seconds, 3), "loss": r["loss"],
                             "train_psnr": mse_to_psnr(r["mse"]), "samples_per_sec": r["samples"] / max(r["seconds"], 1e-9)})
-            if args.eval_every and step % args.eval_every == 0 and step < args.n_steps:
-                ev = evaluate(field, grid, scene.test, march, args.eval_background, args.n_eval_views)
-                dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB over {ev['views']} views")
-                history[-1]["test_psnr"] = ev["psnr"]
             stats = IntervalStats()
-        if args.time_budget_s and step % 8 == 0:
-            over = torch.tensor([1.0 if (rt.is_root and time.perf_counter() - t_start > args.time_budget_s) else 0.0])
-            if float(dist.allreduce(over, "max", name="time_budget")[0]) > 0:
-                break
+        # Evaluation points and the time budget, decided from one shared clock reading every 8 steps.
+        due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
+        if (eval_at or args.time_budget_s) and step % 8 == 0:
+            elapsed = clock.shared_seconds()
+            due = due or bool(eval_at and elapsed >= eval_at[0])
+            eval_at = [t for t in eval_at if t > elapsed]
+            stop = bool(args.time_budget_s and elapsed >= args.time_budget_s)
+        else:
+            stop = False
+        if due and not stop:
+            seconds = clock.seconds()
+            with clock.paused():
+                ev = tr.evaluate()
+            stats.started += clock.last_pause
+            curve.append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
+            dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views "
+                     f"at {seconds:.1f} s")
+        if stop:
+            break
     if stats.steps:  # the partial interval before a time-budget stop
-        r = stats.reduce(rt.device)
-        train_seconds += r["seconds"]
-        total_samples += r["samples"]
+        total_samples += stats.reduce(rt.device)["samples"]
+    train_seconds = clock.seconds()
 
-    ev = evaluate(field, grid, scene.test, march, args.eval_background, args.n_eval_views,
-                  out_dir / "renders", args.save_renders)
+    ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
+    curve.append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
     samples_per_sec = total_samples / max(train_seconds, 1e-9)
     dist.log(f"done: {step} steps in {train_seconds:.1f} s, {samples_per_sec / 1e6:.3f} M samples/s, "
-             f"test PSNR {ev['psnr']:.2f} dB over {ev['views']} views")
+             f"test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views")
     if args.save_snapshot:
-        inner = optimizer  # DistributedOptimizer is a subclass of the wrapped optimizer: its state_dict is the same
-        if rt.is_root:
-            save_snapshot(args.save_snapshot, field, grid, inner, step, {"args": vars_for_json(args)})
+        if rt.is_root:  # a DistributedOptimizer's state_dict is the wrapped optimizer's
+            save_snapshot(args.save_snapshot, field, grid, tr.optimizer, step, {"args": vars_for_json(args)})
         dist.barrier()
     metrics = {"world_size": rt.size, "steps": step, "train_seconds": round(train_seconds, 3),
-               "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_views": ev["views"],
-               "psnr_per_view": ev.get("psnr_per_view", []), "device": device_name(rt.device), "backend": backend,
-               "precision": args.precision, "controller": rt.controller, "scene": scene.source, "config": source,
-               "communication": comm.summary(os.environ, lr_scale),
-               "history": history}
+               "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_ssim": ev["ssim"],
+               "test_views": ev["views"], "psnr_per_view": ev.get("psnr_per_view", []), "curve": curve,
+               "device": device_name(rt.device), "backend": backend, "precision": args.precision,
+               "controller": rt.controller, "scene": scene.source, "config": source, "history": history,
+               "communication": args.comm.summary(os.environ, tr.lr_scale)}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:

@@ -71,6 +71,8 @@ if ! have mpi4py; then
     "${PIP[@]}" "mpi4py>=4.0"
   fi
 fi
+# Triton: the GPU kernels; on CPU-only machines its interpreter runs their parity tests.
+have triton || "${PIP[@]}" "triton>=3.2,<4"
 "${PIP[@]}" "numpy>=1.24" "opencv-python-headless>=4.8" "configargparse>=1.7" "pytest>=7" "pytest-timeout" \
   "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ninja pyroute2 ${HVD_NGP_EXTRAS:-}
 

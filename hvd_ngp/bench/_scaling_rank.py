@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             "energy_j": None if None in energies else sum(energies),
             "samples_per_joule": None if None in energies or not sum(energies) else samples / sum(energies),
             "test_psnr": result.metrics["test_psnr"],
-            "psnr_curve": [(h["seconds"], h["test_psnr"]) for h in result.metrics["history"] if "test_psnr" in h]
-                          + [(train_s, result.metrics["test_psnr"])],
+            "psnr_curve": [(c["seconds"], c["psnr"]) for c in result.metrics["curve"]],
             "communication": result.metrics["communication"], "ceiling": ceiling, "per_rank": ranks,
         }
         Path(opts.result).parent.mkdir(parents=True, exist_ok=True)

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(own)
     targets = [float(t) for t in opts.psnr_targets.split(",") if t]
     trainer = parse_args(trainer_args, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
-    extra = [] if trainer.eval_every else ["--eval_every", str(max(trainer.n_steps // 10, 1))]
+    extra = [] if trainer.eval_every or trainer.eval_at_s else ["--eval_every", str(max(trainer.n_steps // 10, 1))]
     extra += [] if trainer.n_eval_views else ["--n_eval_views", "8"]
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(opts.out_dir or f"runs/bench/scaling-{stamp}")
