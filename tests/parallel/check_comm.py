@@ -40,7 +40,7 @@ class Setup:
     def __init__(self, cache: str) -> None:
         self.args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", cache, "--device", "cpu"])
         self.scene = load_scene("builtin", scene_cache=cache)
-        self.march = Marching.from_config(self.args.model["marching"], self.scene.aabb)
+        self.march = Marching.from_config(self.args.model["marching"], self.scene.aabb_scale)
         self.loss_fn = make_loss(self.args.model["loss"], "test")
         rt = dist.runtime()
         n_pix = len(self.scene.train) * self.scene.train.height * self.scene.train.width
@@ -64,7 +64,7 @@ class Setup:
         for step in range(steps):
             rays = self.rays[step]
             train_step(field, grid, opt, rays, torch.ones(3).expand(len(rays), 3), self.march, self.loss_fn, None,
-                       precision, scaler, backward_passes)
+                       precision, scaler, backward_passes=backward_passes)
             if first_grads is None:
                 first_grads = [p.grad.clone() for p in field.parameters()]
         return field, first_grads, scaler
