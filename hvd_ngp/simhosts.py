@@ -40,7 +40,7 @@ from typing import Iterator, Sequence
 from .errors import HvdNgpError, run_cli
 
 STATE_ROOT = Path(os.environ.get("HVD_NGP_SIMHOSTS_DIR", "/tmp/hvd_ngp_simhosts"))
-NETNS_DIR = Path("/run/netns")
+NETNS_DIR = Path("/var/run/netns")  # where both iproute2 and pyroute2 keep named namespaces
 IFACE = "simnet0"
 SUBNET = "10.213.0"
 LOGIN = "simlogin"
@@ -359,11 +359,13 @@ def probe() -> None:
     from . import dist
 
     rt = dist.init()
-    total = float(dist.allreduce(torch.tensor([rt.rank + 1.0]), "sum", name="probe")[0])
+    # on the rank's device: on GPUs this allreduce goes through NCCL
+    total = float(dist.allreduce(torch.tensor([rt.rank + 1.0], device=rt.device), "sum", name="probe")[0])
     ok = total == rt.size * (rt.size + 1) / 2
     print(f"PROBE rank {rt.rank}/{rt.size} local {rt.local_rank}/{rt.local_size} cross_size {rt.cross_size} "
           f"host {socket.gethostname()} controller {rt.controller} device {rt.device} "
-          f"NCCL_HOSTID={os.environ.get('NCCL_HOSTID', '')} allreduce {'ok' if ok else f'WRONG ({total})'}", flush=True)
+          f"NCCL_HOSTID={os.environ.get('NCCL_HOSTID', '')} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} "
+          f"allreduce {'ok' if ok else f'WRONG ({total})'}", flush=True)
     dist.barrier()
     if not ok:
         raise SimHostsError(f"probe: allreduce of ranks 1..{rt.size} gave {total}")

@@ -146,3 +146,12 @@ def test_nccl_presets():
 def test_passthrough_keeps_user_nccl_variables():
     env = {"NCCL_DEBUG": "INFO", "HOROVOD_TIMELINE": "t.json", "PATH": "/bin", "HOME": "/root", "SECRET": "x"}
     assert passthrough_names(env) == ["HOROVOD_TIMELINE", "NCCL_DEBUG", "PATH"]
+
+
+def test_repository_hostfiles_parse():
+    from conftest import ROOT
+
+    files = sorted((ROOT / "hostfiles").iterdir())
+    assert files
+    for path in files:
+        assert parse_hostfile(path).total_slots > 0

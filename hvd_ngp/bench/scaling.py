@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="summary JSON (default <out_dir>/scaling.json)")
     p.add_argument("--markdown", default="docs/BENCHMARKS.md", help="append a section here ('none': do not)")
     p.add_argument("--timeout_s", type=float, default=0, help="give up on one rank count after this long (0: never)")
+    p.add_argument("--note", default="", help="a sentence added to the Markdown section (e.g. what else ran on the machine)")
     g = p.add_argument_group("launch (as hvd-ngp-launch)")
     g.add_argument("--hostfile")
     g.add_argument("-H", "--hosts")
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"compression {c['compression']}, {c['reduce_op']}, lr x{c['lr_multiplier']:.3g} at "
                     f"{results[-1]['ranks']} ranks; {results[-1]['steps']} steps per run")
         body = (f"`{command}`\n\n{settings}. Throughput: log intervals after the first; time to PSNR: training "
-                f"seconds (evaluation excluded) at the first evaluation reaching it.\n\n"
+                f"seconds (evaluation excluded) at the first evaluation reaching it. {opts.note}\n\n"
                 + render(rows, results, targets, markdown=True))
         append_section(opts.markdown, "scaling", body)
         print(f"appended to {opts.markdown}", flush=True)
