@@ -1,6 +1,4 @@
-"""Benchmarks: ``python -m hvd_ngp.bench <name> [options]``.
+"""Benchmarks that print a table, write JSON and append a dated section to docs/BENCHMARKS.md.
 
-Each subcommand is a module of this package with ``main(argv) -> int`` (modules starting with ``_``
-are helpers). ``scaling``: throughput, efficiency, communication share, GPU utilization, energy and
-time-to-PSNR for several rank counts, with a raw allreduce ceiling measured in the same run.
+    python -m hvd_ngp.bench throughput --scene data/nerf_synthetic/lego
 """

@@ -1,4 +1,4 @@
-"""``python -m hvd_ngp.bench <name> [options]``: run one benchmark (imported only when asked for)."""
+"""``python -m hvd_ngp.bench <benchmark> [options]``: dispatches to ``hvd_ngp.bench.<benchmark>``."""
 
 from __future__ import annotations
 
@@ -7,26 +7,28 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from ..errors import ConfigError, run_cli
+from ..errors import HvdNgpError
 
 
 def available() -> list[str]:
-    """Subcommands: the package's modules that do not start with an underscore."""
-    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])
-                  if not m.name.startswith("_"))
+    here = Path(__file__).parent
+    return sorted(m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_") and m.name != "report")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def cli(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
     names = available()
-    if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: python -m hvd_ngp.bench {{{','.join(names)}}} [options]  (--help after a name for its options)")
-        return 0 if argv else 2
-    name, rest = argv[0], argv[1:]
-    if name not in names:
-        raise ConfigError(f"unknown benchmark {name!r} (available: {', '.join(names)})")
-    return importlib.import_module(f"{__package__}.{name}").main(rest)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in names:
+        print(f"usage: python -m hvd_ngp.bench {{{','.join(names)}}} [options]   (--help after a name for its options)",
+              file=sys.stderr)
+        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    module = importlib.import_module(f"hvd_ngp.bench.{argv[0]}")
+    try:
+        module.main(argv[1:])
+    except HvdNgpError as exc:
+        print(f"hvd_ngp: error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
-    run_cli(main, prog="hvd_ngp.bench")
+    cli()

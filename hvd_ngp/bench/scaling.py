@@ -7,7 +7,8 @@ training) of the same training run, weak scaling (``--target_samples`` per rank 
 throughput (steady state: log intervals after the first), speedup and efficiency against the
 smallest count, GPU utilization and samples per joule (NVML; n/a on CPU), the share of training
 time spent waiting for gradient allreduces, the training time (evaluation excluded) until test PSNR
-first reached each target (evaluated every ``--eval_every`` steps; "not reached" otherwise), and
+first reached each target (evaluated every ``--eval_every`` steps or at ``--eval_at_s`` times; by
+default ten times per run; "not reached" otherwise), and
 Horovod's allreduce of the same gradient sizes against raw ``torch.distributed`` (gloo on CPU, nccl
 on GPU) measured in the same processes. Prints a table, writes JSON, and appends a dated section
 with the command to docs/BENCHMARKS.md.
@@ -31,7 +32,7 @@ from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..errors import HvdNgpError
 from ..launch import build_parser as launch_parser
 from ..launch import plan, split_program_args
-from ._report import append_section, fmt, markdown_table, text_table
+from .report import append_markdown, table, write_json
 
 WORKER = "hvd_ngp.bench._scaling_rank"
 
@@ -101,28 +102,33 @@ def summarize(results: list[dict], targets: list[float]) -> list[dict]:
     return rows
 
 
-def render(rows: list[dict], results: list[dict], targets: list[float], markdown: bool) -> str:
+def fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def render(rows: list[dict], results: list[dict], targets: list[float]) -> str:
+    """The scaling table and the allreduce-ceiling table (plain text that is also Markdown)."""
     def reached(row: dict, t: float) -> str:
         s = row["time_to_psnr"][str(t)]
         return "not reached" if s is None else f"{s:.1f} s"
 
-    header = ["ranks", "nodes", "M samples/s", "speedup", "efficiency", "GPU util", "comm share", "samples/J",
-              *(f"time to {t:g} dB" for t in targets), "final test PSNR"]
-    body = [[r["ranks"], r["nodes"], fmt(r["samples_per_sec"] / 1e6, ".3f"), fmt(r["speedup"], ".2f", "x"),
-             fmt(None if r["efficiency"] is None else 100 * r["efficiency"], ".1f", "%"),
-             fmt(r["gpu_util_percent"], ".0f", "%"), fmt(None if r["comm_share"] is None else 100 * r["comm_share"], ".1f", "%"),
-             fmt(r["samples_per_joule"], ".3g"), *(reached(r, t) for t in targets), fmt(r["test_psnr"], ".2f", " dB")]
-            for r in rows]
-    c_header = ["ranks", "tensor", "MiB", "Horovod", "raw torch.distributed", "Horovod / raw"]
-    c_body = [[r["ranks"], c["tensor"], f"{c['bytes'] / 2**20:.1f}",
-               f"{1e3 * c['horovod_s']:.2f} ms, {c['horovod_busbw_gbs']:.3g} GB/s",
-               f"{1e3 * c['raw_s']:.2f} ms, {c['raw_busbw_gbs']:.3g} GB/s ({c['backend']})", f"{100 * c['ratio']:.0f}%"]
-              for r in results for c in r["ceiling"]]
-    table = markdown_table if markdown else text_table
-    out = table(header, body)
-    if c_body:
-        out += ("\n\nAllreduce of the same gradient sizes, same processes (median; bus bandwidth):\n\n"
-                + table(c_header, c_body))
+    columns = ["ranks", "nodes", "M samples/s", "speedup", "efficiency", "GPU util", "comm share", "samples/J",
+               *(f"time to {t:g} dB" for t in targets), "final test PSNR"]
+    cells = [dict(zip(columns, [
+        r["ranks"], r["nodes"], fmt(r["samples_per_sec"] / 1e6, ".3f"), fmt(r["speedup"], ".2f", "x"),
+        fmt(None if r["efficiency"] is None else 100 * r["efficiency"], ".1f", "%"), fmt(r["gpu_util_percent"], ".0f", "%"),
+        fmt(None if r["comm_share"] is None else 100 * r["comm_share"], ".1f", "%"), fmt(r["samples_per_joule"], ".3g"),
+        *(reached(r, t) for t in targets), fmt(r["test_psnr"], ".2f", " dB")])) for r in rows]
+    out = table(cells, columns)
+    c_columns = ["ranks", "tensor", "MiB", "Horovod", "raw torch.distributed", "Horovod / raw"]
+    c_cells = [dict(zip(c_columns, [
+        r["ranks"], c["tensor"], f"{c['bytes'] / 2**20:.1f}",
+        f"{1e3 * c['horovod_s']:.2f} ms, {c['horovod_busbw_gbs']:.3g} GB/s ({r['controller']} controller)",
+        f"{1e3 * c['raw_s']:.2f} ms, {c['raw_busbw_gbs']:.3g} GB/s ({c['backend']})", f"{100 * c['ratio']:.0f}%"]))
+        for r in results for c in r["ceiling"]]
+    if c_cells:
+        out += "\n\nAllreduce of the same gradient sizes, same processes (median; bus bandwidth):\n\n"
+        out += table(c_cells, c_columns)
     return out
 
 
@@ -159,23 +165,22 @@ def main(argv: list[str] | None = None) -> int:
         results.append(json.loads((run_dir / "result.json").read_text()))
 
     rows = summarize(results, targets)
-    command = "python -m hvd_ngp.bench scaling " + shlex.join(argv)
-    print("\n" + render(rows, results, targets, markdown=False), flush=True)
-    summary = {"command": command, "date": stamp, "host": socket.gethostname(), "device": results[-1]["device"],
-               "launcher": opts.launcher, "communication": results[-1]["communication"], "rows": rows, "runs": results}
+    text = render(rows, results, targets)
+    print("\n" + text, flush=True)
+    last = results[-1]
+    summary = {"command": "python -m hvd_ngp.bench scaling " + shlex.join(argv), "date": stamp,
+               "host": socket.gethostname(), "device": last["device"], "launcher": opts.launcher,
+               "communication": last["communication"], "rows": rows, "runs": results}
     json_path = Path(opts.json or out_dir / "scaling.json")
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(summary, indent=1))
+    write_json(json_path, summary)
     print(f"\nwrote {json_path}", flush=True)
     if opts.markdown != "none":
-        c = results[-1]["communication"]
-        settings = (f"{results[-1]['device']} on {socket.gethostname()}, {opts.launcher}, controller "
-                    f"{results[-1]['controller']}; fusion {c['fusion_threshold_mb']:g} MiB, cycle {c['cycle_time_ms']:g} ms, "
-                    f"compression {c['compression']}, {c['reduce_op']}, lr x{c['lr_multiplier']:.3g} at "
-                    f"{results[-1]['ranks']} ranks; {results[-1]['steps']} steps per run")
-        body = (f"`{command}`\n\n{settings}. Throughput: log intervals after the first; time to PSNR: training "
-                f"seconds (evaluation excluded) at the first evaluation reaching it. {opts.note}\n\n"
-                + render(rows, results, targets, markdown=True))
-        append_section(opts.markdown, "scaling", body)
+        c = last["communication"]
+        settings = (f"{last['device']} on {socket.gethostname()}, {opts.launcher}, controller {last['controller']}; "
+                    f"fusion {c['fusion_threshold_mb']:g} MiB, cycle {c['cycle_time_ms']:g} ms, compression "
+                    f"{c['compression']}, {c['reduce_op']}, lr x{c['lr_multiplier']:.3g} at {last['ranks']} ranks; "
+                    f"{last['steps']} steps per run. Throughput: log intervals after the first; time to PSNR: "
+                    f"training seconds (evaluation excluded) at the first evaluation reaching it. {opts.note}")
+        append_markdown(opts.markdown, "Scaling", f"{settings.strip()}\n\n{text}", ["scaling", *argv])
         print(f"appended to {opts.markdown}", flush=True)
     return 0
