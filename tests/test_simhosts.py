@@ -42,7 +42,8 @@ def launch(cluster: simhosts.SimCluster, launcher_args: list[str], program_args:
 
 
 def assert_two_hosts(out: str, controller: str) -> None:
-    probes = re.findall(r"PROBE rank (\d)/2 local 0/1 cross_size (\d) host (\S+) controller (\w+) .*"
+    # token by token (no ".*"): mpirun may glue one rank's line to the next
+    probes = re.findall(r"PROBE rank (\d)/2 local 0/1 cross_size (\d) host (\S+) controller (\w+) device \S+ "
                         r"NCCL_HOSTID=(\S+) CUDA_VISIBLE_DEVICES=\S* allreduce ok", out)
     assert len(probes) == 2, out[-3000:]
     assert {p[0] for p in probes} == {"0", "1"} and all(p[1] == "2" for p in probes), probes
