@@ -232,8 +232,8 @@ class CommSettings:
         env = self.block.nccl_env(environ)
         for key, value, default in (("HOROVOD_FUSION_THRESHOLD", self.fusion_threshold_mb, DEFAULT_FUSION_THRESHOLD_MB),
                                     ("HOROVOD_CYCLE_TIME", self.cycle_time_ms, DEFAULT_CYCLE_TIME_MS)):
-            if value is None and key in environ:
-                continue  # e.g. horovodrun --cycle-time-ms
+            if value is None and (key in environ or environ.get("HOROVOD_AUTOTUNE") == "1"):
+                continue  # e.g. horovodrun --cycle-time-ms; --autotune tunes what is not set
             value = default if value is None else value
             env[key] = str(int(value * 1024 * 1024)) if key == "HOROVOD_FUSION_THRESHOLD" else f"{value:g}"
         key = "HOROVOD_HIERARCHICAL_ALLREDUCE"

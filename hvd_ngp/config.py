@@ -221,12 +221,42 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--save_snapshot", default=None, help="write a snapshot here at the end (rank 0)")
     g.add_argument("--load_snapshot", default=None, help="start from this snapshot (model, grid, optimizer, step)")
 
+    add_monitoring_options(p)
+
     g = p.add_argument_group("network blocks (JSON merge-patch over the config file's block)")
     for block, option in BLOCK_OPTION.items():
         g.add_argument(f"--{option}", type=_json_object, default=None, metavar="JSON",
                        help=f"patch for the '{block}' block")
     file_parser.known = {a.dest for a in p._actions if a.dest not in BLOCK_OPTION.values()} - {"config", "help"}
     return p
+
+
+def add_monitoring_options(p: configargparse.ArgumentParser) -> None:
+    """Live metrics (hvd_ngp.monitor) and Horovod's own tools (hvd_ngp.hvdtools)."""
+    g = p.add_argument_group("monitoring and Horovod tools")
+    g.add_argument("--metrics_jsonl", default=None, metavar="PATH",
+                   help="one JSON object per log interval (rank 0); default OUT_DIR/metrics.jsonl, 'none' to switch off")
+    g.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write TensorBoard scalars here (rank 0; needs the tensorboard package)")
+    g.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                   help="tqdm progress bar on rank 0 (auto: only when stderr is a terminal)")
+    g.add_argument("--comm_timing", choices=("on", "off"), default="on",
+                   help="measure the time blocked in collectives (the 'comm' share; syncs the compute stream "
+                        "just before each blocking collective, where the host waits anyway)")
+    g.add_argument("--gpu_sample_period_s", type=float, default=0.5,
+                   help="seconds between NVML samples of GPU utilisation, memory and power (background thread)")
+    g.add_argument("--timeline", "--timeline_file", dest="timeline", default=None, metavar="PATH",
+                   help="Horovod timeline (Chrome trace, written by rank 0). Under horovodrun spell it "
+                        "--timeline_file: horovodrun rejects --timeline as a prefix of its own options")
+    g.add_argument("--timeline_mark_cycles", action="store_true", help="mark Horovod's cycles in the timeline")
+    g.add_argument("--autotune", action="store_true",
+                   help="let Horovod's autotuner search fusion threshold, cycle time and hierarchical allreduce")
+    g.add_argument("--autotune_log", default=None, metavar="PATH",
+                   help="CSV of every setting the autotuner tried and its score (rank 0; implies --autotune)")
+    g.add_argument("--stall_check_s", type=int, default=None, metavar="N",
+                   help="warn when ranks wait more than N s for each other in a collective (Horovod default 60; 0: off)")
+    g.add_argument("--stall_shutdown_s", type=int, default=None, metavar="N",
+                   help="stop the job after a stall of N s (Horovod default 0: never)")
 
 
 def parse_args(argv: Sequence[str] | None = None, default_config: Path | None = None) -> argparse.Namespace:
@@ -285,6 +315,8 @@ def validate(args: argparse.Namespace) -> None:
     for name in ("time_budget_s", "eval_every", "n_eval_views", "save_renders", "holdout_every", "threads"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if args.gpu_sample_period_s <= 0:
+        raise ConfigError(f"--gpu_sample_period_s must be positive, got {args.gpu_sample_period_s}")
     if args.n_rays_init > args.max_rays:
         raise ConfigError(f"--n_rays_init ({args.n_rays_init}) exceeds --max_rays ({args.max_rays})")
     args.comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated

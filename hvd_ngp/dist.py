@@ -5,20 +5,21 @@ GLOBAL rank -> build the model -> ``distributed_optimizer`` -> ``broadcast_state
 
 Started without a launcher (no horovodrun/mpirun environment), everything here is a size-1
 fallback that never imports Horovod, so ``python -m hvd_ngp.train`` works on a laptop.
-Every collective in this module must be called by every rank in the same order.
+Every collective in this module must be called by every rank in the same order. The blocking
+ones report their time to ``commclock.COMM_CLOCK`` (the communication share of the live metrics).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import torch
 
+from .commclock import COMM_CLOCK
 from .errors import BackendError, HvdNgpError
 
 T = TypeVar("T")
@@ -108,6 +109,28 @@ def runtime() -> Runtime:
     return _runtime
 
 
+def horovod_info() -> dict[str, str]:
+    """Horovod's version, what it was built with and the controller in use (for ``hvd_ngp.doctor``).
+
+    Imports Horovod even in a size-1 run (it does not initialise it); never raises.
+    """
+    try:
+        import horovod
+        import horovod.torch as hvd
+
+        nccl = hvd.nccl_built()  # NCCL_VERSION_CODE, or 0
+        built = [name for name, flag in (("mpi", hvd.mpi_built()), ("gloo", hvd.gloo_built())) if flag]
+        if nccl:
+            major, rest = (nccl // 10000, nccl % 10000) if nccl >= 20900 else (nccl // 1000, nccl % 1000)
+            built.append(f"nccl {major}.{rest // 100}.{rest % 100}")
+        built += [name for name, flag in (("cuda", hvd.cuda_built()), ("rocm", hvd.rocm_built()),
+                                          ("ddl", hvd.ddl_built()), ("ccl", hvd.ccl_built())) if flag]
+    except Exception as exc:  # ImportError, or a library that fails to load (wrong torch ABI)
+        return {"version": f"error: {type(exc).__name__}: {exc}", "built": "-", "controller": "-"}
+    controller = _runtime.controller if (_runtime is not None and _hvd is not None) else "not initialised"
+    return {"version": horovod.__version__, "built": ", ".join(built) or "nothing", "controller": controller}
+
+
 def shutdown() -> None:
     global _hvd, _runtime
     if _hvd is not None:
@@ -124,32 +147,37 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", name: str | None = None) ->
     """Allreduce a tensor (op: sum | avg | max | min); returns a new tensor. Identity at size 1."""
     if _hvd is None or _runtime.size == 1:
         return tensor.clone()
-    return _hvd.allreduce(tensor, op=getattr(_hvd, _OPS[op]), name=name)
+    with COMM_CLOCK.blocking(tensor):
+        return _hvd.allreduce(tensor, op=getattr(_hvd, _OPS[op]), name=name)
 
 
 def allreduce_(tensor: torch.Tensor, op: str = "sum", name: str | None = None) -> torch.Tensor:
     """In-place allreduce."""
     if _hvd is None or _runtime.size == 1:
         return tensor
-    return _hvd.allreduce_(tensor, op=getattr(_hvd, _OPS[op]), name=name)
+    with COMM_CLOCK.blocking(tensor):
+        return _hvd.allreduce_(tensor, op=getattr(_hvd, _OPS[op]), name=name)
 
 
 def allgather_object(obj: T, name: str | None = None) -> list[T]:
     """Every rank's ``obj``, ordered by rank (picklable objects only; for small metadata)."""
     if _hvd is None or _runtime.size == 1:
         return [obj]
-    return _hvd.allgather_object(obj, name=name)
+    with COMM_CLOCK.blocking():
+        return _hvd.allgather_object(obj, name=name)
 
 
 def broadcast_object(obj: T, root: int = 0, name: str | None = None) -> T:
     if _hvd is None or _runtime.size == 1:
         return obj
-    return _hvd.broadcast_object(obj, root_rank=root, name=name)
+    with COMM_CLOCK.blocking():
+        return _hvd.broadcast_object(obj, root_rank=root, name=name)
 
 
 def barrier() -> None:
     if _hvd is not None and _runtime.size > 1:
-        _hvd.barrier()
+        with COMM_CLOCK.blocking():
+            _hvd.barrier()
 
 
 def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -170,7 +198,8 @@ def broadcast_(tensor: torch.Tensor, root: int = 0, name: str | None = None) -> 
     """In-place broadcast from ``root``."""
     if _hvd is None or _runtime.size == 1:
         return tensor
-    return _hvd.broadcast_(tensor, root_rank=root, name=name)
+    with COMM_CLOCK.blocking(tensor):
+        return _hvd.broadcast_(tensor, root_rank=root, name=name)
 
 
 def allreduce_many_(tensors: Sequence[torch.Tensor], op: str = "avg", name: str = "many") -> None:
@@ -182,41 +211,13 @@ def allreduce_many_(tensors: Sequence[torch.Tensor], op: str = "avg", name: str 
         _hvd.synchronize(h)
 
 
-@dataclass
-class CommTimer:
-    """Wall time ranks spend waiting for gradient allreduces (the part not hidden behind backward)."""
-
-    enabled: bool = False
-    seconds: float = 0.0
-    calls: int = 0
-
-
-#: enabled by benchmarks before ``distributed_optimizer`` is called; read after training
-COMM_TIMER = CommTimer()
-
-
-def _timed_synchronize(synchronize: Callable[[], None], device: torch.device) -> Callable[[], None]:
-    """``optimizer.synchronize`` that first waits for this rank's compute, then times the wait for the allreduces."""
-    def wrapper() -> None:
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()  # backward done; Horovod's own stream keeps running
-        start = time.perf_counter()
-        synchronize()
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()
-        COMM_TIMER.seconds += time.perf_counter() - start
-        COMM_TIMER.calls += 1
-    return wrapper
-
-
 def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
                           compression: str = "none", backward_passes_per_step: int = 1,
                           op: str = "average") -> torch.optim.Optimizer:
     """Wrap an optimizer so gradients are averaged across ranks (Horovod tensor fusion + NCCL/MPI/Gloo).
 
     compression: none | fp16; op: average | adasum; ``backward_passes_per_step`` backward passes
-    accumulate locally before one allreduce. With ``COMM_TIMER.enabled`` the wait in
-    ``synchronize()`` is timed (average only: Adasum reduces inside ``step()``).
+    accumulate locally before one allreduce. ``COMM_CLOCK`` times the wait in ``synchronize()``.
     """
     if _hvd is None or _runtime.size == 1:
         return optimizer
@@ -224,9 +225,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: It
     reduce_op = _hvd.Adasum if op == "adasum" else _hvd.Average
     wrapped = _hvd.DistributedOptimizer(optimizer, named_parameters=list(named_parameters), compression=comp,
                                         backward_passes_per_step=backward_passes_per_step, op=reduce_op)
-    if COMM_TIMER.enabled and op != "adasum":
-        wrapped.synchronize = _timed_synchronize(wrapped.synchronize, _runtime.device)
-    return wrapped
+    return COMM_CLOCK.wrap_synchronize(wrapped)
 
 
 # ------------------------------------------------------------------------------ agreement on failure

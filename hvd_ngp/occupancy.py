@@ -42,6 +42,8 @@ class OccupancyGrid(nn.Module):
         n = self.resolution ** 3
         self.register_buffer("density", torch.zeros(n_cascades, n))
         self.register_buffer("occupied", torch.ones(n_cascades, n, dtype=torch.bool))
+        # cells no training camera sees: never occupied, never refreshed (instant-ngp's "untrained" cells)
+        self.register_buffer("visible", torch.ones(n_cascades, n, dtype=torch.bool))
 
     @property
     def n_cells(self) -> int:
@@ -115,12 +117,36 @@ class OccupancyGrid(nn.Module):
             scale = torch.pow(2.0, (idx // self.resolution ** 3).float()) * step_size
             fresh.scatter_reduce_(0, idx, sigma * scale, reduce="amax")
         fresh = dist.allreduce(fresh, "max", name="occupancy.update")
-        self.density.copy_(torch.maximum(self.density * self.decay, fresh.view_as(self.density)))
+        decayed = torch.maximum(self.density * self.decay, fresh.view_as(self.density))
+        self.density.copy_(torch.where(self.visible, decayed, torch.zeros_like(decayed)))
         self.refresh_occupied()
 
     def refresh_occupied(self) -> None:
-        thr = min(self.threshold, float(self.density.mean()))
-        self.occupied.copy_(self.density > thr)
+        """occupied = visible and above min(threshold, mean over visible cells)."""
+        mean = float(self.density[self.visible].mean()) if bool(self.visible.any()) else 0.0
+        self.occupied.copy_(self.visible & (self.density > min(self.threshold, mean)))
+
+    @torch.no_grad()
+    def mark_unseen(self, c2w: Tensor, intrinsics: Tensor, sizes: Tensor, near: float = 0.0) -> float:
+        """Mark cells whose centre no camera sees (in front of it, inside its image) as never occupied.
+
+        c2w ``[N, 3, 4]`` ngp convention, intrinsics ``[N, 4]``, sizes ``[N, 2]`` (width, height).
+        Deterministic, so every rank computes the same mask. Returns the visible fraction.
+        """
+        dev = self.density.device
+        cells = torch.arange(self.n_cells, device=dev)
+        centres = self.cell_positions(cells, torch.full((self.n_cells, 3), 0.5, device=dev))
+        seen = torch.zeros(self.n_cells, dtype=torch.bool, device=dev)
+        c2w, intr, sizes = c2w.to(dev).float(), intrinsics.to(dev).float(), sizes.to(dev).float()
+        for i in range(c2w.shape[0]):
+            rel = (centres - c2w[i, :, 3]) @ c2w[i, :, :3]            # camera coordinates (x right, y down, z fwd)
+            z = rel[:, 2]
+            u = intr[i, 0] * rel[:, 0] / z.clamp(min=1e-6) + intr[i, 2]
+            v = intr[i, 1] * rel[:, 1] / z.clamp(min=1e-6) + intr[i, 3]
+            seen |= (z > near) & (u >= 0) & (u <= sizes[i, 0]) & (v >= 0) & (v <= sizes[i, 1])
+        self.visible.copy_(seen.view_as(self.visible))
+        self.refresh_occupied()
+        return float(seen.float().mean())
 
     def occupancy_fraction(self) -> float:
         return float(self.occupied.float().mean())

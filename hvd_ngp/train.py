@@ -31,7 +31,8 @@ from .errors import ConfigError, run_cli
 from .field import NGPField
 from .clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate
-from .metrics import IntervalStats, mse_to_psnr
+from .hvdtools import apply as apply_horovod_tools
+from .monitor import Monitor, MonitorSettings
 from .occupancy import OccupancyGrid, n_cascades_for
 from .profiling import NULL_TIMER, StageTimer
 
@@ -68,7 +69,10 @@ class Marching:
             raise ConfigError(f"{source}: marching.cone_angle must be 'auto' or a number >= 0, got {cone!r}")
         dt_min = math.sqrt(3.0) / steps
         dt_max = dt_min * 2 ** (n_cascades_for(scene_aabb_scale) - 1) * max(steps / res, 1.0)
-        schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)))
+        near = float(block.get("near_distance", 0.1))
+        if near < 0:
+            raise ConfigError(f"{source}: marching.near_distance must be >= 0, got {near}")
+        schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)), near)
         return Marching(schedule, float(block["early_termination"]), int(block["update_interval"]),
                         int(block["warmup_steps"]))
 
@@ -304,6 +308,7 @@ class Trainer:
     @staticmethod
     def build(args: argparse.Namespace) -> "Trainer":
         comm: CommSettings = args.comm
+        apply_horovod_tools(args)  # timeline/autotune/stall-check variables must precede Horovod's init
         rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
         use_cuda = rt.device.type == "cuda"
         notes = comm.check_runtime(rt.size, rt.local_size, rt.controller, use_cuda, os.environ)
@@ -328,6 +333,8 @@ class Trainer:
         field = NGPField(model, scene.aabb, backend).to(rt.device)
         grid = make_grid(model["marching"], scene).to(rt.device)
         march = Marching.from_config(model["marching"], scene.aabb_scale, source)
+        seen = grid.mark_unseen(scene.train.c2w, scene.train.intrinsics, scene.train.sizes, march.schedule.near)
+        dist.log(f"occupancy grid: {100 * seen:.1f}% of the cells are seen by a training camera")
         optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
         start_step = 0
         if args.load_snapshot:
@@ -373,7 +380,7 @@ class Trainer:
             timer.mark("occupancy update")
         n_rays = self.budget.n_rays * self.args.comm.backward_passes_per_step  # the budget is per backward pass
         rays = self.sampler.sample(n_rays)
-        if self.scene.has_alpha and args.train_background == "random":
+        if args.train_background == "random":  # also for opaque scenes: it teaches full opacity
             background = torch.rand((n_rays, 3), generator=self.generator, device=rt.device)
         else:
             background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
@@ -411,7 +418,9 @@ def run(args: argparse.Namespace) -> RunResult:
     history: list[dict] = []   # one entry per log interval
     curve: list[dict] = []     # test PSNR/SSIM against training time
     eval_at = sorted(args.eval_at_s)
-    stats = IntervalStats()
+    monitor = dist.agree(lambda: Monitor(MonitorSettings.from_args(args), args.n_steps, tr.start_step),
+                         "starting the monitor")
+    stats = monitor.new_interval()
     total_samples = 0.0
     clock = TrainClock(rt.device)
     step = tr.start_step
@@ -419,17 +428,16 @@ def run(args: argparse.Namespace) -> RunResult:
         res, n_rays = tr.step(step)
         stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
         step += 1
+        monitor.tick()
 
         if step % args.log_every == 0 or step == args.n_steps:
-            r = stats.reduce(rt.device)
-            total_samples += r["samples"]
             seconds = clock.seconds()
-            dist.log(f"[step {step}] {r['samples'] / max(r['seconds'], 1e-9) / 1e6:.3f} M samples/s | "
-                     f"{r['rays_per_step']:.0f} rays/step | loss {r['loss']:.5f} | train PSNR {mse_to_psnr(r['mse']):.2f} | "
-                     f"occupied {100 * grid.occupancy_fraction():.1f}% | {seconds:.1f} s")
+            r = monitor.end_interval(step, stats, seconds, grid.occupancy_fraction())  # one collective; rank 0 prints
+            total_samples += r["samples"]
             history.append({"step": step, "seconds": round(seconds, 3), "loss": r["loss"],
-                            "train_psnr": mse_to_psnr(r["mse"]), "samples_per_sec": r["samples"] / max(r["seconds"], 1e-9)})
-            stats = IntervalStats()
+                            "train_psnr": r["train_psnr"], "samples_per_sec": r["samples_per_s"],
+                            **{k: r[k] for k in ("interval_s", "comm_fraction", "gpu_util", "energy_j")}})
+            stats = monitor.new_interval()
         # Evaluation points and the time budget, decided from one shared clock reading every 8 steps.
         due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
         if (eval_at or args.time_budget_s) and step % 8 == 0:
@@ -441,7 +449,7 @@ def run(args: argparse.Namespace) -> RunResult:
             stop = False
         if due and not stop:
             seconds = clock.seconds()
-            with clock.paused():
+            with clock.paused(), monitor.paused():
                 ev = tr.evaluate()
             stats.started += clock.last_pause
             curve.append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
@@ -449,9 +457,10 @@ def run(args: argparse.Namespace) -> RunResult:
                      f"at {seconds:.1f} s")
         if stop:
             break
-    if stats.steps:  # the partial interval before a time-budget stop
-        total_samples += stats.reduce(rt.device)["samples"]
     train_seconds = clock.seconds()
+    if stats.steps:  # the partial interval before a time-budget stop
+        total_samples += monitor.end_interval(step, stats, train_seconds, grid.occupancy_fraction())["samples"]
+    monitor.close()
 
     ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
     curve.append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})

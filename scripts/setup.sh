@@ -74,7 +74,8 @@ fi
 # Triton: the GPU kernels; on CPU-only machines its interpreter runs their parity tests.
 have triton || "${PIP[@]}" "triton>=3.2,<4"
 "${PIP[@]}" "numpy>=1.24" "opencv-python-headless>=4.8" "configargparse>=1.7" "pytest>=7" "pytest-timeout" \
-  "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ninja pyroute2 ${HVD_NGP_EXTRAS:-}
+  "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ninja pyroute2 \
+  "tqdm>=4.60" "nvidia-ml-py>=12" "tensorboard>=2.14" ${HVD_NGP_EXTRAS:-}
 
 # ---------------------------------------------------------------- Horovod (patched 0.28.1, cached wheel)
 read -r PYV TORCHV CUDAV < <("$PY" -c 'import sys, torch; print(f"{sys.version_info[0]}{sys.version_info[1]}", torch.__version__.replace("+", "_"), torch.version.cuda or "cpu")')
@@ -126,7 +127,7 @@ fi
 
 # ---------------------------------------------------------------- this project (editable)
 if ! "$PY" -c 'import hvd_ngp, sys; sys.exit(0 if hvd_ngp.__file__.startswith(sys.argv[1]) else 1)' "$ROOT" 2>/dev/null \
-   || [[ ! -x "$VENV/bin/hvd-ngp-train" ]]; then
+   || [[ ! -x "$VENV/bin/hvd-ngp-train" ]] || [[ ! -x "$VENV/bin/hvd-ngp-doctor" ]]; then
   log "installing hvd_ngp (editable)"
   "${PIP[@]}" --no-build-isolation --no-deps -e "$ROOT"
 fi

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT, TINY_ARGS
 from hvd_ngp.bench.__main__ import available
-from hvd_ngp.bench._scaling_rank import steady_throughput
+from hvd_ngp.bench._scaling_rank import interval_mean, steady_throughput
 from hvd_ngp.bench.scaling import rank_counts, summarize, time_to
 
 
@@ -36,6 +36,9 @@ def test_summary_arithmetic():
                {"seconds": 16.0, "samples_per_sec": 4.0}]
     assert steady_throughput(history) == pytest.approx(3.0)
     assert steady_throughput(history[:1]) == pytest.approx(1.0)
+    monitored = [{"interval_s": 1.0, "comm_fraction": 0.1}, {"interval_s": 3.0, "comm_fraction": 0.3}]
+    assert interval_mean(monitored, "comm_fraction") == pytest.approx(0.25)
+    assert interval_mean([*monitored, {"interval_s": 1.0, "comm_fraction": None}], "comm_fraction") is None
     assert rank_counts("4,1,2", None) == [1, 2, 4] and rank_counts("auto", 6) == [1, 2, 4]
     run = lambda n, rate: {"ranks": n, "nodes": 1, "steady_samples_per_sec": rate, "gpu_util_percent": None,  # noqa: E731
                            "comm_share": 0.1, "samples_per_joule": None, "test_psnr": 30.0,

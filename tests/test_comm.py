@@ -34,6 +34,10 @@ def test_flags_beat_environment_beats_defaults():
     assert "HOROVOD_CYCLE_TIME" not in env and "HOROVOD_FUSION_THRESHOLD" not in env  # horovodrun's values stay
     env = settings("--cycle_time_ms", "0.5", "--fusion_threshold_mb", "64").init_env(from_horovodrun, use_cuda=True)
     assert env["HOROVOD_CYCLE_TIME"] == "0.5" and env["HOROVOD_FUSION_THRESHOLD"] == str(64 * 2**20)
+    # Horovod's autotuner only tunes what is not set: our defaults step aside, explicit flags do not
+    env = settings().init_env({"HOROVOD_AUTOTUNE": "1"}, use_cuda=True)
+    assert "HOROVOD_CYCLE_TIME" not in env and "HOROVOD_FUSION_THRESHOLD" not in env
+    assert settings("--cycle_time_ms", "2").init_env({"HOROVOD_AUTOTUNE": "1"}, True)["HOROVOD_CYCLE_TIME"] == "2"
 
 
 def test_hierarchical_auto_follows_the_launch():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from hvd_ngp.config import CPU_CONFIG, parse_args
@@ -66,3 +67,25 @@ def test_training_curve_and_render_tool(tmp_path, scene_cache):
     assert (tmp_path / "r" / "orbit.mp4").stat().st_size > 0
     assert sorted(p.name for p in (tmp_path / "r" / "test").iterdir()) == ["test_000.png", "test_001.png"]
     assert json.loads((tmp_path / "r" / "render.json").read_text())["video"].endswith("orbit.mp4")
+
+
+def test_orbit_sweeps_only_the_covered_arc():
+    from hvd_ngp.render.camera_path import azimuth_range
+
+    start, span = azimuth_range(np.radians([10, 40, 70, 100]))
+    assert np.degrees(start) == pytest.approx(10) and np.degrees(span) == pytest.approx(90)
+    assert azimuth_range(np.radians(np.arange(0, 360, 30)))[1] == pytest.approx(2 * np.pi)
+
+
+def test_cells_no_camera_sees_are_never_occupied():
+    from hvd_ngp import dist
+    from hvd_ngp.occupancy import OccupancyGrid
+
+    dist.init("cpu")
+    grid = OccupancyGrid(torch.tensor([[0.0] * 3, [1.0] * 3]), resolution=8)
+    # one camera at x = -1 looking along +x with a narrow field of view: it sees a cone around the x axis
+    c2w = torch.tensor([[[0.0, 0.0, 1.0, -1.0], [0.0, 1.0, 0.0, 0.5], [-1.0, 0.0, 0.0, 0.5]]])
+    seen = grid.mark_unseen(c2w, torch.tensor([[100.0, 100.0, 10.0, 10.0]]), torch.tensor([[20, 20]]))
+    assert 0 < seen < 0.5
+    grid.update(lambda x: torch.full((x.shape[0],), 5.0), 0.01, step=0, warmup_steps=10, seed=0)
+    assert torch.equal(grid.occupied, grid.visible) and bool((grid.density[~grid.visible] == 0).all())

@@ -148,3 +148,23 @@ def test_llff_prefers_downscaled_folder(tmp_path):
     (tmp_path / "tmp2" / "images_2").rename(tmp_path / "llff" / "images_2")
     s = load_scene(tmp_path / "llff", downscale=2, holdout_every=0)
     assert s.train.sizes[0].tolist() == [8, 6] and s.train.intrinsics[0, 0] == pytest.approx(10.0)
+
+
+def test_direction_maps_match_exact_undistortion(tmp_path):
+    """The sampler's precomputed direction maps give the same rays as undistorting each ray exactly."""
+    from hvd_ngp.data.cameras import pixel_rays
+    from hvd_ngp.data.sampler import RaySampler
+
+    for fields in ({"k1": 0.15, "k2": -0.05, "p1": 0.01, "p2": -0.005}, {"is_fisheye": True, "k1": 0.05}):
+        s = scene_with(tmp_path / str(len(fields)), fl_x=24.0, size=(24, 18), n=2, **fields)
+        sampler = RaySampler(s.train, 0, 1, 0, CPU)
+        assert sampler.direction_maps is not None
+        img, y, x = s.train.locate(torch.randint(0, s.train.n_pixels, (500,)))
+        u = x.float() + torch.rand(500)
+        v = y.float() + torch.rand(500)
+        exact = pixel_rays(s.train.c2w[img], s.train.intrinsics[img], u, v, s.train.distortion[img], s.train.fisheye[img])[1]
+        c2w = s.train.c2w[img]
+        mapped = torch.einsum("nij,nj->ni", c2w[:, :, :3], sampler.direction_maps.directions(img, u, v))
+        mapped = mapped / mapped.norm(dim=-1, keepdim=True)
+        # interpolation error of the smooth distortion: below 1% of a pixel's angular size (1 / 24 rad here)
+        torch.testing.assert_close(mapped, exact, atol=0.01 / 24, rtol=0)

@@ -3,8 +3,8 @@
     python -m hvd_ngp.bench._scaling_rank --result PATH [--ceiling_repeats N] -- <trainer options>
 
 1. the allreduce ceiling (Horovod vs raw torch.distributed) for this model's gradient sizes;
-2. training as ``hvd_ngp.train`` does it, with the wait for gradient allreduces timed and the GPU
-   sampled (NVML);
+2. training as ``hvd_ngp.train`` does it; its monitor measures, per log interval, the share of time
+   blocked in collectives, GPU utilisation and energy (NVML);
 3. rank 0 writes {throughput, communication share, GPU utilization, energy, PSNR history, ceiling}.
 """
 
@@ -25,7 +25,6 @@ from ..field import NGPField
 from ..launch import split_program_args
 from ..train import run
 from . import _collectives
-from ._nvml import GpuMonitor
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,39 +49,39 @@ def steady_throughput(history: list[dict]) -> float:
     return sum(rate * s for rate, s in intervals) / seconds if seconds > 0 else 0.0
 
 
+def interval_mean(history: list[dict], key: str) -> float | None:
+    """Time-weighted mean of a monitor field over the log intervals; None when any interval lacks it."""
+    pairs = [(h.get(key), h.get("interval_s") or 0.0) for h in history]
+    seconds = sum(s for _, s in pairs)
+    if not pairs or seconds <= 0 or any(v is None for v, _ in pairs):
+        return None
+    return sum(v * s for v, s in pairs) / seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     own, trainer_argv = split_program_args(sys.argv[1:] if argv is None else argv)
     opts = build_parser().parse_args(own)
     args = parse_args(trainer_argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
     comm = args.comm
-    dist.COMM_TIMER.enabled = True
     rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
     ceiling = _collectives.measure(gradient_sizes(args.model), comm.block, opts.ceiling_repeats)
 
-    monitor = GpuMonitor(rt.device).start()
-    result = run(args)
-    gpu = monitor.stop()
-    train_s = result.metrics["train_seconds"]
-    mine = {"comm_s": dist.COMM_TIMER.seconds, "steps_timed": dist.COMM_TIMER.calls,
-            "util_percent": gpu["util_percent"], "energy_j": gpu["energy_j"]}
-    ranks = dist.allgather_object(mine, name="bench.ranks")
+    result = run(args)  # the monitor measures comm share, GPU utilisation and energy per log interval
     if rt.is_root:
-        energies = [r["energy_j"] for r in ranks]
-        utils = [r["util_percent"] for r in ranks]
+        history, train_s = result.metrics["history"], result.metrics["train_seconds"]
+        energies = [h.get("energy_j") for h in history]
+        energy = None if not energies or None in energies else sum(energies)
         samples = result.metrics["samples_per_sec"] * train_s
         out = {
             "ranks": rt.size, "nodes": rt.cross_size, "device": result.metrics["device"],
             "controller": rt.controller, "steps": result.step, "train_seconds": train_s,
-            "samples_per_sec": result.metrics["samples_per_sec"],
-            "steady_samples_per_sec": steady_throughput(result.metrics["history"]),
-            "comm_share": (sum(r["comm_s"] for r in ranks) / len(ranks) / train_s) if train_s > 0 else None,
-            "gpu_util_percent": None if None in utils else sum(utils) / len(utils),
-            "gpu_util_min_percent": None if None in utils else min(utils),
-            "energy_j": None if None in energies else sum(energies),
-            "samples_per_joule": None if None in energies or not sum(energies) else samples / sum(energies),
+            "samples_per_sec": result.metrics["samples_per_sec"], "steady_samples_per_sec": steady_throughput(history),
+            "comm_share": interval_mean(history, "comm_fraction") if rt.size > 1 else 0.0,
+            "gpu_util_percent": interval_mean(history, "gpu_util"),
+            "energy_j": energy, "samples_per_joule": samples / energy if energy else None,
             "test_psnr": result.metrics["test_psnr"],
             "psnr_curve": [(c["seconds"], c["psnr"]) for c in result.metrics["curve"]],
-            "communication": result.metrics["communication"], "ceiling": ceiling, "per_rank": ranks,
+            "communication": result.metrics["communication"], "ceiling": ceiling,
         }
         Path(opts.result).parent.mkdir(parents=True, exist_ok=True)
         Path(opts.result).write_text(json.dumps(out, indent=1))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .cameras import pixel_rays
+from .cameras import DirectionMaps, pixel_rays
 from .scene import Frames
 
 
@@ -41,6 +41,9 @@ class RaySampler:
         self.has_distortion = bool((frames.distortion != 0).any())
         self.n_pixels = frames.n_pixels
         self.has_fisheye = bool(frames.fisheye.any())
+        self.direction_maps = (DirectionMaps(frames.intrinsics, frames.distortion, frames.fisheye, frames.sizes, device)
+                               if DirectionMaps.worthwhile(frames.distortion, frames.fisheye, frames.intrinsics,
+                                                           frames.sizes) else None)
         self.shard_size = (self.n_pixels - rank + world_size - 1) // world_size
         if self.shard_size <= 0:
             raise ValueError(f"rank {rank} owns no pixels: {self.n_pixels} pixels for {world_size} ranks")
@@ -64,9 +67,14 @@ class RaySampler:
             off = torch.rand((pixel.shape[0], 2), generator=self.generator, device=self.device)
         else:
             off = torch.full((pixel.shape[0], 2), 0.5, device=self.device)
-        o, d = pixel_rays(f.c2w[img], f.intrinsics[img], x.float() + off[:, 0], y.float() + off[:, 1],
-                          f.distortion[img] if self.has_distortion else None,
-                          f.fisheye[img] if self.has_fisheye else None)
+        u, v = x.float() + off[:, 0], y.float() + off[:, 1]
+        if self.direction_maps is not None:
+            c2w = f.c2w[img]
+            d = torch.einsum("nij,nj->ni", c2w[:, :, :3], self.direction_maps.directions(img, u, v))
+            o, d = c2w[:, :, 3], d / d.norm(dim=-1, keepdim=True)
+        else:
+            o, d = pixel_rays(f.c2w[img], f.intrinsics[img], u, v, f.distortion[img] if self.has_distortion else None,
+                              f.fisheye[img] if self.has_fisheye else None)
         rgba = f.images[img, y, x].float() / 255.0
         return RayBatch(o, d, rgba, pixel)
 

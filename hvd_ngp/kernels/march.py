@@ -2,9 +2,11 @@
 
 Twin of ``hvd_ngp.render.march`` (the dense-lane reference): the same sample positions
 ``T(F(t_near) + k + jitter)``, the same cascade choice and the same occupancy test, evaluated
-step by step per ray in registers instead of in a [rays, steps] tensor. The samples come out
-packed ray-major into buffers of a fixed ``capacity``; a ray whose samples do not all fit is
-marked by ``ray_count = 0`` past the capacity (it renders as empty and the trainer drops it).
+step by step in registers instead of in a [rays, steps] tensor. Each ray's steps are split into
+segments of ``SEGMENT`` steps marched by different programs, so a few long rays (large scenes)
+still fill the GPU; per-segment counts give every segment its place in the output. The samples
+come out packed ray-major into buffers of a fixed ``capacity``; a ray whose samples do not all
+fit gets ``count = 0`` and ``fits = False`` (it renders as empty and the trainer drops it).
 No host synchronisation: the total is returned as a device tensor.
 """
 
@@ -47,11 +49,13 @@ def _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE: tl.constexpr):
 
 
 @triton.jit
-def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, t_ptr, dt_ptr, ray_ptr, R,
+def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t_ptr, dt_ptr, ray_ptr, R,
            lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, c_x, c_y, c_z, h_x, h_y, h_z, cell0,
-           dt_min, dt_max, t1, t2, s1, s2, lc, max_steps, capacity,
-           RES: tl.constexpr, K: tl.constexpr, CONE: tl.constexpr, WRITE: tl.constexpr, BLOCK: tl.constexpr):
+           dt_min, dt_max, t1, t2, s1, s2, lc, near, max_steps, capacity,
+           RES: tl.constexpr, K: tl.constexpr, CONE: tl.constexpr, WRITE: tl.constexpr, BLOCK: tl.constexpr,
+           SEGMENT: tl.constexpr, NSEG: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    seg = tl.program_id(1)
     m = r < R
     ox = tl.load(o_ptr + r * 3 + 0, mask=m, other=0.0)
     oy = tl.load(o_ptr + r * 3 + 1, mask=m, other=0.0)
@@ -68,16 +72,17 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, t_ptr, dt_p
     ay, by = (lo_y - oy) * iy, (hi_y - oy) * iy
     az, bz = (lo_z - oz) * iz, (hi_z - oz) * iz
     t_near = tl.maximum(tl.maximum(tl.maximum(tl.minimum(ax, bx), tl.minimum(ay, by)), tl.minimum(az, bz)), 0.0)
+    t_near = tl.maximum(t_near, near)
     t_far = tl.minimum(tl.minimum(tl.maximum(ax, bx), tl.maximum(ay, by)), tl.maximum(az, bz))
     s0 = _coord(t_near, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) + j
     active = m & (t_far > t_near)
     if WRITE:
-        base = tl.load(start_ptr + r, mask=m, other=0)
-        fits = tl.load(count_ptr + r, mask=m, other=0) > 0
-        active = active & fits
+        base = tl.load(start_ptr + r * NSEG + seg, mask=m, other=0)
+        active = active & (tl.load(fits_ptr + r, mask=m, other=0) != 0)
     n = tl.zeros((BLOCK,), dtype=tl.int32)
-    k = 0
-    while (tl.sum(active.to(tl.int32), axis=0) > 0) & (k < max_steps):
+    k = seg * SEGMENT
+    k_end = tl.minimum(k + SEGMENT, max_steps)
+    while (tl.sum(active.to(tl.int32), axis=0) > 0) & (k < k_end):
         s = s0 + k
         t = _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE)
         active = active & (t < t_far)
@@ -110,7 +115,7 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, t_ptr, dt_p
         n += emit.to(tl.int32)
         k += 1
     if not WRITE:
-        tl.store(count_ptr + r, n, mask=m)
+        tl.store(count_ptr + r * NSEG + seg, n, mask=m)
 
 
 @dataclass
@@ -141,6 +146,7 @@ def schedule_constants(schedule: StepSchedule) -> tuple[float, ...]:
 
 
 BLOCK = 64
+SEGMENT = 64
 
 
 def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
@@ -156,13 +162,19 @@ def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupa
     center, half0 = grid.center.tolist(), grid.half0.tolist()
     cell0 = 2 * max(half0) / grid.resolution
     consts = schedule_constants(schedule)
-    count = torch.zeros(R, device=dev, dtype=torch.int32)
-    grid_fn = (triton.cdiv(max(R, 1), BLOCK),)
-    common = dict(RES=grid.resolution, K=grid.n_cascades, CONE=schedule.cone_angle > 0, BLOCK=BLOCK)
-    args = (*lo, *hi, *center, *half0, cell0, *consts, schedule.max_steps)
+    nseg = triton.cdiv(schedule.max_steps, SEGMENT)
+    seg_count = torch.zeros(R, nseg, device=dev, dtype=torch.int32)
+    grid_fn = (triton.cdiv(max(R, 1), BLOCK), nseg)
+    common = dict(RES=grid.resolution, K=grid.n_cascades, CONE=schedule.cone_angle > 0, BLOCK=BLOCK,
+                  SEGMENT=SEGMENT, NSEG=nseg)
+    args = (*lo, *hi, *center, *half0, cell0, *consts, schedule.near, schedule.max_steps)
     if R:
-        _march[grid_fn](o, d, j, bits, count, count, count, count, count, R, *args, 0, WRITE=False, **common)
-    ends = torch.cumsum(count, 0, dtype=torch.int64)
+        _march[grid_fn](o, d, j, bits, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, R, *args, 0,
+                        WRITE=False, **common)
+    seg_ends = torch.cumsum(seg_count.view(-1), 0, dtype=torch.int64).view(R, nseg)
+    seg_start = (seg_ends - seg_count).to(torch.int32)
+    count = seg_count.sum(1, dtype=torch.int32)
+    ends = seg_ends[:, -1] if R else torch.zeros(0, dtype=torch.int64, device=dev)
     if capacity is None:
         capacity = int(ends[-1]) if R else 0
     t = torch.empty(capacity, device=dev, dtype=torch.float32)
@@ -172,6 +184,7 @@ def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupa
     fits = ends <= capacity
     count = torch.where(fits, count, torch.zeros_like(count))
     if R and capacity:
-        _march[grid_fn](o, d, j, bits, count, start, t, dt, ray, R, *args, capacity, WRITE=True, **common)
+        _march[grid_fn](o, d, j, bits, seg_count, seg_start, fits.to(torch.int8), t, dt, ray, R, *args, capacity,
+                        WRITE=True, **common)
     total = (count.to(torch.int64)).sum()
     return PackedSamples(t, dt, ray, start, count, fits, total)

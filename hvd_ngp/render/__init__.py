@@ -42,6 +42,7 @@ class StepSchedule:
     dt_max: float
     cone_angle: float = 0.0
     max_steps: int = 4096  # safety cap on lanes per ray
+    near: float = 0.0      # marching starts this far from the ray origin
 
     def __post_init__(self) -> None:
         if not (self.dt_min > 0 and self.dt_max >= self.dt_min and self.cone_angle >= 0):
@@ -111,6 +112,7 @@ def march(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid
     """
     R = origins.shape[0]
     t_near, t_far = intersect_aabb(origins, directions, aabb)
+    t_near = t_near.clamp(min=schedule.near)
     hit = t_far > t_near
     s_near = schedule.coord(t_near)
     span = torch.where(hit, schedule.coord(t_far) - s_near, torch.zeros_like(s_near))

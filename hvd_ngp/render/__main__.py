@@ -25,12 +25,16 @@ from ..train import Marching, make_grid
 from .camera_path import orbit
 
 
-def path_frames(scene_frames: Frames, c2w: torch.Tensor) -> Frames:
-    """Frames for a camera path: the first training camera's intrinsics and size, no images."""
+def path_frames(scene_frames: Frames, c2w: torch.Tensor, max_side: int) -> Frames:
+    """Frames for a camera path: the first training camera's intrinsics, scaled so the longer image
+    side is at most ``max_side``; no images."""
     n = c2w.shape[0]
     w, h = scene_frames.image_size(0)
-    return Frames(torch.zeros(n, 1, 1, 4, dtype=torch.uint8), c2w, scene_frames.intrinsics[:1].expand(n, 4).clone(),
-                  torch.zeros(n, 6), torch.tensor([[w, h]] * n), scene_frames.fisheye[:1].expand(n).clone())
+    k = min(1.0, max_side / max(w, h))
+    intr = scene_frames.intrinsics[:1] * k
+    size = [max(1, round(w * k)), max(1, round(h * k))]
+    return Frames(torch.zeros(n, 1, 1, 4, dtype=torch.uint8), c2w, intr.expand(n, 4).clone(), torch.zeros(n, 6),
+                  torch.tensor([size] * n), scene_frames.fisheye[:1].expand(n).clone())
 
 
 def write_video(frames_dir: Path, n: int, path: Path, fps: int) -> None:
@@ -56,6 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--video", choices=("orbit", "spiral", "none"), default="orbit", help="camera path for the video")
     p.add_argument("--n_frames", type=int, default=120)
     p.add_argument("--fps", type=int, default=30)
+    p.add_argument("--video_size", type=int, default=960, help="longer side of video frames, in pixels")
     p.add_argument("--downscale", type=int, default=None, help="image downscale (default: as in training)")
     p.add_argument("--background", choices=tuple(BACKGROUNDS), default=None)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -91,7 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.video != "none":
         import cv2
 
-        path = path_frames(scene.train, orbit(scene.train.c2w, scene.up, args.n_frames, args.video == "spiral"))
+        path = path_frames(scene.train, orbit(scene.train.c2w, scene.up, args.n_frames, args.video == "spiral"),
+                           args.video_size)
         frames_dir = out / f"{args.video}_frames"
         frames_dir.mkdir(parents=True, exist_ok=True)
         bg = torch.tensor(BACKGROUNDS[background], device=rt.device)

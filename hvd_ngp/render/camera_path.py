@@ -23,9 +23,21 @@ def look_at_point(c2w: Tensor) -> np.ndarray:
     return np.linalg.lstsq(a, b, rcond=None)[0]
 
 
+def azimuth_range(azimuths: np.ndarray) -> tuple[float, float]:
+    """(start, span) of the arc the cameras cover: the full circle when they surround the target,
+    else the circle minus its largest empty gap (a capture from one side, like a wall-mounted fox)."""
+    a = np.sort(np.mod(azimuths, 2 * math.pi))
+    gaps = np.diff(np.concatenate([a, a[:1] + 2 * math.pi]))
+    i = int(np.argmax(gaps))
+    if gaps[i] <= math.pi / 2:
+        return 0.0, 2 * math.pi
+    return float(a[(i + 1) % len(a)]), float(2 * math.pi - gaps[i])
+
+
 def orbit(c2w: Tensor, up: list[float], n_frames: int, spiral: bool = False) -> Tensor:
     """Camera-to-world matrices ``[n_frames, 3, 4]`` (ngp convention: right, down, forward, centre)
-    circling the look-at point at the training cameras' median distance and elevation."""
+    circling the look-at point at the training cameras' median distance and elevation; when the
+    cameras cover only part of the circle, the path sweeps that arc and back."""
     target = look_at_point(c2w)
     up_v = np.asarray(up, dtype=np.float64)
     up_v /= np.linalg.norm(up_v)
@@ -35,9 +47,11 @@ def orbit(c2w: Tensor, up: list[float], n_frames: int, spiral: bool = False) -> 
     e1 = np.cross(up_v, [1.0, 0.0, 0.0] if abs(up_v[0]) < 0.9 else [0.0, 0.0, 1.0])
     e1 /= np.linalg.norm(e1)
     e2 = np.cross(up_v, e1)
+    start, span = azimuth_range(np.arctan2(offsets @ e2, offsets @ e1))
     out = []
     for i in range(n_frames):
-        az = 2 * math.pi * i / n_frames
+        phase = i / n_frames
+        az = start + (span * phase if span >= 2 * math.pi else span * (0.5 - 0.5 * math.cos(2 * math.pi * phase)))
         el = elev + (math.radians(15) * math.sin(2 * az) if spiral else 0.0)
         pos = target + radius * (math.cos(el) * (math.cos(az) * e1 + math.sin(az) * e2) + math.sin(el) * up_v)
         fwd = target - pos
