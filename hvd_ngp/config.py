@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 import configargparse
 
+from .comm import CommSettings
+from .comm import add_options as add_comm_options
 from .errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
@@ -207,6 +209,8 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=0,
                    help="CPU threads per rank (0: cores / ranks on this node)")
 
+    add_comm_options(p)
+
     g = p.add_argument_group("evaluation and output")
     g.add_argument("--out_dir", default="runs/latest", help="folder for renders, metrics and snapshots (rank 0 only)")
     g.add_argument("--metrics_json", default=None, help="write final metrics here as JSON (rank 0)")
@@ -317,3 +321,4 @@ def validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--gpu_sample_period_s must be positive, got {args.gpu_sample_period_s}")
     if args.n_rays_init > args.max_rays:
         raise ConfigError(f"--n_rays_init ({args.n_rays_init}) exceeds --max_rays ({args.max_rays})")
+    args.comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated
