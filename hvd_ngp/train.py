@@ -8,31 +8,37 @@ sample this rank's rays -> march + render -> loss -> backward -> Horovod allredu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import socket
 import sys
-import time
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import dist
-from .checkpoint import read_snapshot, restore_snapshot, save_snapshot
+from . import checkpoint, dist, elastic, faults
+from .checkpoint import CheckpointManager, resume
+from .control import RunClock
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
 from .data import Frames, Scene, load_scene
-from .data.sampler import RayBatch, RaySampler, image_rays
+from .data.sampler import RayBatch, image_rays
 from .encoding import resolve_backend
-from .errors import ConfigError, HvdNgpError
+from .elastic import lr_scale
+from .errors import ConfigError
+from .failures import NonFiniteGuard, Watchdog, report
 from .field import NGPField
 from .metrics import IntervalStats, mse_to_psnr
 from .occupancy import OccupancyGrid, n_cascades_for
 from .render import render_image, render_rays
+from .trainstate import TrainState, make_rank_streams
 
 
 # ------------------------------------------------------------------------------------ recipe
@@ -125,6 +131,7 @@ class StepResult:
     mse: Tensor
     n_samples: int
     n_candidates: int
+    skipped: bool = False  # a non-finite loss or gradients somewhere: no rank took the optimizer step
 
 
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -132,12 +139,14 @@ AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
-               scaler: torch.amp.GradScaler | None = None) -> StepResult:
+               scaler: torch.amp.GradScaler | None = None, guard: NonFiniteGuard | None = None,
+               step: int = 0) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
-    Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
-    must see every rank. With a gradient scaler (fp16), Horovod's pattern: synchronize (allreduce),
-    unscale, then step without a second synchronisation.
+    Every rank calls this every step, even with no samples: the gradient allreduce must see every
+    rank. Horovod's pattern: synchronize (allreduce), then (unscale with fp16 and) step without a
+    second synchronisation. With a ``guard``, every rank skips the step when the loss or the reduced
+    gradients are non-finite on any rank (``step`` is the 1-based step number, for messages).
     """
     device_type = rays.origins.device.type
     with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
@@ -145,22 +154,23 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
                           grid, march.dt, march.n_steps, march.early_termination, jitter)
     pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
     target = composite_background(rays.rgba, background)
-    loss = loss_fn(pred, target)
+    loss = faults.poison_loss(loss_fn(pred, target), step)  # identity unless a test arms HVD_NGP_FAULTS
+    if guard is not None:
+        guard.submit(loss)
     optimizer.zero_grad()
-    if scaler is None:
-        loss.backward()
-        optimizer.step()
-    else:
-        scaler.scale(loss).backward()
-        if hasattr(optimizer, "synchronize"):  # Horovod DistributedOptimizer
-            optimizer.synchronize()
+    (loss if scaler is None else scaler.scale(loss)).backward()
+    distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
+    if distributed:
+        optimizer.synchronize()
+    skipped = guard is not None and guard.should_skip(optimizer, step, check_gradients=scaler is None)
+    if not skipped:
+        if scaler is not None:
             scaler.unscale_(optimizer)
-            with optimizer.skip_synchronize():
-                scaler.step(optimizer)
-        else:
-            scaler.step(optimizer)
-        scaler.update()
-    return StepResult(loss.detach(), F.mse_loss(pred.detach(), target), out.n_samples, out.n_candidates)
+        with optimizer.skip_synchronize() if distributed else contextlib.nullcontext():
+            (optimizer.step() if scaler is None else scaler.step(optimizer))
+        if scaler is not None:
+            scaler.update()
+    return StepResult(loss.detach(), F.mse_loss(pred.detach(), target), out.n_samples, out.n_candidates, skipped)
 
 
 # ------------------------------------------------------------------------------------ evaluation
@@ -228,13 +238,13 @@ def run(args: argparse.Namespace) -> RunResult:
     torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
     source = args.model["_source"]
     backend = resolve_backend(args.backend, rt.device)
-    dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}], device {device_name(rt.device)}, "
-             f"config {source}, backend {backend}, host {socket.gethostname()}")
+    dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}{', elastic' if dist.elastic() else ''}], "
+             f"device {device_name(rt.device)}, config {source}, backend {backend}, host {socket.gethostname()}")
 
-    scene: Scene = dist.agree(lambda: load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
-                                                 train_split=args.train_split, test_split=args.test_split,
-                                                 holdout_every=args.holdout_every, downscale=args.downscale),
-                              "loading the scene")
+    scene: Scene = elastic.startup_agree(
+        lambda: load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
+                           train_split=args.train_split, test_split=args.test_split,
+                           holdout_every=args.holdout_every, downscale=args.downscale), "loading the scene")
     dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
              f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
              + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
@@ -244,104 +254,117 @@ def run(args: argparse.Namespace) -> RunResult:
     grid = make_grid(model["marching"], scene).to(rt.device)
     march = Marching.from_config(model["marching"], scene.aabb)
     optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
+    optimizer = dist.distributed_optimizer(optimizer, field.named_parameters())  # before any state is loaded into it
     loss_fn = make_loss(model["loss"], source)
-
-    start_step = 0
-    if args.load_snapshot:
-        def load() -> int:
-            if not rt.is_root:
-                return 0
-            return restore_snapshot(read_snapshot(args.load_snapshot, rt.device), field, grid, optimizer,
-                                    args.load_snapshot)
-        start_step = dist.broadcast_object(dist.agree(load, "loading the snapshot"), name="snapshot.step")
-        dist.broadcast_(grid.density, name="snapshot.grid")
-        grid.refresh_occupied()
-        dist.broadcast_state(field, optimizer)  # optimizer state first, then parameters (see dist)
-    else:
-        dist.broadcast_state(field)
-    optimizer = dist.distributed_optimizer(optimizer, field.named_parameters())
-
     scaler = torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None
-    sampler = RaySampler(scene.train, rt.rank, rt.size, args.seed, rt.device)
-    bg_gen = torch.Generator(device=rt.device)
-    bg_gen.manual_seed(args.seed * 7919 + rt.rank)
-    n_rays = args.n_rays_init
+    ts = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size, rt.device),
+                    n_rays=args.n_rays_init)
+
     out_dir = Path(args.out_dir)
-    if rt.is_root:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"{out_dir}: cannot create the output folder: {exc.strerror}") from None
+    ckpts = CheckpointManager(args.ckpt_dir or out_dir / "checkpoints", args.ckpt_every, args.ckpt_keep)
+    checkpointing = args.ckpt_every > 0 or args.ckpt_every_minutes > 0
+    elastic.startup_agree(lambda: prepare_outputs(args, out_dir, ckpts.directory if checkpointing else None),
+                          "preparing the output folders")
+    def reseed() -> None:
+        ts.reseed(scene.train, args.seed, dist.runtime().rank, dist.runtime().size)
+
+    resume(ts, args.resume or args.load_snapshot, ckpts, reseed, elastic=dist.elastic())
 
     dist.log(f"training {args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
              + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
                f"{march.n_steps} steps/ray max")
-    history: list[dict] = []
-    stats = IntervalStats()
-    total_samples = 0.0
-    train_seconds = 0.0
-    t_start = time.perf_counter()
-    step = start_step
-    while step < args.n_steps:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
-        if step % march.update_interval == 0:
-            grid.update(lambda x: field.query_density(x)[0], march.dt, step, march.warmup_steps, args.seed)
-        rays = sampler.sample(n_rays)
-        if scene.has_alpha and args.train_background == "random":
-            background = torch.rand((len(rays), 3), generator=bg_gen, device=rt.device)
-        else:
-            background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
-            background = background.expand(len(rays), 3)
-        jitter = torch.rand(len(rays), generator=bg_gen, device=rt.device)
-        res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter, args.precision, scaler)
-        stats.add(res.loss, res.mse, len(rays), res.n_samples, res.n_candidates)
-        # Adapt the ray count so the next step carries about target_samples samples (instant-ngp's rule).
-        per_ray = max(res.n_samples, 1) / len(rays)
-        n_rays = int(min(max(args.target_samples / per_ray, 64), args.max_rays)) // 64 * 64
-        step += 1
+    guard = NonFiniteGuard(args.nonfinite_limit)
+    clock = RunClock(args.time_budget_s, args.ckpt_every_minutes)
+    watchdog = Watchdog(args.watchdog_s, rt.rank).start()
+    config = {"args": vars_for_json(args)}
 
-        if step % args.log_every == 0 or step == args.n_steps:
-            if rt.device.type == "cuda":
-                torch.cuda.synchronize()
+    def train_loop(commit: Callable[[], None] | None = None) -> None:
+        """Steps from ``ts.step`` to the end (re-entered after an elastic reset)."""
+        rt = dist.runtime()
+        progress = ts.progress
+        stats = IntervalStats()
+        with watchdog.armed():
+            while ts.step < args.n_steps:
+                step = ts.step + 1  # the step being taken, 1-based like the log lines
+                faults.at_step(step)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_at(ts.step) * lr_scale(args.lr_scaling, rt.size)
+                if ts.step % march.update_interval == 0:
+                    grid.update(lambda x: field.query_density(x)[0], march.dt, ts.step, march.warmup_steps, args.seed)
+                rays = ts.sampler.sample(ts.n_rays)
+                if scene.has_alpha and args.train_background == "random":
+                    background = torch.rand((len(rays), 3), generator=ts.bg_gen, device=rt.device)
+                else:
+                    background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
+                    background = background.expand(len(rays), 3)
+                jitter = torch.rand(len(rays), generator=ts.bg_gen, device=rt.device)
+                res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter, args.precision, scaler,
+                                 guard, step)
+                if not res.skipped:
+                    stats.add(res.loss, res.mse, len(rays), res.n_samples, res.n_candidates)
+                # Adapt the ray count so the next step carries about target_samples samples (instant-ngp's rule).
+                per_ray = max(res.n_samples, 1) / len(rays)
+                ts.n_rays = int(min(max(args.target_samples / per_ray, 64), args.max_rays)) // 64 * 64
+                ts.step = step
+                watchdog.kick(step)
+
+                if step % args.log_every == 0 or step == args.n_steps:
+                    if rt.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    r = stats.reduce(rt.device)
+                    progress["train_seconds"] += r["seconds"]
+                    progress["total_samples"] += r["samples"]
+                    line = (f"[step {step}] {r['samples'] / max(r['seconds'], 1e-9) / 1e6:.3f} M samples/s | "
+                            f"{r['rays_per_step']:.0f} rays/step | loss {r['loss']:.5f} | train PSNR {mse_to_psnr(r['mse']):.2f} | "
+                            f"occupied {100 * grid.occupancy_fraction():.1f}% | {progress['train_seconds']:.1f} s")
+                    dist.log(line)
+                    progress["history"].append({"step": step, "seconds": round(progress["train_seconds"], 3), "loss": r["loss"],
+                                                "train_psnr": mse_to_psnr(r["mse"]),
+                                                "samples_per_sec": r["samples"] / max(r["seconds"], 1e-9)})
+                    if args.eval_every and step % args.eval_every == 0 and step < args.n_steps:
+                        with watchdog.paused():
+                            ev = evaluate(field, grid, scene.test, march, args.eval_background, args.n_eval_views)
+                        dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB over {ev['views']} views")
+                        progress["history"][-1]["test_psnr"] = ev["psnr"]
+                    stats = IntervalStats()
+                verdict = clock.poll(step)
+                if ckpts.due_by_steps(step) or verdict.checkpoint or (verdict.stop and checkpointing):
+                    with watchdog.paused():
+                        path = ckpts.write(ts, config)
+                    clock.checkpointed()
+                    dist.log(f"[step {step}] checkpoint {path}")
+                if commit is not None:
+                    commit()
+                if verdict.stop:
+                    break
+        if stats.steps:  # the partial interval before a time-budget stop
             r = stats.reduce(rt.device)
-            train_seconds += r["seconds"]
-            total_samples += r["samples"]
-            line = (f"[step {step}] {r['samples'] / max(r['seconds'], 1e-9) / 1e6:.3f} M samples/s | "
-                    f"{r['rays_per_step']:.0f} rays/step | loss {r['loss']:.5f} | train PSNR {mse_to_psnr(r['mse']):.2f} | "
-                    f"occupied {100 * grid.occupancy_fraction():.1f}% | {train_seconds:.1f} s")
-            dist.log(line)
-            history.append({"step": step, "seconds": round(train_seconds, 3), "loss": r["loss"],
-                            "train_psnr": mse_to_psnr(r["mse"]), "samples_per_sec": r["samples"] / max(r["seconds"], 1e-9)})
-            if args.eval_every and step % args.eval_every == 0 and step < args.n_steps:
-                ev = evaluate(field, grid, scene.test, march, args.eval_background, args.n_eval_views)
-                dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB over {ev['views']} views")
-                history[-1]["test_psnr"] = ev["psnr"]
-            stats = IntervalStats()
-        if args.time_budget_s and step % 8 == 0:
-            over = torch.tensor([1.0 if (rt.is_root and time.perf_counter() - t_start > args.time_budget_s) else 0.0])
-            if float(dist.allreduce(over, "max", name="time_budget")[0]) > 0:
-                break
-    if stats.steps:  # the partial interval before a time-budget stop
-        r = stats.reduce(rt.device)
-        train_seconds += r["seconds"]
-        total_samples += r["samples"]
+            progress["train_seconds"] += r["seconds"]
+            progress["total_samples"] += r["samples"]
+
+    if dist.elastic():
+        elastic.run(train_loop, ts, scene.train, args.seed, args.commit_every)
+    else:
+        train_loop()
+    watchdog.stop()
+    step, progress = ts.step, ts.progress
+    if checkpointing and not ckpts.due_by_steps(step) and not any(s == step for s, _ in ckpts.existing()):
+        dist.log(f"[step {step}] checkpoint {ckpts.write(ts, config)}")
 
     ev = evaluate(field, grid, scene.test, march, args.eval_background, args.n_eval_views,
                   out_dir / "renders", args.save_renders)
-    samples_per_sec = total_samples / max(train_seconds, 1e-9)
+    train_seconds = progress["train_seconds"]
+    samples_per_sec = progress["total_samples"] / max(train_seconds, 1e-9)
     dist.log(f"done: {step} steps in {train_seconds:.1f} s, {samples_per_sec / 1e6:.3f} M samples/s, "
              f"test PSNR {ev['psnr']:.2f} dB over {ev['views']} views")
     if args.save_snapshot:
-        inner = optimizer  # DistributedOptimizer is a subclass of the wrapped optimizer: its state_dict is the same
-        if rt.is_root:
-            save_snapshot(args.save_snapshot, field, grid, inner, step, {"args": vars_for_json(args)})
-        dist.barrier()
+        checkpoint.save(ts, args.save_snapshot, config)
+    rt = dist.runtime()
     metrics = {"world_size": rt.size, "steps": step, "train_seconds": round(train_seconds, 3),
                "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_views": ev["views"],
                "psnr_per_view": ev.get("psnr_per_view", []), "device": device_name(rt.device), "backend": backend,
                "precision": args.precision, "controller": rt.controller, "scene": scene.source, "config": source,
-               "history": history}
+               "nonfinite_skipped_steps": guard.skipped, "history": progress["history"]}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:
@@ -350,21 +373,42 @@ def run(args: argparse.Namespace) -> RunResult:
     return RunResult(field, grid, step, metrics)
 
 
+def prepare_outputs(args: argparse.Namespace, out_dir: Path, ckpt_dir: Path | None) -> None:
+    """Rank 0: create the output folders and prove they are writable now, not after hours of training."""
+    if not dist.runtime().is_root:
+        return
+    folders = [("output folder (--out_dir)", out_dir)]
+    if ckpt_dir is not None:
+        folders.append(("checkpoint folder (--ckpt_dir)", ckpt_dir))
+    for option in ("save_snapshot", "metrics_json"):
+        if getattr(args, option):
+            folders.append((f"folder of --{option}", Path(getattr(args, option)).parent))
+    for what, folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{folder}: cannot write to the {what}: {exc.strerror}") from None
+
+
 def vars_for_json(args: argparse.Namespace) -> dict:
     return {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, dict, list, type(None)))}
 
 
 def cli(argv: list[str] | None = None) -> None:
-    """Console-script wrapper: user errors become one line on stderr and exit status 2."""
+    """Console-script wrapper: any failure becomes one clear message naming the rank, and a fast non-zero exit.
+
+    User errors exit 2; unexpected exceptions 1 (see ``failures.report``). Leaving with ``os._exit``
+    matters: Horovod's shutdown waits for its background thread, which can block after an error.
+    """
     try:
         code = main(argv)
-    except HvdNgpError as exc:
-        rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")))
-        where = f"[rank {rank}] " if rank is not None else ""
-        print(f"{where}hvd_ngp: error: {exc}", file=sys.stderr, flush=True)
-        code = 2
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        code = report(exc)
     sys.stdout.flush()
-    # Horovod's shutdown waits for its background thread; after an error that can block: leave fast.
     os._exit(code) if code else sys.exit(0)
 
 
