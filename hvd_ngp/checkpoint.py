@@ -171,7 +171,7 @@ def capture(ts: TrainState, config: dict) -> dict | None:
 def save(ts: TrainState, path: str | os.PathLike, config: dict) -> Path:
     """Collective: gather, then rank 0 writes ``path`` atomically; a failed write is an error on every rank."""
     snap = capture(ts, config)
-    dist.agree(lambda: atomic_torch_save(snap, path) if snap is not None else None, f"writing checkpoint {path}")
+    dist.agree(lambda: atomic_torch_save(snap, path) if snap is not None else None, "writing a checkpoint")
     return Path(path)
 
 
@@ -196,7 +196,7 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
     fresh streams for its new shard, and the returned note says so (the trajectory then differs).
     """
     rt = dist.runtime()
-    dist.agree(lambda: _load_shared(ts, snap, source) if rt.is_root else None, f"loading {source}")
+    dist.agree(lambda: _load_shared(ts, snap, source) if rt.is_root else None, "loading the checkpoint")
     meta = None
     if rt.is_root:
         meta = {"step": int(snap["step"]), "world_size": int(snap.get("world_size", 0)),

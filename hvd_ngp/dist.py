@@ -292,7 +292,7 @@ def agree(fn: Callable[[], T], what: str) -> T:
         if message:
             raise RankFailure(message)
         return result
-    messages = allgather_object(message, name=f"agree.{what}")
+    messages = allgather_object(message, name="agree")  # not named after `what`: it may differ across ranks
     failed = [(r, m) for r, m in enumerate(messages) if m]
     if failed:
         r, m = failed[0]
