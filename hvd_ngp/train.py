@@ -17,7 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 import numpy as np
 import torch
@@ -227,9 +227,28 @@ class RunResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
+    try:
+        args = parse_args(argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
+    except ConfigError as exc:
+        report_on_every_rank(exc, "reading the configuration")
     run(args)
     return 0
+
+
+def report_on_every_rank(exc: ConfigError, what: str) -> NoReturn:
+    """Re-raise ``exc`` (an error before the communicator exists) so that every rank reports it.
+
+    Under a launcher the first rank to exit makes the launcher kill the others, possibly before
+    they printed their message; agreeing first makes every rank print it, and a rank whose own
+    configuration was fine (another environment) stops too instead of waiting for the others.
+    """
+    def fail() -> None:
+        raise exc
+
+    if dist.launched() and not dist.elastic():
+        dist.init("cpu")
+        dist.agree(fail, what)
+    raise exc
 
 
 def run(args: argparse.Namespace) -> RunResult:
@@ -249,13 +268,15 @@ def run(args: argparse.Namespace) -> RunResult:
              f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
              + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
 
-    model = args.model
-    field = NGPField(model, scene.aabb, backend).to(rt.device)
-    grid = make_grid(model["marching"], scene).to(rt.device)
-    march = Marching.from_config(model["marching"], scene.aabb)
-    optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
+    def build() -> tuple:
+        model = args.model
+        field = NGPField(model, scene.aabb, backend).to(rt.device)
+        optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
+        return (field, make_grid(model["marching"], scene).to(rt.device), Marching.from_config(model["marching"], scene.aabb),
+                optimizer, lr_at, make_loss(model["loss"], source))
+
+    field, grid, march, optimizer, lr_at, loss_fn = elastic.startup_agree(build, "building the model")
     optimizer = dist.distributed_optimizer(optimizer, field.named_parameters())  # before any state is loaded into it
-    loss_fn = make_loss(model["loss"], source)
     scaler = torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None
     ts = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size, rt.device),
                     n_rays=args.n_rays_init)

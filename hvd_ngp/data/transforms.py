@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ def read_json(path: Path) -> dict:
         raise SceneError(f"{path}: no such file") from None
     except OSError as exc:
         raise SceneError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SceneError(f"{path}: cannot read: not a UTF-8 text file (byte {exc.start}); expected transforms JSON") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -73,8 +76,43 @@ def _resolve_image(base: Path, file_path: str) -> Path | None:
     return None
 
 
+def frame_line(path: Path, index: int) -> int | None:
+    """1-based line on which ``frames[index]`` starts in the JSON file ``path`` (None when it cannot be told)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    found = re.search(r'"frames"\s*:\s*\[', text)
+    if found is None:
+        return None
+    decoder, pos = json.JSONDecoder(), found.end()
+    for i in range(index + 1):
+        pos = re.compile(r"[\s,]*").match(text, pos).end()
+        if i == index:
+            return text.count("\n", 0, pos) + 1
+        try:
+            pos = decoder.raw_decode(text, pos)[1]
+        except ValueError:
+            return None
+    return None
+
+
 def parse_transforms(path: Path, sharpness_threshold: float = 0.0) -> tuple[dict, list[_Frame], int, int]:
-    """Parse one transforms file -> (global fields, frames with an image on disk, #missing, #blurry)."""
+    """Parse one transforms file -> (global fields, frames with an image on disk, #missing, #blurry).
+
+    An error about one frame names the line it starts on (``transforms.json:57: frames[3]...``).
+    """
+    try:
+        return _parse_transforms(path, sharpness_threshold)
+    except SceneError as exc:
+        about_frame = re.match(re.escape(f"{path}: frames[") + r"(\d+)\]", str(exc))
+        line = frame_line(path, int(about_frame.group(1))) if about_frame else None
+        if line is None:
+            raise
+        raise SceneError(f"{path}:{line}: {str(exc)[len(str(path)) + 2:]}") from None
+
+
+def _parse_transforms(path: Path, sharpness_threshold: float) -> tuple[dict, list[_Frame], int, int]:
     data = read_json(path)
     frames_json = data.get("frames")
     if not isinstance(frames_json, list):
@@ -94,6 +132,8 @@ def parse_transforms(path: Path, sharpness_threshold: float = 0.0) -> tuple[dict
         if not isinstance(fp, str) or not fp:
             raise SceneError(f"{path}: {where}file_path is missing or not a string")
         m = f.get("transform_matrix")
+        if m is None:
+            raise SceneError(f"{path}: {where}transform_matrix is missing")
         try:
             arr = np.asarray(m, dtype=np.float64)
         except (TypeError, ValueError):
@@ -156,7 +196,11 @@ def build_frames(path: Path, data: dict, frames: list[_Frame], downscale: int, t
         images = list(pool.map(lambda f: read_image(f.image_path, downscale), frames))
     sizes = {im.shape[:2] for im in images}
     if len(sizes) > 1:
-        raise SceneError(f"{path}: images have different sizes {sorted(sizes)}; resize them or split the scene")
+        odd = next(i for i, im in enumerate(images) if im.shape[:2] != images[0].shape[:2])
+        (h0, w0), (h1, w1) = images[0].shape[:2], images[odd].shape[:2]
+        raise SceneError(f"{path}: images of different sizes ({len(sizes)} sizes): {frames[0].image_path.name} is "
+                         f"{w0}x{h0} but {frames[odd].image_path.name} is {w1}x{h1}; one resolution per split is "
+                         f"supported (per-frame intrinsics for mixed sizes are not): resize the images or split the scene")
     h, w = images[0].shape[:2]
     intrinsics = []
     for f, im in zip(frames, images):
