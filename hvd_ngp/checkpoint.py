@@ -175,16 +175,27 @@ def save(ts: TrainState, path: str | os.PathLike, config: dict) -> Path:
     return Path(path)
 
 
-def _load_shared(ts: TrainState, snap: dict, source: str) -> None:
-    """Rank 0: put ``snap``'s model, grid, optimizer and scaler into ``ts``."""
+def restore_snapshot(state: dict, field: torch.nn.Module, grid: torch.nn.Module,
+                     optimizer: torch.optim.Optimizer | None = None, source: str = "snapshot") -> int:
+    """Load a snapshot's model, grid (and optimizer) into the objects, locally; returns its step.
+
+    For tools that need the trained field only (the render tool); training resumes with ``resume``.
+    """
     try:
-        ts.field.load_state_dict(snap["model"])
-        ts.grid.load_state_dict(snap["grid"])
-        ts.optimizer.load_state_dict(snap["optimizer"])
-        if ts.scaler is not None and snap.get("scaler"):
-            ts.scaler.load_state_dict(snap["scaler"])
+        field.load_state_dict(state["model"])
+        grid.load_state_dict(state["grid"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, KeyError, ValueError) as exc:
         raise SnapshotError(f"{source}: does not match this model/config: {str(exc).splitlines()[0]}") from None
+    return int(state["step"])
+
+
+def _load_shared(ts: TrainState, snap: dict, source: str) -> None:
+    """Rank 0: put ``snap``'s model, grid, optimizer and scaler into ``ts``."""
+    restore_snapshot(snap, ts.field, ts.grid, ts.optimizer, source)
+    if ts.scaler is not None and snap.get("scaler"):
+        ts.scaler.load_state_dict(snap["scaler"])
 
 
 def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[], None]) -> str:

@@ -129,9 +129,21 @@ class NgpConfigFileParser(configargparse.ConfigFileParser):
                 raise ConfigError(f"{name}: unknown block {key!r} (known blocks: {', '.join(BLOCKS)}, training)")
             elif self.known and key not in self.known:
                 raise ConfigError(f"{name}: unknown option {key!r} (see --help for the trainer's options)")
+            elif isinstance(value, list):
+                items[key] = ",".join(str(v) for v in value)
             else:
-                items[key] = _scalar(value) if not isinstance(value, list) else [str(v) for v in value]
+                items[key] = _scalar(value)
         return items
+
+
+def _seconds_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in str(text).replace(" ", "").strip("[]").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated seconds, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"seconds must be positive, got {text!r}")
+    return sorted(values)
 
 
 def _scalar(value: Any) -> str:
@@ -185,8 +197,9 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--max_rays", type=int, default=1 << 20, help="upper bound of the adaptive ray count")
     g.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="autocast precision of the MLPs (fp16 uses a gradient scaler)")
-    g.add_argument("--backend", choices=("auto", "torch", "cpp"), default="auto",
-                   help="hash-grid backend: torch (reference), cpp (C++ CPU kernel); auto picks the fastest available")
+    g.add_argument("--backend", choices=("auto", "torch", "cpp", "triton"), default="auto",
+                   help="compute path: torch (reference), cpp (C++ CPU hash grid), triton (GPU kernels for the hash "
+                        "grid, marching and compositing); auto picks the fastest available")
     g.add_argument("--seed", type=int, default=1337, help="global seed; each rank's ray generator is seeded with seed + rank")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="compute device")
     g.add_argument("--threads", type=int, default=0,
@@ -197,6 +210,8 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--metrics_json", default=None, help="write final metrics here as JSON (rank 0)")
     g.add_argument("--log_every", type=int, default=100, help="steps between log lines")
     g.add_argument("--eval_every", type=int, default=0, help="evaluate test PSNR every N steps (0: only at the end)")
+    g.add_argument("--eval_at_s", type=_seconds_list, default=[], metavar="S1,S2,...",
+                   help="also evaluate when training time reaches these seconds (a PSNR-versus-time curve)")
     g.add_argument("--n_eval_views", type=int, default=0, help="test views used for PSNR (0: all)")
     g.add_argument("--save_renders", type=int, default=8, help="test renders written as PNG at the end")
     g.add_argument("--save_snapshot", default=None, help="write a snapshot here at the end (rank 0)")

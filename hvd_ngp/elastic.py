@@ -21,7 +21,6 @@ import math
 from typing import Callable, TypeVar
 
 from . import dist
-from .data.scene import Frames
 from .trainstate import TrainState
 
 T = TypeVar("T")
@@ -45,9 +44,12 @@ def startup_agree(fn: Callable[[], T], what: str) -> T:
     return fn() if dist.elastic() else dist.agree(fn, what)
 
 
-def run(train_loop: Callable[[Callable[[], None]], None], ts: TrainState, frames: Frames, seed: int,
+def run(train_loop: Callable[[Callable[[], None]], None], reseed: Callable[[], None], ts: TrainState,
         commit_every: int) -> None:
-    """Run ``train_loop(commit)`` elastically; ``commit()`` is called by the loop after every step."""
+    """Run ``train_loop(commit)`` elastically; the loop calls ``commit()`` after every step.
+
+    ``reseed()`` gives this rank its shard and fresh streams for the current world and ``ts.step``.
+    """
     if commit_every < 1:
         raise ValueError(f"commit_every must be >= 1, got {commit_every}")
     world = {"size": dist.runtime().size}
@@ -61,10 +63,9 @@ def run(train_loop: Callable[[Callable[[], None]], None], ts: TrainState, frames
     def body(state) -> None:
         ts.step, ts.n_rays, ts.progress = state.step, state.n_rays, state.progress
         ts.grid.refresh_occupied()
-        rt = dist.runtime()
         if ts.step > 0:  # after a reset, a resume or a late join: shard and streams for this world
-            ts.reseed(frames, seed, rt.rank, rt.size)
-            dist.log(f"elastic: step {ts.step} on {rt.size} rank(s)")
+            reseed()
+            dist.log(f"elastic: step {ts.step} on {dist.runtime().size} rank(s)")
 
         def commit() -> None:
             if ts.step % commit_every == 0:

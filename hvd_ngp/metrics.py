@@ -29,11 +29,11 @@ class IntervalStats:
     mse_sum: Tensor | float = 0.0
     steps: int = 0
     rays: int = 0
-    samples: int = 0
-    candidates: int = 0
+    samples: int | Tensor = 0     # device scalars on the fast path: summed on the device
+    candidates: int | Tensor = 0
     started: float = field(default_factory=time.perf_counter)
 
-    def add(self, loss: Tensor, mse: Tensor, rays: int, samples: int, candidates: int) -> None:
+    def add(self, loss: Tensor, mse: Tensor, rays: int, samples: int | Tensor, candidates: int | Tensor) -> None:
         self.loss_sum = self.loss_sum + loss.detach()
         self.mse_sum = self.mse_sum + mse.detach()
         self.steps += 1
@@ -44,8 +44,8 @@ class IntervalStats:
     def reduce(self, device: torch.device) -> dict:
         """Across ranks: totals of rays/samples, mean loss/mse, the slowest rank's wall time."""
         elapsed = time.perf_counter() - self.started
-        v = torch.tensor([float(self.loss_sum), float(self.mse_sum), self.steps, self.rays, self.samples, self.candidates, elapsed],
-                         dtype=torch.float64)
+        v = torch.tensor([float(self.loss_sum), float(self.mse_sum), self.steps, self.rays, float(self.samples),
+                          float(self.candidates), elapsed], dtype=torch.float64)
         total = dist.allreduce(v, "sum", name="metrics.interval")
         slowest = dist.allreduce(v[6:7].clone(), "max", name="metrics.interval_time")
         rt = dist.runtime()
@@ -59,3 +59,30 @@ class IntervalStats:
             "candidates": float(total[5]),
             "seconds": float(slowest[0]),
         }
+
+
+def _gaussian_window(size: int = 11, sigma: float = 1.5, device=None) -> Tensor:
+    x = torch.arange(size, dtype=torch.float32, device=device) - (size - 1) / 2
+    g = torch.exp(-(x ** 2) / (2 * sigma ** 2))
+    g = g / g.sum()
+    return g[:, None] * g[None, :]
+
+
+def ssim(a: Tensor, b: Tensor) -> float:
+    """Structural similarity of two images ``[H, W, C]`` in [0, 1] (Wang et al. 2004: 11x11 Gaussian
+    window, sigma 1.5, K1 0.01, K2 0.03, mean over the valid region and the channels)."""
+    c = a.shape[-1]
+    x = a.float().permute(2, 0, 1)[None]
+    y = b.float().permute(2, 0, 1)[None]
+    w = _gaussian_window(device=a.device).expand(c, 1, 11, 11)
+
+    def blur(t: Tensor) -> Tensor:
+        return torch.nn.functional.conv2d(t, w, groups=c)
+
+    mx, my = blur(x), blur(y)
+    sxx = blur(x * x) - mx * mx
+    syy = blur(y * y) - my * my
+    sxy = blur(x * y) - mx * my
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
+    return float(s.mean())

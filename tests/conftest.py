@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# Without a GPU, Triton kernels run under Triton's CPU interpreter; it must be chosen before any
+# kernel module is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("HVD_NGP_SHARED_DATA", ROOT.parent / "shared" / "data"))
 

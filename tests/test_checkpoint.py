@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import pickle
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -41,7 +42,7 @@ def build(seed: int) -> TrainState:
     field = NGPField(args.model, AABB)
     opt, _ = make_optimizer(field, args.model["optimizer"], "test")
     return TrainState(field, OccupancyGrid(AABB, 8), opt, None,
-                      *make_rank_streams(FRAMES, seed, 0, 1, torch.device("cpu")), n_rays=128)
+                      *make_rank_streams(FRAMES, seed, 0, 1, torch.device("cpu")), SimpleNamespace(n_rays=128))
 
 
 def advance(ts: TrainState) -> None:

@@ -137,8 +137,10 @@ def test_ray_shards_are_disjoint_and_cover(scene_cache, world_size):
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "fox" / "transforms.json").is_file(), reason="../shared/data/fox is absent")
-def test_fox_skips_the_17_missing_images():
-    from hvd_ngp.data.transforms import parse_transforms
+def test_data_info_on_fox_reports_50_images_and_17_skipped(capsys):
+    from hvd_ngp.data.__main__ import cli
 
-    _, frames, missing, _ = parse_transforms(SHARED_DATA / "fox" / "transforms.json")
-    assert len(frames) == 50 and missing == 17
+    cli(["info", str(SHARED_DATA / "fox"), "--holdout_every", "8"])
+    info = json.loads(capsys.readouterr().out)
+    assert info["splits"]["train"] + info["splits"]["test"] == 50 and info["splits"]["test"] == 7
+    assert info["skipped_missing_images"] == 17 and info["aabb_scale"] == 4

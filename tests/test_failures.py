@@ -1,5 +1,5 @@
-"""Failure handling in one process: the non-finite step guard, the watchdog, exit messages, fault parsing,
-the run clock and the elastic learning-rate rule. (Real ranks: test_reliability.py.)"""
+"""Failure handling in one process: the non-finite step guard, the watchdog, exit messages, fault parsing
+and the elastic learning-rate rule. (Real ranks: test_reliability.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from hvd_ngp import dist
-from hvd_ngp.control import RunClock
 from hvd_ngp.elastic import lr_scale
 from hvd_ngp.errors import ConfigError, SceneError
 from hvd_ngp.failures import NonFiniteError, NonFiniteGuard, report
@@ -146,21 +145,6 @@ def test_fault_specs_parse_and_bad_ones_are_named():
         parse("explode@0:1")
     with pytest.raises(ConfigError, match="cannot parse 'nan_loss@x'"):
         parse("nan_loss@x")
-
-
-def test_run_clock_agrees_on_time_budget_and_checkpoint_minutes(monkeypatch):
-    now = [1000.0]
-    monkeypatch.setattr("hvd_ngp.control.time.perf_counter", lambda: now[0])
-    clock = RunClock(time_budget_s=100.0, checkpoint_minutes=1.0, interval=8)
-    assert clock.poll(8).stop is False and clock.poll(8).checkpoint is False
-    now[0] += 61
-    assert clock.poll(7).checkpoint is False  # only every 8 steps
-    assert clock.poll(16).checkpoint is True
-    clock.checkpointed()
-    assert clock.poll(24).checkpoint is False
-    now[0] += 40
-    assert clock.poll(32).stop is True
-    assert RunClock().enabled is False and RunClock().poll(8).stop is False
 
 
 def test_learning_rate_rules():

@@ -93,7 +93,8 @@ def bad_input(problem: str, tmp: Path) -> tuple[list[str], str]:
         return ["--scene", str(tmp / "s")], "transforms.json: no usable frames (1 listed images are missing"
     if problem == "mixed_sizes_without_per_frame_intrinsics":
         write_scene(tmp / "s", [FRAME, {**FRAME, "file_path": "images/b.png"}], {"a.png": (6, 8), "b.png": (5, 8)})
-        return ["--scene", str(tmp / "s")], "transforms.json: images of different sizes (2 sizes): a.png is 8x6 but b.png is 8x5"
+        return ["--scene", str(tmp / "s")], ("transforms.json: images have different sizes (8x5, 8x6) but not every "
+                                             "frame gives its own intrinsics")
     if problem == "unreadable_image":
         write_scene(tmp / "s", [FRAME])
         (tmp / "s" / "images" / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")

@@ -8,7 +8,7 @@ import torch
 
 from hvd_ngp import dist
 from hvd_ngp.occupancy import OccupancyGrid
-from hvd_ngp.render import march, render_rays, transmittance_weights
+from hvd_ngp.render import StepSchedule, march, render_rays, transmittance_weights
 
 AABB = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
 
@@ -34,7 +34,7 @@ def test_constant_density_slab_matches_closed_form():
     sigma, dt, n_steps = 3.0, 1.0 / 256, 300
     rgb_sigma, sig = const_field(lambda x: torch.full((x.shape[0],), sigma))
     o, d = axis_rays()
-    out = render_rays(rgb_sigma, sig, o, d, AABB, None, dt, n_steps, early_termination=0.0)
+    out = render_rays(rgb_sigma, sig, o, d, AABB, None, StepSchedule.uniform(dt, n_steps), early_termination=0.0)
     n_inside = 256  # samples at t = 1 + (k + 0.5) dt, k < 256
     alpha = 1.0 - math.exp(-sigma * dt)
     opacity = 1.0 - math.exp(-sigma * dt * n_inside)
@@ -49,7 +49,7 @@ def test_constant_density_slab_matches_closed_form():
 def test_empty_space_renders_nothing():
     rgb_sigma, sig = const_field(lambda x: torch.zeros(x.shape[0]))
     o, d = axis_rays()
-    out = render_rays(rgb_sigma, sig, o, d, AABB, None, 1 / 128, 256)
+    out = render_rays(rgb_sigma, sig, o, d, AABB, None, StepSchedule.uniform(1 / 128))
     assert torch.all(out.opacity == 0) and torch.all(out.rgb == 0) and torch.all(out.depth == 0)
 
 
@@ -57,7 +57,7 @@ def test_opaque_wall_stops_rays_at_its_surface():
     wall = 0.5
     rgb_sigma, sig = const_field(lambda x: torch.where(x[:, 0] > wall, 1e4, 0.0))
     o, d = axis_rays()
-    out = render_rays(rgb_sigma, sig, o, d, AABB, None, 1 / 256, 300)
+    out = render_rays(rgb_sigma, sig, o, d, AABB, None, StepSchedule.uniform(1 / 256))
     torch.testing.assert_close(out.opacity, torch.ones(4), rtol=0, atol=1e-6)
     assert torch.all((out.depth - (1.0 + wall)).abs() < 2 / 256)
     # early termination: the 128 free samples before the wall and the first one inside it went through
@@ -67,7 +67,7 @@ def test_opaque_wall_stops_rays_at_its_surface():
 
 def test_weights_sum_to_opacity_and_transmittance_is_exclusive():
     o, d = axis_rays(2)
-    samples = march(o, d, AABB, None, 0.1, 12)
+    samples = march(o, d, AABB, None, StepSchedule.uniform(0.1))
     sigma = torch.rand(len(samples)) * 5
     w, t_before = transmittance_weights(sigma, samples)
     first = torch.zeros(len(samples), dtype=torch.bool)
@@ -86,7 +86,7 @@ def test_march_skips_free_cells_and_grid_update_is_max_decay():
     occ = grid.occupied.view(8, 8, 8)
     assert occ[4:].all() and not occ[:4].any()
     o, d = axis_rays()
-    s = march(o, d, AABB, grid, 1 / 64, 128)
+    s = march(o, d, AABB, grid, StepSchedule.uniform(1 / 64))
     x = o[s.ray] + d[s.ray] * s.t[:, None]
     assert len(s) > 0 and torch.all(x[:, 0] >= 0.5 - 1e-6)
     # decayed max: with no density anywhere, values halve
@@ -105,3 +105,39 @@ def test_cascades_cover_nested_boxes():
     # the centre of the containing cell is within half a cell of the point
     cell = 1.0 * torch.tensor([1, 1, 2, 4])[:, None] / 4
     assert torch.all((back - pts).abs() <= cell / 2 + 1e-6)
+
+
+def test_step_schedule_is_invertible_and_spaces_samples_like_instant_ngp():
+    sch = StepSchedule(dt_min=0.01, dt_max=0.2, cone_angle=1 / 16)
+    t = torch.linspace(0, 20, 2001, dtype=torch.float64)
+    torch.testing.assert_close(sch.time(sch.coord(t)), t, rtol=1e-9, atol=1e-9)
+    s = torch.arange(0, float(sch.coord(torch.tensor(20.0))), dtype=torch.float64)
+    ts = sch.time(s)
+    dt = ts[1:] - ts[:-1]
+    assert torch.all(dt > 0)
+    near, mid, far = ts[:-1] < 0.16, (ts[:-1] > 0.17) & (ts[:-1] < 3.1), ts[:-1] > 3.3
+    torch.testing.assert_close(dt[near], torch.full_like(dt[near], 0.01))       # dt_min near the camera
+    torch.testing.assert_close(dt[mid], ts[:-1][mid] / 16)                      # cone_angle * t further out
+    torch.testing.assert_close(dt[far], torch.full_like(dt[far], 0.2))          # capped at dt_max
+    uni = StepSchedule.uniform(0.05)
+    torch.testing.assert_close(uni.time(torch.tensor([3.0])), torch.tensor([0.15]))
+
+
+def test_march_with_cascades_and_cone_stepping():
+    dist.init("cpu")
+    aabb = torch.tensor([[-1.5] * 3, [2.5] * 3])  # aabb_scale 4: 3 cascades
+    grid = OccupancyGrid(aabb, resolution=16, n_cascades=3)
+    sch = StepSchedule(dt_min=3 ** 0.5 / 128, dt_max=3 ** 0.5 / 128 * 4 * 8, cone_angle=1 / 64)
+    o = torch.tensor([[-1.4, 0.5, 0.5]])
+    d = torch.tensor([[1.0, 0.0, 0.0]])
+    all_on = march(o, d, aabb, grid, sch, torch.zeros(1))
+    # samples from the entry point to the far face, spaced by the schedule
+    assert float(all_on.t[0]) == 0.0 and float(all_on.t[-1] + all_on.dt[-1]) >= 3.9 - 1e-6
+    torch.testing.assert_close(all_on.t[1:], all_on.t[:-1] + all_on.dt[:-1])
+    # free space outside the unit cube: only samples inside the occupied inner cascade remain
+    grid.density.zero_()
+    grid.density[0] = 1.0
+    grid.refresh_occupied()
+    inner = march(o, d, aabb, grid, sch, torch.zeros(1))
+    x = o[0, 0] + inner.t
+    assert len(inner) > 0 and torch.all((x >= -1e-6) & (x <= 1 + 1e-6))

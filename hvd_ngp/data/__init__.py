@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from .builtin import ensure_builtin
+from .llff import load_llff_scene
 from .scene import Frames, Scene
 from .transforms import load_transforms_scene
 
 BUILTIN = "builtin"
 
 
+def scene_format(path: str | os.PathLike) -> str:
+    """'llff' for a folder with poses_bounds.npy, else 'transforms' (instant-ngp / Blender)."""
+    p = Path(path).expanduser()
+    return "llff" if p.is_dir() and (p / "poses_bounds.npy").is_file() else "transforms"
+
+
 def load_scene(scene: str | os.PathLike = BUILTIN, *, scene_cache: str | os.PathLike = "~/.cache/hvd_ngp/scenes",
                builtin_seed: int = 0, train_split: str = "train", test_split: str = "test", holdout_every: int = 0,
-               downscale: int = 1) -> Scene:
+               downscale: int = 1, sharpness_threshold: float = 0.0) -> Scene:
     """Load ``scene`` ('builtin' or a path); raises ``SceneError`` naming the file on bad input."""
     path = ensure_builtin(scene_cache, builtin_seed) if str(scene) == BUILTIN else scene
-    return load_transforms_scene(path, train_split, test_split, holdout_every, downscale)
+    if scene_format(path) == "llff":
+        return load_llff_scene(path, holdout_every, downscale)
+    return load_transforms_scene(path, train_split, test_split, holdout_every, downscale, sharpness_threshold)
 
 
-__all__ = ["BUILTIN", "Frames", "Scene", "load_scene"]
+__all__ = ["BUILTIN", "Frames", "Scene", "load_scene", "scene_format"]

@@ -30,25 +30,52 @@ def nerf_to_ngp(m: np.ndarray, scale: float, offset: np.ndarray) -> np.ndarray:
     return out
 
 
-def pixel_rays(c2w: Tensor, intrinsics: Tensor, u: Tensor, v: Tensor, distortion: Tensor | None = None
-               ) -> tuple[Tensor, Tensor]:
+def pixel_rays(c2w: Tensor, intrinsics: Tensor, u: Tensor, v: Tensor, distortion: Tensor | None = None,
+               fisheye: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Rays through image-plane points.
 
     c2w:        ``[N, 3, 4]`` ngp-space camera-to-world per ray
     intrinsics: ``[N, 4]`` fx, fy, cx, cy in pixels
     u, v:       ``[N]`` continuous pixel coordinates (pixel centres at +0.5)
-    distortion: ``[N, 6]`` OpenCV k1, k2, k3, k4, p1, p2 or None
+    distortion: ``[N, 6]`` OpenCV k1, k2, k3, k4, p1, p2 (pinhole) or fisheye k1..k4, or None
+    fisheye:    ``[N]`` bool: equidistant fisheye (radius = f * angle) instead of pinhole, or None
     returns origins ``[N, 3]`` and unit directions ``[N, 3]``
     """
     fx, fy, cx, cy = intrinsics.unbind(-1)
     x = (u - cx) / fx
     y = (v - cy) / fy
-    if distortion is not None:
-        x, y = undistort(x, y, distortion)
-    d_cam = torch.stack([x, y, torch.ones_like(x)], dim=-1)
+    if fisheye is not None:
+        d_cam = torch.where(fisheye[:, None], fisheye_directions(x, y, distortion),
+                            pinhole_directions(x, y, distortion))
+    else:
+        d_cam = pinhole_directions(x, y, distortion)
     d = torch.einsum("nij,nj->ni", c2w[:, :, :3], d_cam)
     d = d / d.norm(dim=-1, keepdim=True)
     return c2w[:, :, 3].clone(), d
+
+
+def pinhole_directions(x: Tensor, y: Tensor, distortion: Tensor | None) -> Tensor:
+    """Normalised image coordinates ``[N]`` -> camera-space directions ``[N, 3]`` (z forward)."""
+    if distortion is not None:
+        x, y = undistort(x, y, distortion)
+    return torch.stack([x, y, torch.ones_like(x)], dim=-1)
+
+
+def fisheye_directions(x: Tensor, y: Tensor, distortion: Tensor | None) -> Tensor:
+    """Equidistant fisheye: the radius is the (distorted) angle from the axis; OpenCV's fisheye
+    polynomial theta_d = theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8) is inverted
+    by Newton iterations."""
+    theta_d = torch.sqrt(x * x + y * y)
+    theta = theta_d.clone()
+    if distortion is not None:
+        k1, k2, k3, k4 = distortion[:, :4].unbind(-1)
+        for _ in range(10):
+            t2 = theta * theta
+            f = theta * (1 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4)))) - theta_d
+            df = 1 + t2 * (3 * k1 + t2 * (5 * k2 + t2 * (7 * k3 + t2 * 9 * k4)))
+            theta = theta - f / df.clamp(min=1e-6)
+    scale = torch.where(theta_d > 1e-9, torch.sin(theta) / theta_d.clamp(min=1e-9), torch.ones_like(theta))
+    return torch.stack([x * scale, y * scale, torch.cos(theta)], dim=-1)
 
 
 def distort(x: Tensor, y: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:

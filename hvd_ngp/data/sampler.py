@@ -39,7 +39,8 @@ class RaySampler:
         self.device = device
         self.jitter = jitter
         self.has_distortion = bool((frames.distortion != 0).any())
-        self.n_pixels = len(frames) * frames.height * frames.width
+        self.n_pixels = frames.n_pixels
+        self.has_fisheye = bool(frames.fisheye.any())
         self.shard_size = (self.n_pixels - rank + world_size - 1) // world_size
         if self.shard_size <= 0:
             raise ValueError(f"rank {rank} owns no pixels: {self.n_pixels} pixels for {world_size} ranks")
@@ -58,25 +59,31 @@ class RaySampler:
     def rays_for_pixels(self, pixel: Tensor, jitter: bool | None = None) -> RayBatch:
         """Rays through global pixel ids ``[R]`` (sub-pixel jitter when training)."""
         f = self.frames
-        hw = f.height * f.width
-        img, rem = pixel // hw, pixel % hw
-        y, x = rem // f.width, rem % f.width
+        img, y, x = f.locate(pixel)
         if self.jitter if jitter is None else jitter:
             off = torch.rand((pixel.shape[0], 2), generator=self.generator, device=self.device)
         else:
             off = torch.full((pixel.shape[0], 2), 0.5, device=self.device)
         o, d = pixel_rays(f.c2w[img], f.intrinsics[img], x.float() + off[:, 0], y.float() + off[:, 1],
-                          f.distortion[img] if self.has_distortion else None)
+                          f.distortion[img] if self.has_distortion else None,
+                          f.fisheye[img] if self.has_fisheye else None)
         rgba = f.images[img, y, x].float() / 255.0
         return RayBatch(o, d, rgba, pixel)
 
 
 def image_rays(frames: Frames, index: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """All pixel-centre rays of one image: origins, directions ``[H*W, 3]``."""
-    h, w = frames.height, frames.width
+    """All pixel-centre rays of one image (its own size): origins, directions ``[H*W, 3]``."""
+    w, h = frames.image_size(index)
     y, x = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
     n = h * w
     c2w = frames.c2w[index].to(device).expand(n, 3, 4)
     intr = frames.intrinsics[index].to(device).expand(n, 4)
     dist = frames.distortion[index].to(device).expand(n, 6)
-    return pixel_rays(c2w, intr, x.reshape(-1).float() + 0.5, y.reshape(-1).float() + 0.5, dist)
+    fish = frames.fisheye[index].to(device).expand(n)
+    return pixel_rays(c2w, intr, x.reshape(-1).float() + 0.5, y.reshape(-1).float() + 0.5, dist, fish)
+
+
+def image_pixels(frames: Frames, index: int) -> Tensor:
+    """One image's RGBA pixels ``[H*W, 4]`` uint8 (without padding)."""
+    w, h = frames.image_size(index)
+    return frames.images[index, :h, :w].reshape(-1, 4)

@@ -12,37 +12,74 @@ from torch import Tensor
 class Frames:
     """One split's images and cameras.
 
-    images:     ``[N, H, W, 4]`` uint8 RGBA (alpha 255 where the file has none)
+    images:     ``[N, H, W, 4]`` uint8 RGBA (alpha 255 where the file has none); when images differ in
+                size they are padded to the largest, and ``sizes`` tells each one's own
     c2w:        ``[N, 3, 4]`` float32, ngp convention (see ``cameras``)
     intrinsics: ``[N, 4]`` float32 fx, fy, cx, cy in pixels
-    distortion: ``[N, 6]`` float32 k1, k2, k3, k4, p1, p2 (zeros: pinhole)
+    distortion: ``[N, 6]`` float32 k1, k2, k3, k4, p1, p2 (zeros: none; k1..k4 are the fisheye
+                polynomial for fisheye frames)
+    sizes:      ``[N, 2]`` int64 width, height of each image
+    fisheye:    ``[N]`` bool, equidistant fisheye projection instead of pinhole
     """
 
     images: Tensor
     c2w: Tensor
     intrinsics: Tensor
     distortion: Tensor
+    sizes: Tensor | None = None
+    fisheye: Tensor | None = None
     names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = int(self.images.shape[0])
+        if self.sizes is None:
+            self.sizes = torch.tensor([[self.images.shape[2], self.images.shape[1]]] * n, dtype=torch.int64).view(n, 2)
+        if self.fisheye is None:
+            self.fisheye = torch.zeros(n, dtype=torch.bool)
+        counts = (self.sizes[:, 0] * self.sizes[:, 1]).cpu()
+        self._offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
+        self.uniform_size = bool((self.sizes.cpu() == torch.tensor([self.width, self.height])).all())
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
     @property
     def height(self) -> int:
+        """Height of the (padded) image tensor; ``sizes`` has each image's own."""
         return int(self.images.shape[1])
 
     @property
     def width(self) -> int:
         return int(self.images.shape[2])
 
+    @property
+    def n_pixels(self) -> int:
+        return int(self._offsets[-1])
+
+    def image_size(self, index: int) -> tuple[int, int]:
+        w, h = self.sizes[index].tolist()
+        return int(w), int(h)
+
+    def locate(self, pixel: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Global pixel ids ``[R]`` (image-major, row-major inside each image) -> image, y, x ``[R]``."""
+        if self.uniform_size:
+            hw = self.height * self.width
+            img, rem = pixel // hw, pixel % hw
+            return img, rem // self.width, rem % self.width
+        offsets = self._offsets.to(pixel.device)
+        img = torch.searchsorted(offsets, pixel, right=True) - 1
+        rem = pixel - offsets[img]
+        w = self.sizes.to(pixel.device)[img, 0]
+        return img, rem // w, rem % w
+
     def subset(self, index: list[int]) -> "Frames":
         idx = torch.as_tensor(index, dtype=torch.long)
-        return Frames(self.images[idx], self.c2w[idx], self.intrinsics[idx], self.distortion[idx],
-                      [self.names[i] for i in index])
+        return Frames(self.images[idx], self.c2w[idx], self.intrinsics[idx], self.distortion[idx], self.sizes[idx],
+                      self.fisheye[idx], [self.names[i] for i in index])
 
     def to(self, device: torch.device) -> "Frames":
         return Frames(self.images.to(device), self.c2w.to(device), self.intrinsics.to(device),
-                      self.distortion.to(device), self.names)
+                      self.distortion.to(device), self.sizes.to(device), self.fisheye.to(device), self.names)
 
 
 @dataclass
@@ -57,6 +94,7 @@ class Scene:
     source: str
     skipped_frames: int = 0
     skipped_sharpness: int = 0
+    up: list[float] = field(default_factory=lambda: [0.0, 1.0, 0.0])  # ngp space
 
     def summary(self) -> dict:
         """JSON-friendly description (``python -m hvd_ngp.data info``)."""
@@ -66,7 +104,7 @@ class Scene:
             "test_frames": len(self.test),
             "skipped_missing_images": self.skipped_frames,
             "skipped_sharpness": self.skipped_sharpness,
-            "resolution": [self.train.width, self.train.height],
+            "resolutions": [list(r) for r in sorted({tuple(r) for r in self.train.sizes.tolist()})],
             "has_alpha": self.has_alpha,
             "aabb_scale": self.aabb_scale,
             "aabb": [[round(float(v), 6) for v in row] for row in self.aabb.tolist()],

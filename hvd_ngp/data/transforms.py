@@ -1,8 +1,13 @@
 """instant-ngp / NeRF-synthetic ``transforms*.json`` scenes.
 
-A scene is a folder holding ``transforms.json`` (instant-ngp: every frame trains, ``--holdout_every``
+A scene is a folder holding ``transforms.json`` (instant-ngp: every frame trains, ``holdout_every``
 holds out test views) or ``transforms_{train,val,test}.json`` (Blender splits), or one such file.
-Errors name the file and the problem.
+
+Fields (global, and per frame where instant-ngp allows it): ``camera_angle_x/_y``, ``fl_x/fl_y``,
+``cx/cy``, ``w/h``, OpenCV distortion ``k1 k2 k3 k4 p1 p2``, ``is_fisheye``, ``aabb_scale``,
+``aabb``, ``scale`` (0.33), ``offset`` ([0.5, 0.5, 0.5]), ``up``, per-frame ``sharpness``
+(frames below ``sharpness_threshold`` are discarded), ``file_path`` with or without extension
+(frames whose image is missing are skipped and counted). Errors name the file and the problem.
 """
 
 from __future__ import annotations
@@ -23,17 +28,30 @@ from ..errors import SceneError
 from .cameras import nerf_to_ngp
 from .scene import Frames, Scene
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG", ".exr", ".bmp", ".tif", ".tiff")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG", ".webp", ".exr", ".bmp", ".tif", ".tiff")
 DISTORTION_KEYS = ("k1", "k2", "k3", "k4", "p1", "p2")
+INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
 
 
 @dataclass
-class _Frame:
+class FrameMeta:
+    """One frame as listed in the file, before its image is decoded."""
+
     image_path: Path
-    c2w: np.ndarray         # [3, 4] ngp
-    intrinsics: np.ndarray  # [4] (fx, fy, cx, cy) at the file's resolution, or NaN to derive from the image
-    distortion: np.ndarray  # [6]
-    angle: tuple[float | None, float | None]
+    c2w: np.ndarray          # [3, 4] ngp space
+    camera: dict             # intrinsics fields: the frame's own, falling back to the file's
+    own_intrinsics: bool     # the frame sets its own focal length / size
+
+
+@dataclass
+class TransformsFile:
+    """A parsed transforms file: its global fields and the frames whose image exists."""
+
+    path: Path
+    data: dict
+    frames: list[FrameMeta]
+    missing: int
+    blurry: int
 
 
 def read_json(path: Path) -> dict:
@@ -76,6 +94,18 @@ def _resolve_image(base: Path, file_path: str) -> Path | None:
     return None
 
 
+def _matrix(value, path: Path, where: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise SceneError(f"{path}: {where}transform_matrix is not a numeric matrix") from None
+    if arr.shape not in ((4, 4), (3, 4)):
+        raise SceneError(f"{path}: {where}transform_matrix must be 4x4 (or 3x4), got shape {list(arr.shape)}")
+    if not np.isfinite(arr).all():
+        raise SceneError(f"{path}: {where}transform_matrix contains NaN or Inf")
+    return arr
+
+
 def frame_line(path: Path, index: int) -> int | None:
     """1-based line on which ``frames[index]`` starts in the JSON file ``path`` (None when it cannot be told)."""
     try:
@@ -97,8 +127,8 @@ def frame_line(path: Path, index: int) -> int | None:
     return None
 
 
-def parse_transforms(path: Path, sharpness_threshold: float = 0.0) -> tuple[dict, list[_Frame], int, int]:
-    """Parse one transforms file -> (global fields, frames with an image on disk, #missing, #blurry).
+def parse_transforms(path: Path, sharpness_threshold: float = 0.0) -> TransformsFile:
+    """Parse one transforms file (no image decoding).
 
     An error about one frame names the line it starts on (``transforms.json:57: frames[3]...``).
     """
@@ -112,7 +142,7 @@ def parse_transforms(path: Path, sharpness_threshold: float = 0.0) -> tuple[dict
         raise SceneError(f"{path}:{line}: {str(exc)[len(str(path)) + 2:]}") from None
 
 
-def _parse_transforms(path: Path, sharpness_threshold: float) -> tuple[dict, list[_Frame], int, int]:
+def _parse_transforms(path: Path, sharpness_threshold: float) -> TransformsFile:
     data = read_json(path)
     frames_json = data.get("frames")
     if not isinstance(frames_json, list):
@@ -122,7 +152,9 @@ def _parse_transforms(path: Path, sharpness_threshold: float) -> tuple[dict, lis
     offset = data.get("offset", [0.5, 0.5, 0.5])
     if not (isinstance(offset, list) and len(offset) == 3 and all(isinstance(v, (int, float)) for v in offset)):
         raise SceneError(f"{path}: 'offset' must be a list of 3 numbers, got {offset!r}")
-    frames: list[_Frame] = []
+    global_camera = {k: _number(data, k, path) for k in (*INTRINSIC_KEYS, *DISTORTION_KEYS)}
+    global_camera["is_fisheye"] = bool(data.get("is_fisheye", False))
+    frames: list[FrameMeta] = []
     missing = blurry = 0
     for i, f in enumerate(frames_json):
         where = f"frames[{i}]."
@@ -131,17 +163,9 @@ def _parse_transforms(path: Path, sharpness_threshold: float) -> tuple[dict, lis
         fp = f.get("file_path")
         if not isinstance(fp, str) or not fp:
             raise SceneError(f"{path}: {where}file_path is missing or not a string")
-        m = f.get("transform_matrix")
-        if m is None:
+        if "transform_matrix" not in f:
             raise SceneError(f"{path}: {where}transform_matrix is missing")
-        try:
-            arr = np.asarray(m, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise SceneError(f"{path}: {where}transform_matrix is not a numeric matrix") from None
-        if arr.shape not in ((4, 4), (3, 4)):
-            raise SceneError(f"{path}: {where}transform_matrix must be 4x4 (or 3x4), got shape {list(arr.shape)}")
-        if not np.isfinite(arr).all():
-            raise SceneError(f"{path}: {where}transform_matrix contains NaN or Inf")
+        arr = _matrix(f["transform_matrix"], path, where)
         sharp = _number(f, "sharpness", path, where)
         if sharpness_threshold > 0 and sharp is not None and sharp < sharpness_threshold:
             blurry += 1
@@ -150,19 +174,14 @@ def _parse_transforms(path: Path, sharpness_threshold: float) -> tuple[dict, lis
         if image is None:
             missing += 1
             continue
-        intr = []
-        for key in ("fl_x", "fl_y", "cx", "cy"):
-            v = _number(f, key, path, where)
-            intr.append(_number(data, key, path) if v is None else v)
-        dist = [(_number(f, k, path, where) if k in f else _number(data, k, path)) or 0.0 for k in DISTORTION_KEYS]
-        ax = _number(f, "camera_angle_x", path, where)
-        ay = _number(f, "camera_angle_y", path, where)
-        angle = (ax if ax is not None else _number(data, "camera_angle_x", path),
-                 ay if ay is not None else _number(data, "camera_angle_y", path))
-        frames.append(_Frame(image, nerf_to_ngp(arr, scale, np.asarray(offset)).astype(np.float32),
-                             np.array([np.nan if v is None else v for v in intr], dtype=np.float64),
-                             np.asarray(dist, dtype=np.float32), angle))
-    return data, frames, missing, blurry
+        camera = dict(global_camera)
+        own = {k: _number(f, k, path, where) for k in (*INTRINSIC_KEYS, *DISTORTION_KEYS) if k in f}
+        camera.update(own)
+        if "is_fisheye" in f:
+            camera["is_fisheye"] = bool(f["is_fisheye"])
+        frames.append(FrameMeta(image, nerf_to_ngp(arr, scale, np.asarray(offset)).astype(np.float32), camera,
+                                any(k in own for k in ("fl_x", "fl_y", "camera_angle_x", "w", "h"))))
+    return TransformsFile(path, data, frames, missing, blurry)
 
 
 def read_image(path: Path, downscale: int = 1) -> np.ndarray:
@@ -188,58 +207,68 @@ def read_image(path: Path, downscale: int = 1) -> np.ndarray:
     return np.ascontiguousarray(img)
 
 
-def build_frames(path: Path, data: dict, frames: list[_Frame], downscale: int, threads: int = 8) -> tuple[Frames, bool]:
-    """Decode images in parallel threads and assemble ``Frames`` (one resolution per split)."""
+def decode_images(paths: list[Path], downscale: int, threads: int = 8) -> list[np.ndarray]:
+    """Decode in parallel threads (OpenCV releases the GIL while decoding)."""
+    if not paths:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths)))) as pool:
+        return list(pool.map(lambda p: read_image(p, downscale), paths))
+
+
+def camera_intrinsics(cam: dict, image_w: int, image_h: int, downscale: int, path: Path) -> list[float]:
+    """fx, fy, cx, cy at the decoded image's resolution from a frame's camera fields."""
+    file_w = cam.get("w") or image_w * downscale
+    file_h = cam.get("h") or image_h * downscale
+    fx, fy = cam.get("fl_x"), cam.get("fl_y")
+    ax, ay = cam.get("camera_angle_x"), cam.get("camera_angle_y")
+    if fx is None and ax is not None:
+        fx = 0.5 * file_w / math.tan(0.5 * ax)
+    if fy is None and ay is not None:
+        fy = 0.5 * file_h / math.tan(0.5 * ay)
+    if fx is None and fy is None:
+        raise SceneError(f"{path}: no focal length: give 'fl_x' or 'camera_angle_x' (globally or per frame)")
+    fx = fy if fx is None else fx
+    fy = fx if fy is None else fy
+    cx = file_w / 2 if cam.get("cx") is None else cam["cx"]
+    cy = file_h / 2 if cam.get("cy") is None else cam["cy"]
+    sx, sy = image_w / file_w, image_h / file_h
+    return [fx * sx, fy * sy, cx * sx, cy * sy]
+
+
+def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, threads: int = 8) -> tuple[Frames, bool]:
+    """Decode the images and assemble ``Frames``; images of several sizes need per-frame intrinsics."""
     if not frames:
-        return _empty_frames(), False
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(frames)))) as pool:
-        images = list(pool.map(lambda f: read_image(f.image_path, downscale), frames))
-    sizes = {im.shape[:2] for im in images}
-    if len(sizes) > 1:
-        odd = next(i for i, im in enumerate(images) if im.shape[:2] != images[0].shape[:2])
-        (h0, w0), (h1, w1) = images[0].shape[:2], images[odd].shape[:2]
-        raise SceneError(f"{path}: images of different sizes ({len(sizes)} sizes): {frames[0].image_path.name} is "
-                         f"{w0}x{h0} but {frames[odd].image_path.name} is {w1}x{h1}; one resolution per split is "
-                         f"supported (per-frame intrinsics for mixed sizes are not): resize the images or split the scene")
-    h, w = images[0].shape[:2]
-    intrinsics = []
-    for f, im in zip(frames, images):
-        fx, fy, cx, cy = (float(v) for v in f.intrinsics)
-        # The file's resolution: 'w'/'h' if given, else the decoded image's (before downscale).
-        file_w = _number(data, "w", path) or w * downscale
-        file_h = _number(data, "h", path) or h * downscale
-        ax, ay = f.angle
-        if math.isnan(fx):
-            if ax is not None:
-                fx = 0.5 * file_w / math.tan(0.5 * ax)
-            elif not math.isnan(fy):
-                fx = fy
-            else:
-                raise SceneError(f"{path}: no focal length: give 'fl_x' or 'camera_angle_x' (globally or per frame)")
-        if math.isnan(fy):
-            fy = 0.5 * file_h / math.tan(0.5 * ay) if ay is not None else fx
-        cx = file_w / 2 if math.isnan(cx) else cx
-        cy = file_h / 2 if math.isnan(cy) else cy
-        sx, sy = w / file_w, h / file_h
-        intrinsics.append([fx * sx, fy * sy, cx * sx, cy * sy])
+        return empty_frames(), False
+    images = decode_images([f.image_path for f in frames], downscale, threads)
+    sizes = [(im.shape[1], im.shape[0]) for im in images]
+    if len(set(sizes)) > 1 and not all(f.own_intrinsics for f in frames):
+        shown = ", ".join(f"{w}x{h}" for w, h in sorted(set(sizes)))
+        raise SceneError(f"{tf.path}: images have different sizes ({shown}) but not every frame gives its own "
+                         "intrinsics ('fl_x'/'camera_angle_x' and 'w'/'h' per frame)")
+    intrinsics = [camera_intrinsics(f.camera, w, h, downscale, tf.path) for f, (w, h) in zip(frames, sizes)]
+    wmax, hmax = max(w for w, _ in sizes), max(h for _, h in sizes)
+    stack = np.zeros((len(images), hmax, wmax, 4), np.uint8)
+    for i, im in enumerate(images):
+        stack[i, :im.shape[0], :im.shape[1]] = im
     has_alpha = any(im[..., 3].min() < 255 for im in images)
-    out = Frames(torch.from_numpy(np.stack(images)),
-                 torch.from_numpy(np.stack([f.c2w for f in frames])),
-                 torch.tensor(intrinsics, dtype=torch.float32),
-                 torch.from_numpy(np.stack([f.distortion for f in frames])),
+    distortion = [[f.camera.get(k) or 0.0 for k in DISTORTION_KEYS] for f in frames]
+    out = Frames(torch.from_numpy(stack), torch.from_numpy(np.stack([f.c2w for f in frames])),
+                 torch.tensor(intrinsics, dtype=torch.float32), torch.tensor(distortion, dtype=torch.float32),
+                 torch.tensor(sizes, dtype=torch.int64), torch.tensor([f.camera["is_fisheye"] for f in frames]),
                  [str(f.image_path) for f in frames])
     return out, has_alpha
 
 
-def _empty_frames() -> Frames:
+def empty_frames() -> Frames:
     return Frames(torch.zeros(0, 1, 1, 4, dtype=torch.uint8), torch.zeros(0, 3, 4), torch.zeros(0, 4),
-                  torch.zeros(0, 6), [])
+                  torch.zeros(0, 6))
 
 
 def scene_aabb(data: dict, path: Path) -> tuple[torch.Tensor, int]:
     """The render bounds in ngp space: ``aabb`` if given, else the cube of side ``aabb_scale`` around 0.5."""
     aabb_scale = data.get("aabb_scale", 1)
-    if not isinstance(aabb_scale, (int, float)) or aabb_scale < 1 or (int(aabb_scale) & (int(aabb_scale) - 1)):
+    if (isinstance(aabb_scale, bool) or not isinstance(aabb_scale, (int, float)) or aabb_scale < 1
+            or aabb_scale != int(aabb_scale) or (int(aabb_scale) & (int(aabb_scale) - 1))):
         raise SceneError(f"{path}: 'aabb_scale' must be a power of two >= 1, got {aabb_scale!r}")
     aabb_scale = int(aabb_scale)
     if "aabb" in data:
@@ -254,44 +283,64 @@ def scene_aabb(data: dict, path: Path) -> tuple[torch.Tensor, int]:
     return torch.tensor([[0.5 - half] * 3, [0.5 + half] * 3], dtype=torch.float32), aabb_scale
 
 
-def load_transforms_scene(scene: str | os.PathLike, train_split: str = "train", test_split: str = "test",
-                          holdout_every: int = 0, downscale: int = 1, sharpness_threshold: float = 0.0) -> Scene:
-    """Load a ``transforms*.json`` scene (folder or file)."""
+def up_vector(data: dict) -> list[float]:
+    """The scene's up direction in ngp space (instant-ngp's ``up`` field; NeRF z-up by default)."""
+    up = data.get("up", [0.0, 0.0, 1.0])
+    if not (isinstance(up, list) and len(up) == 3):
+        up = [0.0, 0.0, 1.0]
+    v = np.array([up[1], up[2], up[0]], dtype=np.float64)  # the same axis cycle as the poses
+    n = np.linalg.norm(v)
+    return (v / n).tolist() if n > 0 else [0.0, 1.0, 0.0]
+
+
+@dataclass
+class SceneFiles:
+    """Where a scene's splits come from, after resolving the folder layout."""
+
+    root: Path
+    train: TransformsFile
+    test: TransformsFile | None
+    train_frames: list[FrameMeta]
+    test_frames: list[FrameMeta]
+
+
+def locate_transforms(scene: str | os.PathLike, train_split: str = "train", test_split: str = "test",
+                      holdout_every: int = 0, sharpness_threshold: float = 0.0) -> SceneFiles:
+    """Parse the transforms file(s) of ``scene`` and split their frames (no image decoding)."""
     root = Path(scene).expanduser()
     if not root.exists():
         raise SceneError(f"{root}: no such scene (expected a folder with transforms.json, or a transforms*.json file)")
     if root.is_file():
-        single, folder = root, root.parent
+        single = root
     elif (root / f"transforms_{train_split}.json").is_file():
-        single, folder = None, root
+        single = None
     elif (root / "transforms.json").is_file():
-        single, folder = root / "transforms.json", root
+        single = root / "transforms.json"
     else:
         raise SceneError(f"{root}: no transforms.json or transforms_{train_split}.json in this folder")
-
     if single is not None:
-        data, frames, missing, blurry = parse_transforms(single, sharpness_threshold)
-        if holdout_every > 0:
-            test_idx = [i for i in range(len(frames)) if i % holdout_every == 0]
-            train_idx = [i for i in range(len(frames)) if i % holdout_every != 0]
-        else:
-            train_idx, test_idx = list(range(len(frames))), []
-        train_frames, test_frames = [frames[i] for i in train_idx], [frames[i] for i in test_idx]
-        train_path = test_path = single
-        test_data = data
-    else:
-        train_path = folder / f"transforms_{train_split}.json"
-        test_path = folder / f"transforms_{test_split}.json"
-        data, train_frames, missing, blurry = parse_transforms(train_path, sharpness_threshold)
-        if test_path.is_file():
-            test_data, test_frames, m2, b2 = parse_transforms(test_path)
-        else:
-            test_data, test_frames, m2, b2 = data, [], 0, 0
-        missing += m2
-    if not train_frames:
-        raise SceneError(f"{train_path}: no usable frames ({missing} listed images are missing, {blurry} below the "
+        tf = parse_transforms(single, sharpness_threshold)
+        n = len(tf.frames)
+        held = [holdout_every > 0 and i % holdout_every == 0 for i in range(n)]
+        train = [f for f, h in zip(tf.frames, held) if not h]
+        return SceneFiles(root, tf, tf, train, [f for f, h in zip(tf.frames, held) if h])
+    tf = parse_transforms(root / f"transforms_{train_split}.json", sharpness_threshold)
+    test_path = root / f"transforms_{test_split}.json"
+    test = parse_transforms(test_path) if test_path.is_file() else None
+    return SceneFiles(root, tf, test, tf.frames, test.frames if test else [])
+
+
+def load_transforms_scene(scene: str | os.PathLike, train_split: str = "train", test_split: str = "test",
+                          holdout_every: int = 0, downscale: int = 1, sharpness_threshold: float = 0.0) -> Scene:
+    """Load a ``transforms*.json`` scene (folder or file)."""
+    files = locate_transforms(scene, train_split, test_split, holdout_every, sharpness_threshold)
+    tf = files.train
+    missing = tf.missing + (files.test.missing if files.test is not None and files.test is not tf else 0)
+    if not files.train_frames:
+        raise SceneError(f"{tf.path}: no usable frames ({missing} listed images are missing, {tf.blurry} below the "
                          f"sharpness threshold)")
-    aabb, aabb_scale = scene_aabb(data, train_path)
-    train, alpha_train = build_frames(train_path, data, train_frames, downscale)
-    test, alpha_test = build_frames(test_path, test_data, test_frames, downscale)
-    return Scene(train, test, aabb, aabb_scale, alpha_train or alpha_test, str(root), missing, blurry)
+    aabb, aabb_scale = scene_aabb(tf.data, tf.path)
+    train, alpha_train = build_frames(tf, files.train_frames, downscale)
+    test, alpha_test = build_frames(files.test or tf, files.test_frames, downscale)
+    return Scene(train, test, aabb, aabb_scale, alpha_train or alpha_test, str(files.root), missing, tf.blurry,
+                 up_vector(tf.data))

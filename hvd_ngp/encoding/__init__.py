@@ -13,27 +13,45 @@ from ..errors import ConfigError
 from .hashgrid import HashGridSpec, HashGridTorch
 from .sh import SphericalHarmonics
 
-BACKENDS = ("auto", "torch", "cpp")
+BACKENDS = ("auto", "torch", "cpp", "triton")
+TABLE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """The concrete backend ``auto`` stands for on ``device``: the C++ kernel on CPU when it builds."""
+    """The concrete backend ``auto`` stands for on ``device``: Triton kernels on a GPU when Triton
+    imports, the C++ kernel on a CPU when it builds, else the torch reference."""
+    from ..kernels import require_triton, triton_available
+
     if backend not in BACKENDS:
         raise ConfigError(f"unknown encoding backend {backend!r} (choose from {', '.join(BACKENDS)})")
     if backend != "auto":
         if backend == "cpp" and device.type != "cpu":
             raise ConfigError("--backend cpp runs on the CPU only")
+        if backend == "triton":
+            require_triton(device.type)
         return backend
     if device.type == "cpu":
         from . import hashgrid_cpp
 
         return "cpp" if hashgrid_cpp.available() else "torch"
-    return "torch"
+    return "triton" if triton_available(device.type) else "torch"
 
 
 def make_position_encoding(block: dict, backend: str = "torch", source: str = "config") -> nn.Module:
-    """A hash grid from an instant-ngp ``encoding`` block on a concrete backend (see ``resolve_backend``)."""
+    """A hash grid from an instant-ngp ``encoding`` block on a concrete backend (see ``resolve_backend``).
+
+    ``table_dtype`` ("float32" | "float16") is the precision the Triton backend gathers from."""
+    block = dict(block)
+    table_dtype = block.pop("table_dtype", "float32")
+    if table_dtype not in TABLE_DTYPES:
+        raise ConfigError(f"{source}: encoding.table_dtype must be one of {sorted(TABLE_DTYPES)}, got {table_dtype!r}")
+    if table_dtype != "float32" and backend != "triton":
+        raise ConfigError(f"{source}: encoding.table_dtype {table_dtype!r} needs the triton backend (got {backend})")
     spec = HashGridSpec.from_config(block, source)
+    if backend == "triton":
+        from ..kernels.hashgrid import HashGridTriton
+
+        return HashGridTriton(spec, TABLE_DTYPES[table_dtype])
     if backend == "cpp":
         from .hashgrid_cpp import HashGridCpp
 

@@ -42,7 +42,7 @@ def check_step_equivalence(args, scene) -> None:
     gen = torch.Generator().manual_seed(123)
     n_pix = len(scene.train) * scene.train.height * scene.train.width
     pixels = torch.randperm(n_pix, generator=gen)[:B]
-    march = Marching.from_config(args.model["marching"], scene.aabb)
+    march = Marching.from_config(args.model["marching"], scene.aabb_scale)
     loss_fn = make_loss(args.model["loss"], "test")
     white = torch.ones(3)
 

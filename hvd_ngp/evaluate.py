@@ -1,0 +1,85 @@
+"""Test-view evaluation: PSNR and SSIM over a split, rendered rank-parallel; rank 0 writes PNGs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import dist
+from .data import Frames
+from .data.sampler import image_pixels, image_rays
+from .field import NGPField
+from .metrics import mse_to_psnr, ssim
+from .occupancy import OccupancyGrid
+from .render import StepSchedule, render_image
+
+BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
+
+
+def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
+    """RGBA ``[R, 4]`` over background ``[R, 3]`` or ``[3]`` -> RGB ``[R, 3]``."""
+    return rgba[:, :3] * rgba[:, 3:4] + background * (1.0 - rgba[:, 3:4])
+
+
+def render_view(field: NGPField, grid: OccupancyGrid, frames: Frames, index: int, schedule: StepSchedule,
+                background: Tensor, early_termination: float, fast: bool = False) -> Tensor:
+    """One image of ``frames`` rendered over ``background`` ``[3]`` -> ``[H, W, 3]`` in [0, 1]
+    (``fast``: with the Triton kernels)."""
+    o, d = image_rays(frames, index, background.device)
+    rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, grid, schedule, background,
+                          early_termination, fast=fast)
+    w, h = frames.image_size(index)
+    return rgb.clamp(0, 1).view(h, w, 3)
+
+
+def to_uint8(img: Tensor) -> np.ndarray:
+    return (img * 255 + 0.5).byte().cpu().numpy()
+
+
+def write_png(path: Path, rgb: np.ndarray) -> None:
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+
+
+def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,
+             background: str, n_views: int = 0, save_dir: Path | None = None, n_save: int = 0,
+             writer: str = "root", fast: bool = False) -> dict:
+    """PSNR (mean over views) and SSIM over the first ``n_views`` views (0: all). Collective: every rank
+    renders views ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
+
+    The first ``n_save`` renders go to ``save_dir`` as PNG: gathered and written by rank 0
+    (``writer="root"``, the trainer's rule), or written by the rank that rendered them
+    (``writer="each_rank"``, for the render tool on a shared filesystem)."""
+    rt = dist.runtime()
+    n = len(frames) if n_views <= 0 else min(n_views, len(frames))
+    if n == 0:
+        return {"psnr": float("nan"), "ssim": float("nan"), "views": 0}
+    bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
+    scores = torch.zeros(n, 2, dtype=torch.float64)  # mse, ssim
+    keep: list[tuple[int, np.ndarray]] = []
+    was_training = field.training
+    field.eval()
+    for i in range(rt.rank, n, rt.size):
+        img = render_view(field, grid, frames, i, schedule, bg, early_termination, fast)
+        gt = composite_background(image_pixels(frames, i).to(rt.device).float() / 255.0, bg).view_as(img)
+        scores[i, 0] = float(torch.mean((img - gt) ** 2))
+        scores[i, 1] = ssim(img, gt)
+        if i < n_save:
+            keep.append((i, to_uint8(img)))
+            if writer == "each_rank" and save_dir is not None:
+                write_png(save_dir / f"test_{i:03d}.png", keep.pop()[1])
+    field.train(was_training)
+    scores = dist.allreduce(scores, "sum", name="eval.scores")
+    gathered = dist.allgather_object(keep, name="eval.images") if n_save > 0 and writer == "root" else []
+    if rt.is_root and save_dir is not None:
+        for per_rank in gathered:
+            for i, img in per_rank:
+                write_png(save_dir / f"test_{i:03d}.png", img)
+    psnrs = [mse_to_psnr(float(m)) for m in scores[:, 0]]
+    return {"psnr": float(np.mean(psnrs)), "ssim": float(scores[:, 1].mean()), "views": n,
+            "psnr_per_view": [round(p, 3) for p in psnrs]}

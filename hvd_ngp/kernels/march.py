@@ -1,0 +1,177 @@
+"""Ray marching through the occupancy grid in Triton: a count pass and a write pass.
+
+Twin of ``hvd_ngp.render.march`` (the dense-lane reference): the same sample positions
+``T(F(t_near) + k + jitter)``, the same cascade choice and the same occupancy test, evaluated
+step by step per ray in registers instead of in a [rays, steps] tensor. The samples come out
+packed ray-major into buffers of a fixed ``capacity``; a ray whose samples do not all fit is
+marked by ``ray_count = 0`` past the capacity (it renders as empty and the trainer drops it).
+No host synchronisation: the total is returned as a device tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..occupancy import OccupancyGrid
+from ..render import StepSchedule
+
+
+@triton.jit
+def _coord(t, dt_min, dt_max, t1, t2, s1, s2, lc, CONE: tl.constexpr):
+    """F(t) of StepSchedule."""
+    if CONE:
+        lin = t / dt_min
+        geo = s1 + tl.log(tl.maximum(t, t1) / t1) / lc
+        far = s2 + (t - t2) / dt_max
+        return tl.where(t < t1, lin, tl.where(t < t2, geo, far))
+    else:
+        return t / dt_min
+
+
+@triton.jit
+def _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE: tl.constexpr):
+    """T(s) = F^-1(s) of StepSchedule."""
+    if CONE:
+        lin = s * dt_min
+        geo = t1 * tl.exp((tl.minimum(tl.maximum(s, s1), s2) - s1) * lc)
+        far = t2 + (s - s2) * dt_max
+        return tl.where(s < s1, lin, tl.where(s < s2, geo, far))
+    else:
+        return s * dt_min
+
+
+@triton.jit
+def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, t_ptr, dt_ptr, ray_ptr, R,
+           lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, c_x, c_y, c_z, h_x, h_y, h_z, cell0,
+           dt_min, dt_max, t1, t2, s1, s2, lc, max_steps, capacity,
+           RES: tl.constexpr, K: tl.constexpr, CONE: tl.constexpr, WRITE: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = r < R
+    ox = tl.load(o_ptr + r * 3 + 0, mask=m, other=0.0)
+    oy = tl.load(o_ptr + r * 3 + 1, mask=m, other=0.0)
+    oz = tl.load(o_ptr + r * 3 + 2, mask=m, other=0.0)
+    dx = tl.load(d_ptr + r * 3 + 0, mask=m, other=1.0)
+    dy = tl.load(d_ptr + r * 3 + 1, mask=m, other=1.0)
+    dz = tl.load(d_ptr + r * 3 + 2, mask=m, other=1.0)
+    j = tl.load(jitter_ptr + r, mask=m, other=0.5)
+    # slab test, exactly as data.cameras.intersect_aabb
+    ix = 1.0 / tl.where(tl.abs(dx) < 1e-9, 1e-9, dx)
+    iy = 1.0 / tl.where(tl.abs(dy) < 1e-9, 1e-9, dy)
+    iz = 1.0 / tl.where(tl.abs(dz) < 1e-9, 1e-9, dz)
+    ax, bx = (lo_x - ox) * ix, (hi_x - ox) * ix
+    ay, by = (lo_y - oy) * iy, (hi_y - oy) * iy
+    az, bz = (lo_z - oz) * iz, (hi_z - oz) * iz
+    t_near = tl.maximum(tl.maximum(tl.maximum(tl.minimum(ax, bx), tl.minimum(ay, by)), tl.minimum(az, bz)), 0.0)
+    t_far = tl.minimum(tl.minimum(tl.maximum(ax, bx), tl.maximum(ay, by)), tl.maximum(az, bz))
+    s0 = _coord(t_near, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) + j
+    active = m & (t_far > t_near)
+    if WRITE:
+        base = tl.load(start_ptr + r, mask=m, other=0)
+        fits = tl.load(count_ptr + r, mask=m, other=0) > 0
+        active = active & fits
+    n = tl.zeros((BLOCK,), dtype=tl.int32)
+    k = 0
+    while (tl.sum(active.to(tl.int32), axis=0) > 0) & (k < max_steps):
+        s = s0 + k
+        t = _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE)
+        active = active & (t < t_far)
+        dt = _time(s + 1.0, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) - t
+        px, py, pz = ox + dx * t, oy + dy * t, oz + dz * t
+        if K > 1:
+            rad = tl.maximum(tl.maximum(tl.abs(px - c_x) / h_x, tl.abs(py - c_y) / h_y), tl.abs(pz - c_z) / h_z)
+            lvl = tl.maximum(tl.ceil(tl.log2(tl.maximum(rad, 1e-12))), tl.ceil(tl.log2(tl.maximum(dt / cell0, 1e-12))))
+            lvl = tl.minimum(tl.maximum(lvl, 0.0), K - 1.0)
+            ext = tl.exp2(lvl)
+        else:
+            lvl = tl.zeros_like(t)
+            ext = tl.full(t.shape, 1.0, tl.float32)
+        ux = (px - c_x) / (2.0 * h_x * ext) + 0.5
+        uy = (py - c_y) / (2.0 * h_y * ext) + 0.5
+        uz = (pz - c_z) / (2.0 * h_z * ext) + 0.5
+        inside = (ux >= 0) & (ux <= 1) & (uy >= 0) & (uy <= 1) & (uz >= 0) & (uz <= 1)
+        cx = tl.minimum(tl.maximum((ux * RES).to(tl.int32), 0), RES - 1)
+        cy = tl.minimum(tl.maximum((uy * RES).to(tl.int32), 0), RES - 1)
+        cz = tl.minimum(tl.maximum((uz * RES).to(tl.int32), 0), RES - 1)
+        cell = lvl.to(tl.int32) * (RES * RES * RES) + (cx * RES + cy) * RES + cz
+        occ = tl.load(bits_ptr + cell, mask=active & inside, other=0) != 0
+        emit = active & inside & occ
+        if WRITE:
+            slot = base + n
+            ok = emit & (slot < capacity)
+            tl.store(t_ptr + slot, t, mask=ok)
+            tl.store(dt_ptr + slot, dt, mask=ok)
+            tl.store(ray_ptr + slot, r, mask=ok)
+        n += emit.to(tl.int32)
+        k += 1
+    if not WRITE:
+        tl.store(count_ptr + r, n, mask=m)
+
+
+@dataclass
+class PackedSamples:
+    """Samples packed ray-major into ``capacity`` slots.
+
+    t, dt ``[C]`` float32; ray ``[C]`` int32 (``R`` in unused slots); start, count ``[R]`` int32 (count 0
+    for rays that did not fit); fits ``[R]`` bool: the ray's samples are all here; total: device
+    scalar, the samples written.
+    """
+
+    t: Tensor
+    dt: Tensor
+    ray: Tensor
+    start: Tensor
+    count: Tensor
+    fits: Tensor
+    total: Tensor
+
+
+def schedule_constants(schedule: StepSchedule) -> tuple[float, ...]:
+    """dt_min, dt_max, t1, t2, s1, s2, log1p(cone) as the kernels take them."""
+    c = schedule.cone_angle
+    if c == 0:
+        return schedule.dt_min, schedule.dt_max, 0.0, 0.0, 0.0, 0.0, 1.0
+    t1, t2, s1, s2 = schedule._knots()
+    return schedule.dt_min, schedule.dt_max, t1, t2, s1, s2, math.log1p(c)
+
+
+BLOCK = 64
+
+
+def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
+                 jitter: Tensor | None, capacity: int | None) -> PackedSamples:
+    """March R rays (``[R, 3]`` each) into at most ``capacity`` packed samples (see the module docstring).
+    ``capacity=None`` sizes the buffers exactly, at the cost of one host synchronisation (rendering)."""
+    R = origins.shape[0]
+    dev = origins.device
+    o, d = origins.float().contiguous(), directions.float().contiguous()
+    j = (jitter if jitter is not None else torch.full((R,), 0.5, device=dev)).float().contiguous()
+    bits = grid.occupied.view(-1).to(torch.uint8)
+    lo, hi = aabb[0].tolist(), aabb[1].tolist()
+    center, half0 = grid.center.tolist(), grid.half0.tolist()
+    cell0 = 2 * max(half0) / grid.resolution
+    consts = schedule_constants(schedule)
+    count = torch.zeros(R, device=dev, dtype=torch.int32)
+    grid_fn = (triton.cdiv(max(R, 1), BLOCK),)
+    common = dict(RES=grid.resolution, K=grid.n_cascades, CONE=schedule.cone_angle > 0, BLOCK=BLOCK)
+    args = (*lo, *hi, *center, *half0, cell0, *consts, schedule.max_steps)
+    if R:
+        _march[grid_fn](o, d, j, bits, count, count, count, count, count, R, *args, 0, WRITE=False, **common)
+    ends = torch.cumsum(count, 0, dtype=torch.int64)
+    if capacity is None:
+        capacity = int(ends[-1]) if R else 0
+    t = torch.empty(capacity, device=dev, dtype=torch.float32)
+    dt = torch.empty(capacity, device=dev, dtype=torch.float32)
+    ray = torch.full((capacity,), R, device=dev, dtype=torch.int32)
+    start = (ends - count).to(torch.int32)
+    fits = ends <= capacity
+    count = torch.where(fits, count, torch.zeros_like(count))
+    if R and capacity:
+        _march[grid_fn](o, d, j, bits, count, start, t, dt, ray, R, *args, capacity, WRITE=True, **common)
+    total = (count.to(torch.int64)).sum()
+    return PackedSamples(t, dt, ray, start, count, fits, total)

@@ -1,0 +1,209 @@
+"""Ray marching through the occupancy grid and volume rendering of packed samples.
+
+Step schedule (``StepSchedule``): samples sit at ``t = T(F(t_near) + k + jitter)``, k = 0, 1, ...,
+where the monotone "step coordinate" F makes consecutive samples ``dt_min`` apart near the camera,
+``cone_angle * t`` apart further out (instant-ngp's exponential stepping for large scenes), and at
+most ``dt_max`` apart. With ``cone_angle = 0`` the spacing is uniform. Because F has a closed-form
+inverse, a marcher can jump over empty cells and land exactly on the next sample position.
+
+Layout: a batch of R rays is marched into a dense lane of S candidate steps per ray; candidates
+in free cells are dropped, and the survivors are *packed* (ray-major, so each ray's samples are
+contiguous and in order). Transmittance is computed by a cumulative sum along the dense lane,
+which is exact per ray.
+
+Training renders in two passes, like instant-ngp: densities of all packed samples without
+gradients give the transmittance, samples behind an opaque surface (T < ``early_termination``)
+are dropped, and only the survivors go through the network with gradients. The packing is the
+one host synchronisation of a step (the number of samples must be known to size the tensors).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..data.cameras import intersect_aabb
+from ..occupancy import OccupancyGrid
+from ..profiling import NULL_TIMER, StageTimer
+
+RGBSigmaFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # x [M,3], d [M,3] -> rgb [M,3], sigma [M]
+SigmaFn = Callable[[Tensor], Tensor]                            # x [M,3] -> sigma [M]
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """Sample spacing along a ray (see the module docstring). Units: the scene's ngp space."""
+
+    dt_min: float
+    dt_max: float
+    cone_angle: float = 0.0
+    max_steps: int = 4096  # safety cap on lanes per ray
+
+    def __post_init__(self) -> None:
+        if not (self.dt_min > 0 and self.dt_max >= self.dt_min and self.cone_angle >= 0):
+            raise ValueError(f"invalid step schedule {self}")
+
+    @staticmethod
+    def uniform(dt: float, max_steps: int = 4096) -> "StepSchedule":
+        return StepSchedule(dt, dt, 0.0, max_steps)
+
+    def _knots(self) -> tuple[float, float, float, float]:
+        """t1, t2 (where spacing starts growing / stops growing) and their step coordinates s1, s2."""
+        c = self.cone_angle
+        t1, t2 = self.dt_min / c, self.dt_max / c
+        s1 = t1 / self.dt_min
+        return t1, t2, s1, s1 + math.log(t2 / t1) / math.log1p(c)
+
+    def coord(self, t: Tensor) -> Tensor:
+        """F(t): the step coordinate of distance t >= 0."""
+        if self.cone_angle == 0:
+            return t / self.dt_min
+        t1, t2, s1, s2 = self._knots()
+        lin = t / self.dt_min
+        geo = s1 + torch.log(t.clamp(min=t1) / t1) / math.log1p(self.cone_angle)
+        far = s2 + (t - t2) / self.dt_max
+        return torch.where(t < t1, lin, torch.where(t < t2, geo, far))
+
+    def time(self, s: Tensor) -> Tensor:
+        """T(s) = F^-1(s): the distance at step coordinate s."""
+        if self.cone_angle == 0:
+            return s * self.dt_min
+        t1, t2, s1, s2 = self._knots()
+        lin = s * self.dt_min
+        geo = t1 * torch.exp((s.clamp(s1, s2) - s1) * math.log1p(self.cone_angle))
+        far = t2 + (s - s2) * self.dt_max
+        return torch.where(s < s1, lin, torch.where(s < s2, geo, far))
+
+
+@dataclass
+class Samples:
+    """Packed samples of R rays. mask ``[R, S]`` marks the dense-lane slots that hold a sample;
+    ray ``[M]``, t ``[M]`` (midpoint), dt ``[M]`` follow the mask's row-major order."""
+
+    mask: Tensor
+    ray: Tensor
+    t: Tensor
+    dt: Tensor
+
+    def __len__(self) -> int:
+        return int(self.ray.shape[0])
+
+    def select(self, keep: Tensor) -> "Samples":
+        """The samples where ``keep`` ``[M]`` is true (mask updated accordingly)."""
+        mask = self.mask.clone()
+        mask[self.mask] = keep
+        return Samples(mask, self.ray[keep], self.t[keep], self.dt[keep])
+
+    def positions(self, origins: Tensor, directions: Tensor) -> Tensor:
+        return origins[self.ray] + directions[self.ray] * self.t[:, None]
+
+
+def march(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid | None, schedule: StepSchedule,
+          jitter: Tensor | None = None) -> Samples:
+    """Candidate samples at ``T(F(t_near) + k + jitter)`` inside the aabb and in occupied cells.
+
+    origins, directions ``[R, 3]`` (unit); jitter ``[R]`` in [0, 1) or None (0.5: midpoints).
+    Reference implementation: one host sync to size the dense lanes.
+    """
+    R = origins.shape[0]
+    t_near, t_far = intersect_aabb(origins, directions, aabb)
+    hit = t_far > t_near
+    s_near = schedule.coord(t_near)
+    span = torch.where(hit, schedule.coord(t_far) - s_near, torch.zeros_like(s_near))
+    n_steps = min(int(span.max().ceil()) + 1 if R else 1, schedule.max_steps)
+    j = jitter if jitter is not None else torch.full((R,), 0.5, device=origins.device)
+    k = torch.arange(n_steps, device=origins.device, dtype=origins.dtype)
+    s = s_near[:, None] + k[None, :] + j[:, None]                           # [R, S]
+    t = schedule.time(s)
+    dt = schedule.time(s + 1.0) - t
+    valid = (t < t_far[:, None]) & hit[:, None]
+    if grid is not None:
+        x = origins[:, None, :] + directions[:, None, :] * t[..., None]
+        valid = valid & grid.is_occupied(x.view(-1, 3), dt.reshape(-1)).view(R, n_steps)
+    ray = torch.arange(R, device=origins.device)[:, None].expand(R, n_steps)[valid]
+    return Samples(valid, ray, t[valid], dt[valid])
+
+
+def transmittance_weights(sigma: Tensor, samples: Samples) -> tuple[Tensor, Tensor]:
+    """Volume-rendering weights and the transmittance before each sample, both ``[M]``.
+
+    w_i = T_i (1 - exp(-sigma_i dt_i)), T_i = exp(-sum_{j<i} sigma_j dt_j) along each ray.
+    """
+    tau = torch.zeros(samples.mask.shape, dtype=sigma.dtype, device=sigma.device)
+    tau = tau.masked_scatter(samples.mask, sigma * samples.dt)
+    cum = torch.cumsum(tau, dim=1)
+    t_before = torch.exp(-(cum - tau))
+    w = t_before * (1.0 - torch.exp(-tau))
+    return w[samples.mask], t_before[samples.mask]
+
+
+def accumulate(weights: Tensor, values: Tensor | None, ray: Tensor, n_rays: int) -> Tensor:
+    """Per-ray sums: weights ``[M]`` times values ``[M, C]`` (or 1) -> ``[R, C]`` (or ``[R]``)."""
+    if values is None:
+        return torch.zeros(n_rays, dtype=weights.dtype, device=weights.device).index_add(0, ray, weights)
+    out = torch.zeros(n_rays, values.shape[-1], dtype=values.dtype, device=values.device)
+    return out.index_add(0, ray, weights[:, None] * values)
+
+
+@dataclass
+class RenderResult:
+    """rgb ``[R, 3]`` (premultiplied: no background), opacity ``[R]``, depth ``[R]``; n_samples: the
+    samples that went through the full network, n_candidates: the samples marched."""
+
+    rgb: Tensor
+    opacity: Tensor
+    depth: Tensor
+    n_samples: int
+    n_candidates: int
+
+
+def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
+                grid: OccupancyGrid | None, schedule: StepSchedule, early_termination: float = 1e-4,
+                jitter: Tensor | None = None, timer: StageTimer = NULL_TIMER) -> RenderResult:
+    """Two-pass rendering of R rays (see the module docstring). Differentiable in the second pass."""
+    R = origins.shape[0]
+    samples = march(origins, directions, aabb, grid, schedule, jitter)
+    timer.mark("march")
+    n_candidates = len(samples)
+    if early_termination > 0 and n_candidates:
+        with torch.no_grad():
+            sigma0 = sigma_fn(samples.positions(origins, directions))
+            _, t_before = transmittance_weights(sigma0, samples)
+        samples = samples.select(t_before > early_termination)
+    timer.mark("density pass")
+    x = samples.positions(origins, directions)
+    rgb, sigma = rgb_sigma_fn(x, directions[samples.ray])
+    timer.mark("network fwd")
+    w, _ = transmittance_weights(sigma, samples)
+    out = RenderResult(accumulate(w, rgb, samples.ray, R), accumulate(w, None, samples.ray, R),
+                       accumulate(w, samples.t[:, None], samples.ray, R)[:, 0], len(samples), n_candidates)
+    timer.mark("composite")
+    return out
+
+
+def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
+                 grid: OccupancyGrid | None, schedule: StepSchedule, background: Tensor,
+                 early_termination: float = 1e-4, chunk: int = 1 << 14, fast: bool = False) -> tuple[Tensor, Tensor]:
+    """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``.
+    ``fast``: the Triton kernels (``render.fast``) instead of the reference, with larger chunks."""
+    if fast:
+        from .fast import render_rays_fast
+
+        chunk = max(chunk, 1 << 18)
+    rgbs, depths = [], []
+    with torch.no_grad():
+        for s in range(0, origins.shape[0], chunk):
+            o, d = origins[s:s + chunk], directions[s:s + chunk]
+            if fast:
+                rgb, opacity, depth = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule,
+                                                       early_termination)
+            else:
+                out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination)
+                rgb, opacity, depth = out.rgb, out.opacity, out.depth
+            rgbs.append(rgb.float() + background * (1.0 - opacity.float()[:, None]))
+            depths.append(depth)
+    return torch.cat(rgbs), torch.cat(depths)

@@ -1,0 +1,68 @@
+"""Image metrics, the PSNR-versus-time curve, camera paths and the render tool."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from hvd_ngp.config import CPU_CONFIG, parse_args
+from hvd_ngp.metrics import mse_to_psnr, ssim
+from hvd_ngp.render.camera_path import look_at_point, orbit
+
+from conftest import TINY_ARGS
+
+
+def test_ssim_properties():
+    g = torch.Generator().manual_seed(0)
+    img = torch.rand(32, 40, 3, generator=g)
+    assert ssim(img, img) == 1.0
+    noisy = (img + 0.1 * torch.randn(32, 40, 3, generator=g)).clamp(0, 1)
+    very = (img + 0.3 * torch.randn(32, 40, 3, generator=g)).clamp(0, 1)
+    s1, s2 = ssim(img, noisy), ssim(img, very)
+    assert 0 < s2 < s1 < 1 and abs(ssim(noisy, img) - s1) < 1e-6
+    # a constant shift keeps structure: SSIM stays high while PSNR drops
+    shifted = (img * 0.8 + 0.1)
+    assert ssim(img, shifted) > 0.9 and mse_to_psnr(float(((img - shifted) ** 2).mean())) < 30
+
+
+def test_orbit_cameras_circle_the_target_upright():
+    # training cameras on a ring around (0.5, 0.5, 0.5), looking at it, up = +y (ngp)
+    target = np.array([0.5, 0.5, 0.5])
+    mats = []
+    for a in np.linspace(0, 2 * np.pi, 12, endpoint=False):
+        pos = target + np.array([np.cos(a), 0.4, np.sin(a)])
+        fwd = (target - pos) / np.linalg.norm(target - pos)
+        right = np.cross(fwd, [0, 1, 0])
+        right /= np.linalg.norm(right)
+        mats.append(np.stack([right, np.cross(fwd, right), fwd, pos], 1))
+    c2w = torch.tensor(np.stack(mats), dtype=torch.float32)
+    np.testing.assert_allclose(look_at_point(c2w), target, atol=1e-5)
+    path = orbit(c2w, [0.0, 1.0, 0.0], 8, spiral=False).double()
+    to_target = torch.tensor(target) - path[:, :, 3]
+    dist = to_target.norm(dim=1)
+    torch.testing.assert_close(dist, torch.full_like(dist, float(np.hypot(1, 0.4))), rtol=1e-4, atol=1e-4)
+    cos = (path[:, :, 2] * to_target).sum(1) / dist
+    torch.testing.assert_close(cos, torch.ones(8, dtype=torch.float64), rtol=0, atol=1e-6)  # looking at it
+    assert torch.all(path[:, 1, 1] < 0)  # image "down" points down in the world
+
+
+def test_training_curve_and_render_tool(tmp_path, scene_cache):
+    from hvd_ngp.render.__main__ import main as render_main
+    from hvd_ngp.train import run
+
+    args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
+                       "--n_steps", "48", "--eval_at_s", "0.01", "--eval_every", "16", "--out_dir", str(tmp_path / "o"),
+                       "--save_snapshot", str(tmp_path / "s.pt")])
+    result = run(args)
+    curve = result.metrics["curve"]
+    assert [c["step"] for c in curve][-1] == 48 and len(curve) >= 3
+    assert all(a["seconds"] <= b["seconds"] for a, b in zip(curve, curve[1:]))
+    assert all(np.isfinite(c["psnr"]) and 0 < c["ssim"] <= 1 for c in curve)
+    out = render_main(["--load_snapshot", str(tmp_path / "s.pt"), "--out_dir", str(tmp_path / "r"), "--n_frames", "4",
+                       "--split_views", "2", "--device", "cpu"])
+    assert out["test_views"] == 2 and np.isfinite(out["test_psnr"])
+    assert (tmp_path / "r" / "orbit.mp4").stat().st_size > 0
+    assert sorted(p.name for p in (tmp_path / "r" / "test").iterdir()) == ["test_000.png", "test_001.png"]
+    assert json.loads((tmp_path / "r" / "render.json").read_text())["video"].endswith("orbit.mp4")
