@@ -358,8 +358,6 @@ class Trainer:
         state = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size,
                                                                                rt.device), budget)
         ckpts = CheckpointManager(args.ckpt_dir or Path(args.out_dir) / "checkpoints", args.ckpt_every, args.ckpt_keep)
-        elastic.startup_agree(lambda: prepare_outputs(args, ckpts.directory if checkpointing(args) else None),
-                              "preparing the output folders")
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
                      state, ckpts, NonFiniteGuard(args.nonfinite_limit))
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
@@ -407,6 +405,8 @@ def run(args: argparse.Namespace) -> RunResult:
     """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
     tr = Trainer.build(args)
     rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
+    elastic.startup_agree(lambda: prepare_outputs(args, tr.ckpts.directory if checkpointing(args) else None),
+                          "preparing the output folders")
     source = args.model["_source"]
     out_dir = Path(args.out_dir)
     config = {"args": vars_for_json(args)}
