@@ -249,7 +249,7 @@ class CheckpointManager:
     """``ckpt-<step>.pt`` files in ``directory``: when to write, which to keep, which to resume from.
 
     Only rank 0 touches the folder. ``every_steps`` is decided locally (the same on every rank); a
-    cadence in minutes is rank 0's clock and must be agreed (``control.RunClock`` does that).
+    cadence in minutes must be agreed, so the trainer reads it from its shared training clock.
     """
 
     def __init__(self, directory: str | os.PathLike, every_steps: int = 0, keep: int = 3) -> None:

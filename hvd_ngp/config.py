@@ -221,7 +221,7 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--ckpt_dir", default=None, help="checkpoint folder (default: <out_dir>/checkpoints)")
     g.add_argument("--ckpt_every", type=int, default=0, help="write a checkpoint every N steps (0: off)")
     g.add_argument("--ckpt_every_minutes", type=float, default=0.0,
-                   help="write a checkpoint every M minutes of training (0: off; rank 0's clock, agreed every 8 steps)")
+                   help="write a checkpoint every M minutes of training time (0: off; read from the shared training clock every 8 steps)")
     g.add_argument("--ckpt_keep", type=int, default=3, help="checkpoints kept in --ckpt_dir (the newest)")
     g.add_argument("--resume", default=None, metavar="auto|PATH",
                    help="'auto': continue from the newest valid checkpoint in --ckpt_dir (start fresh if none); "
