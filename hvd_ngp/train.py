@@ -239,6 +239,16 @@ class RayBudget:
             self._adapt(*ready.tolist())
         return self.n_rays
 
+    def settle(self) -> int:
+        """Apply every pending count now (waiting for its copy). A checkpoint calls this, so the ray
+        count it records is the one the next step uses, in the saved run and in the resumed one."""
+        for event, ready in self._pending:
+            if event is not None:
+                event.synchronize()
+            self._adapt(*ready.tolist())
+        self._pending.clear()
+        return self.n_rays
+
 
 # ------------------------------------------------------------------------------------ main
 

@@ -44,7 +44,7 @@ def make_rank_streams(frames: Frames, seed: int, rank: int, size: int, device: t
 
 
 class RayCount(Protocol):
-    """This rank's adaptive ray count (``train.RayBudget``)."""
+    """This rank's adaptive ray count (``train.RayBudget``; ``settle()`` applies counts still in flight)."""
 
     n_rays: int
 
@@ -89,6 +89,8 @@ class TrainState:
 
     def pack_streams(self) -> Tensor:
         """This rank's random-generator states and ray count as one byte vector ``[L]`` uint8 (CPU)."""
+        if hasattr(self.budget, "settle"):
+            self.budget.settle()
         return torch.cat([t.reshape(-1).to("cpu", torch.uint8) for _, t in self._streams()])
 
     def unpack_streams(self, blob: Tensor, layout: list[list]) -> None:
