@@ -39,8 +39,8 @@ case ${LAUNCHER:-mpirun} in
   mpirun)
     forward=()
     while IFS= read -r name; do forward+=(-x "$name"); done < <(compgen -e | grep -E '^(NCCL_|HOROVOD_|HVD_NGP_)' || true)
-    cmd=(mpirun -np "$np" --hostfile "$hostfile" --map-by slot --bind-to none -x PATH -x LD_LIBRARY_PATH
-         "${forward[@]}" "${train[@]}") ;;
+    if [[ -n ${LD_LIBRARY_PATH:-} ]]; then forward+=(-x LD_LIBRARY_PATH); fi
+    cmd=(mpirun -np "$np" --hostfile "$hostfile" --map-by slot --bind-to none -x PATH "${forward[@]}" "${train[@]}") ;;
   horovodrun)
     cmd=("$venv/bin/horovodrun" -np "$np" -hostfile "$hostfile" "${train[@]}") ;;
   *)
