@@ -315,7 +315,7 @@ class Trainer:
     budget: RayBudget
     state: TrainState
     ckpts: CheckpointManager
-    guard: NonFiniteGuard
+    guard: NonFiniteGuard | None
 
     @property
     def sampler(self) -> RaySampler:
@@ -369,7 +369,7 @@ class Trainer:
                                                                                rt.device), budget)
         ckpts = CheckpointManager(args.ckpt_dir or Path(args.out_dir) / "checkpoints", args.ckpt_every, args.ckpt_keep)
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
-                     state, ckpts, NonFiniteGuard(args.nonfinite_limit))
+                     state, ckpts, NonFiniteGuard(args.nonfinite_limit) if args.nonfinite_limit else None)
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
         return tr
 
@@ -517,7 +517,7 @@ def run(args: argparse.Namespace) -> RunResult:
                "test_views": ev["views"], "psnr_per_view": ev.get("psnr_per_view", []), "curve": progress["curve"],
                "device": device_name(rt.device), "backend": backend, "precision": args.precision,
                "controller": rt.controller, "scene": scene.source, "config": source,
-               "nonfinite_skipped_steps": tr.guard.skipped, "history": progress["history"]}
+               "nonfinite_skipped_steps": tr.guard.skipped if tr.guard else None, "history": progress["history"]}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:
