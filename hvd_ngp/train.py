@@ -25,7 +25,7 @@ from torch import Tensor
 from . import checkpoint, dist, elastic, faults
 from .checkpoint import CheckpointManager, resume
 from .comm import CommSettings
-from .config import CPU_CONFIG, BASE_CONFIG, parse_args
+from .config import CPU_CONFIG, BASE_CONFIG, UNLIMITED_STEPS, parse_args
 from .data import Scene, load_scene
 from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
@@ -472,7 +472,9 @@ def run(args: argparse.Namespace) -> RunResult:
     out_dir = Path(args.out_dir)
     config = {"args": vars_for_json(args)}
 
-    dist.log(f"training {args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
+    length = (f"{args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
+              if args.n_steps < UNLIMITED_STEPS else f"for {args.time_budget_s:g} s")
+    dist.log(f"training {length}"
              + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
                f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
 
