@@ -348,6 +348,7 @@ class Trainer:
     state: TrainState
     ckpts: CheckpointManager
     guard: NonFiniteGuard | None
+    budget_lr_factor: float = 1.0  # set by the run loop from the shared training clock (budget_lr_factor())
 
     @property
     def sampler(self) -> RaySampler:
@@ -435,7 +436,7 @@ class Trainer:
         timer.start()
         faults.at_step(step + 1)  # test-only fault injection (HVD_NGP_FAULTS); a no-op otherwise
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(step) * self.lr_multiplier()
+            group["lr"] = self.lr_at(step) * self.lr_multiplier() * self.budget_lr_factor
         if step % self.march.update_interval == 0:
             self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
                              self.march.warmup_steps, args.seed)
@@ -498,6 +499,7 @@ def run(args: argparse.Namespace) -> RunResult:
     def train_loop(commit: Callable[[], None] | None = None) -> None:
         """Steps from ``ts.step`` to the end; re-entered after an elastic reset."""
         eval_at = sorted(t for t in args.eval_at_s if t > progress["train_seconds"])
+        tr.budget_lr_factor = budget_lr_factor(progress["train_seconds"], args.time_budget_s, args.budget_lr_decay)
         stats = monitor.new_interval()
         with watchdog.armed():
             while ts.step < args.n_steps:
@@ -527,6 +529,7 @@ def run(args: argparse.Namespace) -> RunResult:
                     due = due or bool(eval_at and elapsed >= eval_at[0])
                     eval_at = [t for t in eval_at if t > elapsed]
                     stop = bool(args.time_budget_s and elapsed >= args.time_budget_s)
+                    tr.budget_lr_factor = budget_lr_factor(elapsed, args.time_budget_s, args.budget_lr_decay)
                     if args.ckpt_every_minutes and elapsed - last_timed_ckpt[0] >= 60 * args.ckpt_every_minutes:
                         ckpt_due, last_timed_ckpt[0] = True, elapsed
                 if due and not stop:
@@ -580,6 +583,19 @@ def run(args: argparse.Namespace) -> RunResult:
             Path(args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
     return RunResult(field, grid, step, metrics)
+
+
+BUDGET_LR_MILESTONES = (0.5, 0.75, 0.9)  # fractions of --time_budget_s (nerfacc's step schedule, on time)
+BUDGET_LR_GAMMA = 0.33
+
+
+def budget_lr_factor(elapsed_s: float, budget_s: float, mode: str = "on") -> float:
+    """Learning-rate factor after ``elapsed_s`` seconds of a ``budget_s`` training budget (1 without one).
+
+    Every rank passes the same shared clock reading, so every rank applies the same factor."""
+    if mode != "on" or not budget_s:
+        return 1.0
+    return BUDGET_LR_GAMMA ** sum(elapsed_s >= m * budget_s for m in BUDGET_LR_MILESTONES)
 
 
 def checkpointing(args: argparse.Namespace) -> bool:
