@@ -198,7 +198,7 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                    help=f"training steps (default {DEFAULT_STEPS}; with --time_budget_s alone: until the budget ends)")
     g.add_argument("--time_budget_s", type=float, default=0.0,
                    help="stop after this many seconds of training (0: no limit); checked every 8 steps on rank 0")
-    g.add_argument("--budget_lr_decay", choices=("on", "off"), default="on",
+    g.add_argument("--budget_lr_decay", choices=("on", "off"), default="off",
                    help="with --time_budget_s: learning rate x0.33 at 50%%, 75%% and 90%% of the budget (a step "
                         "schedule keyed on training time, so a fixed budget ends at a low learning rate)")
     g.add_argument("--target_samples", type=int, default=1 << 18,
