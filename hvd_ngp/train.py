@@ -25,6 +25,7 @@ from . import dist
 from .checkpoint import read_snapshot, restore_snapshot, save_snapshot
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
 from .data import Scene, load_scene
+from .data.pipeline import DataPipeline
 from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
 from .errors import ConfigError, HvdNgpError
@@ -126,12 +127,16 @@ def make_loss(block: dict, source: str):
     raise ConfigError(f"{source}: loss.otype {otype!r} is unknown (L2, Huber, L1)")
 
 
-def masked_mean(values: Tensor, valid: Tensor | None) -> Tensor:
-    """Mean of ``[R, C]`` values over the rays where ``valid`` ``[R]`` holds (all when None); no host sync."""
-    if valid is None:
+def masked_mean(values: Tensor, valid: Tensor | None, weight: Tensor | None = None) -> Tensor:
+    """Mean of ``[R, C]`` values over the rays where ``valid`` ``[R]`` holds (all when None), each ray's
+    values multiplied by its importance ``weight`` ``[R]`` (None: 1); no host sync."""
+    if valid is None and weight is None:
         return values.mean()
-    w = valid.to(values.dtype)[:, None]
-    return (values * w).sum() / (w.sum() * values.shape[1]).clamp(min=1.0)
+    count = values.new_tensor(float(values.shape[0])) if valid is None else valid.to(values.dtype).sum()
+    w = torch.ones_like(values[:, 0]) if valid is None else valid.to(values.dtype)
+    if weight is not None:
+        w = w * weight.to(values.dtype)
+    return (values * w[:, None]).sum() / (count * values.shape[1]).clamp(min=1.0)
 
 
 # ------------------------------------------------------------------------------------ one step
@@ -139,14 +144,17 @@ def masked_mean(values: Tensor, valid: Tensor | None) -> Tensor:
 
 @dataclass
 class StepResult:
-    """loss, mse: device scalars; n_samples (through the network), n_candidates (marched): ints on the
-    reference path, device scalars on the fast path (read them without blocking: see ``RayBudget``)."""
+    """loss, mse: device scalars (importance-weighted means); n_samples (through the network), n_candidates
+    (marched): ints on the reference path, device scalars on the fast path (read them without blocking: see
+    ``RayBudget``); ray_loss ``[R]`` each ray's unweighted loss (detached), valid ``[R]`` or None (all)."""
 
     loss: Tensor
     mse: Tensor
     n_samples: int | Tensor
     n_candidates: int | Tensor
     n_valid: int | Tensor
+    ray_loss: Tensor | None = None
+    valid: Tensor | None = None
 
 
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -155,8 +163,12 @@ AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
                scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None,
-               timer: StageTimer = NULL_TIMER) -> StepResult:
+               timer: StageTimer = NULL_TIMER, weight_gradient: bool = True, loss_scale: float = 1.0) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
+
+    ``rays.weight`` (importance weights of non-uniform sampling) always weight the reported loss and
+    MSE; they weight the gradient when ``weight_gradient``. ``loss_scale`` multiplies the loss that is
+    back-propagated (a rank's share of the step's rays, see ``data.balance``).
 
     ``renderer``: the fast GPU renderer, or None for the reference (``render.render_rays``).
     Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
@@ -171,9 +183,13 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     valid = getattr(out, "valid", None)
     pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
     target = composite_background(rays.rgba, background)
-    loss = masked_mean(loss_fn(pred, target), valid)
+    per_channel = loss_fn(pred, target)
+    loss = masked_mean(per_channel, valid, rays.weight)
+    trained = loss if weight_gradient or rays.weight is None else masked_mean(per_channel, valid)
+    if loss_scale != 1.0:
+        trained = trained * loss_scale
     optimizer.zero_grad()
-    (loss if scaler is None else scaler.scale(loss)).backward()
+    (trained if scaler is None else scaler.scale(trained)).backward()
     timer.mark("backward")
     distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
     if distributed:
@@ -189,9 +205,10 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     if scaler is not None:
         scaler.update()
     timer.mark("optimizer")
-    mse = masked_mean((pred.detach() - target) ** 2, valid)
+    mse = masked_mean((pred.detach() - target) ** 2, valid, rays.weight)
     n_valid = len(rays) if valid is None else valid.sum()
-    return StepResult(loss.detach(), mse, out.n_samples, out.n_candidates, n_valid)
+    return StepResult(loss.detach(), mse, out.n_samples, out.n_candidates, n_valid,
+                      per_channel.detach().float().mean(dim=1), valid)
 
 
 class RayBudget:
@@ -205,6 +222,7 @@ class RayBudget:
     def __init__(self, n_rays: int, target: int, max_rays: int, candidate_capacity: int | None = None) -> None:
         self.n_rays, self.target, self.max_rays = n_rays, target, max_rays
         self.candidate_capacity = candidate_capacity
+        self.fixed: int | None = None  # set: always this many rays (--balance off)
         self._pending: list[tuple[torch.cuda.Event | None, Tensor]] = []
 
     def _adapt(self, samples: float, candidates: float, valid: float) -> None:
@@ -213,6 +231,8 @@ class RayBudget:
         if self.candidate_capacity:
             n = min(0.95 * n, 0.95 * self.candidate_capacity / (max(candidates, 1.0) / max(valid, 1.0)))
         self.n_rays = int(min(max(n, 64), self.max_rays)) // 64 * 64
+        if self.fixed is not None:
+            self.n_rays = self.fixed
 
     def update(self, res: StepResult) -> int:
         if not isinstance(res.n_samples, Tensor):
@@ -271,7 +291,7 @@ class Trainer:
     lr_at: object
     loss_fn: object
     scaler: torch.amp.GradScaler | None
-    sampler: RaySampler
+    data: DataPipeline
     renderer: "FastRenderer | None"
     budget: RayBudget
     generator: torch.Generator  # backgrounds and jitter, seeded by global rank
@@ -288,12 +308,14 @@ class Trainer:
                  f"config {source}, backend {backend}, host {socket.gethostname()}")
         scene: Scene = dist.agree(lambda: load_scene(
             args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
-            test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale),
+            test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale, lazy_train=True),
             "loading the scene")
         dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
                  + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
 
+        data = DataPipeline.build(scene.train, args, rt, args.scene_cache)
+        dist.log(data.describe())
         model = args.model
         field = NGPField(model, scene.aabb, backend).to(rt.device)
         grid = make_grid(model["marching"], scene).to(rt.device)
@@ -325,8 +347,7 @@ class Trainer:
         generator = torch.Generator(device=rt.device)
         generator.manual_seed(args.seed * 7919 + rt.rank)
         return Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, make_loss(model["loss"], source),
-                       torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None,
-                       RaySampler(scene.train, rt.rank, rt.size, args.seed, rt.device), renderer,
+                       torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None, data, renderer,
                        RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
                                  renderer.candidate_capacity if renderer else None),
                        generator, start_step)
@@ -343,7 +364,7 @@ class Trainer:
                              self.march.warmup_steps, args.seed)
             timer.mark("occupancy update")
         n_rays = self.budget.n_rays
-        rays = self.sampler.sample(n_rays)
+        rays = self.data.sample(n_rays)
         if args.train_background == "random":  # also for opaque scenes: it teaches full opacity
             background = torch.rand((n_rays, 3), generator=self.generator, device=rt.device)
         else:
@@ -352,9 +373,30 @@ class Trainer:
         jitter = torch.rand(n_rays, generator=self.generator, device=rt.device)
         timer.mark("sampling")
         res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn, jitter,
-                         args.precision, self.scaler, self.renderer, timer)
+                         args.precision, self.scaler, self.renderer, timer, self.data.settings.importance_weights,
+                         self.data.loss_scale)
         self.budget.update(res)
+        self.data.observe(step, rays, res.ray_loss, res.valid)  # the error map (a collective every N steps)
         return res, n_rays
+
+    @property
+    def sampler(self) -> RaySampler:
+        return self.data.sampler
+
+    def end_interval(self, table) -> None:
+        """After the monitor's reduction (every rank): epoch, load balance and resolution for the next interval."""
+        for note in self.data.end_interval(table):
+            dist.log(note)
+        balancer = self.data.balancer
+        if balancer.mode == "off":
+            self.budget.fixed = self.budget.n_rays = balancer.equal_rays or self.budget.n_rays
+            return
+        target = balancer.target_samples
+        self.budget.target = target
+        if self.renderer is not None:
+            factor = float(self.args.model["marching"].get("candidate_factor", 4))
+            self.renderer.sample_capacity = target
+            self.renderer.candidate_capacity = self.budget.candidate_capacity = int(factor * target)
 
     def evaluate(self, n_views: int | None = None, save_dir: Path | None = None, n_save: int = 0) -> dict:
         """Test-split metrics (collective)."""
@@ -397,6 +439,7 @@ def run(args: argparse.Namespace) -> RunResult:
         if step % args.log_every == 0 or step == args.n_steps:
             seconds = clock.seconds()
             r = monitor.end_interval(step, stats, seconds, grid.occupancy_fraction())  # one collective; rank 0 prints
+            tr.end_interval(monitor.table)
             total_samples += r["samples"]
             history.append({"step": step, "seconds": round(seconds, 3), "loss": r["loss"],
                             "train_psnr": r["train_psnr"], "samples_per_sec": r["samples_per_s"]})
@@ -424,6 +467,10 @@ def run(args: argparse.Namespace) -> RunResult:
     if stats.steps:  # the partial interval before a time-budget stop
         total_samples += monitor.end_interval(step, stats, train_seconds, grid.occupancy_fraction())["samples"]
     monitor.close()
+    stream = tr.data.stream_report()
+    tr.data.close()
+    if stream:
+        dist.log(stream)
 
     ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
     curve.append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
