@@ -1,11 +1,12 @@
 """How much detail each tile of each training image holds, from OpenCV: edges and Laplacian variance.
 
-Per tile (``shards.TileGrid``) two features of the image's luminance (RGBA composited over mid-grey,
-so silhouettes count as edges on any background):
+Per tile (``shards.TileGrid``) two features of the image's luminance (colour composited over
+mid-grey) and of its alpha channel (so silhouettes count whatever the object's colour):
 
-- edge density: the fraction of the tile's pixels on a Canny edge (after a 3x3 Gaussian blur that
-  keeps JPEG noise from making edges);
-- Laplacian variance: the variance of the 3x3 Laplacian over the tile, the classic sharpness measure.
+- edge density: the fraction of the tile's pixels on a Canny edge of either (after a 3x3 Gaussian
+  blur that keeps JPEG noise from making edges);
+- Laplacian variance: the variance of the 3x3 Laplacian over the tile, the classic sharpness
+  measure (luminance plus alpha).
 
 ``complexity_scores`` mixes them as ``w_edge * e / mean(e) + w_lap * sqrt(v) / mean(sqrt(v))``
 (default weights 0.3 / 0.7, as the seed documents describe). Each feature is divided by its mean
@@ -35,7 +36,7 @@ from torch import Tensor
 from .. import dist
 from .shards import TileGrid
 
-VERSION = 1
+VERSION = 2
 CANNY_LOW, CANNY_HIGH = 50, 150
 
 
@@ -58,12 +59,18 @@ def _tile_sums(values: np.ndarray, tile: int) -> np.ndarray:
 
 def tile_features(rgba: np.ndarray, tile: int) -> np.ndarray:
     """One image ``[H, W, 4]`` uint8 -> ``[n_tiles, 2]`` float64: edge density and Laplacian variance per tile."""
-    grey = luminance(rgba)
-    edges = cv2.Canny(cv2.GaussianBlur(grey, (3, 3), 0), CANNY_LOW, CANNY_HIGH) > 0
-    lap = cv2.Laplacian(grey, cv2.CV_64F, ksize=3)
-    count = _tile_sums(np.ones_like(lap), tile)
-    mean = _tile_sums(lap, tile) / count
-    var = np.maximum(_tile_sums(lap * lap, tile) / count - mean * mean, 0.0)
+    channels = [luminance(rgba)]
+    alpha = np.ascontiguousarray(rgba[..., 3])
+    if alpha.min() < 255:
+        channels.append(alpha)
+    count = _tile_sums(np.ones(alpha.shape), tile)
+    edges = np.zeros(alpha.shape, bool)
+    var = np.zeros_like(count)
+    for c in channels:
+        edges |= cv2.Canny(cv2.GaussianBlur(c, (3, 3), 0), CANNY_LOW, CANNY_HIGH) > 0
+        lap = cv2.Laplacian(c, cv2.CV_64F, ksize=3)
+        mean = _tile_sums(lap, tile) / count
+        var += np.maximum(_tile_sums(lap * lap, tile) / count - mean * mean, 0.0)
     return np.stack([_tile_sums(edges.astype(np.float64), tile) / count, var], axis=1)
 
 
