@@ -442,7 +442,9 @@ def run(args: argparse.Namespace) -> RunResult:
             tr.end_interval(monitor.table)
             total_samples += r["samples"]
             history.append({"step": step, "seconds": round(seconds, 3), "loss": r["loss"],
-                            "train_psnr": r["train_psnr"], "samples_per_sec": r["samples_per_s"]})
+                            "train_psnr": r["train_psnr"], "samples_per_sec": r["samples_per_s"],
+                            "rays_per_step": r["rays_per_step"], "step_time_spread": r["step_time_spread"],
+                            "gpu_util_spread": r["gpu_util_spread"]})
             stats = monitor.new_interval()
         # Evaluation points and the time budget, decided from one shared clock reading every 8 steps.
         due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
@@ -485,7 +487,8 @@ def run(args: argparse.Namespace) -> RunResult:
                "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_ssim": ev["ssim"],
                "test_views": ev["views"], "psnr_per_view": ev.get("psnr_per_view", []), "curve": curve,
                "device": device_name(rt.device), "backend": backend, "precision": args.precision,
-               "controller": rt.controller, "scene": scene.source, "config": source, "history": history}
+               "controller": rt.controller, "scene": scene.source, "config": source, "history": history,
+               "data": tr.data.summary()}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:

@@ -11,7 +11,7 @@ resolution (``--dynamic_resolution``) — decided identically on every rank from
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +106,15 @@ def make_store(frames: Frames, placement: Placement, device: torch.device, setti
                          workers=settings.num_workers)
 
 
+def agree_placement(placement: Placement) -> Placement:
+    """The most conservative of the ranks' placements (collective): memory differs between nodes, and
+    ranks that disagreed would shard differently (streamed scenes shard whole images)."""
+    order = ("device", "host", "stream")
+    mine = torch.tensor([float(order.index(placement.mode))])
+    agreed = order[int(dist.allreduce(mine, "max", name="data.placement")[0])]
+    return placement if agreed == placement.mode else replace(placement, mode=agreed)
+
+
 class DataPipeline:
     """Sampler, store, error map and balancer of one rank (see the module docstring)."""
 
@@ -126,8 +135,9 @@ class DataPipeline:
               ) -> "DataPipeline":
         """Everything from the options (collective: every rank calls it)."""
         settings = DataSettings.from_args(args)
-        placement = plan_placement(settings.preload, frames.sizes, rt.device, settings.image_dtype,
-                                   settings.device_image_budget_gb, settings.host_image_budget_gb, rt.local_size)
+        placement = agree_placement(plan_placement(settings.preload, frames.sizes, rt.device, settings.image_dtype,
+                                                   settings.device_image_budget_gb, settings.host_image_budget_gb,
+                                                   rt.local_size))
         shard_by = "image" if placement.mode == "stream" else settings.shard_by
 
         def build_sampler() -> RaySampler:
@@ -221,6 +231,17 @@ class DataPipeline:
             return None
         return (f"streamed {store.decoded} image decodes in chunks of {store.chunk}, {store.rotations} rotations, "
                 f"{store.wait_seconds:.1f} s waiting for decoding")
+
+    def summary(self) -> dict:
+        """Decisions that every rank must share (a parallel test compares them across ranks) and figures for
+        reports: placement, epoch, resolution, sample shares of the ranks, rebalances, an error-map checksum."""
+        b = self.balancer
+        return {"placement": self.placement.mode, "sampling": self.settings.sampling, "balance": b.mode,
+                "epoch": self.sampler.epoch, "resolution": self.resolution, "shard_by": self.sampler.shard_by,
+                "tile_size": self.sampler.tile_size, "sample_shares": [round(float(v), 6) for v in b.shares],
+                "rebalances": b.rebalances, "equal_rays": b.equal_rays,
+                "error_map_sum": None if self.error_map is None else float(self.error_map.error.sum()),
+                "error_map_updates": None if self.error_map is None else self.error_map.updates}
 
     def state_dict(self) -> dict:
         """What a resumed run needs to continue the same data schedule (small, picklable-free values)."""
