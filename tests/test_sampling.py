@@ -400,3 +400,36 @@ def test_bad_data_options_are_refused(option, message):
 
     with pytest.raises(ConfigError, match=message):
         parse_args(option)
+
+
+# ------------------------------------------------------------------------------------ the benchmark
+
+
+def test_time_to_psnr_interpolates_between_evaluations():
+    from hvd_ngp.bench.sampling import time_to_psnr
+
+    curve = [{"seconds": 10.0, "psnr": 20.0}, {"seconds": 20.0, "psnr": 24.0}, {"seconds": 30.0, "psnr": 23.0}]
+    assert time_to_psnr(curve, 19.0) == 10.0
+    assert time_to_psnr(curve, 22.0) == pytest.approx(15.0)
+    assert time_to_psnr(curve, 25.0) is None
+
+
+def test_sampling_benchmark_writes_its_table_json_and_markdown(scene_cache, tmp_path, capsys):
+    import json
+
+    from conftest import TINY_ARGS
+
+    from hvd_ngp.bench.sampling import main
+
+    md = tmp_path / "BENCH.md"
+    result = main(["--device", "cpu", "--variants", "uniform,streamed", "--time_budget_s", "1", "--eval_points", "2",
+                   "--log_every", "2", "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "b.json"),
+                   "--markdown", str(md), "--", *TINY_ARGS, "--scene_cache", str(scene_cache), "--n_eval_views", "1"])
+    assert [v["variant"] for v in result["variants"]] == ["uniform", "streamed"]
+    assert result["variants"][1]["data"]["placement"] == "stream" and result["memory_cap_gb"] > 0
+    assert json.loads((tmp_path / "b.json").read_text())["target_psnr"] == pytest.approx(result["target_psnr"])
+    text = md.read_text()
+    assert "## Sampling strategies, load balance, streamed images" in text and "| streamed" in text
+    assert "| uniform" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="--variants"):
+        main(["--variants", "fastest"])
