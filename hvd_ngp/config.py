@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 import configargparse
 
+from .comm import CommSettings
+from .comm import add_options as add_comm_options
 from .errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
@@ -182,6 +184,8 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--holdout_every", type=int, default=0,
                    help="for a single transforms.json: every N-th frame is a test view and not trained on (0: none)")
     g.add_argument("--downscale", type=int, default=1, help="integer image downscale factor applied at load time")
+    g.add_argument("--sharpness_threshold", type=float, default=0.0,
+                   help="discard frames whose 'sharpness' field is below this (0: keep all)")
     g.add_argument("--train_background", choices=("random", "white", "black"), default="random",
                    help="background composited behind RGBA training images")
     g.add_argument("--eval_background", choices=("white", "black"), default="white",
@@ -204,6 +208,8 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="compute device")
     g.add_argument("--threads", type=int, default=0,
                    help="CPU threads per rank (0: cores / ranks on this node)")
+
+    add_comm_options(p)
 
     g = p.add_argument_group("evaluation and output")
     g.add_argument("--out_dir", default="runs/latest", help="folder for renders, metrics and snapshots (rank 0 only)")
@@ -365,6 +371,7 @@ def validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--gpu_sample_period_s must be positive, got {args.gpu_sample_period_s}")
     if args.n_rays_init > args.max_rays:
         raise ConfigError(f"--n_rays_init ({args.n_rays_init}) exceeds --max_rays ({args.max_rays})")
+    args.comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated
     from .data.pipeline import DataSettings
 
     DataSettings.from_args(args)

@@ -1,4 +1,10 @@
-"""Errors the user can act on. The entry points turn these into one line and a non-zero exit."""
+"""Errors the user can act on. The entry points turn these into one line and a non-zero exit (``run_cli``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, NoReturn
 
 
 class HvdNgpError(Exception):
@@ -19,3 +25,17 @@ class SnapshotError(HvdNgpError):
 
 class BackendError(HvdNgpError):
     """A requested compute backend (GPU kernels, tinycudann, Horovod) is not available."""
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None, prog: str = "hvd_ngp") -> NoReturn:
+    """Console-script wrapper: user errors become one line on stderr (with the rank under a launcher) and exit 2."""
+    try:
+        code = main(argv)
+    except HvdNgpError as exc:
+        rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")))
+        where = f"[rank {rank}] " if rank is not None else ""
+        print(f"{where}{prog}: error: {exc}", file=sys.stderr, flush=True)
+        code = 2
+    sys.stdout.flush()
+    # Horovod's shutdown waits for its background thread; after an error that can block: leave fast.
+    os._exit(code) if code else sys.exit(0)

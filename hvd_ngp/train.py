@@ -12,7 +12,6 @@ import json
 import math
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,12 +22,13 @@ from torch import Tensor
 
 from . import dist
 from .checkpoint import read_snapshot, restore_snapshot, save_snapshot
+from .comm import CommSettings
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
 from .data import Scene, load_scene
 from .data.pipeline import DataPipeline
 from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
-from .errors import ConfigError, HvdNgpError
+from .errors import ConfigError, run_cli
 from .field import NGPField
 from .clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate
@@ -163,7 +163,8 @@ AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
                scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None,
-               timer: StageTimer = NULL_TIMER, weight_gradient: bool = True, loss_scale: float = 1.0) -> StepResult:
+               timer: StageTimer = NULL_TIMER, backward_passes: int = 1, weight_gradient: bool = True,
+               loss_scale: float = 1.0) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
     ``rays.weight`` (importance weights of non-uniform sampling) always weight the reported loss and
@@ -171,25 +172,46 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     back-propagated (a rank's share of the step's rays, see ``data.balance``).
 
     ``renderer``: the fast GPU renderer, or None for the reference (``render.render_rays``).
+    ``backward_passes`` > 1 splits the rays into that many chunks with one backward pass each
+    (gradient accumulation, Horovod's ``backward_passes_per_step``); each chunk's loss is weighted
+    by its share of the rays, so on the reference path the summed gradient is the whole batch's.
     Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
-    must see every rank. With a gradient scaler (fp16), Horovod's pattern: synchronize (allreduce),
-    unscale, then step without a second synchronisation.
+    must see every rank. With a gradient scaler (fp16 autocast or fp16 compression), Horovod's
+    pattern: synchronize (allreduce), unscale, then step without a second synchronisation.
     """
     device_type = rays.origins.device.type
     render = renderer or render_rays
-    with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
-        out = render(field, lambda x: field.query_density(x)[0], rays.origins, rays.directions, field.aabb,
-                     grid, march.schedule, march.early_termination, jitter, timer=timer)
-    valid = getattr(out, "valid", None)
-    pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
     target = composite_background(rays.rgba, background)
-    per_channel = loss_fn(pred, target)
-    loss = masked_mean(per_channel, valid, rays.weight)
-    trained = loss if weight_gradient or rays.weight is None else masked_mean(per_channel, valid)
-    if loss_scale != 1.0:
-        trained = trained * loss_scale
+    n = len(rays)
+    bounds = [round(i * n / backward_passes) for i in range(backward_passes + 1)]
+    loss = mse = torch.zeros((), device=rays.origins.device)
+    n_samples = n_candidates = n_valid = 0
+    ray_loss: list[Tensor] = []
+    valids: list[Tensor | None] = []
     optimizer.zero_grad()
-    (trained if scaler is None else scaler.scale(trained)).backward()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if a == b:
+            continue
+        part, share = slice(a, b), (b - a) / n
+        with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
+            out = render(field, lambda x: field.query_density(x)[0], rays.origins[part], rays.directions[part],
+                         field.aabb, grid, march.schedule, march.early_termination,
+                         None if jitter is None else jitter[part], timer=timer)
+        valid = getattr(out, "valid", None)
+        weight = None if rays.weight is None else rays.weight[part]
+        pred = out.rgb.float() + background[part] * (1.0 - out.opacity.float()[:, None])
+        per_channel = loss_fn(pred, target[part])
+        part_loss = masked_mean(per_channel, valid, weight) * share
+        trained = part_loss if weight_gradient or weight is None else masked_mean(per_channel, valid) * share
+        if loss_scale != 1.0:
+            trained = trained * loss_scale
+        (trained if scaler is None else scaler.scale(trained)).backward()
+        loss = loss + part_loss.detach()
+        mse = mse + masked_mean((pred.detach() - target[part]) ** 2, valid, weight) * share
+        n_samples, n_candidates = n_samples + out.n_samples, n_candidates + out.n_candidates
+        n_valid = n_valid + ((b - a) if valid is None else valid.sum())
+        ray_loss.append(per_channel.detach().float().mean(dim=1))
+        valids.append(valid)
     timer.mark("backward")
     distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
     if distributed:
@@ -205,10 +227,22 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     if scaler is not None:
         scaler.update()
     timer.mark("optimizer")
-    mse = masked_mean((pred.detach() - target) ** 2, valid, rays.weight)
-    n_valid = len(rays) if valid is None else valid.sum()
-    return StepResult(loss.detach(), mse, out.n_samples, out.n_candidates, n_valid,
-                      per_channel.detach().float().mean(dim=1), valid)
+    all_valid = None if all(v is None for v in valids) else torch.cat(
+        [torch.ones(len(r), dtype=torch.bool, device=r.device) if v is None else v for r, v in zip(ray_loss, valids)])
+    return StepResult(loss, mse, n_samples, n_candidates, n_valid, torch.cat(ray_loss) if ray_loss else None, all_valid)
+
+
+def make_scaler(precision: str, comm: CommSettings, device: torch.device, size: int) -> torch.amp.GradScaler | None:
+    """A gradient scaler for fp16 autocast, or for fp16-compressed gradients when ranks average them.
+
+    Half precision flushes gradients below 6e-8 to zero and keeps little precision below 6e-5, where
+    most hash-grid and density-MLP gradients live (median 1e-6 and 3e-8 on the tiny CPU config), so
+    fp16 compression runs under dynamic loss scaling (initial scale 2^16): an overflow gives inf
+    after the allreduce, the same on every rank, and every rank skips that step and halves the scale.
+    """
+    if precision == "fp16" or (comm.loss_scaled_compression and size > 1):
+        return torch.amp.GradScaler(device.type)
+    return None
 
 
 class RayBudget:
@@ -296,19 +330,28 @@ class Trainer:
     budget: RayBudget
     generator: torch.Generator  # backgrounds and jitter, seeded by global rank
     start_step: int = 0
+    lr_scale: float = 1.0  # the learning-rate rule for this many ranks (comm.CommSettings.lr_multiplier)
 
     @staticmethod
     def build(args: argparse.Namespace) -> "Trainer":
+        comm: CommSettings = args.comm
         apply_horovod_tools(args)  # timeline/autotune/stall-check variables must precede Horovod's init
-        rt = dist.init(args.device, args.threads)
+        rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
+        use_cuda = rt.device.type == "cuda"
+        notes = comm.check_runtime(rt.size, rt.local_size, rt.controller, use_cuda, os.environ)
+        dist.agree(lambda: comm.block.check_host(rt.is_root), "checking the distributed block")
         torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
         source = args.model["_source"]
         backend = resolve_backend(args.backend, rt.device)
         dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}], device {device_name(rt.device)}, "
                  f"config {source}, backend {backend}, host {socket.gethostname()}")
+        lr_scale = comm.lr_multiplier(rt.size, rt.local_size, use_cuda)
+        if rt.size > 1 or comm.backward_passes_per_step > 1:
+            dist.log(comm.describe(os.environ, lr_scale, rt.cross_size, notes))
         scene: Scene = dist.agree(lambda: load_scene(
             args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
-            test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale, lazy_train=True),
+            test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale,
+            sharpness_threshold=args.sharpness_threshold, lazy_train=True),
             "loading the scene")
         dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
@@ -336,7 +379,8 @@ class Trainer:
             dist.broadcast_state(field, optimizer)  # optimizer state first, then parameters (see dist)
         else:
             dist.broadcast_state(field)
-        optimizer = dist.distributed_optimizer(optimizer, field.named_parameters())
+        optimizer = dist.distributed_optimizer(optimizer, field.named_parameters(), comm.compression,
+                                               comm.backward_passes_per_step, comm.reduce_op)
 
         renderer = None
         if backend == "triton":
@@ -347,10 +391,10 @@ class Trainer:
         generator = torch.Generator(device=rt.device)
         generator.manual_seed(args.seed * 7919 + rt.rank)
         return Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, make_loss(model["loss"], source),
-                       torch.amp.GradScaler(rt.device.type) if args.precision == "fp16" else None, data, renderer,
+                       make_scaler(args.precision, comm, rt.device, rt.size), data, renderer,
                        RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
                                  renderer.candidate_capacity if renderer else None),
-                       generator, start_step)
+                       generator, start_step, lr_scale)
 
     def step(self, step: int, timer: StageTimer = NULL_TIMER) -> tuple[StepResult, int]:
         """Training step number ``step`` (collective): occupancy refresh when due, rays, render, update.
@@ -358,12 +402,12 @@ class Trainer:
         args, rt = self.args, self.rt
         timer.start()
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(step)
+            group["lr"] = self.lr_at(step) * self.lr_scale
         if step % self.march.update_interval == 0:
             self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
                              self.march.warmup_steps, args.seed)
             timer.mark("occupancy update")
-        n_rays = self.budget.n_rays
+        n_rays = self.budget.n_rays * self.args.comm.backward_passes_per_step  # the budget is per backward pass
         rays = self.data.sample(n_rays)
         if args.train_background == "random":  # also for opaque scenes: it teaches full opacity
             background = torch.rand((n_rays, 3), generator=self.generator, device=rt.device)
@@ -373,8 +417,8 @@ class Trainer:
         jitter = torch.rand(n_rays, generator=self.generator, device=rt.device)
         timer.mark("sampling")
         res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn, jitter,
-                         args.precision, self.scaler, self.renderer, timer, self.data.settings.importance_weights,
-                         self.data.loss_scale)
+                         args.precision, self.scaler, self.renderer, timer, args.comm.backward_passes_per_step,
+                         self.data.settings.importance_weights, self.data.loss_scale)
         self.budget.update(res)
         self.data.observe(step, rays, res.ray_loss, res.valid)  # the error map (a collective every N steps)
         return res, n_rays
@@ -444,7 +488,8 @@ def run(args: argparse.Namespace) -> RunResult:
             history.append({"step": step, "seconds": round(seconds, 3), "loss": r["loss"],
                             "train_psnr": r["train_psnr"], "samples_per_sec": r["samples_per_s"],
                             "rays_per_step": r["rays_per_step"], "step_time_spread": r["step_time_spread"],
-                            "gpu_util_spread": r["gpu_util_spread"]})
+                            "gpu_util_spread": r["gpu_util_spread"],
+                            **{k: r[k] for k in ("interval_s", "comm_fraction", "gpu_util", "energy_j")}})
             stats = monitor.new_interval()
         # Evaluation points and the time budget, decided from one shared clock reading every 8 steps.
         due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
@@ -488,7 +533,7 @@ def run(args: argparse.Namespace) -> RunResult:
                "test_views": ev["views"], "psnr_per_view": ev.get("psnr_per_view", []), "curve": curve,
                "device": device_name(rt.device), "backend": backend, "precision": args.precision,
                "controller": rt.controller, "scene": scene.source, "config": source, "history": history,
-               "data": tr.data.summary()}
+               "communication": args.comm.summary(os.environ, tr.lr_scale), "data": tr.data.summary()}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:
@@ -503,16 +548,7 @@ def vars_for_json(args: argparse.Namespace) -> dict:
 
 def cli(argv: list[str] | None = None) -> None:
     """Console-script wrapper: user errors become one line on stderr and exit status 2."""
-    try:
-        code = main(argv)
-    except HvdNgpError as exc:
-        rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")))
-        where = f"[rank {rank}] " if rank is not None else ""
-        print(f"{where}hvd_ngp: error: {exc}", file=sys.stderr, flush=True)
-        code = 2
-    sys.stdout.flush()
-    # Horovod's shutdown waits for its background thread; after an error that can block: leave fast.
-    os._exit(code) if code else sys.exit(0)
+    run_cli(main, argv)
 
 
 if __name__ == "__main__":

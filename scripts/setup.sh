@@ -23,7 +23,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------- system packages
-apt_packages=(openmpi-bin libopenmpi-dev cmake g++ make python3-venv python3-dev)
+apt_packages=(openmpi-bin libopenmpi-dev cmake g++ make python3-venv python3-dev iproute2)
 if [[ "${HVD_NGP_SKIP_APT:-0}" != "1" ]] && command -v dpkg-query >/dev/null; then
   missing=()
   for p in "${apt_packages[@]}"; do
@@ -74,7 +74,7 @@ fi
 # Triton: the GPU kernels; on CPU-only machines its interpreter runs their parity tests.
 have triton || "${PIP[@]}" "triton>=3.2,<4"
 "${PIP[@]}" "numpy>=1.24" "opencv-python-headless>=4.8" "configargparse>=1.7" "pytest>=7" "pytest-timeout" \
-  "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ninja \
+  "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ninja pyroute2 \
   "tqdm>=4.60" "nvidia-ml-py>=12" "tensorboard>=2.14" ${HVD_NGP_EXTRAS:-}
 
 # ---------------------------------------------------------------- Horovod (patched 0.28.1, cached wheel)

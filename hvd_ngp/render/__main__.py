@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> dict:
     scene = dist.agree(lambda: load_scene(args.scene or cfg["scene"], scene_cache=cfg["scene_cache"],
                                           builtin_seed=cfg["builtin_seed"], train_split=cfg["train_split"],
                                           test_split=cfg["test_split"], holdout_every=cfg["holdout_every"],
-                                          downscale=args.downscale or cfg["downscale"]), "loading the scene")
+                                          downscale=args.downscale or cfg["downscale"],
+                                          sharpness_threshold=cfg.get("sharpness_threshold", 0.0)), "loading the scene")
     model = cfg["model"]
     backend = resolve_backend("auto", rt.device)
     field = NGPField(model, scene.aabb, backend)

@@ -1,0 +1,186 @@
+"""``python -m hvd_ngp.bench scaling``: how training scales with the number of ranks.
+
+    python -m hvd_ngp.bench scaling --ranks 1,2 -- --scene data/nerf_synthetic/lego --n_steps 20000
+
+For each rank count: one launch (through ``hvd_ngp.launch``, so hostfiles and fabrics work as for
+training) of the same training run, weak scaling (``--target_samples`` per rank and step). Reports
+throughput (steady state: log intervals after the first), speedup and efficiency against the
+smallest count, GPU utilization and samples per joule (NVML; n/a on CPU), the share of training
+time spent waiting for gradient allreduces, the training time (evaluation excluded) until test PSNR
+first reached each target (evaluated every ``--eval_every`` steps or at ``--eval_at_s`` times; by
+default ten times per run; "not reached" otherwise), and
+Horovod's allreduce of the same gradient sizes against raw ``torch.distributed`` (gloo on CPU, nccl
+on GPU) measured in the same processes. Prints a table, writes JSON, and appends a dated section
+with the command to docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..errors import HvdNgpError
+from ..launch import build_parser as launch_parser
+from ..launch import plan, split_program_args
+from .report import append_markdown, table, write_json
+
+WORKER = "hvd_ngp.bench._scaling_rank"
+
+
+class BenchError(HvdNgpError):
+    """A benchmark run failed."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench scaling", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--ranks", default="auto", help="comma-separated rank counts (auto: 1, 2, 4, ... up to the GPUs "
+                                                    "or the hostfile's slots; 1,2 on CPU)")
+    p.add_argument("--psnr_targets", default="33,35", help="test PSNR targets (dB) for time-to-PSNR")
+    p.add_argument("--ceiling_repeats", type=int, default=20, help="timed allreduces per tensor for the ceiling")
+    p.add_argument("--out_dir", default=None, help="per-run results and logs (default runs/bench/scaling-<time>)")
+    p.add_argument("--json", default=None, help="summary JSON (default <out_dir>/scaling.json)")
+    p.add_argument("--markdown", default="docs/BENCHMARKS.md", help="append a section here ('none': do not)")
+    p.add_argument("--timeout_s", type=float, default=0, help="give up on one rank count after this long (0: never)")
+    p.add_argument("--note", default="", help="a sentence added to the Markdown section (e.g. what else ran on the machine)")
+    g = p.add_argument_group("launch (as hvd-ngp-launch)")
+    g.add_argument("--hostfile")
+    g.add_argument("-H", "--hosts")
+    g.add_argument("--launcher", choices=("horovodrun", "mpirun"), default="horovodrun")
+    g.add_argument("--controller", choices=("auto", "mpi", "gloo"), default="auto")
+    g.add_argument("--fabric", choices=("auto", "ib", "eth"), default="auto")
+    g.add_argument("--iface")
+    return p
+
+
+def rank_counts(spec: str, hosts_slots: int | None) -> list[int]:
+    if spec != "auto":
+        try:
+            counts = sorted({int(x) for x in spec.split(",")})
+        except ValueError:
+            raise BenchError(f"--ranks expects comma-separated integers, got {spec!r}") from None
+        if not counts or counts[0] < 1:
+            raise BenchError(f"--ranks must be positive, got {spec!r}")
+        return counts
+    limit = hosts_slots or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    counts, n = [], 1
+    while n <= limit:
+        counts.append(n)
+        n *= 2
+    return counts
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    """Training seconds at the first evaluation with test PSNR >= target."""
+    return next((t for t, psnr in curve if psnr >= target), None)
+
+
+def summarize(results: list[dict], targets: list[float]) -> list[dict]:
+    """Per rank count: throughput, speedup and efficiency against the smallest count, time-to-PSNR."""
+    base = results[0]
+    base_rate = base["steady_samples_per_sec"] / base["ranks"]  # per rank
+    rows = []
+    for r in results:
+        speedup = r["steady_samples_per_sec"] / base_rate if base_rate > 0 else None
+        ceiling = next((c for c in r["ceiling"] if c["tensor"].startswith("hash grid")), None)
+        rows.append({"ranks": r["ranks"], "nodes": r["nodes"], "samples_per_sec": r["steady_samples_per_sec"],
+                     "speedup": speedup, "efficiency": None if speedup is None else speedup / r["ranks"],
+                     "gpu_util_percent": r["gpu_util_percent"], "comm_share": r["comm_share"],
+                     "samples_per_joule": r["samples_per_joule"], "test_psnr": r["test_psnr"],
+                     "time_to_psnr": {str(t): time_to(r["psnr_curve"], t) for t in targets},
+                     "hash_grid_allreduce_vs_raw": None if ceiling is None else ceiling["ratio"]})
+    return rows
+
+
+def fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def render(rows: list[dict], results: list[dict], targets: list[float]) -> str:
+    """The scaling table and the allreduce-ceiling table (plain text that is also Markdown)."""
+    def reached(row: dict, t: float) -> str:
+        s = row["time_to_psnr"][str(t)]
+        return "not reached" if s is None else f"{s:.1f} s"
+
+    columns = ["ranks", "nodes", "M samples/s", "speedup", "efficiency", "GPU util", "comm share", "samples/J",
+               *(f"time to {t:g} dB" for t in targets), "final test PSNR"]
+    cells = [dict(zip(columns, [
+        r["ranks"], r["nodes"], fmt(r["samples_per_sec"] / 1e6, ".3f"), fmt(r["speedup"], ".2f", "x"),
+        fmt(None if r["efficiency"] is None else 100 * r["efficiency"], ".1f", "%"), fmt(r["gpu_util_percent"], ".0f", "%"),
+        fmt(None if r["comm_share"] is None else 100 * r["comm_share"], ".1f", "%"), fmt(r["samples_per_joule"], ".3g"),
+        *(reached(r, t) for t in targets), fmt(r["test_psnr"], ".2f", " dB")])) for r in rows]
+    out = table(cells, columns)
+    c_columns = ["ranks", "tensor", "MiB", "Horovod", "raw torch.distributed", "Horovod / raw"]
+    c_cells = [dict(zip(c_columns, [
+        r["ranks"], c["tensor"], f"{c['bytes'] / 2**20:.1f}",
+        f"{1e3 * c['horovod_s']:.2f} ms, {c['horovod_busbw_gbs']:.3g} GB/s ({r['controller']} controller)",
+        f"{1e3 * c['raw_s']:.2f} ms, {c['raw_busbw_gbs']:.3g} GB/s ({c['backend']})", f"{100 * c['ratio']:.0f}%"]))
+        for r in results for c in r["ceiling"]]
+    if c_cells:
+        out += "\n\nAllreduce of the same gradient sizes, same processes (median; bus bandwidth):\n\n"
+        out += table(c_cells, c_columns)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    own, trainer_args = split_program_args(argv)
+    opts = build_parser().parse_args(own)
+    targets = [float(t) for t in opts.psnr_targets.split(",") if t]
+    trainer = parse_args(trainer_args, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
+    extra = [] if trainer.eval_every or trainer.eval_at_s else ["--eval_every", str(max(trainer.n_steps // 10, 1))]
+    extra += [] if trainer.n_eval_views else ["--n_eval_views", "8"]
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(opts.out_dir or f"runs/bench/scaling-{stamp}")
+    launch_opts = [a for flag, v in (("--hostfile", opts.hostfile), ("-H", opts.hosts), ("--iface", opts.iface))
+                   if v for a in (flag, v)]
+    launch_opts += ["--launcher", opts.launcher, "--controller", opts.controller, "--fabric", opts.fabric,
+                    "--module", WORKER]
+    slots = None
+    if opts.hostfile or opts.hosts:
+        slots = plan(launch_parser().parse_args(launch_opts), os.environ, [], trainer.comm).placement.np
+    results = []
+    for n in rank_counts(opts.ranks, slots):
+        run_dir = out_dir / f"ranks{n}"
+        program = ["--result", str(run_dir / "result.json"), "--ceiling_repeats", str(opts.ceiling_repeats), "--",
+                   *trainer_args, *extra, "--out_dir", str(run_dir), "--save_renders", "0"]
+        launch = plan(launch_parser().parse_args(["-np", str(n), *launch_opts]), os.environ, program, trainer.comm)
+        print(f"scaling: {n} rank(s): {launch.shell_line()}", file=sys.stderr, flush=True)
+        try:
+            proc = subprocess.run(launch.command, env={**os.environ, **launch.env}, timeout=opts.timeout_s or None)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{n} rank(s) did not finish within --timeout_s {opts.timeout_s:g}") from None
+        if proc.returncode != 0:
+            raise BenchError(f"{n} rank(s) failed with exit status {proc.returncode} (output above)")
+        results.append(json.loads((run_dir / "result.json").read_text()))
+
+    rows = summarize(results, targets)
+    text = render(rows, results, targets)
+    print("\n" + text, flush=True)
+    last = results[-1]
+    summary = {"command": "python -m hvd_ngp.bench scaling " + shlex.join(argv), "date": stamp,
+               "host": socket.gethostname(), "device": last["device"], "launcher": opts.launcher,
+               "communication": last["communication"], "rows": rows, "runs": results}
+    json_path = Path(opts.json or out_dir / "scaling.json")
+    write_json(json_path, summary)
+    print(f"\nwrote {json_path}", flush=True)
+    if opts.markdown != "none":
+        c = last["communication"]
+        settings = (f"{last['device']} on {socket.gethostname()}, {opts.launcher}, controller {last['controller']}; "
+                    f"fusion {c['fusion_threshold_mb']:g} MiB, cycle {c['cycle_time_ms']:g} ms, compression "
+                    f"{c['compression']}, {c['reduce_op']}, lr x{c['lr_multiplier']:.3g} at {last['ranks']} ranks; "
+                    f"{last['steps']} steps per run. Throughput: log intervals after the first; time to PSNR: "
+                    f"training seconds (evaluation excluded) at the first evaluation reaching it. {opts.note}")
+        append_markdown(opts.markdown, "Scaling", f"{settings.strip()}\n\n{text}", ["scaling", *argv])
+        print(f"appended to {opts.markdown}", flush=True)
+    return 0

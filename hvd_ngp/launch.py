@@ -1,0 +1,250 @@
+"""``python -m hvd_ngp.launch`` (console script ``hvd-ngp-launch``): one command for any cluster.
+
+    hvd-ngp-launch --hostfile hostfiles/ib4 --fabric ib -- --config configs/nerf/hashgrid.json --scene data/fox
+    hvd-ngp-launch --slurm --launcher mpirun --dry-run -- --scene data/fox
+
+Reads the hosts (hostfile, ``-H`` list or the SLURM allocation), places the ranks, checks the
+trainer's options and the config's ``distributed`` block against that placement, picks the
+controller (MPI when hierarchical allreduce needs it), builds the exact ``horovodrun`` or
+``mpirun`` command line and environment (NCCL fabric presets, the user's ``NCCL_*`` variables),
+and prints it (``--dry-run``) or replaces itself with it. Arguments after ``--`` go to the program
+(``python -m hvd_ngp.train`` by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .comm import CommSettings, DistributedBlock
+from .errors import ConfigError, run_cli
+from .topology import (FABRICS, Host, HostList, Placement, hierarchical_allreduce, nccl_presets, parse_host_arg,
+                       parse_hostfile, passthrough_names, place, slurm_hosts)
+
+TRAINER = "hvd_ngp.train"
+LAUNCHERS = ("horovodrun", "mpirun")
+CONTROLLERS = ("auto", "mpi", "gloo")
+
+
+@dataclass
+class LaunchPlan:
+    """What will run: the command, the variables added for every rank, and why."""
+
+    command: list[str]
+    env: dict[str, str]
+    placement: Placement
+    notes: list[str] = field(default_factory=list)
+
+    def shell_line(self) -> str:
+        """The command as one line a shell can run (``VAR=value ... horovodrun ...``)."""
+        prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        return " ".join(prefix + [shlex.quote(a) for a in self.command])
+
+    def describe(self) -> str:
+        lines = [f"# hvd_ngp launch: {self.placement.np} rank(s) on {self.placement.nodes} node(s) "
+                 f"[{self.placement.describe()}] from {self.placement.source}"]
+        lines += [f"# {note}" for note in self.notes]
+        lines.append("# environment added for every rank:" if self.env else "# environment: unchanged")
+        lines += [f"{k}={v}" for k, v in sorted(self.env.items())]
+        lines += ["# command:", self.shell_line()]
+        return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hvd-ngp-launch",
+        description="Build and run the horovodrun/mpirun command for hvd_ngp. Program arguments follow '--'.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("where the ranks run")
+    hosts = g.add_mutually_exclusive_group()
+    hosts.add_argument("--hostfile", "-hostfile", metavar="FILE", help="lines 'host slots=N' (# comments allowed)")
+    hosts.add_argument("-H", "--hosts", metavar="LIST", help="host:slots,host:slots,...")
+    hosts.add_argument("--slurm", action="store_true", help="the hosts of the current SLURM allocation")
+    g.add_argument("-np", "--np", type=int, default=None,
+                   help="ranks (default: distributed.world_size of the config, else every slot; on one machine "
+                        "without hosts: the GPU count, or 1)")
+    g.add_argument("--write-hostfile", metavar="PATH", help="also write the hosts as a hostfile (e.g. from --slurm)")
+    g = p.add_argument_group("how they are started")
+    g.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun",
+                   help="horovodrun, or Open MPI's mpirun (bare-metal clusters, UCX on InfiniBand)")
+    g.add_argument("--controller", choices=CONTROLLERS, default="auto",
+                   help="Horovod controller (auto: MPI when hierarchical allreduce or Adasum needs it, "
+                        "else horovodrun's default)")
+    g.add_argument("--fabric", choices=FABRICS, default="auto", help="NCCL presets: ib (InfiniBand/RoCE) or eth (TCP)")
+    g.add_argument("--iface", help="network interface for NCCL sockets and MPI/Gloo traffic, e.g. ib0 or eth1")
+    g.add_argument("--ib-gid-index", type=int, default=None, help="NCCL_IB_GID_INDEX (RoCE: usually 3)")
+    g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra variable for every rank")
+    g.add_argument("--ssh-port", type=int, default=None, help="ssh port of the hosts")
+    g.add_argument("--launcher-arg", action="append", default=[], metavar="ARG",
+                   help="argument passed to horovodrun/mpirun before the program (repeatable; use --launcher-arg=-x)")
+    g.add_argument("--module", default=TRAINER, help="Python module the ranks run (python -m MODULE)")
+    g.add_argument("--python", default=sys.executable, help="Python interpreter on the hosts")
+    g.add_argument("--dry-run", action="store_true", help="print the command and environment instead of running it")
+    return p
+
+
+def local_hosts(np: int | None) -> HostList:
+    """This machine alone: ``np`` slots, else one per GPU (at least one)."""
+    if np is None:
+        import torch  # only here: the launcher itself needs no GPU stack
+
+        np = max(torch.cuda.device_count(), 1)
+    return HostList((Host("localhost", np),), "this machine")
+
+
+def resolve_hosts(opts: argparse.Namespace, environ: Mapping[str, str], world_size: int | None) -> HostList:
+    if opts.hostfile:
+        return parse_hostfile(opts.hostfile)
+    if opts.hosts:
+        return parse_host_arg(opts.hosts)
+    if opts.slurm:
+        return slurm_hosts(environ)
+    return local_hosts(opts.np or world_size)
+
+
+def same_host(a: str, b: str) -> bool:
+    """Whether two names denote one machine: equal names or a shared resolved address."""
+    if a.lower() == b.lower():
+        return True
+
+    def addresses(name: str) -> set[str]:
+        try:
+            return {info[4][0] for info in socket.getaddrinfo(name, None)}
+        except socket.gaierror:
+            return set()
+
+    return bool(addresses(a) & addresses(b))
+
+
+def parse_env_assignments(items: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.isidentifier():
+            raise ConfigError(f"--env expects KEY=VALUE, got {item!r}")
+        env[key] = value
+    return env
+
+
+def find_executable(name: str, dry_run: bool) -> str:
+    """``name`` next to this Python (the venv), else on PATH; in a dry run a missing one is shown by name."""
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found:
+        return found
+    if dry_run:
+        return name
+    hint = "run scripts/setup.sh" if name == "horovodrun" else "install Open MPI or load your cluster's MPI module"
+    raise ConfigError(f"{name} not found ({hint})")
+
+
+def plan(opts: argparse.Namespace, environ: Mapping[str, str], program_args: Sequence[str],
+         comm: CommSettings | None) -> LaunchPlan:
+    """Everything ``main`` prints or runs; pure apart from name lookups (no process is started)."""
+    block = comm.block if comm else DistributedBlock("(no config)")
+    hosts = resolve_hosts(opts, environ, block.world_size)
+    if opts.np is None and block.world_size and block.world_size > hosts.total_slots:
+        raise ConfigError(f"{block.source}: distributed.world_size is {block.world_size} but {hosts.source} "
+                          f"lists {hosts.total_slots} slot(s)")
+    placement = place(hosts, opts.np or block.world_size)
+    notes: list[str] = []
+
+    controller = "mpi" if opts.launcher == "mpirun" else (None if opts.controller == "auto" else opts.controller)
+    if opts.launcher == "mpirun" and opts.controller == "gloo":
+        raise ConfigError("--launcher mpirun runs the MPI controller; use --launcher horovodrun for --controller gloo")
+    mode = comm.hierarchical if comm else "auto"
+    needs_mpi = [what for what, needed in (
+        ("hierarchical allreduce", mode == "on" or (mode == "auto" and placement.nodes > 1)),
+        ("Adasum", comm is not None and comm.reduce_op == "adasum" and placement.np > 1)) if needed]
+    if controller is None and needs_mpi:
+        controller = "mpi"
+        notes.append(f"controller: mpi ({' and '.join(needs_mpi)} {'needs' if len(needs_mpi) == 1 else 'need'} it)")
+    elif controller:
+        notes.append(f"controller: {controller}")
+    else:
+        notes.append("controller: horovodrun's default (MPI when Horovod was built with it)")
+    if comm is not None:
+        comm.check_reduce_op(placement.np, controller)
+    on, why = hierarchical_allreduce(mode, placement.nodes, controller)
+    notes.append(f"hierarchical allreduce: {'on' if on else 'off'} ({why})")
+    how = f"{opts.launcher} -np {placement.np} on {placement.nodes} node(s)"
+    block.check(placement.np, placement.nodes, controller, how)
+    if block.master_addr and not same_host(block.master_addr, placement.root_host):
+        raise ConfigError(f"{block.source}: distributed.master_addr is {block.master_addr!r} but rank 0 runs on "
+                          f"{placement.root_host!r} (the first host of {placement.source})")
+
+    env = nccl_presets(opts.fabric, opts.iface, opts.ib_gid_index)
+    for key in sorted(env):
+        if key in environ and environ[key] != env[key]:
+            notes.append(f"{key}={environ[key]} from your environment overrides the preset {env[key]}")
+            del env[key]
+    env.update(block.nccl_env(environ))
+    env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1" if on else "0"
+    env.update(parse_env_assignments(opts.env))
+
+    program = [opts.python, "-m", opts.module, *program_args]
+    if opts.launcher == "horovodrun":
+        command = [find_executable("horovodrun", opts.dry_run), "-np", str(placement.np), "-H",
+                   ",".join(f"{h}:{n}" for h, n in placement.ranks_per_host)]
+        command += [f"--{controller}"] if controller else []
+        command += ["--network-interfaces", opts.iface] if opts.iface else []
+        command += ["-p", str(opts.ssh_port)] if opts.ssh_port else []
+    else:
+        command = [find_executable("mpirun", opts.dry_run)]
+        command += ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+        command += ["-np", str(placement.np), "-H", ",".join(f"{h}:{n}" for h, n in placement.ranks_per_host),
+                    "--bind-to", "none", "--map-by", "slot", "--tag-output"]
+        if opts.fabric == "eth":
+            command += ["-mca", "pml", "ob1", "-mca", "btl", "tcp,self,vader"]
+        if opts.iface:
+            command += ["-mca", "btl_tcp_if_include", opts.iface, "-mca", "oob_tcp_if_include", opts.iface]
+        if opts.ssh_port:
+            command += ["-mca", "plm_rsh_args", f"-p {opts.ssh_port}"]
+        for name in passthrough_names({**environ, **env}):
+            command += ["-x", name]
+    command += [*opts.launcher_arg, *program]
+    return LaunchPlan(command, env, placement, notes)
+
+
+def split_program_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Launcher options before ``--``, program arguments after it."""
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    own, program_args = split_program_args(sys.argv[1:] if argv is None else argv)
+    opts = build_parser().parse_args(own)
+    comm = None
+    if opts.module == TRAINER:  # check the trainer's options here, before any rank starts
+        from .config import BASE_CONFIG, parse_args
+
+        comm = parse_args(program_args, default_config=BASE_CONFIG).comm
+    launch = plan(opts, os.environ, program_args, comm)
+    if opts.write_hostfile:
+        hosts = resolve_hosts(opts, os.environ, comm.block.world_size if comm else None)
+        Path(opts.write_hostfile).write_text(hosts.hostfile_text())
+    if opts.dry_run:
+        print(launch.describe(), flush=True)
+        return 0
+    print(launch.describe(), file=sys.stderr, flush=True)
+    os.execvpe(launch.command[0], launch.command, {**os.environ, **launch.env})
+    return 0  # not reached
+
+
+def cli(argv: list[str] | None = None) -> None:
+    run_cli(main, argv, prog="hvd-ngp-launch")
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,81 @@
+"""``python -m hvd_ngp.bench``: dispatch, the scaling summary, and ``scaling`` end to end at 1 and 2 CPU ranks."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, TINY_ARGS
+from hvd_ngp.bench.__main__ import available
+from hvd_ngp.bench._scaling_rank import interval_mean, steady_throughput
+from hvd_ngp.bench.scaling import rank_counts, summarize, time_to
+
+
+def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvd_ngp.bench", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_dispatch():
+    assert "scaling" in available() and not any(n.startswith("_") for n in available())
+    proc = bench("nope")
+    assert proc.returncode == 2 and "usage: python -m hvd_ngp.bench {" in proc.stderr and "scaling" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert bench("--help").returncode == 0
+
+
+def test_summary_arithmetic():
+    assert time_to([(1.0, 20.0), (2.0, 33.5), (3.0, 36.0)], 33) == 2.0
+    assert time_to([(1.0, 20.0)], 33) is None
+    # intervals after the first: (10 - 4) s at 2.0 and (16 - 10) s at 4.0 samples/s
+    history = [{"seconds": 4.0, "samples_per_sec": 1.0}, {"seconds": 10.0, "samples_per_sec": 2.0},
+               {"seconds": 16.0, "samples_per_sec": 4.0}]
+    assert steady_throughput(history) == pytest.approx(3.0)
+    assert steady_throughput(history[:1]) == pytest.approx(1.0)
+    monitored = [{"interval_s": 1.0, "comm_fraction": 0.1}, {"interval_s": 3.0, "comm_fraction": 0.3}]
+    assert interval_mean(monitored, "comm_fraction") == pytest.approx(0.25)
+    assert interval_mean([*monitored, {"interval_s": 1.0, "comm_fraction": None}], "comm_fraction") is None
+    assert rank_counts("4,1,2", None) == [1, 2, 4] and rank_counts("auto", 6) == [1, 2, 4]
+    run = lambda n, rate: {"ranks": n, "nodes": 1, "steady_samples_per_sec": rate, "gpu_util_percent": None,  # noqa: E731
+                           "comm_share": 0.1, "samples_per_joule": None, "test_psnr": 30.0,
+                           "psnr_curve": [(5.0, 33.1)], "ceiling": []}
+    rows = summarize([run(1, 100.0), run(2, 190.0)], [33.0, 35.0])
+    assert rows[1]["speedup"] == pytest.approx(1.9) and rows[1]["efficiency"] == pytest.approx(0.95)
+    assert rows[1]["time_to_psnr"] == {"33.0": 5.0, "35.0": None}
+    # without a 1-rank run, speedup is counted from the smallest run's per-rank rate
+    rows = summarize([run(2, 200.0), run(4, 360.0)], [33.0])
+    assert rows[0]["speedup"] == pytest.approx(2.0) and rows[1]["efficiency"] == pytest.approx(0.9)
+
+
+@pytest.mark.parallel
+def test_scaling_end_to_end_on_cpu(scene_cache, tmp_path):
+    markdown = tmp_path / "BENCHMARKS.md"
+    proc = bench("scaling", "--ranks", "1,2", "--ceiling_repeats", "3", "--psnr_targets", "10,35",
+                 "--out_dir", str(tmp_path / "runs"), "--markdown", str(markdown), "--",
+                 *TINY_ARGS, "--scene_cache", str(scene_cache), "--n_steps", "20", "--log_every", "5",
+                 "--eval_every", "10", "--device", "cpu", timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "runs" / "scaling.json").read_text())
+    one, two = summary["rows"]
+    assert (one["ranks"], two["ranks"]) == (1, 2) and one["speedup"] == pytest.approx(1.0)
+    assert one["samples_per_sec"] > 0 and two["samples_per_sec"] > 0
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+    assert one["comm_share"] == 0 and 0 < two["comm_share"] < 1  # only 2 ranks wait for allreduces
+    assert one["gpu_util_percent"] is None and one["samples_per_joule"] is None  # CPU: n/a
+    assert one["time_to_psnr"]["35.0"] is None  # honestly not reached
+    ceiling = summary["runs"][1]["ceiling"]
+    assert [c["tensor"].split(" (")[0] for c in ceiling] == ["hash grid", "all gradients"]
+    assert all(c["backend"] == "gloo" and c["horovod_s"] > 0 and c["raw_s"] > 0 for c in ceiling)
+    assert summary["runs"][0]["ceiling"] == []  # nothing to reduce at 1 rank
+    # the table printed, and the dated section with the command
+    assert re.search(r"^\| 2 +\| 1 +\| [\d.]+ +\| [\d.]+x +\| [\d.]+% +\| n/a +\| [\d.]+% +\| n/a", proc.stdout, re.M), \
+        proc.stdout
+    text = markdown.read_text()
+    assert text.startswith("# Benchmarks") and re.search(r"^## Scaling \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\)$", text, re.M)
+    assert "`python -m hvd_ngp.bench scaling --ranks 1,2" in text and "| not reached " in text
+    assert re.search(r"^\| 2 +\| hash grid \(encoding.params\) +\|", text, re.M), text
