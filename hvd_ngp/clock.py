@@ -17,9 +17,10 @@ from . import dist
 
 
 class TrainClock:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, already: float = 0.0) -> None:
+        """``already``: training seconds spent before this process (a resumed run continues its clock)."""
         self.device = device
-        self._banked = 0.0
+        self._banked = float(already)
         self._since: float | None = time.perf_counter()
         self.last_pause = 0.0
 

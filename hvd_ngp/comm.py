@@ -230,10 +230,20 @@ class CommSettings:
     def init_env(self, environ: Mapping[str, str], use_cuda: bool) -> dict[str, str]:
         """Variables to set before ``hvd.init()`` (Horovod and NCCL read them there)."""
         env = self.block.nccl_env(environ)
+        elastic = environ.get("HOROVOD_ELASTIC") == "1"
+        if elastic and (self.fusion_threshold_mb is not None or "HOROVOD_FUSION_THRESHOLD" in environ
+                        or environ.get("HOROVOD_AUTOTUNE") == "1"):
+            # Measured with Horovod 0.28.1 (Gloo, CPU): with HOROVOD_FUSION_THRESHOLD set, the surviving
+            # rank segfaults inside hvd.init() when the elastic world is re-formed (autotune too:
+            # horovod/horovod#2835). A clear error now beats a crash at the first host change.
+            raise ConfigError("elastic training: leave the tensor-fusion threshold to Horovod (no "
+                              "--fusion_threshold_mb, HOROVOD_FUSION_THRESHOLD or --autotune): Horovod 0.28.1 "
+                              "crashes when it re-forms the world with it set")
         for key, value, default in (("HOROVOD_FUSION_THRESHOLD", self.fusion_threshold_mb, DEFAULT_FUSION_THRESHOLD_MB),
                                     ("HOROVOD_CYCLE_TIME", self.cycle_time_ms, DEFAULT_CYCLE_TIME_MS)):
-            if value is None and (key in environ or environ.get("HOROVOD_AUTOTUNE") == "1"):
-                continue  # e.g. horovodrun --cycle-time-ms; --autotune tunes what is not set
+            if value is None and (key in environ or environ.get("HOROVOD_AUTOTUNE") == "1"
+                                  or (elastic and key == "HOROVOD_FUSION_THRESHOLD")):
+                continue  # e.g. horovodrun --cycle-time-ms; --autotune tunes what is not set; elastic: see above
             value = default if value is None else value
             env[key] = str(int(value * 1024 * 1024)) if key == "HOROVOD_FUSION_THRESHOLD" else f"{value:g}"
         key = "HOROVOD_HIERARCHICAL_ALLREDUCE"

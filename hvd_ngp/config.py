@@ -225,6 +225,22 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
 
     add_monitoring_options(p)
     add_data_options(p)
+    g = p.add_argument_group("checkpoints, failures and elastic training")
+    g.add_argument("--ckpt_dir", default=None, help="checkpoint folder (default: <out_dir>/checkpoints)")
+    g.add_argument("--ckpt_every", type=int, default=0, help="write a checkpoint every N steps (0: off)")
+    g.add_argument("--ckpt_every_minutes", type=float, default=0.0,
+                   help="write a checkpoint every M minutes of training time (0: off; read from the shared training clock every 8 steps)")
+    g.add_argument("--ckpt_keep", type=int, default=3, help="checkpoints kept in --ckpt_dir (the newest)")
+    g.add_argument("--resume", default=None, metavar="auto|PATH",
+                   help="'auto': continue from the newest valid checkpoint in --ckpt_dir (start fresh if none); "
+                        "or a checkpoint file or folder")
+    g.add_argument("--nonfinite_limit", type=int, default=10,
+                   help="stop after this many consecutive steps with a non-finite loss or gradients (each is skipped "
+                        "on every rank); 0: no check (saves one small allreduce and a host sync per step)")
+    g.add_argument("--watchdog_s", type=float, default=600.0,
+                   help="end this rank when no training step finished for this many seconds (0: off)")
+    g.add_argument("--commit_every", type=int, default=50,
+                   help="elastic runs: commit the in-memory state every N steps (work lost on a failure)")
 
     g = p.add_argument_group("network blocks (JSON merge-patch over the config file's block)")
     for block, option in BLOCK_OPTION.items():
@@ -360,11 +376,15 @@ def resolve_model(args: argparse.Namespace) -> dict:
 
 def validate(args: argparse.Namespace) -> None:
     """Cross-field checks with messages that say what was expected."""
-    positive = ("n_steps", "target_samples", "n_rays_init", "max_rays", "log_every", "downscale")
+    positive = ("n_steps", "target_samples", "n_rays_init", "max_rays", "log_every", "downscale", "ckpt_keep",
+                "commit_every")
     for name in positive:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
-    for name in ("time_budget_s", "eval_every", "n_eval_views", "save_renders", "holdout_every", "threads"):
+    if args.resume is not None and args.load_snapshot is not None:
+        raise ConfigError("give --resume or --load_snapshot, not both")
+    for name in ("time_budget_s", "eval_every", "n_eval_views", "save_renders", "holdout_every", "threads",
+                 "ckpt_every", "ckpt_every_minutes", "watchdog_s", "nonfinite_limit"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(args, name)}")
     if args.gpu_sample_period_s <= 0:

@@ -159,6 +159,30 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum", name: str | None = None) -
         return _hvd.allreduce_(tensor, op=getattr(_hvd, _OPS[op]), name=name)
 
 
+def allreduce_async(tensor: torch.Tensor, op: str = "sum", name: str | None = None) -> Any:
+    """Start an allreduce without waiting (Horovod fuses it with tensors submitted in the same cycle).
+
+    Returns a handle for ``synchronize``; at size 1 the handle is a copy of ``tensor``.
+    """
+    if _hvd is None or _runtime.size == 1:
+        return tensor.clone()
+    return _hvd.allreduce_async(tensor, op=getattr(_hvd, _OPS[op]), name=name)
+
+
+def synchronize(handle: Any) -> torch.Tensor:
+    """Wait for an ``allreduce_async`` and return its result."""
+    if isinstance(handle, torch.Tensor):
+        return handle
+    return _hvd.synchronize(handle)
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along dim 0, in rank order (``[size * n, ...]`` when all have n rows)."""
+    if _hvd is None or _runtime.size == 1:
+        return tensor.clone()
+    return _hvd.allgather(tensor, name=name)
+
+
 def allgather_object(obj: T, name: str | None = None) -> list[T]:
     """Every rank's ``obj``, ordered by rank (picklable objects only; for small metadata)."""
     if _hvd is None or _runtime.size == 1:
@@ -217,9 +241,10 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: It
     """Wrap an optimizer so gradients are averaged across ranks (Horovod tensor fusion + NCCL/MPI/Gloo).
 
     compression: none | fp16; op: average | adasum; ``backward_passes_per_step`` backward passes
-    accumulate locally before one allreduce. ``COMM_CLOCK`` times the wait in ``synchronize()``.
+    accumulate locally before one allreduce. Not wrapped at size 1,
+    except in an elastic job, whose world may grow later. ``COMM_CLOCK`` times the wait in ``synchronize()``.
     """
-    if _hvd is None or _runtime.size == 1:
+    if _hvd is None or (_runtime.size == 1 and not elastic()):
         return optimizer
     comp = _hvd.Compression.fp16 if compression == "fp16" else _hvd.Compression.none
     reduce_op = _hvd.Adasum if op == "adasum" else _hvd.Average
@@ -228,7 +253,73 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: It
     return COMM_CLOCK.wrap_synchronize(wrapped)
 
 
+# ------------------------------------------------------------------------------ elastic training
+
+
+def elastic() -> bool:
+    """True under an elastic horovodrun (``--min-np``/``--max-np``/``--host-discovery-script``)."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def _refresh_runtime() -> None:
+    """After an elastic reset: the new rank and sizes (the device stays: Horovod keeps slots stable)."""
+    global _runtime
+    old = runtime()
+    _runtime = Runtime(_hvd.rank(), _hvd.size(), _hvd.local_rank(), _hvd.local_size(), _hvd.cross_size(),
+                       old.device, old.controller)
+
+
+def elastic_run(body: Callable[[Any], T], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                tensors: dict[str, torch.Tensor], on_reset: Callable[[], None], **objects: Any) -> T:
+    """Run ``body(state)`` under ``hvd.elastic.run`` with a ``TorchState`` of model, optimizer, ``objects``.
+
+    ``state.commit()`` (inside ``body``, collective) keeps an in-memory copy and raises Horovod's
+    interrupt when hosts were added or removed; the wrapper then re-forms the world, calls
+    ``on_reset()`` (after this module's runtime is refreshed), syncs the state from rank 0 and calls
+    ``body`` again. ``tensors`` (e.g. the occupancy grid, whose bool buffer Horovod cannot
+    broadcast) are saved, restored and broadcast with the state. An optimizer with no state yet is
+    not broadcast (Horovod would initialise it with a zero-gradient step that moves weight-decayed
+    parameters); the model is broadcast after the optimizer so any such move is overwritten.
+    """
+    if _hvd is None:
+        raise RuntimeError("elastic_run needs an elastic horovodrun")
+    from horovod.torch.elastic import TorchState
+
+    class State(TorchState):
+        def __init__(self) -> None:
+            self._tensors = tensors
+            self._saved_tensors = {k: t.clone() for k, t in tensors.items()}
+            super().__init__(model=model, optimizer=optimizer, **objects)
+
+        def save(self) -> None:
+            self._saved_tensors = {k: t.clone() for k, t in self._tensors.items()}
+            super().save()
+
+        def restore(self) -> None:
+            for k, t in self._tensors.items():
+                t.copy_(self._saved_tensors[k])
+            super().restore()
+
+        def sync(self) -> None:
+            stateless = _hvd.broadcast_object(len(optimizer.state) == 0, root_rank=0, name="elastic.stateless")
+            if not stateless:
+                self._handlers["optimizer"].sync()
+            self._handlers["model"].sync()
+            for k, t in self._tensors.items():
+                _hvd.broadcast_(t, root_rank=0, name=f"elastic.{k}")
+            super(TorchState, self).sync()  # the plain objects
+
+    state = State()
+    state.register_reset_callbacks([_refresh_runtime, on_reset])
+    return _hvd.elastic.run(body)(state)
+
+
 # ------------------------------------------------------------------------------ agreement on failure
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """True for Horovod's error when a collective was aborted because another rank failed or left."""
+    return type(exc).__name__ == "HorovodInternalError"
 
 
 class RankFailure(HvdNgpError):
@@ -253,7 +344,7 @@ def agree(fn: Callable[[], T], what: str) -> T:
         if message:
             raise RankFailure(message)
         return result
-    messages = allgather_object(message, name=f"agree.{what}")
+    messages = allgather_object(message, name="agree")  # not named after `what`: it may differ across ranks
     failed = [(r, m) for r, m in enumerate(messages) if m]
     if failed:
         r, m = failed[0]

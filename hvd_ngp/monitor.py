@@ -265,7 +265,7 @@ class MonitorSettings:
         return MonitorSettings(jsonl=Path(jsonl) if jsonl and jsonl.lower() != "none" else None,
                                tensorboard=Path(args.tensorboard) if args.tensorboard else None,
                                progress=progress, comm_timing=args.comm_timing == "on",
-                               gpu_sample_period_s=args.gpu_sample_period_s, append=bool(args.load_snapshot))
+                               gpu_sample_period_s=args.gpu_sample_period_s, append=bool(args.load_snapshot or args.resume))
 
 
 class Monitor:

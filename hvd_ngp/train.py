@@ -12,24 +12,28 @@ import json
 import math
 import os
 import socket
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import dist
-from .checkpoint import read_snapshot, restore_snapshot, save_snapshot
+from . import checkpoint, dist, elastic, faults
+from .checkpoint import CheckpointManager, resume
 from .comm import CommSettings
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
 from .data import Scene, load_scene
 from .data.pipeline import DataPipeline
 from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
-from .errors import ConfigError, run_cli
+from .errors import ConfigError
+from .failures import NonFiniteGuard, Watchdog, report
 from .field import NGPField
+from .trainstate import TrainState, make_rank_streams
 from .clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate
 from .hvdtools import apply as apply_horovod_tools
@@ -144,15 +148,15 @@ def masked_mean(values: Tensor, valid: Tensor | None, weight: Tensor | None = No
 
 @dataclass
 class StepResult:
-    """loss, mse: device scalars (importance-weighted means); n_samples (through the network), n_candidates
-    (marched): ints on the reference path, device scalars on the fast path (read them without blocking: see
-    ``RayBudget``); ray_loss ``[R]`` each ray's unweighted loss (detached), valid ``[R]`` or None (all)."""
+    """loss, mse: device scalars; n_samples (through the network), n_candidates (marched): ints on the
+    reference path, device scalars on the fast path (read them without blocking: see ``RayBudget``)."""
 
     loss: Tensor
     mse: Tensor
     n_samples: int | Tensor
     n_candidates: int | Tensor
     n_valid: int | Tensor
+    skipped: bool = False  # a non-finite loss or gradients on some rank: no rank took the optimizer step
     ray_loss: Tensor | None = None
     valid: Tensor | None = None
 
@@ -163,8 +167,8 @@ AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
                scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None,
-               timer: StageTimer = NULL_TIMER, backward_passes: int = 1, weight_gradient: bool = True,
-               loss_scale: float = 1.0) -> StepResult:
+               timer: StageTimer = NULL_TIMER, backward_passes: int = 1, guard: NonFiniteGuard | None = None,
+               step: int = 0, weight_gradient: bool = True, loss_scale: float = 1.0) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
     ``rays.weight`` (importance weights of non-uniform sampling) always weight the reported loss and
@@ -177,7 +181,9 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     by its share of the rays, so on the reference path the summed gradient is the whole batch's.
     Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
     must see every rank. With a gradient scaler (fp16 autocast or fp16 compression), Horovod's
-    pattern: synchronize (allreduce), unscale, then step without a second synchronisation.
+    pattern: synchronize (allreduce), unscale, then step without a second synchronisation. With a
+    ``guard``, every rank skips the optimizer step when the loss or the reduced gradients are
+    non-finite on any rank (``step``: the 1-based step number, for messages and test faults).
     """
     device_type = rays.origins.device.type
     render = renderer or render_rays
@@ -201,8 +207,9 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
         weight = None if rays.weight is None else rays.weight[part]
         pred = out.rgb.float() + background[part] * (1.0 - out.opacity.float()[:, None])
         per_channel = loss_fn(pred, target[part])
-        part_loss = masked_mean(per_channel, valid, weight) * share
-        trained = part_loss if weight_gradient or weight is None else masked_mean(per_channel, valid) * share
+        part_loss = faults.poison_loss(masked_mean(per_channel, valid, weight), step) * share  # test hook
+        trained = part_loss if weight_gradient or weight is None else \
+            faults.poison_loss(masked_mean(per_channel, valid), step) * share
         if loss_scale != 1.0:
             trained = trained * loss_scale
         (trained if scaler is None else scaler.scale(trained)).backward()
@@ -213,23 +220,28 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
         ray_loss.append(per_channel.detach().float().mean(dim=1))
         valids.append(valid)
     timer.mark("backward")
+    if guard is not None:
+        guard.submit(loss)
     distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
     if distributed:
         optimizer.synchronize()  # waits for the gradient allreduce started during backward
         timer.mark("allreduce")
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    if distributed:
-        with optimizer.skip_synchronize():
+    skipped = guard is not None and guard.should_skip(optimizer, step, check_gradients=scaler is None)
+    if not skipped:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        if distributed:
+            with optimizer.skip_synchronize():
+                optimizer.step() if scaler is None else scaler.step(optimizer)
+        else:
             optimizer.step() if scaler is None else scaler.step(optimizer)
-    else:
-        optimizer.step() if scaler is None else scaler.step(optimizer)
-    if scaler is not None:
-        scaler.update()
+        if scaler is not None:
+            scaler.update()
     timer.mark("optimizer")
     all_valid = None if all(v is None for v in valids) else torch.cat(
         [torch.ones(len(r), dtype=torch.bool, device=r.device) if v is None else v for r, v in zip(ray_loss, valids)])
-    return StepResult(loss, mse, n_samples, n_candidates, n_valid, torch.cat(ray_loss) if ray_loss else None, all_valid)
+    return StepResult(loss, mse, n_samples, n_candidates, n_valid, skipped,
+                      torch.cat(ray_loss) if ray_loss else None, all_valid)
 
 
 def make_scaler(precision: str, comm: CommSettings, device: torch.device, size: int) -> torch.amp.GradScaler | None:
@@ -286,6 +298,16 @@ class RayBudget:
             self._adapt(*ready.tolist())
         return self.n_rays
 
+    def settle(self) -> int:
+        """Apply every pending count now (waiting for its copy). A checkpoint calls this, so the ray
+        count it records is the one the next step uses, in the saved run and in the resumed one."""
+        for event, ready in self._pending:
+            if event is not None:
+                event.synchronize()
+            self._adapt(*ready.tolist())
+        self._pending.clear()
+        return self.n_rays
+
 
 # ------------------------------------------------------------------------------------ main
 
@@ -305,14 +327,37 @@ class RunResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
+    try:
+        args = parse_args(argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
+    except ConfigError as exc:
+        report_on_every_rank(exc, "reading the configuration")
     run(args)
     return 0
 
 
+def report_on_every_rank(exc: ConfigError, what: str) -> NoReturn:
+    """Re-raise ``exc`` (an error before the communicator exists) so that every rank reports it.
+
+    Under a launcher the first rank to exit makes the launcher kill the others, possibly before
+    they printed their message; agreeing first makes every rank print it, and a rank whose own
+    configuration was fine (another environment) stops too instead of waiting for the others.
+    """
+    def fail() -> None:
+        raise exc
+
+    if dist.launched() and not dist.elastic():
+        dist.init("cpu")
+        dist.agree(fail, what)
+    raise exc
+
+
 @dataclass
 class Trainer:
-    """Everything one rank's training steps need, built by ``Trainer.build`` (collective)."""
+    """Everything one rank's training steps need, built by ``Trainer.build`` (collective).
+
+    ``state`` holds what a checkpoint saves (see ``trainstate``); ``sampler``, ``generator`` and
+    ``start_step`` read through to it, because an elastic reset or a resume replaces them.
+    """
 
     args: argparse.Namespace
     rt: dist.Runtime
@@ -325,12 +370,24 @@ class Trainer:
     lr_at: object
     loss_fn: object
     scaler: torch.amp.GradScaler | None
-    data: DataPipeline
     renderer: "FastRenderer | None"
     budget: RayBudget
-    generator: torch.Generator  # backgrounds and jitter, seeded by global rank
-    start_step: int = 0
-    lr_scale: float = 1.0  # the learning-rate rule for this many ranks (comm.CommSettings.lr_multiplier)
+    state: TrainState
+    ckpts: CheckpointManager
+    guard: NonFiniteGuard | None
+    data: DataPipeline  # placement, sampling strategy, balance; its sampler is ``state.sampler``
+
+    @property
+    def sampler(self) -> RaySampler:
+        return self.state.sampler
+
+    @property
+    def generator(self) -> torch.Generator:  # backgrounds and jitter, seeded by global rank
+        return self.state.bg_gen
+
+    @property
+    def start_step(self) -> int:
+        return self.state.step
 
     @staticmethod
     def build(args: argparse.Namespace) -> "Trainer":
@@ -339,16 +396,16 @@ class Trainer:
         rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
         use_cuda = rt.device.type == "cuda"
         notes = comm.check_runtime(rt.size, rt.local_size, rt.controller, use_cuda, os.environ)
-        dist.agree(lambda: comm.block.check_host(rt.is_root), "checking the distributed block")
+        elastic.startup_agree(lambda: comm.block.check_host(rt.is_root), "checking the distributed block")
         torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
         source = args.model["_source"]
         backend = resolve_backend(args.backend, rt.device)
-        dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}], device {device_name(rt.device)}, "
-                 f"config {source}, backend {backend}, host {socket.gethostname()}")
-        lr_scale = comm.lr_multiplier(rt.size, rt.local_size, use_cuda)
+        dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}{', elastic' if dist.elastic() else ''}], "
+                 f"device {device_name(rt.device)}, config {source}, backend {backend}, host {socket.gethostname()}")
         if rt.size > 1 or comm.backward_passes_per_step > 1:
-            dist.log(comm.describe(os.environ, lr_scale, rt.cross_size, notes))
-        scene: Scene = dist.agree(lambda: load_scene(
+            dist.log(comm.describe(os.environ, comm.lr_multiplier(rt.size, rt.local_size, use_cuda), rt.cross_size,
+                                   notes))
+        scene: Scene = elastic.startup_agree(lambda: load_scene(
             args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
             test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale,
             sharpness_threshold=args.sharpness_threshold, lazy_train=True),
@@ -356,29 +413,21 @@ class Trainer:
         dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
                  + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
-
         data = DataPipeline.build(scene.train, args, rt, args.scene_cache)
         dist.log(data.describe())
-        model = args.model
-        field = NGPField(model, scene.aabb, backend).to(rt.device)
-        grid = make_grid(model["marching"], scene).to(rt.device)
-        march = Marching.from_config(model["marching"], scene.aabb_scale, source)
+
+        def build_model() -> tuple:
+            model = args.model
+            field = NGPField(model, scene.aabb, backend).to(rt.device)
+            optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
+            return (field, make_grid(model["marching"], scene).to(rt.device),
+                    Marching.from_config(model["marching"], scene.aabb_scale, source), optimizer, lr_at,
+                    make_loss(model["loss"], source))
+
+        field, grid, march, optimizer, lr_at, loss_fn = elastic.startup_agree(build_model, "building the model")
         seen = grid.mark_unseen(scene.train.c2w, scene.train.intrinsics, scene.train.sizes, march.schedule.near)
         dist.log(f"occupancy grid: {100 * seen:.1f}% of the cells are seen by a training camera")
-        optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
-        start_step = 0
-        if args.load_snapshot:
-            def load() -> int:
-                if not rt.is_root:
-                    return 0
-                return restore_snapshot(read_snapshot(args.load_snapshot, rt.device), field, grid, optimizer,
-                                        args.load_snapshot)
-            start_step = dist.broadcast_object(dist.agree(load, "loading the snapshot"), name="snapshot.step")
-            dist.broadcast_(grid.density, name="snapshot.grid")
-            grid.refresh_occupied()
-            dist.broadcast_state(field, optimizer)  # optimizer state first, then parameters (see dist)
-        else:
-            dist.broadcast_state(field)
+        # wrapped before any state is loaded into it
         optimizer = dist.distributed_optimizer(optimizer, field.named_parameters(), comm.compression,
                                                comm.backward_passes_per_step, comm.reduce_op)
 
@@ -386,23 +435,38 @@ class Trainer:
         if backend == "triton":
             from .render.fast import FastRenderer
 
-            renderer = FastRenderer(int(model["marching"].get("candidate_factor", 4) * args.target_samples),
+            renderer = FastRenderer(int(args.model["marching"].get("candidate_factor", 4) * args.target_samples),
                                     args.target_samples)
-        generator = torch.Generator(device=rt.device)
-        generator.manual_seed(args.seed * 7919 + rt.rank)
-        return Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, make_loss(model["loss"], source),
-                       make_scaler(args.precision, comm, rt.device, rt.size), data, renderer,
-                       RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
-                                 renderer.candidate_capacity if renderer else None),
-                       generator, start_step, lr_scale)
+        scaler = make_scaler(args.precision, comm, rt.device, rt.size)
+        budget = RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
+                           renderer.candidate_capacity if renderer else None)
+        state = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size,
+                                                                               rt.device, new_sampler=data.new_sampler),
+                           budget)
+        ckpts = CheckpointManager(args.ckpt_dir or Path(args.out_dir) / "checkpoints", args.ckpt_every, args.ckpt_keep)
+        tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
+                     state, ckpts, NonFiniteGuard(args.nonfinite_limit) if args.nonfinite_limit else None, data)
+        resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
+        return tr
+
+    def lr_multiplier(self) -> float:
+        """The learning-rate rule (``--lr_scaling``) for the current world (an elastic one changes size)."""
+        rt = dist.runtime()
+        return self.args.comm.lr_multiplier(rt.size, rt.local_size, rt.device.type == "cuda")
+
+    def reseed(self) -> None:
+        """This rank's shard and fresh random streams for the current world and step (the world changed)."""
+        rt = dist.runtime()
+        self.state.reseed(self.scene.train, self.args.seed, rt.rank, rt.size, self.data.new_sampler)
 
     def step(self, step: int, timer: StageTimer = NULL_TIMER) -> tuple[StepResult, int]:
-        """Training step number ``step`` (collective): occupancy refresh when due, rays, render, update.
-        Returns the result and the number of rays it used."""
+        """Training step number ``step`` (0-based, collective): occupancy refresh when due, rays, render,
+        update. Returns the result and the number of rays it used."""
         args, rt = self.args, self.rt
         timer.start()
+        faults.at_step(step + 1)  # test-only fault injection (HVD_NGP_FAULTS); a no-op otherwise
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(step) * self.lr_scale
+            group["lr"] = self.lr_at(step) * self.lr_multiplier()
         if step % self.march.update_interval == 0:
             self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
                              self.march.warmup_steps, args.seed)
@@ -418,14 +482,11 @@ class Trainer:
         timer.mark("sampling")
         res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn, jitter,
                          args.precision, self.scaler, self.renderer, timer, args.comm.backward_passes_per_step,
-                         self.data.settings.importance_weights, self.data.loss_scale)
+                         self.guard, step + 1, self.data.settings.importance_weights, self.data.loss_scale)
         self.budget.update(res)
-        self.data.observe(step, rays, res.ray_loss, res.valid)  # the error map (a collective every N steps)
+        # the error map (a collective every N steps, on every rank; a skipped step's loss is not recorded)
+        self.data.observe(step, rays, None if res.skipped else res.ray_loss, res.valid)
         return res, n_rays
-
-    @property
-    def sampler(self) -> RaySampler:
-        return self.data.sampler
 
     def end_interval(self, table) -> None:
         """After the monitor's reduction (every rank): epoch, load balance and resolution for the next interval."""
@@ -452,88 +513,119 @@ class Trainer:
 def run(args: argparse.Namespace) -> RunResult:
     """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
     tr = Trainer.build(args)
-    rt, scene, field, grid, march, backend = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend
+    rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
+    elastic.startup_agree(lambda: prepare_outputs(args, tr.ckpts.directory if checkpointing(args) else None),
+                          "preparing the output folders")
     source = args.model["_source"]
     out_dir = Path(args.out_dir)
-    if rt.is_root:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"{out_dir}: cannot create the output folder: {exc.strerror}") from None
+    config = {"args": vars_for_json(args)}
 
     dist.log(f"training {args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
              + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
                f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
 
-    history: list[dict] = []   # one entry per log interval
-    curve: list[dict] = []     # test PSNR/SSIM against training time
-    eval_at = sorted(args.eval_at_s)
-    monitor = dist.agree(lambda: Monitor(MonitorSettings.from_args(args), args.n_steps, tr.start_step),
-                         "starting the monitor")
-    stats = monitor.new_interval()
-    total_samples = 0.0
-    clock = TrainClock(rt.device)
-    step = tr.start_step
-    while step < args.n_steps:
-        res, n_rays = tr.step(step)
-        stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
-        step += 1
-        monitor.tick()
+    # ts.progress, saved in checkpoints: "history" (one entry per log interval), "curve" (test PSNR/SSIM
+    # against training time), "total_samples", "train_seconds" (training time before this process)
+    progress = ts.progress
+    for key, empty in (("history", []), ("curve", []), ("total_samples", 0.0), ("train_seconds", 0.0)):
+        progress.setdefault(key, empty)
+    monitor = elastic.startup_agree(lambda: Monitor(MonitorSettings.from_args(args), args.n_steps, tr.start_step),
+                                    "starting the monitor")
+    clock = TrainClock(rt.device, already=progress["train_seconds"])
+    watchdog = Watchdog(args.watchdog_s, rt.rank).start()
+    last_timed_ckpt = [progress["train_seconds"]]  # a shared clock reading: the same on every rank
 
-        if step % args.log_every == 0 or step == args.n_steps:
-            seconds = clock.seconds()
-            r = monitor.end_interval(step, stats, seconds, grid.occupancy_fraction())  # one collective; rank 0 prints
-            tr.end_interval(monitor.table)
-            total_samples += r["samples"]
-            history.append({"step": step, "seconds": round(seconds, 3), "loss": r["loss"],
-                            "train_psnr": r["train_psnr"], "samples_per_sec": r["samples_per_s"],
-                            "rays_per_step": r["rays_per_step"], "step_time_spread": r["step_time_spread"],
-                            "gpu_util_spread": r["gpu_util_spread"],
-                            **{k: r[k] for k in ("interval_s", "comm_fraction", "gpu_util", "energy_j")}})
-            stats = monitor.new_interval()
-        # Evaluation points and the time budget, decided from one shared clock reading every 8 steps.
-        due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
-        if (eval_at or args.time_budget_s) and step % 8 == 0:
-            elapsed = clock.shared_seconds()
-            due = due or bool(eval_at and elapsed >= eval_at[0])
-            eval_at = [t for t in eval_at if t > elapsed]
-            stop = bool(args.time_budget_s and elapsed >= args.time_budget_s)
-        else:
-            stop = False
-        if due and not stop:
-            seconds = clock.seconds()
-            with clock.paused(), monitor.paused():
-                ev = tr.evaluate()
-            stats.started += clock.last_pause
-            curve.append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
-            dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views "
-                     f"at {seconds:.1f} s")
-        if stop:
-            break
-    train_seconds = clock.seconds()
-    if stats.steps:  # the partial interval before a time-budget stop
-        total_samples += monitor.end_interval(step, stats, train_seconds, grid.occupancy_fraction())["samples"]
+    def write_checkpoint(step: int) -> None:
+        with watchdog.paused(), clock.paused(), monitor.paused():
+            progress["train_seconds"] = clock.shared_seconds()
+            path = tr.ckpts.write(ts, config)
+        dist.log(f"[step {step}] checkpoint {path}")
+
+    def train_loop(commit: Callable[[], None] | None = None) -> None:
+        """Steps from ``ts.step`` to the end; re-entered after an elastic reset."""
+        eval_at = sorted(t for t in args.eval_at_s if t > progress["train_seconds"])
+        stats = monitor.new_interval()
+        with watchdog.armed():
+            while ts.step < args.n_steps:
+                res, n_rays = tr.step(ts.step)
+                if not res.skipped:
+                    stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
+                ts.step = step = ts.step + 1
+                watchdog.kick(step)
+                monitor.tick()
+
+                if step % args.log_every == 0 or step == args.n_steps:
+                    seconds = clock.seconds()
+                    r = monitor.end_interval(step, stats, seconds, grid.occupancy_fraction())  # collective; rank 0 prints
+                    tr.end_interval(monitor.table)
+                    progress["total_samples"] += r["samples"]
+                    progress["history"].append({
+                        "step": step, "seconds": round(seconds, 3), "loss": r["loss"], "train_psnr": r["train_psnr"],
+                        "samples_per_sec": r["samples_per_s"], "rays_per_step": r["rays_per_step"],
+                        "step_time_spread": r["step_time_spread"], "gpu_util_spread": r["gpu_util_spread"],
+                        **{k: r[k] for k in ("interval_s", "comm_fraction", "gpu_util", "energy_j")}})
+                    stats = monitor.new_interval()
+                # Evaluation points, the time budget and timed checkpoints, decided from one shared clock
+                # reading every 8 steps.
+                due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
+                ckpt_due = tr.ckpts.due_by_steps(step)
+                stop = False
+                if (eval_at or args.time_budget_s or args.ckpt_every_minutes) and step % 8 == 0:
+                    elapsed = clock.shared_seconds()
+                    due = due or bool(eval_at and elapsed >= eval_at[0])
+                    eval_at = [t for t in eval_at if t > elapsed]
+                    stop = bool(args.time_budget_s and elapsed >= args.time_budget_s)
+                    if args.ckpt_every_minutes and elapsed - last_timed_ckpt[0] >= 60 * args.ckpt_every_minutes:
+                        ckpt_due, last_timed_ckpt[0] = True, elapsed
+                if due and not stop:
+                    seconds = clock.seconds()
+                    with clock.paused(), watchdog.paused(), monitor.paused():
+                        ev = tr.evaluate()
+                    stats.started += clock.last_pause
+                    progress["curve"].append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"],
+                                              "ssim": ev["ssim"]})
+                    dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
+                             f"views at {seconds:.1f} s")
+                if ckpt_due or (stop and checkpointing(args)):
+                    write_checkpoint(step)
+                    stats.started += clock.last_pause
+                if commit is not None:
+                    commit()
+                if stop:
+                    break
+        if stats.steps:  # the partial interval before a time-budget stop
+            progress["total_samples"] += monitor.end_interval(ts.step, stats, clock.seconds(),
+                                                              grid.occupancy_fraction())["samples"]
+
+    if dist.elastic():
+        elastic.run(train_loop, tr.reseed, ts, args.commit_every)
+    else:
+        train_loop()
+    watchdog.stop()
     monitor.close()
+    rt, step = dist.runtime(), ts.step
+    train_seconds = progress["train_seconds"] = clock.seconds()
+    if checkpointing(args) and step not in [s for s, _ in tr.ckpts.existing()]:
+        write_checkpoint(step)  # a restartable run always ends with a checkpoint
     stream = tr.data.stream_report()
     tr.data.close()
     if stream:
         dist.log(stream)
 
     ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
-    curve.append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
-    samples_per_sec = total_samples / max(train_seconds, 1e-9)
+    progress["curve"].append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
+    samples_per_sec = progress["total_samples"] / max(train_seconds, 1e-9)
     dist.log(f"done: {step} steps in {train_seconds:.1f} s, {samples_per_sec / 1e6:.3f} M samples/s, "
              f"test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views")
     if args.save_snapshot:
-        if rt.is_root:  # a DistributedOptimizer's state_dict is the wrapped optimizer's
-            save_snapshot(args.save_snapshot, field, grid, tr.optimizer, step, {"args": vars_for_json(args)})
-        dist.barrier()
+        checkpoint.save(ts, args.save_snapshot, config)
     metrics = {"world_size": rt.size, "steps": step, "train_seconds": round(train_seconds, 3),
                "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_ssim": ev["ssim"],
-               "test_views": ev["views"], "psnr_per_view": ev.get("psnr_per_view", []), "curve": curve,
+               "test_views": ev["views"], "psnr_per_view": ev.get("psnr_per_view", []), "curve": progress["curve"],
                "device": device_name(rt.device), "backend": backend, "precision": args.precision,
-               "controller": rt.controller, "scene": scene.source, "config": source, "history": history,
-               "communication": args.comm.summary(os.environ, tr.lr_scale), "data": tr.data.summary()}
+               "controller": rt.controller, "scene": scene.source, "config": source,
+               "nonfinite_skipped_steps": tr.guard.skipped if tr.guard else None, "history": progress["history"],
+               "communication": args.comm.summary(os.environ, tr.lr_multiplier()), "data": tr.data.summary()}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:
@@ -542,13 +634,48 @@ def run(args: argparse.Namespace) -> RunResult:
     return RunResult(field, grid, step, metrics)
 
 
+def checkpointing(args: argparse.Namespace) -> bool:
+    """Periodic checkpoints are on (then a run also ends, or stops on its time budget, with one)."""
+    return args.ckpt_every > 0 or args.ckpt_every_minutes > 0
+
+
+def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> None:
+    """Rank 0: create the output folders and prove they are writable now, not after hours of training."""
+    if not dist.runtime().is_root:
+        return
+    folders = [("output folder (--out_dir)", Path(args.out_dir))]
+    if ckpt_dir is not None:
+        folders.append(("checkpoint folder (--ckpt_dir)", ckpt_dir))
+    for option in ("save_snapshot", "metrics_json"):
+        if getattr(args, option):
+            folders.append((f"folder of --{option}", Path(getattr(args, option)).parent))
+    for what, folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{folder}: cannot write to the {what}: {exc.strerror}") from None
+
+
 def vars_for_json(args: argparse.Namespace) -> dict:
     return {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, dict, list, type(None)))}
 
 
 def cli(argv: list[str] | None = None) -> None:
-    """Console-script wrapper: user errors become one line on stderr and exit status 2."""
-    run_cli(main, argv)
+    """Console-script wrapper: any failure becomes one clear message naming the rank, and a fast non-zero exit.
+
+    User errors exit 2; unexpected exceptions 1 (see ``failures.report``). Leaving with ``os._exit``
+    matters: Horovod's shutdown waits for its background thread, which can block after an error.
+    """
+    try:
+        code = main(argv)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        code = report(exc)
+    sys.stdout.flush()
+    os._exit(code) if code else sys.exit(0)
 
 
 if __name__ == "__main__":

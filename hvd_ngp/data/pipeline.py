@@ -125,6 +125,7 @@ class DataPipeline:
         self.placement = placement
         self.balancer = balancer
         self.error_map = error_map
+        self.complexity: Tensor | None = None  # per-tile scores of --sampling complexity
         self.rays_drawn = 0.0  # by all ranks, counted from the monitor's tables
         self.resolution = settings.dynamic_resolution
         self._previous_loss: float | None = None
@@ -156,13 +157,34 @@ class DataPipeline:
             downscale = frames.files.downscale if frames.files is not None else 1
             features, pipeline.complexity_from_cache = scene_features(sampler.grid, sampler.store.image, paths,
                                                                       downscale, scene_cache)
-            sampler.set_scores(complexity_scores(features, settings.complexity_weights))
+            pipeline.complexity = complexity_scores(features, settings.complexity_weights)
+            sampler.set_scores(pipeline.complexity)
         if pipeline.resolution > 1:
             if sampler.tile_size % pipeline.resolution:
                 raise ConfigError(f"--dynamic_resolution {pipeline.resolution} must divide the tile size "
                                   f"{sampler.tile_size} (set --tile_size)")
             sampler.set_resolution(pipeline.resolution)
         return pipeline
+
+    def new_sampler(self, rank: int, size: int, seed: int) -> RaySampler:
+        """The sampler of shard ``rank`` of ``size`` drawing with ``seed``, on the same images, strategy and
+        resolution (a world-size change or a resume re-deals the shards); the current one when nothing changed."""
+        old = self.sampler
+        if (rank, size, seed) == (old.rank, old.world_size, old.seed):
+            return old
+        old.stop_prefetch()
+        sampler = RaySampler(old.frames, rank, size, seed, old.device, store=old.store, tile_size=old.tile_size,
+                             shard_by=old.shard_by, epoch=max(old.epoch, 0), floor=old.floor)
+        scores = self.complexity if self.error_map is None or not self.error_map.updates else self.error_map.error
+        if scores is not None:
+            sampler.set_scores(scores)
+        if self.resolution > 1:
+            sampler.set_resolution(self.resolution)
+        if (rank, size) != (self.balancer.rank, self.balancer.world_size):  # a new world starts balanced
+            b = self.balancer
+            self.balancer = Balancer(b.mode, rank, size, b.target, b.threshold, b.max_rays)
+        self.sampler = sampler
+        return sampler
 
     # -------------------------------------------------------------------------------- per step
 

@@ -277,12 +277,16 @@ class RaySampler:
         return pixel_rays(c2w, self.intrinsics[img], u, v, self.distortion[img] if self.has_distortion else None,
                           self.fisheye[img] if self.has_fisheye else None)
 
-    def close(self) -> None:
-        """Stop the background threads (idempotent)."""
+    def stop_prefetch(self) -> None:
+        """Stop drawing batches ahead (idempotent); the store stays open for another sampler."""
         self._drain()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+    def close(self) -> None:
+        """Stop the background threads and close the store (idempotent)."""
+        self.stop_prefetch()
         self.store.close()
 
 

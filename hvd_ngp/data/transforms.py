@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,8 @@ def read_json(path: Path) -> dict:
         raise SceneError(f"{path}: no such file") from None
     except OSError as exc:
         raise SceneError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SceneError(f"{path}: cannot read: not a UTF-8 text file (byte {exc.start}); expected transforms JSON") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -103,8 +106,43 @@ def _matrix(value, path: Path, where: str) -> np.ndarray:
     return arr
 
 
+def frame_line(path: Path, index: int) -> int | None:
+    """1-based line on which ``frames[index]`` starts in the JSON file ``path`` (None when it cannot be told)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    found = re.search(r'"frames"\s*:\s*\[', text)
+    if found is None:
+        return None
+    decoder, pos = json.JSONDecoder(), found.end()
+    for i in range(index + 1):
+        pos = re.compile(r"[\s,]*").match(text, pos).end()
+        if i == index:
+            return text.count("\n", 0, pos) + 1
+        try:
+            pos = decoder.raw_decode(text, pos)[1]
+        except ValueError:
+            return None
+    return None
+
+
 def parse_transforms(path: Path, sharpness_threshold: float = 0.0) -> TransformsFile:
-    """Parse one transforms file (no image decoding)."""
+    """Parse one transforms file (no image decoding).
+
+    An error about one frame names the line it starts on (``transforms.json:57: frames[3]...``).
+    """
+    try:
+        return _parse_transforms(path, sharpness_threshold)
+    except SceneError as exc:
+        about_frame = re.match(re.escape(f"{path}: frames[") + r"(\d+)\]", str(exc))
+        line = frame_line(path, int(about_frame.group(1))) if about_frame else None
+        if line is None:
+            raise
+        raise SceneError(f"{path}:{line}: {str(exc)[len(str(path)) + 2:]}") from None
+
+
+def _parse_transforms(path: Path, sharpness_threshold: float) -> TransformsFile:
     data = read_json(path)
     frames_json = data.get("frames")
     if not isinstance(frames_json, list):
