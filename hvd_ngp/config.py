@@ -305,9 +305,10 @@ def add_data_options(p: configargparse.ArgumentParser) -> None:
     g.add_argument("--epoch_passes", type=float, default=1.0,
                    help="an epoch ends (and shards are dealt again) when the ranks together have drawn this many "
                         "rays per training pixel")
-    g.add_argument("--balance", choices=("off", "samples", "time"), default="time",
-                   help="off: equal rays per rank; samples: each rank sizes its batch to --target_samples; time: "
-                        "samples, and ranks whose step times drift apart get sample targets by their throughput")
+    g.add_argument("--balance", choices=("off", "samples", "time"), default="samples",
+                   help="off: equal rays per rank; samples: each rank sizes its batch to --target_samples "
+                        "(deterministic); time: samples, and ranks whose step times drift apart get sample targets "
+                        "by their throughput (follows measured times, so runs are not bit-reproducible)")
     g.add_argument("--balance_threshold", type=float, default=0.05,
                    help="rebalance when (max - min) / max of the per-rank step times exceeds this")
     g.add_argument("--preload", choices=("auto", "device", "gpu", "host", "stream"), default="auto",

@@ -447,6 +447,8 @@ class Trainer:
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
                      state, ckpts, NonFiniteGuard(args.nonfinite_limit) if args.nonfinite_limit else None, data)
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
+        if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
+            data.load_state_dict(state.progress["data"])
         return tr
 
     def lr_multiplier(self) -> float:
@@ -538,6 +540,7 @@ def run(args: argparse.Namespace) -> RunResult:
     def write_checkpoint(step: int) -> None:
         with watchdog.paused(), clock.paused(), monitor.paused():
             progress["train_seconds"] = clock.shared_seconds()
+            progress["data"] = tr.data.state_dict()
             path = tr.ckpts.write(ts, config)
         dist.log(f"[step {step}] checkpoint {path}")
 

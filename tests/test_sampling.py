@@ -433,3 +433,44 @@ def test_sampling_benchmark_writes_its_table_json_and_markdown(scene_cache, tmp_
     assert "| uniform" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="--variants"):
         main(["--variants", "fastest"])
+
+
+def test_pipeline_state_survives_a_json_round_trip(scene_cache, tmp_path):
+    """Checkpoints keep the data schedule in the run's JSON progress record."""
+    import json
+
+    from hvd_ngp.config import CPU_CONFIG, parse_args
+    from hvd_ngp.data.pipeline import DataPipeline
+
+    argv = ["--config", str(CPU_CONFIG), "--scene_cache", str(scene_cache), "--sampling", "error_map",
+            "--dynamic_resolution", "2"]
+    frames = load_scene("builtin", scene_cache=scene_cache, lazy_train=True).train
+    a = DataPipeline.build(frames, parse_args(argv), dist.runtime(), str(tmp_path))
+    batch = a.sample(4096)
+    a.observe(a.settings.error_map_interval - 1, batch, torch.rand(len(batch)), None)  # one reduction
+    a.end_interval(table([{"steps": 10, "seconds": 1.0, "rays": a.sampler.n_pixels * 1.5, "loss_sum": 5.0}]))
+    assert a.sampler.epoch == 1 and a.error_map.updates == 1
+    b = DataPipeline.build(frames, parse_args(argv), dist.runtime(), str(tmp_path))
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert b.summary() == a.summary() and b.rays_drawn == a.rays_drawn
+    assert torch.equal(b.sampler.probability, a.sampler.probability)
+    a.close()
+    b.close()
+
+
+def test_new_sampler_keeps_strategy_and_epoch_for_a_new_world(scene_cache, tmp_path):
+    from hvd_ngp.config import CPU_CONFIG, parse_args
+    from hvd_ngp.data.pipeline import DataPipeline
+
+    args = parse_args(["--config", str(CPU_CONFIG), "--scene_cache", str(scene_cache), "--sampling", "complexity"])
+    frames = load_scene("builtin", scene_cache=scene_cache, lazy_train=True).train
+    pipe = DataPipeline.build(frames, args, dist.runtime(), str(tmp_path))
+    pipe.sampler.set_epoch(3)
+    first = pipe.sampler
+    assert pipe.new_sampler(first.rank, first.world_size, first.seed) is first
+    shards = [pipe.new_sampler(r, 2, 99).shard_pixels() for r in (1, 0)]
+    assert pipe.sampler is not first and pipe.sampler.epoch == 3 and pipe.balancer.world_size == 2
+    assert torch.equal(pipe.sampler.scores, first.scores) and pipe.sampler.store is first.store
+    allpix = torch.cat(shards)
+    assert allpix.numel() == frames.n_pixels and torch.unique(allpix).numel() == frames.n_pixels
+    pipe.close()

@@ -4,8 +4,10 @@ Launch it like the trainer (``horovodrun -np 2 -H localhost:2 python -m hvd_ngp.
 every rank trains the same variants in the same order, each for ``--time_budget_s`` seconds of
 training with test evaluations at ``--eval_points`` evenly spaced times (evaluation is off the clock):
 
-- ``uniform``, ``complexity``, ``error_map``: ``--sampling`` with the default balance (time);
+- ``uniform``, ``complexity``, ``error_map``: ``--sampling`` with the default balance (samples: each
+  rank sizes its batch to the same samples per step);
 - ``balance_off``: uniform sampling with equal rays per rank (the unbalanced baseline);
+- ``balance_time``: uniform sampling, sample targets moved between ranks by their measured step times;
 - ``streamed``: uniform sampling with device and host image budgets of ``--memory_cap_gb`` (default:
   half the decoded training images), so the images stream from disk by shard.
 
@@ -37,6 +39,7 @@ VARIANTS = {
     "complexity": ["--sampling", "complexity"],
     "error_map": ["--sampling", "error_map"],
     "balance_off": ["--sampling", "uniform", "--balance", "off"],
+    "balance_time": ["--sampling", "uniform", "--balance", "time"],
     "streamed": ["--sampling", "uniform", "--preload", "auto"],  # + the memory cap
 }
 STRATEGIES = ("uniform", "complexity", "error_map")

@@ -7,8 +7,9 @@ A rank's "busy" time is its interval seconds minus the seconds it spent blocked 
 
 - ``off``: every rank takes the same number of rays per step (re-planned each interval so that
   the ranks together reach ``target_samples`` per rank on average): the naive baseline.
-- ``samples``: each rank sizes its ray batch every step to reach ``target_samples`` (``RayBudget``).
-- ``time`` (default): as ``samples``, and when the per-rank step times drift apart by more than
+- ``samples`` (default): each rank sizes its ray batch every step to reach ``target_samples``
+  (``RayBudget``); deterministic, so runs and resumed runs repeat bit for bit on the CPU.
+- ``time``: as ``samples``, and when the per-rank step times drift apart by more than
   ``threshold`` (``(max - min) / max``), each rank's sample target becomes proportional to its
   measured throughput (samples per busy second), so slower ranks get less work. Targets are
   smoothed (geometric mean with the previous plan), kept within [0.25, 2] x ``target_samples`` and

@@ -54,9 +54,10 @@ class ErrorMap:
         return self.error
 
     def state_dict(self) -> dict:
-        return {"error": self.error.clone(), "seen": self.seen.clone(), "updates": self.updates}
+        """JSON-able (checkpoints keep it in the run's progress record)."""
+        return {"error": self.error.tolist(), "seen": self.seen.tolist(), "updates": self.updates}
 
     def load_state_dict(self, state: dict) -> None:
-        self.error.copy_(state["error"])
-        self.seen.copy_(state["seen"])
+        self.error.copy_(torch.as_tensor(state["error"], dtype=torch.float64))
+        self.seen.copy_(torch.as_tensor(state["seen"], dtype=torch.bool))
         self.updates = int(state["updates"])

@@ -266,7 +266,8 @@ class DataPipeline:
                 "error_map_updates": None if self.error_map is None else self.error_map.updates}
 
     def state_dict(self) -> dict:
-        """What a resumed run needs to continue the same data schedule (small, picklable-free values)."""
+        """What a resumed run needs to continue the same data schedule (JSON-able: checkpoints keep it in
+        the run's progress record)."""
         return {"epoch": self.sampler.epoch, "rays_drawn": self.rays_drawn, "resolution": self.resolution,
                 "balancer": self.balancer.state_dict(),
                 "error_map": None if self.error_map is None else self.error_map.state_dict()}
@@ -276,7 +277,8 @@ class DataPipeline:
         self.balancer.load_state_dict(state["balancer"])
         if self.error_map is not None and state.get("error_map") is not None:
             self.error_map.load_state_dict(state["error_map"])
-            self.sampler.set_scores(self.error_map.error)
+            if self.error_map.updates:
+                self.sampler.set_scores(self.error_map.error)
         if int(state["resolution"]) != self.resolution:
             self.resolution = int(state["resolution"])
             self.sampler.set_resolution(self.resolution)
