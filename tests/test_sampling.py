@@ -474,3 +474,19 @@ def test_new_sampler_keeps_strategy_and_epoch_for_a_new_world(scene_cache, tmp_p
     allpix = torch.cat(shards)
     assert allpix.numel() == frames.n_pixels and torch.unique(allpix).numel() == frames.n_pixels
     pipe.close()
+
+
+def test_elastic_jobs_build_the_pipeline_without_collectives(scene, tmp_path, monkeypatch):
+    """A rank that joins an elastic job later builds alone: the same features, computed locally."""
+    sampler = RaySampler(scene.train, 0, 1, 0, CPU)
+    paths = scene.train.files.paths
+    reference, _ = scene_features(sampler.grid, sampler.store.image, paths, 1, None)
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    monkeypatch.setattr(dist, "allreduce", lambda *a, **k: pytest.fail("a collective in an elastic build"))
+    monkeypatch.setattr(dist, "agree", lambda *a, **k: pytest.fail("a collective in an elastic build"))
+    features, cached = scene_features(sampler.grid, sampler.store.image, paths, 1, tmp_path)
+    assert not cached and torch.equal(features, reference)
+    assert plan_placement("auto", scene.train.sizes, CPU).mode == "device"
+    from hvd_ngp.data.pipeline import agree_placement
+
+    assert agree_placement(plan_placement("stream", scene.train.sizes, CPU)).mode == "stream"

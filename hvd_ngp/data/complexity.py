@@ -130,23 +130,31 @@ def scene_features(grid: TileGrid, read_image: Callable[[int], np.ndarray], path
     """Features ``[T, 2]`` of every tile, identical on every rank, and whether they came from the cache.
 
     Collective: each rank computes the images ``i % size == rank`` and one Sum-allreduce joins them;
-    the cache is used only when every rank can read it. Rank 0 writes it.
+    the cache is used only when every rank can read it. Rank 0 writes it. In an elastic job (no
+    collective before the training loop) every rank computes every image, or reads the cache.
     """
     rt = dist.runtime()
+    elastic = dist.elastic()
     path = Path(cache_dir).expanduser() / "complexity" / f"{cache_key(paths, downscale, grid.tile)}.npz" \
         if cache_dir else None
     cached = read_cache(path, grid.n_tiles) if path is not None and path.is_file() else None
-    everyone = dist.allreduce(torch.tensor([0.0 if cached is None else 1.0]), "min", name="complexity.cached")
-    if float(everyone[0]) == 1.0:
+    if elastic and cached is not None:
         return cached, True
+    if not elastic:
+        everyone = dist.allreduce(torch.tensor([0.0 if cached is None else 1.0]), "min", name="complexity.cached")
+        if float(everyone[0]) == 1.0:
+            return cached, True
+    rank, size = (0, 1) if elastic else (rt.rank, rt.size)
 
     def mine() -> Tensor:
         local = torch.zeros(grid.n_tiles, 2, dtype=torch.float64)
-        for i in range(rt.rank, grid.n_images, rt.size):
+        for i in range(rank, grid.n_images, size):
             a, b = int(grid.first[i]), int(grid.first[i + 1])
             local[a:b] = torch.from_numpy(tile_features(read_image(i), grid.tile))
         return local
 
+    if elastic:
+        return mine(), False
     local = dist.agree(mine, "computing complexity scores")
     features = dist.allreduce(local, "sum", name="complexity.features")
     if rt.is_root and path is not None:

@@ -108,7 +108,10 @@ def make_store(frames: Frames, placement: Placement, device: torch.device, setti
 
 def agree_placement(placement: Placement) -> Placement:
     """The most conservative of the ranks' placements (collective): memory differs between nodes, and
-    ranks that disagreed would shard differently (streamed scenes shard whole images)."""
+    ranks that disagreed would shard differently (streamed scenes shard whole images). Elastic jobs make
+    no collective before the training loop (a rank that joins later builds alone): each rank keeps its own."""
+    if dist.elastic():
+        return placement
     order = ("device", "host", "stream")
     mine = torch.tensor([float(order.index(placement.mode))])
     agreed = order[int(dist.allreduce(mine, "max", name="data.placement")[0])]
@@ -134,7 +137,7 @@ class DataPipeline:
     @staticmethod
     def build(frames: Frames, args: argparse.Namespace, rt: dist.Runtime, scene_cache: str | None = None
               ) -> "DataPipeline":
-        """Everything from the options (collective: every rank calls it)."""
+        """Everything from the options (collective, except in elastic jobs: every rank calls it)."""
         settings = DataSettings.from_args(args)
         placement = agree_placement(plan_placement(settings.preload, frames.sizes, rt.device, settings.image_dtype,
                                                    settings.device_image_budget_gb, settings.host_image_budget_gb,
@@ -146,7 +149,7 @@ class DataPipeline:
             return RaySampler(frames, rt.rank, rt.size, args.seed, rt.device, store=store,
                               tile_size=settings.tile_size, shard_by=shard_by, floor=settings.floor)
 
-        sampler = dist.agree(build_sampler, "loading the training images")
+        sampler = build_sampler() if dist.elastic() else dist.agree(build_sampler, "loading the training images")
         pipeline = DataPipeline(settings, sampler, placement,
                                 Balancer(settings.balance, rt.rank, rt.size, args.target_samples,
                                          settings.balance_threshold, args.max_rays),
