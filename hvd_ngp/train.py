@@ -27,6 +27,7 @@ from .checkpoint import CheckpointManager, resume
 from .comm import CommSettings
 from .config import CPU_CONFIG, BASE_CONFIG, parse_args
 from .data import Scene, load_scene
+from .data.balance import MAX_SHARE
 from .data.pipeline import DataPipeline
 from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
@@ -497,9 +498,12 @@ class Trainer:
         balancer = self.data.balancer
         if balancer.mode == "off":
             self.budget.fixed = self.budget.n_rays = balancer.equal_rays or self.budget.n_rays
-            return
-        target = balancer.target_samples
-        self.budget.target = target
+            # equal rays carry unequal samples: room for them (else the fast path's fixed buffers would cap
+            # each rank's work at the target and hide the imbalance)
+            target = int(MAX_SHARE * balancer.target_samples)
+        else:
+            target = balancer.target_samples
+            self.budget.target = target
         if self.renderer is not None:
             factor = float(self.args.model["marching"].get("candidate_factor", 4))
             self.renderer.sample_capacity = target

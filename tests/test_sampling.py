@@ -490,3 +490,26 @@ def test_elastic_jobs_build_the_pipeline_without_collectives(scene, tmp_path, mo
     from hvd_ngp.data.pipeline import agree_placement
 
     assert agree_placement(plan_placement("stream", scene.train.sizes, CPU)).mode == "stream"
+
+
+@pytest.mark.parametrize("placement", ["device", "host", "stream"])
+def test_stores_on_the_gpu_give_the_cpu_pixels(placement, scene_cache):
+    """Device store, pinned host store with asynchronous copies, streamed store: the same pixels on a GPU."""
+    from conftest import gpu_or_skip
+
+    gpu_or_skip()
+    cuda = torch.device("cuda")
+    eager = load_scene("builtin", scene_cache=scene_cache)
+    if placement == "stream":
+        lazy = load_scene("builtin", scene_cache=scene_cache, lazy_train=True)
+        sampler = RaySampler(lazy.train, 0, 2, 1, cuda, store=StreamedPixels(lazy.train, cuda, chunk=4, workers=2),
+                             shard_by="image")
+    else:
+        sampler = RaySampler(eager.train, 0, 2, 1, cuda,
+                             store=StackedPixels(eager.train, cuda, on_device=placement == "device"))
+    for _ in range(20):
+        batch = sampler.sample(4096)
+        assert batch.rgba.device.type == "cuda" and batch.origins.device.type == "cuda"
+        img, y, x = eager.train.locate(batch.pixel.cpu())
+        assert torch.equal(batch.rgba.cpu(), eager.train.images[img, y, x].float() / 255)
+    sampler.close()
