@@ -30,6 +30,8 @@ from .comm import add_options as add_comm_options
 from .errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
+DEFAULT_STEPS = 2000
+UNLIMITED_STEPS = 10**12  # --time_budget_s without --n_steps: the budget ends training
 BASE_CONFIG = CONFIG_DIR / "base.json"
 CPU_CONFIG = CONFIG_DIR / "cpu.json"
 
@@ -192,9 +194,13 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                    help="background for evaluation of RGBA scenes (white is the NeRF-synthetic protocol)")
 
     g = p.add_argument_group("training")
-    g.add_argument("--n_steps", type=int, default=2000, help="training steps")
+    g.add_argument("--n_steps", type=int, default=None,
+                   help=f"training steps (default {DEFAULT_STEPS}; with --time_budget_s alone: until the budget ends)")
     g.add_argument("--time_budget_s", type=float, default=0.0,
                    help="stop after this many seconds of training (0: no limit); checked every 8 steps on rank 0")
+    g.add_argument("--budget_lr_decay", choices=("on", "off"), default="on",
+                   help="with --time_budget_s: learning rate x0.33 at 50%%, 75%% and 90%% of the budget (a step "
+                        "schedule keyed on training time, so a fixed budget ends at a low learning rate)")
     g.add_argument("--target_samples", type=int, default=1 << 18,
                    help="samples per step per rank; the ray count adapts to reach it")
     g.add_argument("--n_rays_init", type=int, default=4096, help="rays per step at the start, before adaptation")
@@ -264,9 +270,9 @@ def add_monitoring_options(p: configargparse.ArgumentParser) -> None:
                         "just before each blocking collective, where the host waits anyway)")
     g.add_argument("--gpu_sample_period_s", type=float, default=0.5,
                    help="seconds between NVML samples of GPU utilisation, memory and power (background thread)")
-    g.add_argument("--timeline", "--timeline_file", dest="timeline", default=None, metavar="PATH",
-                   help="Horovod timeline (Chrome trace, written by rank 0). Under horovodrun spell it "
-                        "--timeline_file: horovodrun rejects --timeline as a prefix of its own options")
+    g.add_argument("--timeline_file", dest="timeline", default=None, metavar="PATH",
+                   help="Horovod timeline (Chrome trace, written by rank 0). Not '--timeline': horovodrun "
+                        "rejects that as an ambiguous prefix of its own options")
     g.add_argument("--timeline_mark_cycles", action="store_true", help="mark Horovod's cycles in the timeline")
     g.add_argument("--autotune", action="store_true",
                    help="let Horovod's autotuner search fusion threshold, cycle time and hierarchical allreduce")
@@ -377,6 +383,8 @@ def resolve_model(args: argparse.Namespace) -> dict:
 
 def validate(args: argparse.Namespace) -> None:
     """Cross-field checks with messages that say what was expected."""
+    if args.n_steps is None:
+        args.n_steps = UNLIMITED_STEPS if args.time_budget_s else DEFAULT_STEPS
     positive = ("n_steps", "target_samples", "n_rays_init", "max_rays", "log_every", "downscale", "ckpt_keep",
                 "commit_every")
     for name in positive:

@@ -5,7 +5,7 @@ sampling knobs even when it is imported), so ``apply`` must run before ``dist.in
 option only sets its variable when given; variables the user exported (or that ``horovodrun
 --timeline-filename``/``--autotune`` set) are otherwise left alone.
 
-- ``--timeline PATH``: ``HOROVOD_TIMELINE``. Rank 0 (Horovod's coordinator) writes a Chrome trace
+- ``--timeline_file PATH``: ``HOROVOD_TIMELINE``. Rank 0 (Horovod's coordinator) writes a Chrome trace
   of every collective, with what all ranks did (``--timeline_mark_cycles`` adds Horovod's cycles).
 - ``--autotune``: ``HOROVOD_AUTOTUNE=1``; Horovod's Bayesian optimiser tries fusion thresholds,
   cycle times, hierarchical allreduce/allgather and the response cache; ``--autotune_log PATH``
@@ -31,11 +31,11 @@ def horovod_tool_env(timeline: str | None = None, timeline_mark_cycles: bool = F
     """The Horovod environment variables these options stand for (paths made absolute and checked)."""
     env: dict[str, str] = {}
     if timeline:
-        env["HOROVOD_TIMELINE"] = _writable("--timeline", timeline)
+        env["HOROVOD_TIMELINE"] = _writable("--timeline_file", timeline)
         if timeline_mark_cycles:
             env["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
     elif timeline_mark_cycles:
-        raise ConfigError("--timeline_mark_cycles needs --timeline PATH")
+        raise ConfigError("--timeline_mark_cycles needs --timeline_file PATH")
     if autotune or autotune_log:
         env["HOROVOD_AUTOTUNE"] = "1"
         if autotune_log:
@@ -61,8 +61,10 @@ def horovod_tool_env(timeline: str | None = None, timeline_mark_cycles: bool = F
 
 def _writable(option: str, path: str) -> str:
     p = Path(path).expanduser().resolve()
-    if not p.parent.is_dir():
-        raise ConfigError(f"{option} {path}: folder {p.parent} does not exist")
+    try:  # like --out_dir: a missing folder is made (every rank may try; exist_ok)
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot create the folder {p.parent}: {exc.strerror}") from None
     if not os.access(p.parent, os.W_OK):
         raise ConfigError(f"{option} {path}: folder {p.parent} is not writable")
     return str(p)

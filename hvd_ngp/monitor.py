@@ -32,6 +32,7 @@ import torch
 
 from . import dist
 from .commclock import COMM_CLOCK
+from .config import UNLIMITED_STEPS
 from .errors import ConfigError
 from .metrics import IntervalStats, mse_to_psnr
 from .nvml import GpuSampler
@@ -312,7 +313,7 @@ class Monitor:
         if s.progress:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", file=sys.stderr,
+            self._bar = tqdm(total=total_steps if total_steps < UNLIMITED_STEPS else None, initial=start_step, unit="step", file=sys.stderr,
                              dynamic_ncols=True, leave=False)
 
     def new_interval(self) -> IntervalStats:

@@ -349,6 +349,13 @@ def run_on_login(name: str, command: Sequence[str]) -> None:
     # per-host values come from the shim; the launcher would forward the login node's to every host
     for key in ("NCCL_HOSTID", "CUDA_VISIBLE_DEVICES") if any(h.gpus for h in cluster.hosts) else ("NCCL_HOSTID",):
         env.pop(key, None)
+    if env.get("OMPI_MCA_plm") == "isolated":
+        # Some container images pin Open MPI to local-only launching; mpirun then refuses the second
+        # host ("All nodes which are allocated for this job are already filled"). Hosts here are reached
+        # through the ssh shim, which is Open MPI's rsh launcher.
+        print("simhosts: OMPI_MCA_plm=isolated in the environment: using plm=rsh (the ssh shim) for this run",
+              file=sys.stderr, flush=True)
+        env["OMPI_MCA_plm"] = "rsh"
     os.execvpe(command[0], list(command), env)
 
 

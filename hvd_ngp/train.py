@@ -25,7 +25,7 @@ from torch import Tensor
 from . import checkpoint, dist, elastic, faults
 from .checkpoint import CheckpointManager, resume
 from .comm import CommSettings
-from .config import CPU_CONFIG, BASE_CONFIG, parse_args
+from .config import CPU_CONFIG, BASE_CONFIG, UNLIMITED_STEPS, parse_args
 from .data import Scene, load_scene
 from .data.balance import MAX_SHARE
 from .data.pipeline import DataPipeline
@@ -377,6 +377,7 @@ class Trainer:
     ckpts: CheckpointManager
     guard: NonFiniteGuard | None
     data: DataPipeline  # placement, sampling strategy, balance; its sampler is ``state.sampler``
+    budget_lr_factor: float = 1.0  # set by the run loop from the shared training clock (budget_lr_factor())
 
     @property
     def sampler(self) -> RaySampler:
@@ -469,7 +470,7 @@ class Trainer:
         timer.start()
         faults.at_step(step + 1)  # test-only fault injection (HVD_NGP_FAULTS); a no-op otherwise
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(step) * self.lr_multiplier()
+            group["lr"] = self.lr_at(step) * self.lr_multiplier() * self.budget_lr_factor
         if step % self.march.update_interval == 0:
             self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
                              self.march.warmup_steps, args.seed)
@@ -526,7 +527,9 @@ def run(args: argparse.Namespace) -> RunResult:
     out_dir = Path(args.out_dir)
     config = {"args": vars_for_json(args)}
 
-    dist.log(f"training {args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
+    length = (f"{args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
+              if args.n_steps < UNLIMITED_STEPS else f"for {args.time_budget_s:g} s")
+    dist.log(f"training {length}"
              + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
                f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
 
@@ -551,6 +554,7 @@ def run(args: argparse.Namespace) -> RunResult:
     def train_loop(commit: Callable[[], None] | None = None) -> None:
         """Steps from ``ts.step`` to the end; re-entered after an elastic reset."""
         eval_at = sorted(t for t in args.eval_at_s if t > progress["train_seconds"])
+        tr.budget_lr_factor = budget_lr_factor(progress["train_seconds"], args.time_budget_s, args.budget_lr_decay)
         stats = monitor.new_interval()
         with watchdog.armed():
             while ts.step < args.n_steps:
@@ -582,6 +586,7 @@ def run(args: argparse.Namespace) -> RunResult:
                     due = due or bool(eval_at and elapsed >= eval_at[0])
                     eval_at = [t for t in eval_at if t > elapsed]
                     stop = bool(args.time_budget_s and elapsed >= args.time_budget_s)
+                    tr.budget_lr_factor = budget_lr_factor(elapsed, args.time_budget_s, args.budget_lr_decay)
                     if args.ckpt_every_minutes and elapsed - last_timed_ckpt[0] >= 60 * args.ckpt_every_minutes:
                         ckpt_due, last_timed_ckpt[0] = True, elapsed
                 if due and not stop:
@@ -639,6 +644,19 @@ def run(args: argparse.Namespace) -> RunResult:
             Path(args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
     return RunResult(field, grid, step, metrics)
+
+
+BUDGET_LR_MILESTONES = (0.5, 0.75, 0.9)  # fractions of --time_budget_s (nerfacc's step schedule, on time)
+BUDGET_LR_GAMMA = 0.33
+
+
+def budget_lr_factor(elapsed_s: float, budget_s: float, mode: str = "on") -> float:
+    """Learning-rate factor after ``elapsed_s`` seconds of a ``budget_s`` training budget (1 without one).
+
+    Every rank passes the same shared clock reading, so every rank applies the same factor."""
+    if mode != "on" or not budget_s:
+        return 1.0
+    return BUDGET_LR_GAMMA ** sum(elapsed_s >= m * budget_s for m in BUDGET_LR_MILESTONES)
 
 
 def checkpointing(args: argparse.Namespace) -> bool:

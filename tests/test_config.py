@@ -88,3 +88,15 @@ def test_unknown_config_keys_and_bad_values_are_refused(tmp_path):
     blk = write(tmp_path / "blk.json", {"encodings": {"n_levels": 4}})
     with pytest.raises(ConfigError, match="unknown block 'encodings'"):
         parse_args(["--config", str(blk)])
+
+
+def test_time_budget_alone_trains_until_the_budget_and_decays_the_learning_rate():
+    from hvd_ngp.config import DEFAULT_STEPS, UNLIMITED_STEPS
+    from hvd_ngp.train import budget_lr_factor
+
+    assert parse_args([]).n_steps > 0 and parse_args(["--config", str(BASE_CONFIG)]).n_steps == DEFAULT_STEPS
+    assert parse_args(["--config", str(BASE_CONFIG), "--time_budget_s", "60"]).n_steps == UNLIMITED_STEPS
+    assert parse_args(["--time_budget_s", "60", "--n_steps", "50"]).n_steps == 50
+    factors = [budget_lr_factor(t, 60.0) for t in (0, 29.9, 30, 44.9, 45, 53.9, 54, 600)]
+    assert factors == pytest.approx([1, 1, 0.33, 0.33, 0.33 ** 2, 0.33 ** 2, 0.33 ** 3, 0.33 ** 3])
+    assert budget_lr_factor(59, 60.0, "off") == 1.0 and budget_lr_factor(1e6, 0.0) == 1.0

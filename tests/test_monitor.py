@@ -95,7 +95,9 @@ def test_line_names_the_rank_with_the_lowest_utilisation():
 def test_gpu_sampler_averages_samples_and_reads_the_energy_counter():
     fake = FakeNvml(util=75, power_w=250, joules_per_read=5.0)
     sampler = GpuSampler(torch.device("cuda", 0), period_s=0.01, nvml=fake)
-    assert sampler.available and fake.initialised and sampler.uuid == "index-0"
+    assert sampler.available and fake.initialised
+    # with a real GPU torch names it by UUID; without one the sampler falls back to the CUDA index
+    assert sampler.uuid.startswith("GPU-") if torch.cuda.is_available() else sampler.uuid == "index-0"
     sampler.start()
     deadline = time.monotonic() + 30
     while fake.util_reads < 3 and time.monotonic() < deadline:  # the thread samples on its own
@@ -228,8 +230,11 @@ def test_horovod_tool_options_become_horovod_variables(tmp_path):
     assert horovod_tool_env() == {}
     assert horovod_tool_env(autotune=True) == {"HOROVOD_AUTOTUNE": "1"}
     assert horovod_tool_env(stall_check_s=0) == {"HOROVOD_STALL_CHECK_DISABLE": "1"}
-    with pytest.raises(ConfigError, match="folder .* does not exist"):
-        horovod_tool_env(timeline=str(tmp_path / "missing" / "tl.json"))
+    horovod_tool_env(timeline=str(tmp_path / "new" / "tl.json"))  # a missing folder is made
+    assert (tmp_path / "new").is_dir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="cannot create the folder .*file/sub"):
+        horovod_tool_env(timeline=str(tmp_path / "file" / "sub" / "tl.json"))
     with pytest.raises(ConfigError, match="--stall_shutdown_s 5 needs the stall check on"):
         horovod_tool_env(stall_check_s=10, stall_shutdown_s=5)
     with pytest.raises(ConfigError, match="needs --timeline"):
