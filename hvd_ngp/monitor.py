@@ -56,6 +56,13 @@ JSONL_FIELDS: dict[str, tuple[str, str | None]] = {
                                "collectives (all ranks share one wall clock, so this is how the slowest rank shows)",
                                "throughput/slowest_rank_samples_per_s"),
     "rank_samples_per_s_min_rank": ("the slowest rank by that measure", None),
+    "rank_step_ms_min": ("shortest per-rank busy time per step in ms: interval seconds minus seconds blocked in "
+                         "collectives, over steps; null with --comm_timing off", None),
+    "rank_step_ms_min_rank": ("rank with the shortest busy time per step", None),
+    "rank_step_ms_max": ("longest per-rank busy time per step in ms (the straggler)", "balance/rank_step_ms_max"),
+    "rank_step_ms_max_rank": ("rank with the longest busy time per step", None),
+    "step_time_spread": ("(max - min) / max of the per-rank busy time per step: 0 balanced, 1 a rank idles "
+                         "throughout (what --balance time evens out)", "balance/step_time_spread"),
     "rays_per_step": ("rays per step, all ranks together", "throughput/rays_per_step"),
     "samples_per_step": ("samples per step, all ranks together", None),
     "loss": ("training loss, mean over ranks and steps", "train/loss"),
@@ -73,6 +80,7 @@ JSONL_FIELDS: dict[str, tuple[str, str | None]] = {
     "gpu_util_min_rank": ("rank with the lowest GPU utilisation", None),
     "gpu_util_max": ("highest per-rank GPU utilisation in %", None),
     "gpu_util_max_rank": ("rank with the highest GPU utilisation", None),
+    "gpu_util_spread": ("highest minus lowest per-rank GPU utilisation in percentage points", "gpu/util_spread"),
     "gpu_mem_used_gib_max": ("largest GPU memory in use in GiB (all processes on that GPU, like nvidia-smi)",
                              "gpu/mem_used_gib_max"),
     "gpu_mem_used_gib_max_rank": ("rank whose GPU uses the most memory", None),
@@ -135,6 +143,7 @@ def interval_record(table: np.ndarray, step: int, train_s: float, occupancy: flo
     with np.errstate(divide="ignore", invalid="ignore"):
         rank_rate = spread(col["samples"] / np.maximum(busy, 1e-9))
         comm = spread(comm_s / np.maximum(seconds, 1e-9))
+        step_ms = spread(np.where(np.isfinite(comm_s), busy, np.nan) / np.maximum(col["steps"], 1.0) * 1e3)
     util = spread(col["gpu_util"])
     mem = spread(col["gpu_mem_used"])
     # power and energy: each physical GPU once (the first rank that reports it)
@@ -154,6 +163,11 @@ def interval_record(table: np.ndarray, step: int, train_s: float, occupancy: flo
         "samples_per_s": samples / interval_s,
         "rank_samples_per_s_min": rank_rate.min if rank_rate else None,
         "rank_samples_per_s_min_rank": rank_rate.min_rank if rank_rate else None,
+        "rank_step_ms_min": step_ms.min if step_ms else None,
+        "rank_step_ms_min_rank": step_ms.min_rank if step_ms else None,
+        "rank_step_ms_max": step_ms.max if step_ms else None,
+        "rank_step_ms_max_rank": step_ms.max_rank if step_ms else None,
+        "step_time_spread": (step_ms.max - step_ms.min) / step_ms.max if step_ms and step_ms.max > 0 else None,
         "rays_per_step": float(col["rays"].sum()) / steps,
         "samples_per_step": samples / steps,
         "loss": float(col["loss_sum"].sum()) / size / steps,
@@ -169,6 +183,7 @@ def interval_record(table: np.ndarray, step: int, train_s: float, occupancy: flo
         "gpu_util_min_rank": util.min_rank if util else None,
         "gpu_util_max": util.max if util else None,
         "gpu_util_max_rank": util.max_rank if util else None,
+        "gpu_util_spread": util.max - util.min if util else None,
         "gpu_mem_used_gib_max": mem.max / GIB if mem else None,
         "gpu_mem_used_gib_max_rank": mem.max_rank if mem else None,
         "gpu_mem_total_gib": (float(col["gpu_mem_total"][mem.max_rank]) / GIB
@@ -209,6 +224,8 @@ def format_line(rec: dict[str, Any]) -> str:
         total = f"/{rec['gpu_mem_total_gib']:.1f}" if rec["gpu_mem_total_gib"] is not None else ""
         parts.append(f"GPU mem {rec['gpu_mem_used_gib_max']:.1f}{total} GiB")
     parts.append(f"comm {100 * rec['comm_fraction']:.1f}%" if rec["comm_fraction"] is not None else f"comm {na}")
+    if rec["world_size"] > 1 and rec["step_time_spread"] is not None:
+        parts.append(f"step spread {100 * rec['step_time_spread']:.0f}% (slowest rank {rec['rank_step_ms_max_rank']})")
     parts.append(f"{rec['power_w']:.0f} W" if rec["power_w"] is not None else f"power {na}")
     parts.append(f"{_si(rec['samples_per_joule'])} samples/J" if rec["samples_per_joule"] is not None
                  else f"samples/J {na}")
@@ -270,6 +287,7 @@ class Monitor:
         key = f"{socket.gethostname()}/{self.gpu.uuid}".encode()
         # a 48-bit identity of the physical GPU: exact in float64, so it travels in the reduced table
         self.gpu_id = float(int.from_bytes(hashlib.sha1(key).digest()[:6], "big")) if self.gpu.available else math.nan
+        self.table: np.ndarray | None = None  # the last interval's reduced table [world_size, len(RANK_FIELDS)]
         self._jsonl: IO[str] | None = None
         self._tb = None
         self._bar = None
@@ -345,7 +363,8 @@ class Monitor:
         if self.rt.device.type == "cuda":
             torch.cuda.synchronize()  # once per interval: the interval's wall time includes its GPU work
         row = self.local_row(stats)
-        record = interval_record(gather_rows(row).numpy(), step, train_s, occupancy)
+        self.table = gather_rows(row).numpy()  # every rank's row: the load balancer plans from it
+        record = interval_record(self.table, step, train_s, occupancy)
         if self.rt.is_root:
             self._emit(record)
         return record

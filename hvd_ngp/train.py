@@ -27,6 +27,8 @@ from .checkpoint import CheckpointManager, resume
 from .comm import CommSettings
 from .config import CPU_CONFIG, BASE_CONFIG, UNLIMITED_STEPS, parse_args
 from .data import Scene, load_scene
+from .data.balance import MAX_SHARE
+from .data.pipeline import DataPipeline
 from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
 from .errors import ConfigError
@@ -130,12 +132,16 @@ def make_loss(block: dict, source: str):
     raise ConfigError(f"{source}: loss.otype {otype!r} is unknown (L2, Huber, L1)")
 
 
-def masked_mean(values: Tensor, valid: Tensor | None) -> Tensor:
-    """Mean of ``[R, C]`` values over the rays where ``valid`` ``[R]`` holds (all when None); no host sync."""
-    if valid is None:
+def masked_mean(values: Tensor, valid: Tensor | None, weight: Tensor | None = None) -> Tensor:
+    """Mean of ``[R, C]`` values over the rays where ``valid`` ``[R]`` holds (all when None), each ray's
+    values multiplied by its importance ``weight`` ``[R]`` (None: 1); no host sync."""
+    if valid is None and weight is None:
         return values.mean()
-    w = valid.to(values.dtype)[:, None]
-    return (values * w).sum() / (w.sum() * values.shape[1]).clamp(min=1.0)
+    count = values.new_tensor(float(values.shape[0])) if valid is None else valid.to(values.dtype).sum()
+    w = torch.ones_like(values[:, 0]) if valid is None else valid.to(values.dtype)
+    if weight is not None:
+        w = w * weight.to(values.dtype)
+    return (values * w[:, None]).sum() / (count * values.shape[1]).clamp(min=1.0)
 
 
 # ------------------------------------------------------------------------------------ one step
@@ -152,6 +158,8 @@ class StepResult:
     n_candidates: int | Tensor
     n_valid: int | Tensor
     skipped: bool = False  # a non-finite loss or gradients on some rank: no rank took the optimizer step
+    ray_loss: Tensor | None = None
+    valid: Tensor | None = None
 
 
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -161,8 +169,12 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
                scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None,
                timer: StageTimer = NULL_TIMER, backward_passes: int = 1, guard: NonFiniteGuard | None = None,
-               step: int = 0) -> StepResult:
+               step: int = 0, weight_gradient: bool = True, loss_scale: float = 1.0) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
+
+    ``rays.weight`` (importance weights of non-uniform sampling) always weight the reported loss and
+    MSE; they weight the gradient when ``weight_gradient``. ``loss_scale`` multiplies the loss that is
+    back-propagated (a rank's share of the step's rays, see ``data.balance``).
 
     ``renderer``: the fast GPU renderer, or None for the reference (``render.render_rays``).
     ``backward_passes`` > 1 splits the rays into that many chunks with one backward pass each
@@ -181,6 +193,8 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     bounds = [round(i * n / backward_passes) for i in range(backward_passes + 1)]
     loss = mse = torch.zeros((), device=rays.origins.device)
     n_samples = n_candidates = n_valid = 0
+    ray_loss: list[Tensor] = []
+    valids: list[Tensor | None] = []
     optimizer.zero_grad()
     for a, b in zip(bounds[:-1], bounds[1:]):
         if a == b:
@@ -191,13 +205,21 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
                          field.aabb, grid, march.schedule, march.early_termination,
                          None if jitter is None else jitter[part], timer=timer)
         valid = getattr(out, "valid", None)
+        weight = None if rays.weight is None else rays.weight[part]
         pred = out.rgb.float() + background[part] * (1.0 - out.opacity.float()[:, None])
-        part_loss = faults.poison_loss(masked_mean(loss_fn(pred, target[part]), valid), step) * share  # test hook
-        (part_loss if scaler is None else scaler.scale(part_loss)).backward()
+        per_channel = loss_fn(pred, target[part])
+        part_loss = faults.poison_loss(masked_mean(per_channel, valid, weight), step) * share  # test hook
+        trained = part_loss if weight_gradient or weight is None else \
+            faults.poison_loss(masked_mean(per_channel, valid), step) * share
+        if loss_scale != 1.0:
+            trained = trained * loss_scale
+        (trained if scaler is None else scaler.scale(trained)).backward()
         loss = loss + part_loss.detach()
-        mse = mse + masked_mean((pred.detach() - target[part]) ** 2, valid) * share
+        mse = mse + masked_mean((pred.detach() - target[part]) ** 2, valid, weight) * share
         n_samples, n_candidates = n_samples + out.n_samples, n_candidates + out.n_candidates
         n_valid = n_valid + ((b - a) if valid is None else valid.sum())
+        ray_loss.append(per_channel.detach().float().mean(dim=1))
+        valids.append(valid)
     timer.mark("backward")
     if guard is not None:
         guard.submit(loss)
@@ -217,7 +239,10 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
         if scaler is not None:
             scaler.update()
     timer.mark("optimizer")
-    return StepResult(loss, mse, n_samples, n_candidates, n_valid, skipped)
+    all_valid = None if all(v is None for v in valids) else torch.cat(
+        [torch.ones(len(r), dtype=torch.bool, device=r.device) if v is None else v for r, v in zip(ray_loss, valids)])
+    return StepResult(loss, mse, n_samples, n_candidates, n_valid, skipped,
+                      torch.cat(ray_loss) if ray_loss else None, all_valid)
 
 
 def make_scaler(precision: str, comm: CommSettings, device: torch.device, size: int) -> torch.amp.GradScaler | None:
@@ -244,6 +269,7 @@ class RayBudget:
     def __init__(self, n_rays: int, target: int, max_rays: int, candidate_capacity: int | None = None) -> None:
         self.n_rays, self.target, self.max_rays = n_rays, target, max_rays
         self.candidate_capacity = candidate_capacity
+        self.fixed: int | None = None  # set: always this many rays (--balance off)
         self._pending: list[tuple[torch.cuda.Event | None, Tensor]] = []
 
     def _adapt(self, samples: float, candidates: float, valid: float) -> None:
@@ -252,6 +278,8 @@ class RayBudget:
         if self.candidate_capacity:
             n = min(0.95 * n, 0.95 * self.candidate_capacity / (max(candidates, 1.0) / max(valid, 1.0)))
         self.n_rays = int(min(max(n, 64), self.max_rays)) // 64 * 64
+        if self.fixed is not None:
+            self.n_rays = self.fixed
 
     def update(self, res: StepResult) -> int:
         if not isinstance(res.n_samples, Tensor):
@@ -348,6 +376,7 @@ class Trainer:
     state: TrainState
     ckpts: CheckpointManager
     guard: NonFiniteGuard | None
+    data: DataPipeline  # placement, sampling strategy, balance; its sampler is ``state.sampler``
     budget_lr_factor: float = 1.0  # set by the run loop from the shared training clock (budget_lr_factor())
 
     @property
@@ -381,11 +410,13 @@ class Trainer:
         scene: Scene = elastic.startup_agree(lambda: load_scene(
             args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
             test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale,
-            sharpness_threshold=args.sharpness_threshold),
+            sharpness_threshold=args.sharpness_threshold, lazy_train=True),
             "loading the scene")
         dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
                  + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
+        data = DataPipeline.build(scene.train, args, rt, args.scene_cache)
+        dist.log(data.describe())
 
         def build_model() -> tuple:
             model = args.model
@@ -412,11 +443,14 @@ class Trainer:
         budget = RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
                            renderer.candidate_capacity if renderer else None)
         state = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size,
-                                                                               rt.device), budget)
+                                                                               rt.device, new_sampler=data.new_sampler),
+                           budget)
         ckpts = CheckpointManager(args.ckpt_dir or Path(args.out_dir) / "checkpoints", args.ckpt_every, args.ckpt_keep)
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
-                     state, ckpts, NonFiniteGuard(args.nonfinite_limit) if args.nonfinite_limit else None)
+                     state, ckpts, NonFiniteGuard(args.nonfinite_limit) if args.nonfinite_limit else None, data)
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
+        if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
+            data.load_state_dict(state.progress["data"])
         return tr
 
     def lr_multiplier(self) -> float:
@@ -427,7 +461,7 @@ class Trainer:
     def reseed(self) -> None:
         """This rank's shard and fresh random streams for the current world and step (the world changed)."""
         rt = dist.runtime()
-        self.state.reseed(self.scene.train, self.args.seed, rt.rank, rt.size)
+        self.state.reseed(self.scene.train, self.args.seed, rt.rank, rt.size, self.data.new_sampler)
 
     def step(self, step: int, timer: StageTimer = NULL_TIMER) -> tuple[StepResult, int]:
         """Training step number ``step`` (0-based, collective): occupancy refresh when due, rays, render,
@@ -442,7 +476,7 @@ class Trainer:
                              self.march.warmup_steps, args.seed)
             timer.mark("occupancy update")
         n_rays = self.budget.n_rays * self.args.comm.backward_passes_per_step  # the budget is per backward pass
-        rays = self.sampler.sample(n_rays)
+        rays = self.data.sample(n_rays)
         if args.train_background == "random":  # also for opaque scenes: it teaches full opacity
             background = torch.rand((n_rays, 3), generator=self.generator, device=rt.device)
         else:
@@ -452,9 +486,29 @@ class Trainer:
         timer.mark("sampling")
         res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn, jitter,
                          args.precision, self.scaler, self.renderer, timer, args.comm.backward_passes_per_step,
-                         self.guard, step + 1)
+                         self.guard, step + 1, self.data.settings.importance_weights, self.data.loss_scale)
         self.budget.update(res)
+        # the error map (a collective every N steps, on every rank; a skipped step's loss is not recorded)
+        self.data.observe(step, rays, None if res.skipped else res.ray_loss, res.valid)
         return res, n_rays
+
+    def end_interval(self, table) -> None:
+        """After the monitor's reduction (every rank): epoch, load balance and resolution for the next interval."""
+        for note in self.data.end_interval(table):
+            dist.log(note)
+        balancer = self.data.balancer
+        if balancer.mode == "off":
+            self.budget.fixed = self.budget.n_rays = balancer.equal_rays or self.budget.n_rays
+            # equal rays carry unequal samples: room for them (else the fast path's fixed buffers would cap
+            # each rank's work at the target and hide the imbalance)
+            target = int(MAX_SHARE * balancer.target_samples)
+        else:
+            target = balancer.target_samples
+            self.budget.target = target
+        if self.renderer is not None:
+            factor = float(self.args.model["marching"].get("candidate_factor", 4))
+            self.renderer.sample_capacity = target
+            self.renderer.candidate_capacity = self.budget.candidate_capacity = int(factor * target)
 
     def evaluate(self, n_views: int | None = None, save_dir: Path | None = None, n_save: int = 0) -> dict:
         """Test-split metrics (collective)."""
@@ -493,6 +547,7 @@ def run(args: argparse.Namespace) -> RunResult:
     def write_checkpoint(step: int) -> None:
         with watchdog.paused(), clock.paused(), monitor.paused():
             progress["train_seconds"] = clock.shared_seconds()
+            progress["data"] = tr.data.state_dict()
             path = tr.ckpts.write(ts, config)
         dist.log(f"[step {step}] checkpoint {path}")
 
@@ -513,10 +568,12 @@ def run(args: argparse.Namespace) -> RunResult:
                 if step % args.log_every == 0 or step == args.n_steps:
                     seconds = clock.seconds()
                     r = monitor.end_interval(step, stats, seconds, grid.occupancy_fraction())  # collective; rank 0 prints
+                    tr.end_interval(monitor.table)
                     progress["total_samples"] += r["samples"]
                     progress["history"].append({
                         "step": step, "seconds": round(seconds, 3), "loss": r["loss"], "train_psnr": r["train_psnr"],
-                        "samples_per_sec": r["samples_per_s"],
+                        "samples_per_sec": r["samples_per_s"], "rays_per_step": r["rays_per_step"],
+                        "step_time_spread": r["step_time_spread"], "gpu_util_spread": r["gpu_util_spread"],
                         **{k: r[k] for k in ("interval_s", "comm_fraction", "gpu_util", "energy_j")}})
                     stats = monitor.new_interval()
                 # Evaluation points, the time budget and timed checkpoints, decided from one shared clock
@@ -562,6 +619,10 @@ def run(args: argparse.Namespace) -> RunResult:
     train_seconds = progress["train_seconds"] = clock.seconds()
     if checkpointing(args) and step not in [s for s, _ in tr.ckpts.existing()]:
         write_checkpoint(step)  # a restartable run always ends with a checkpoint
+    stream = tr.data.stream_report()
+    tr.data.close()
+    if stream:
+        dist.log(stream)
 
     ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
     progress["curve"].append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
@@ -576,7 +637,7 @@ def run(args: argparse.Namespace) -> RunResult:
                "device": device_name(rt.device), "backend": backend, "precision": args.precision,
                "controller": rt.controller, "scene": scene.source, "config": source,
                "nonfinite_skipped_steps": tr.guard.skipped if tr.guard else None, "history": progress["history"],
-               "communication": args.comm.summary(os.environ, tr.lr_multiplier())}
+               "communication": args.comm.summary(os.environ, tr.lr_multiplier()), "data": tr.data.summary()}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:

@@ -30,17 +30,26 @@ def background_seed(seed: int, rank: int) -> int:
 
 
 def make_rank_streams(frames: Frames, seed: int, rank: int, size: int, device: torch.device,
-                      step: int = 0) -> tuple[RaySampler, torch.Generator]:
+                      step: int = 0, new_sampler: NewSampler | None = None) -> tuple[RaySampler, torch.Generator]:
     """This rank's ray sampler (shard ``rank`` of ``size``) and background generator, seeded for ``step``.
 
     At step 0 the seeds are the trainer's historical ones (``seed + rank``, ``seed * 7919 + rank``);
     a reseed at a later step (world-size change, resume on another world size) shifts both.
+    ``new_sampler(rank, size, seed)`` makes the sampler (the trainer's data pipeline; default: a plain
+    ``RaySampler`` with all images on ``device``).
     """
     shift = step * _STEP_STRIDE
-    sampler = RaySampler(frames, rank, size, seed + shift, device)
+    sampler = (new_sampler(rank, size, seed + shift) if new_sampler is not None
+               else RaySampler(frames, rank, size, seed + shift, device))
     bg_gen = torch.Generator(device=device)
     bg_gen.manual_seed((background_seed(seed, rank) + shift) % (2 ** 63))
     return sampler, bg_gen
+
+
+class NewSampler(Protocol):
+    """Makes the ray sampler of shard ``rank`` of ``size`` drawing with ``seed`` (``DataPipeline.new_sampler``)."""
+
+    def __call__(self, rank: int, size: int, seed: int) -> RaySampler: ...
 
 
 class RayCount(Protocol):
@@ -106,6 +115,7 @@ class TrainState:
         self.bg_gen.set_state(parts["background"].clone())
         self.n_rays = int(parts["n_rays"].clone().view(torch.int64)[0])
 
-    def reseed(self, frames: Frames, seed: int, rank: int, size: int) -> None:
+    def reseed(self, frames: Frames, seed: int, rank: int, size: int, new_sampler: NewSampler | None = None) -> None:
         """New shard and fresh streams for (``rank``, ``size``) at the current step (world changed)."""
-        self.sampler, self.bg_gen = make_rank_streams(frames, seed, rank, size, self.sampler.device, self.step)
+        self.sampler, self.bg_gen = make_rank_streams(frames, seed, rank, size, self.sampler.device, self.step,
+                                                      new_sampler)

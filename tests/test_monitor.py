@@ -88,7 +88,7 @@ def test_line_names_the_rank_with_the_lowest_utilisation():
             for r, u in enumerate([93, 95, 92, 88])]
     line = format_line(interval_record(table(rows), step=1200, train_s=60.0, occupancy=0.089))
     assert line.startswith("[step 1200] 0.100 M samples/s | GPU util 92% (min 88% rank 3) | GPU mem 40.0/140.0 GiB")
-    assert "| comm 10.0% | 2400 W | 41.7 samples/J | loss 0.05000 | train PSNR 30.00 |" in line, line
+    assert "| comm 10.0% | step spread 0% (slowest rank 0) | 2400 W | 41.7 samples/J | loss 0.05000 | train PSNR 30.00 |" in line, line
     assert line.endswith("| 400 rays/step | occupied 8.9% | 60.0 s")
 
 

@@ -19,8 +19,8 @@ import torch
 
 from ..errors import SceneError
 from .cameras import nerf_to_ngp
-from .scene import Frames, Scene
-from .transforms import IMAGE_EXTENSIONS, decode_images, empty_frames
+from .scene import Frames, ImageFiles, Scene
+from .transforms import IMAGE_EXTENSIONS, decode_images, empty_frames, image_size, stack_images
 
 PERM = [1, 2, 0]  # NeRF axes -> ngp axes, as in nerf_to_ngp
 
@@ -49,8 +49,10 @@ def image_folder(root: Path, downscale: int) -> tuple[Path, int]:
     return root / "images", downscale
 
 
-def load_llff_scene(scene: str | os.PathLike, holdout_every: int = 8, downscale: int = 1) -> Scene:
-    """Load an LLFF scene folder; every ``holdout_every``-th view is a test view (0: none)."""
+def load_llff_scene(scene: str | os.PathLike, holdout_every: int = 8, downscale: int = 1,
+                    lazy_train: bool = False) -> Scene:
+    """Load an LLFF scene folder; every ``holdout_every``-th view is a test view (0: none).
+    ``lazy_train``: the training images are not decoded (see ``load_transforms_scene``)."""
     root = Path(scene).expanduser()
     path = root / "poses_bounds.npy"
     try:
@@ -67,11 +69,17 @@ def load_llff_scene(scene: str | os.PathLike, holdout_every: int = 8, downscale:
     files = sorted(p for p in folder.iterdir() if p.suffix in IMAGE_EXTENSIONS)
     if len(files) != len(poses):
         raise SceneError(f"{folder}: {len(files)} images for {len(poses)} poses in {path.name}")
-    images = decode_images(files, extra_downscale)
-    sizes = {im.shape[:2] for im in images}
+    n = len(files)
+    test = [i for i in range(n) if holdout_every > 0 and i % holdout_every == 0]
+    train = [i for i in range(n) if i not in set(test)]
+    decoded = set(test) if lazy_train else set(range(n))
+    images = dict(zip(sorted(decoded), decode_images([files[i] for i in sorted(decoded)], extra_downscale)))
+    shapes = {i: (im.shape[1], im.shape[0]) for i, im in images.items()}
+    shapes.update({i: image_size(files[i], extra_downscale) for i in range(n) if i not in decoded})
+    sizes = set(shapes.values())
     if len(sizes) > 1:
-        raise SceneError(f"{folder}: images have different sizes {sorted(sizes)}")
-    h_img, w_img = images[0].shape[:2]
+        raise SceneError(f"{folder}: images have different sizes {sorted((h, w) for w, h in sizes)}")
+    w_img, h_img = shapes[0]
     h0, w0, focal0 = poses[0, :, 4]
     focal = focal0 * h_img / h0
 
@@ -94,16 +102,16 @@ def load_llff_scene(scene: str | os.PathLike, holdout_every: int = 8, downscale:
     aabb_scale = int(min(16, 2 ** max(0, math.ceil(math.log2(max(reach, 1.0))))))
 
     ngp = np.stack([nerf_to_ngp(m, scale, offset) for m in c2w]).astype(np.float32)
-    n = len(ngp)
-    test = [i for i in range(n) if holdout_every > 0 and i % holdout_every == 0]
-    train = [i for i in range(n) if i not in set(test)]
 
     def frames(idx: list[int]) -> Frames:
         if not idx:
             return empty_frames()
-        return Frames(torch.from_numpy(np.stack([images[i] for i in idx])), torch.from_numpy(ngp[idx]),
+        lazy = any(i not in images for i in idx)
+        return Frames(None if lazy else stack_images([images[i] for i in idx])[0], torch.from_numpy(ngp[idx]),
                       torch.tensor([[focal, focal, w_img / 2, h_img / 2]] * len(idx), dtype=torch.float32),
-                      torch.zeros(len(idx), 6), names=[str(files[i]) for i in idx])
+                      torch.zeros(len(idx), 6), torch.tensor([[w_img, h_img]] * len(idx), dtype=torch.int64),
+                      names=[str(files[i]) for i in idx],
+                      files=ImageFiles([files[i] for i in idx], extra_downscale))
 
     half = 0.5 * aabb_scale
     aabb = torch.tensor([[0.5 - half] * 3, [0.5 + half] * 3], dtype=torch.float32)

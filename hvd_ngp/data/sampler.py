@@ -1,82 +1,293 @@
-"""Rank-aware ray sampling.
+"""Rank-aware ray sampling: this rank's shard of tiles, a sampling distribution over them, rays on the device.
 
-Global pixel ``i`` (image-major, then row, then column) belongs to rank ``i % world_size``: the
-shards are disjoint, together cover every training pixel, and interleave spatially so every rank
-sees every image. Each rank draws from its shard with its own generator seeded by the GLOBAL rank.
+The shard (``shards.shard_tiles``) is a pure function of (seed, rank, world size, epoch). Within it a
+tile is drawn from a CDF (``torch.searchsorted``: no host synchronisation), then a pixel uniformly
+inside the tile, then a sub-pixel position (jitter). The CDF mixes per-tile scores (complexity or
+error map) with a uniform floor,
+
+    p(tile) = (1 - floor) * n_t s_t / sum(n s) + floor * n_t / sum(n)       (n_t: the tile's pixels)
+
+so no pixel's probability falls below ``floor`` times its uniform one, and each ray carries the
+importance weight ``(n_t / sum n) / p(tile)`` (at most ``1 / floor``) that makes a weighted mean over
+the batch an unbiased estimate of the mean over the shard's pixels. Uniform sampling has no weights.
+
+With ``resolution`` F > 1 (``--dynamic_resolution``) a ray goes through a random point of an F x F
+pixel block and its colour is the block's mean: training sees the images at 1/F resolution.
+
+Each rank draws with its own generator seeded by the GLOBAL rank. Pixel colours come from a pixel
+store (``pixels``): on the device, everything happens there; in host memory, batches are drawn
+and gathered on the CPU one step ahead in a background thread and copied asynchronously.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
 from .cameras import DirectionMaps, pixel_rays
+from .pixels import StackedPixels, StreamedPixels
 from .scene import Frames
+from .shards import TileGrid, auto_tile_size, shard_tiles, shard_units
 
 
 @dataclass
 class RayBatch:
-    """origins/directions ``[R, 3]``; rgba ``[R, 4]`` in [0, 1]; pixel ``[R]`` global pixel ids."""
+    """origins/directions ``[R, 3]``; rgba ``[R, 4]`` in [0, 1]; pixel ``[R]`` global pixel ids;
+    weight ``[R]`` importance weights (None: all 1); tile ``[R]`` tile ids (None when not drawn by tile)."""
 
     origins: Tensor
     directions: Tensor
     rgba: Tensor
     pixel: Tensor
+    weight: Tensor | None = None
+    tile: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.origins.shape[0])
 
 
+@dataclass
+class PixelDraw:
+    """Pixels chosen for one batch, before their rays: image ``[R]``, continuous pixel coordinates u, v
+    ``[R]`` (pixel centres at +0.5), pixel and tile ids ``[R]``, weights ``[R]`` or None, rgba ``[R, 4]``."""
+
+    img: Tensor
+    u: Tensor
+    v: Tensor
+    pixel: Tensor
+    tile: Tensor
+    weight: Tensor | None
+    rgba: Tensor
+
+    def _map(self, fn) -> "PixelDraw":
+        return PixelDraw(*(None if getattr(self, f.name) is None else fn(getattr(self, f.name)) for f in fields(self)))
+
+    def slice(self, n: int) -> "PixelDraw":
+        return self._map(lambda t: t[:n])
+
+    def to(self, device: torch.device) -> "PixelDraw":
+        return self._map(lambda t: t.to(device, non_blocking=True))
+
+    def pin(self) -> "PixelDraw":
+        return self._map(lambda t: t.pin_memory())
+
+
 class RaySampler:
-    """Draws random training rays from this rank's shard of ``frames`` (kept on ``device``)."""
+    """Draws training rays from this rank's shard of ``frames``; rays and colours end on ``device``.
+
+    ``store``: where the pixels live (default: all images on ``device``). ``tile_size`` 0: automatic.
+    ``shard_by``: 'tile' or 'image' (streamed scenes shard whole images). ``floor``: the uniform share.
+    """
 
     def __init__(self, frames: Frames, rank: int, world_size: int, seed: int, device: torch.device,
-                 jitter: bool = True) -> None:
-        self.frames = frames.to(device)
-        self.rank, self.world_size = rank, world_size
+                 jitter: bool = True, *, store: StackedPixels | StreamedPixels | None = None, tile_size: int = 0,
+                 shard_by: str = "tile", epoch: int = 0, floor: float = 0.25, prefetch: bool = True,
+                 stream_passes: float = 1.0) -> None:
+        if not 0.0 < floor <= 1.0:
+            raise ValueError(f"the uniform floor must be in (0, 1], got {floor}")
+        self.frames = frames
+        self.rank, self.world_size, self.seed = rank, world_size, seed
         self.device = device
         self.jitter = jitter
+        self.floor = floor
+        self.shard_by = shard_by
+        self.stream_passes = stream_passes
+        self.store = store if store is not None else StackedPixels(frames, device, on_device=True)
+        self.index_device = self.store.gather_device
+        self.c2w, self.intrinsics = frames.c2w.to(device), frames.intrinsics.to(device)
+        self.distortion, self.fisheye = frames.distortion.to(device), frames.fisheye.to(device)
         self.has_distortion = bool((frames.distortion != 0).any())
-        self.n_pixels = frames.n_pixels
         self.has_fisheye = bool(frames.fisheye.any())
+        self.n_pixels = frames.n_pixels
         self.direction_maps = (DirectionMaps(frames.intrinsics, frames.distortion, frames.fisheye, frames.sizes, device)
                                if DirectionMaps.worthwhile(frames.distortion, frames.fisheye, frames.intrinsics,
                                                            frames.sizes) else None)
-        self.shard_size = (self.n_pixels - rank + world_size - 1) // world_size
-        if self.shard_size <= 0:
-            raise ValueError(f"rank {rank} owns no pixels: {self.n_pixels} pixels for {world_size} ranks")
-        self.generator = torch.Generator(device=device)
+        self.tile_size = auto_tile_size(frames.sizes, tile_size)
+        self.grid = TileGrid.build(frames.sizes, self.tile_size)
+        self._grid = self.grid.to(self.index_device)
+        self.generator = torch.Generator(device=self.index_device)
         self.generator.manual_seed(seed + rank)
+        self.scores: Tensor | None = None
+        self.resolution = 1
+        self._version = 0
+        self._pending: tuple[int, int, Future] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvd_ngp-sampler") \
+            if prefetch and not self.store.on_device else None
+        self._drawn_since_rotation = 0
+        self.epoch = -1
+        self.set_epoch(epoch)
+
+    # -------------------------------------------------------------------------------- state changes
+
+    def set_epoch(self, epoch: int) -> None:
+        """Take this rank's shard for ``epoch`` (a streamed store starts decoding it)."""
+        self._drain()
+        self.epoch = int(epoch)
+        self.shard = shard_tiles(self.grid, self.shard_by, self.seed, self.rank, self.world_size, self.epoch)
+        if isinstance(self.store, StreamedPixels):
+            order = shard_units(self.grid.n_images, self.seed, self.rank, self.world_size, self.epoch)
+            self.store.set_order(order.tolist())
+        self.shard_size = int(self.grid.count[self.shard].sum())
+        self._rebuild()
+
+    def set_scores(self, scores: Tensor | None) -> None:
+        """Per-tile sampling scores ``[T]`` (>= 0; complexity or error map), or None for uniform sampling."""
+        self._drain()
+        self.scores = None if scores is None else scores.detach().double().cpu().clamp(min=0)
+        self._rebuild()
+
+    def set_resolution(self, factor: int) -> None:
+        """Train at 1/``factor`` resolution (a power of two dividing the tile size; 1: full resolution)."""
+        if factor < 1 or factor & (factor - 1) or self.tile_size % factor:
+            raise ValueError(f"resolution factor {factor} must be a power of two dividing the tile size {self.tile_size}")
+        self._drain()
+        self.resolution = int(factor)
+        self._version += 1
+
+    def _rebuild(self) -> None:
+        """The CDF over the tiles that can be drawn now: the shard, limited to the resident images."""
+        tiles = self.shard
+        resident = self.store.resident()
+        if resident is not None:
+            tiles = tiles[torch.isin(self.grid.image[tiles], resident)]
+        n = self.grid.count[tiles].double()
+        uniform = n / n.sum()
+        weight = None
+        p = uniform
+        if self.scores is not None:
+            mass = n * self.scores[tiles]
+            total = float(mass.sum())
+            if total > 0:
+                p = (1.0 - self.floor) * mass / total + self.floor * uniform
+                weight = (uniform / p).float()
+        cdf = torch.cumsum(p, 0)
+        cdf /= cdf[-1].clone()
+        self._active = tiles.to(self.index_device)
+        self._cdf = cdf.to(self.index_device)
+        self._weight = None if weight is None else weight.to(self.index_device)
+        self.probability = p  # [A] per active tile, for tests and diagnostics
+        self.active_pixels = int(n.sum())
+        self._version += 1
+
+    def _drain(self) -> None:
+        """Wait for and discard a batch being prepared in the background (state is about to change)."""
+        if self._pending is not None:
+            self._pending[2].result()
+            self._pending = None
+
+    # -------------------------------------------------------------------------------- drawing
 
     def shard_pixels(self) -> Tensor:
-        """Every global pixel id this rank owns ``[shard_size]`` (for tests and diagnostics)."""
-        return torch.arange(self.rank, self.n_pixels, self.world_size, device=self.device)
+        """Every global pixel id this rank owns this epoch ``[shard_size]``, sorted (tests and diagnostics)."""
+        return self.grid.pixels_of(self.shard).sort().values.to(self.device)
+
+    def _draw(self, n: int) -> PixelDraw:
+        """Choose ``n`` pixels on the index device (tile from the CDF, pixel in the tile, sub-pixel offset)."""
+        g, dev, G, F = self.generator, self.index_device, self._grid, self.resolution
+        k = torch.searchsorted(self._cdf, torch.rand(n, generator=g, device=dev, dtype=torch.float64), right=True)
+        k = k.clamp_(max=self._active.numel() - 1)
+        tile = self._active[k]
+        img, x0, y0, tw, th = G.image[tile], G.x0[tile], G.y0[tile], G.w[tile], G.h[tile]
+        pick = torch.rand((n, 2), generator=g, device=dev)
+        px = x0 + torch.minimum((pick[:, 0] * tw).long(), tw - 1)
+        py = y0 + torch.minimum((pick[:, 1] * th).long(), th - 1)
+        if self.jitter:
+            off = torch.rand((n, 2), generator=g, device=dev)
+        else:
+            off = torch.full((n, 2), 0.5, device=dev)
+        if F == 1:
+            u, v = px.float() + off[:, 0], py.float() + off[:, 1]
+            rgba = self.store.gather(img, py, px)
+        else:  # the F x F block holding the pixel (clipped at the tile's edge), its mean colour
+            bx, by = x0 + (px - x0) // F * F, y0 + (py - y0) // F * F
+            bw, bh = torch.minimum(x0 + tw - bx, torch.full_like(bx, F)), torch.minimum(y0 + th - by, torch.full_like(by, F))
+            u, v = bx.float() + off[:, 0] * bw.float(), by.float() + off[:, 1] * bh.float()
+            px = torch.minimum(u.long(), bx + bw - 1)
+            py = torch.minimum(v.long(), by + bh - 1)
+            rgba = torch.zeros((n, 4), device=dev)
+            for dy in range(F):
+                for dx in range(F):
+                    inside = ((dx < bw) & (dy < bh)).float()[:, None]
+                    rgba += inside * self.store.gather(img, torch.minimum(by + dy, by + bh - 1),
+                                                       torch.minimum(bx + dx, bx + bw - 1))
+            rgba /= (bw * bh).float()[:, None]
+        pixel = G.pixel_offset[img] + py * G.width[img] + px
+        weight = None if self._weight is None else self._weight[k]
+        return PixelDraw(img, u, v, pixel, tile, weight, rgba)
+
+    def _draw_host(self, n: int) -> PixelDraw:
+        d = self._draw(n)
+        return d.pin() if self.device.type == "cuda" else d
+
+    def _take(self, n: int) -> PixelDraw:
+        """A host-drawn batch: the one prepared in the background when still valid, then prepare the next."""
+        batch = None
+        if self._pending is not None:
+            version, size, future = self._pending
+            self._pending = None
+            ready = future.result()
+            if version == self._version and size >= n:
+                batch = ready.slice(n)
+        if batch is None:
+            batch = self._draw_host(n)
+        if self._pool is not None:
+            size = -(-int(n * 1.125) // 64) * 64
+            self._pending = (self._version, size, self._pool.submit(self._draw_host, size))
+        return batch
+
+    def _maybe_rotate(self, n: int) -> None:
+        """Streamed stores: after ``stream_passes`` rays per resident pixel, swap in the next chunk."""
+        if not isinstance(self.store, StreamedPixels):
+            return
+        self._drawn_since_rotation += n
+        if self._drawn_since_rotation >= self.stream_passes * self.active_pixels:
+            self._drain()
+            if self.store.rotate():
+                self._rebuild()
+            self._drawn_since_rotation = 0
 
     def sample(self, n_rays: int) -> RayBatch:
-        k = torch.randint(0, self.shard_size, (n_rays,), generator=self.generator, device=self.device)
-        pixel = k * self.world_size + self.rank
-        return self.rays_for_pixels(pixel)
+        """``n_rays`` training rays from this rank's shard (no host synchronisation on the device path)."""
+        self._maybe_rotate(n_rays)
+        d = self._draw(n_rays) if self.store.on_device else self._take(n_rays).to(self.device)
+        o, dirs = self._rays(d.img, d.u, d.v)
+        return RayBatch(o, dirs, d.rgba, d.pixel, d.weight, d.tile)
 
     def rays_for_pixels(self, pixel: Tensor, jitter: bool | None = None) -> RayBatch:
-        """Rays through global pixel ids ``[R]`` (sub-pixel jitter when training)."""
-        f = self.frames
-        img, y, x = f.locate(pixel)
+        """Rays through global pixel ids ``[R]`` (sub-pixel jitter when training), full resolution, no weights."""
+        img, y, x = self.frames.locate(pixel.to(self.index_device))
+        dev = self.index_device
         if self.jitter if jitter is None else jitter:
-            off = torch.rand((pixel.shape[0], 2), generator=self.generator, device=self.device)
+            off = torch.rand((pixel.shape[0], 2), generator=self.generator, device=dev)
         else:
-            off = torch.full((pixel.shape[0], 2), 0.5, device=self.device)
-        u, v = x.float() + off[:, 0], y.float() + off[:, 1]
+            off = torch.full((pixel.shape[0], 2), 0.5, device=dev)
+        rgba = self.store.gather(img, y, x).to(self.device)
+        img, u, v = img.to(self.device), (x.float() + off[:, 0]).to(self.device), (y.float() + off[:, 1]).to(self.device)
+        o, d = self._rays(img, u, v)
+        return RayBatch(o, d, rgba, pixel.to(self.device), None, self.grid.tile_of(img, x.to(self.device), y.to(self.device)))
+
+    def _rays(self, img: Tensor, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c2w = self.c2w[img]
         if self.direction_maps is not None:
-            c2w = f.c2w[img]
             d = torch.einsum("nij,nj->ni", c2w[:, :, :3], self.direction_maps.directions(img, u, v))
-            o, d = c2w[:, :, 3], d / d.norm(dim=-1, keepdim=True)
-        else:
-            o, d = pixel_rays(f.c2w[img], f.intrinsics[img], u, v, f.distortion[img] if self.has_distortion else None,
-                              f.fisheye[img] if self.has_fisheye else None)
-        rgba = f.images[img, y, x].float() / 255.0
-        return RayBatch(o, d, rgba, pixel)
+            return c2w[:, :, 3], d / d.norm(dim=-1, keepdim=True)
+        return pixel_rays(c2w, self.intrinsics[img], u, v, self.distortion[img] if self.has_distortion else None,
+                          self.fisheye[img] if self.has_fisheye else None)
+
+    def stop_prefetch(self) -> None:
+        """Stop drawing batches ahead (idempotent); the store stays open for another sampler."""
+        self._drain()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def close(self) -> None:
+        """Stop the background threads and close the store (idempotent)."""
+        self.stop_prefetch()
+        self.store.close()
 
 
 def image_rays(frames: Frames, index: int, device: torch.device) -> tuple[Tensor, Tensor]:

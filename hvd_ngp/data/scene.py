@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
+
+
+@dataclass
+class ImageFiles:
+    """Where a split's images come from when they are decoded on demand (``Frames.images`` is None):
+    one file per frame and the integer downscale applied when decoding."""
+
+    paths: list[Path]
+    downscale: int = 1
+
+    def read(self, index: int) -> np.ndarray:
+        """Decode frame ``index`` -> ``[H, W, 4]`` uint8 RGBA (raises ``SceneError`` naming the file)."""
+        from .transforms import read_image  # the decoder lives with the format that introduced it
+
+        return read_image(self.paths[index], self.downscale)
+
+    def subset(self, index: list[int]) -> "ImageFiles":
+        return ImageFiles([self.paths[i] for i in index], self.downscale)
 
 
 @dataclass
@@ -13,7 +33,8 @@ class Frames:
     """One split's images and cameras.
 
     images:     ``[N, H, W, 4]`` uint8 RGBA (alpha 255 where the file has none); when images differ in
-                size they are padded to the largest, and ``sizes`` tells each one's own
+                size they are padded to the largest, and ``sizes`` tells each one's own. None when the
+                images are decoded on demand from ``files`` (training images of large scenes)
     c2w:        ``[N, 3, 4]`` float32, ngp convention (see ``cameras``)
     intrinsics: ``[N, 4]`` float32 fx, fy, cx, cy in pixels
     distortion: ``[N, 6]`` float32 k1, k2, k3, k4, p1, p2 (zeros: none; k1..k4 are the fisheye
@@ -22,16 +43,19 @@ class Frames:
     fisheye:    ``[N]`` bool, equidistant fisheye projection instead of pinhole
     """
 
-    images: Tensor
+    images: Tensor | None
     c2w: Tensor
     intrinsics: Tensor
     distortion: Tensor
     sizes: Tensor | None = None
     fisheye: Tensor | None = None
     names: list[str] = field(default_factory=list)
+    files: ImageFiles | None = None
 
     def __post_init__(self) -> None:
-        n = int(self.images.shape[0])
+        if self.images is None and (self.files is None or self.sizes is None):
+            raise ValueError("Frames without decoded images need their files and sizes")
+        n = int(self.c2w.shape[0])
         if self.sizes is None:
             self.sizes = torch.tensor([[self.images.shape[2], self.images.shape[1]]] * n, dtype=torch.int64).view(n, 2)
         if self.fisheye is None:
@@ -41,16 +65,20 @@ class Frames:
         self.uniform_size = bool((self.sizes.cpu() == torch.tensor([self.width, self.height])).all())
 
     def __len__(self) -> int:
-        return int(self.images.shape[0])
+        return int(self.c2w.shape[0])
 
     @property
     def height(self) -> int:
         """Height of the (padded) image tensor; ``sizes`` has each image's own."""
-        return int(self.images.shape[1])
+        if self.images is not None:
+            return int(self.images.shape[1])
+        return int(self.sizes[:, 1].max()) if len(self) else 0
 
     @property
     def width(self) -> int:
-        return int(self.images.shape[2])
+        if self.images is not None:
+            return int(self.images.shape[2])
+        return int(self.sizes[:, 0].max()) if len(self) else 0
 
     @property
     def n_pixels(self) -> int:
@@ -74,12 +102,19 @@ class Frames:
 
     def subset(self, index: list[int]) -> "Frames":
         idx = torch.as_tensor(index, dtype=torch.long)
-        return Frames(self.images[idx], self.c2w[idx], self.intrinsics[idx], self.distortion[idx], self.sizes[idx],
-                      self.fisheye[idx], [self.names[i] for i in index])
+        return Frames(None if self.images is None else self.images[idx], self.c2w[idx], self.intrinsics[idx],
+                      self.distortion[idx], self.sizes[idx], self.fisheye[idx], [self.names[i] for i in index],
+                      None if self.files is None else self.files.subset(index))
 
     def to(self, device: torch.device) -> "Frames":
-        return Frames(self.images.to(device), self.c2w.to(device), self.intrinsics.to(device),
-                      self.distortion.to(device), self.sizes.to(device), self.fisheye.to(device), self.names)
+        return Frames(None if self.images is None else self.images.to(device), self.c2w.to(device),
+                      self.intrinsics.to(device), self.distortion.to(device), self.sizes.to(device),
+                      self.fisheye.to(device), self.names, self.files)
+
+    def cameras(self) -> "Frames":
+        """The same frames without their pixels (cameras and sizes only; ``files`` kept)."""
+        return Frames(None, self.c2w, self.intrinsics, self.distortion, self.sizes, self.fisheye, self.names,
+                      self.files or ImageFiles([Path(n) for n in self.names]))
 
 
 @dataclass

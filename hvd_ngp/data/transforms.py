@@ -26,7 +26,7 @@ import torch
 
 from ..errors import SceneError
 from .cameras import nerf_to_ngp
-from .scene import Frames, Scene
+from .scene import Frames, ImageFiles, Scene
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG", ".webp", ".exr", ".bmp", ".tif", ".tiff")
 DISTORTION_KEYS = ("k1", "k2", "k3", "k4", "p1", "p2")
@@ -207,6 +207,19 @@ def read_image(path: Path, downscale: int = 1) -> np.ndarray:
     return np.ascontiguousarray(img)
 
 
+def image_size(path: Path, downscale: int = 1) -> tuple[int, int]:
+    """(width, height) of ``path`` as ``read_image`` will return it: from the file header when Pillow can
+    read it (no decoding), else by decoding the image once."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            w, h = im.size
+    except Exception:  # no Pillow, or a format it does not know (EXR): decode
+        h, w = read_image(path).shape[:2]
+    return (w // downscale, h // downscale) if downscale > 1 else (w, h)
+
+
 def decode_images(paths: list[Path], downscale: int, threads: int = 8) -> list[np.ndarray]:
     """Decode in parallel threads (OpenCV releases the GIL while decoding)."""
     if not paths:
@@ -235,28 +248,40 @@ def camera_intrinsics(cam: dict, image_w: int, image_h: int, downscale: int, pat
     return [fx * sx, fy * sy, cx * sx, cy * sy]
 
 
-def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, threads: int = 8) -> tuple[Frames, bool]:
-    """Decode the images and assemble ``Frames``; images of several sizes need per-frame intrinsics."""
+def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, threads: int = 8,
+                 decode: bool = True) -> tuple[Frames, bool]:
+    """Decode the images and assemble ``Frames``; images of several sizes need per-frame intrinsics.
+    ``decode=False``: read only the image sizes; the pixels are decoded later from ``Frames.files``."""
     if not frames:
         return empty_frames(), False
-    images = decode_images([f.image_path for f in frames], downscale, threads)
-    sizes = [(im.shape[1], im.shape[0]) for im in images]
+    paths = [f.image_path for f in frames]
+    if decode:
+        images = decode_images(paths, downscale, threads)
+        sizes = [(im.shape[1], im.shape[0]) for im in images]
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths)))) as pool:
+            sizes = list(pool.map(lambda p: image_size(p, downscale), paths))
     if len(set(sizes)) > 1 and not all(f.own_intrinsics for f in frames):
         shown = ", ".join(f"{w}x{h}" for w, h in sorted(set(sizes)))
         raise SceneError(f"{tf.path}: images have different sizes ({shown}) but not every frame gives its own "
                          "intrinsics ('fl_x'/'camera_angle_x' and 'w'/'h' per frame)")
     intrinsics = [camera_intrinsics(f.camera, w, h, downscale, tf.path) for f, (w, h) in zip(frames, sizes)]
-    wmax, hmax = max(w for w, _ in sizes), max(h for _, h in sizes)
+    stack, has_alpha = (stack_images(images) if decode else (None, False))
+    distortion = [[f.camera.get(k) or 0.0 for k in DISTORTION_KEYS] for f in frames]
+    out = Frames(stack, torch.from_numpy(np.stack([f.c2w for f in frames])),
+                 torch.tensor(intrinsics, dtype=torch.float32), torch.tensor(distortion, dtype=torch.float32),
+                 torch.tensor(sizes, dtype=torch.int64), torch.tensor([f.camera["is_fisheye"] for f in frames]),
+                 [str(p) for p in paths], ImageFiles(paths, downscale))
+    return out, has_alpha
+
+
+def stack_images(images: list[np.ndarray]) -> tuple[torch.Tensor, bool]:
+    """Decoded images -> ``[N, H_max, W_max, 4]`` uint8 (zero padded) and whether any alpha is below 255."""
+    wmax, hmax = max(im.shape[1] for im in images), max(im.shape[0] for im in images)
     stack = np.zeros((len(images), hmax, wmax, 4), np.uint8)
     for i, im in enumerate(images):
         stack[i, :im.shape[0], :im.shape[1]] = im
-    has_alpha = any(im[..., 3].min() < 255 for im in images)
-    distortion = [[f.camera.get(k) or 0.0 for k in DISTORTION_KEYS] for f in frames]
-    out = Frames(torch.from_numpy(stack), torch.from_numpy(np.stack([f.c2w for f in frames])),
-                 torch.tensor(intrinsics, dtype=torch.float32), torch.tensor(distortion, dtype=torch.float32),
-                 torch.tensor(sizes, dtype=torch.int64), torch.tensor([f.camera["is_fisheye"] for f in frames]),
-                 [str(f.image_path) for f in frames])
-    return out, has_alpha
+    return torch.from_numpy(stack), any(im[..., 3].min() < 255 for im in images)
 
 
 def empty_frames() -> Frames:
@@ -331,8 +356,10 @@ def locate_transforms(scene: str | os.PathLike, train_split: str = "train", test
 
 
 def load_transforms_scene(scene: str | os.PathLike, train_split: str = "train", test_split: str = "test",
-                          holdout_every: int = 0, downscale: int = 1, sharpness_threshold: float = 0.0) -> Scene:
-    """Load a ``transforms*.json`` scene (folder or file)."""
+                          holdout_every: int = 0, downscale: int = 1, sharpness_threshold: float = 0.0,
+                          lazy_train: bool = False) -> Scene:
+    """Load a ``transforms*.json`` scene (folder or file). ``lazy_train``: the training images are not
+    decoded (``Frames.images`` is None; ``has_alpha`` then describes the test images only)."""
     files = locate_transforms(scene, train_split, test_split, holdout_every, sharpness_threshold)
     tf = files.train
     missing = tf.missing + (files.test.missing if files.test is not None and files.test is not tf else 0)
@@ -340,7 +367,7 @@ def load_transforms_scene(scene: str | os.PathLike, train_split: str = "train", 
         raise SceneError(f"{tf.path}: no usable frames ({missing} listed images are missing, {tf.blurry} below the "
                          f"sharpness threshold)")
     aabb, aabb_scale = scene_aabb(tf.data, tf.path)
-    train, alpha_train = build_frames(tf, files.train_frames, downscale)
+    train, alpha_train = build_frames(tf, files.train_frames, downscale, decode=not lazy_train)
     test, alpha_test = build_frames(files.test or tf, files.test_frames, downscale)
     return Scene(train, test, aabb, aabb_scale, alpha_train or alpha_test, str(files.root), missing, tf.blurry,
                  up_vector(tf.data))

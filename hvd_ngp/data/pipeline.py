@@ -1,0 +1,291 @@
+"""One rank's training data, assembled from the ``data`` options: placement, shard, sampling, balance.
+
+Built once by ``DataPipeline.build`` (collective: complexity features are computed by all ranks
+together). Then, per training step, ``sample(n)`` and ``observe(...)`` (the error map; every
+``--error_map_interval`` steps a collective reduction), and per log interval
+``end_interval(table)`` with the monitor's reduced table: the epoch (new shards once the ranks
+together have drawn ``--epoch_passes`` rays per training pixel), the load balance and the
+resolution (``--dynamic_resolution``) — decided identically on every rank from the same table.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import dist
+from ..errors import ConfigError
+from ..monitor import COL
+from .balance import Balancer, RankTimes
+from .complexity import complexity_scores, scene_features
+from .error_map import ErrorMap
+from .pixels import Placement, StackedPixels, StreamedPixels, plan_placement, stream_chunk
+from .sampler import RayBatch, RaySampler
+from .scene import Frames
+
+STRATEGIES = ("uniform", "complexity", "error_map")
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """The ``data`` option group, validated."""
+
+    sampling: str
+    floor: float
+    importance_weights: bool
+    complexity_weights: tuple[float, float]
+    error_map_interval: int
+    error_map_decay: float
+    tile_size: int
+    shard_by: str
+    epoch_passes: float
+    balance: str
+    balance_threshold: float
+    preload: str
+    image_dtype: str
+    device_image_budget_gb: float
+    host_image_budget_gb: float
+    num_workers: int
+    dynamic_resolution: int
+    dynamic_resolution_plateau: float
+
+    @staticmethod
+    def from_args(args: argparse.Namespace) -> "DataSettings":
+        """Validate the options; raises ``ConfigError`` saying what was expected."""
+        if args.sampling not in STRATEGIES:
+            raise ConfigError(f"--sampling must be one of {', '.join(STRATEGIES)}, got {args.sampling!r}")
+        if not 0.0 < args.sampling_floor <= 1.0:
+            raise ConfigError(f"--sampling_floor must be in (0, 1], got {args.sampling_floor}")
+        try:
+            weights = tuple(float(v) for v in str(args.complexity_weights).split(","))
+        except ValueError:
+            weights = ()
+        if len(weights) != 2 or min(weights) < 0 or sum(weights) <= 0:
+            raise ConfigError(f"--complexity_weights must be two numbers >= 0 (edges,laplacian), got "
+                              f"{args.complexity_weights!r}")
+        for name in ("error_map_interval", "num_workers"):
+            if getattr(args, name) <= 0:
+                raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
+        if not 0.0 <= args.error_map_decay < 1.0:
+            raise ConfigError(f"--error_map_decay must be in [0, 1), got {args.error_map_decay}")
+        if args.tile_size < 0:
+            raise ConfigError(f"--tile_size must be >= 0 (0: automatic), got {args.tile_size}")
+        if args.epoch_passes <= 0:
+            raise ConfigError(f"--epoch_passes must be positive, got {args.epoch_passes}")
+        if not 0.0 <= args.balance_threshold < 1.0:
+            raise ConfigError(f"--balance_threshold must be in [0, 1), got {args.balance_threshold}")
+        for name in ("device_image_budget_gb", "host_image_budget_gb"):
+            if getattr(args, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0 (0: automatic), got {getattr(args, name)}")
+        dyn = args.dynamic_resolution
+        if dyn < 0 or (dyn > 1 and dyn & (dyn - 1)):
+            raise ConfigError(f"--dynamic_resolution must be 0 (off) or a power of two (the starting downscale), got {dyn}")
+        if args.tile_size and dyn > 1 and args.tile_size % dyn:
+            raise ConfigError(f"--dynamic_resolution {dyn} must divide --tile_size {args.tile_size}")
+        if not 0.0 <= args.dynamic_resolution_plateau < 1.0:
+            raise ConfigError(f"--dynamic_resolution_plateau must be in [0, 1), got {args.dynamic_resolution_plateau}")
+        return DataSettings(args.sampling, float(args.sampling_floor), args.importance_weights == "on", weights,
+                            int(args.error_map_interval), float(args.error_map_decay), int(args.tile_size),
+                            args.shard_by, float(args.epoch_passes), args.balance, float(args.balance_threshold),
+                            "device" if args.preload == "gpu" else args.preload, args.image_dtype,
+                            float(args.device_image_budget_gb), float(args.host_image_budget_gb),
+                            int(args.num_workers), max(int(dyn), 1), float(args.dynamic_resolution_plateau))
+
+
+def make_store(frames: Frames, placement: Placement, device: torch.device, settings: DataSettings
+               ) -> StackedPixels | StreamedPixels:
+    """The pixel store for ``placement`` (decodes the images for device and host placements)."""
+    if placement.mode == "stream":
+        return StreamedPixels(frames, device, stream_chunk(placement, frames.sizes), settings.num_workers)
+    return StackedPixels(frames, device, on_device=placement.mode == "device", image_dtype=settings.image_dtype,
+                         workers=settings.num_workers)
+
+
+def agree_placement(placement: Placement) -> Placement:
+    """The most conservative of the ranks' placements (collective): memory differs between nodes, and
+    ranks that disagreed would shard differently (streamed scenes shard whole images). Elastic jobs make
+    no collective before the training loop (a rank that joins later builds alone): each rank keeps its own."""
+    if dist.elastic():
+        return placement
+    order = ("device", "host", "stream")
+    mine = torch.tensor([float(order.index(placement.mode))])
+    agreed = order[int(dist.allreduce(mine, "max", name="data.placement")[0])]
+    return placement if agreed == placement.mode else replace(placement, mode=agreed)
+
+
+class DataPipeline:
+    """Sampler, store, error map and balancer of one rank (see the module docstring)."""
+
+    def __init__(self, settings: DataSettings, sampler: RaySampler, placement: Placement, balancer: Balancer,
+                 error_map: ErrorMap | None) -> None:
+        self.settings = settings
+        self.sampler = sampler
+        self.placement = placement
+        self.balancer = balancer
+        self.error_map = error_map
+        self.complexity: Tensor | None = None  # per-tile scores of --sampling complexity
+        self.rays_drawn = 0.0  # by all ranks, counted from the monitor's tables
+        self.resolution = settings.dynamic_resolution
+        self._previous_loss: float | None = None
+        self.complexity_from_cache: bool | None = None
+
+    @staticmethod
+    def build(frames: Frames, args: argparse.Namespace, rt: dist.Runtime, scene_cache: str | None = None
+              ) -> "DataPipeline":
+        """Everything from the options (collective, except in elastic jobs: every rank calls it)."""
+        settings = DataSettings.from_args(args)
+        placement = agree_placement(plan_placement(settings.preload, frames.sizes, rt.device, settings.image_dtype,
+                                                   settings.device_image_budget_gb, settings.host_image_budget_gb,
+                                                   rt.local_size))
+        shard_by = "image" if placement.mode == "stream" else settings.shard_by
+
+        def build_sampler() -> RaySampler:
+            store = make_store(frames, placement, rt.device, settings)
+            return RaySampler(frames, rt.rank, rt.size, args.seed, rt.device, store=store,
+                              tile_size=settings.tile_size, shard_by=shard_by, floor=settings.floor)
+
+        sampler = build_sampler() if dist.elastic() else dist.agree(build_sampler, "loading the training images")
+        pipeline = DataPipeline(settings, sampler, placement,
+                                Balancer(settings.balance, rt.rank, rt.size, args.target_samples,
+                                         settings.balance_threshold, args.max_rays),
+                                ErrorMap(sampler.grid.n_tiles, rt.device, settings.error_map_decay)
+                                if settings.sampling == "error_map" else None)
+        if settings.sampling == "complexity":
+            paths = frames.files.paths if frames.files is not None else [Path(n) for n in frames.names]
+            downscale = frames.files.downscale if frames.files is not None else 1
+            features, pipeline.complexity_from_cache = scene_features(sampler.grid, sampler.store.image, paths,
+                                                                      downscale, scene_cache)
+            pipeline.complexity = complexity_scores(features, settings.complexity_weights)
+            sampler.set_scores(pipeline.complexity)
+        if pipeline.resolution > 1:
+            if sampler.tile_size % pipeline.resolution:
+                raise ConfigError(f"--dynamic_resolution {pipeline.resolution} must divide the tile size "
+                                  f"{sampler.tile_size} (set --tile_size)")
+            sampler.set_resolution(pipeline.resolution)
+        return pipeline
+
+    def new_sampler(self, rank: int, size: int, seed: int) -> RaySampler:
+        """The sampler of shard ``rank`` of ``size`` drawing with ``seed``, on the same images, strategy and
+        resolution (a world-size change or a resume re-deals the shards); the current one when nothing changed."""
+        old = self.sampler
+        if (rank, size, seed) == (old.rank, old.world_size, old.seed):
+            return old
+        old.stop_prefetch()
+        sampler = RaySampler(old.frames, rank, size, seed, old.device, store=old.store, tile_size=old.tile_size,
+                             shard_by=old.shard_by, epoch=max(old.epoch, 0), floor=old.floor)
+        scores = self.complexity if self.error_map is None or not self.error_map.updates else self.error_map.error
+        if scores is not None:
+            sampler.set_scores(scores)
+        if self.resolution > 1:
+            sampler.set_resolution(self.resolution)
+        if (rank, size) != (self.balancer.rank, self.balancer.world_size):  # a new world starts balanced
+            b = self.balancer
+            self.balancer = Balancer(b.mode, rank, size, b.target, b.threshold, b.max_rays)
+        self.sampler = sampler
+        return sampler
+
+    # -------------------------------------------------------------------------------- per step
+
+    @property
+    def loss_scale(self) -> float:
+        return self.balancer.loss_scale
+
+    def sample(self, n_rays: int) -> RayBatch:
+        return self.sampler.sample(n_rays)
+
+    def observe(self, step: int, rays: RayBatch, ray_loss: Tensor | None, valid: Tensor | None) -> None:
+        """After training step ``step``: feed the error map (device ops only); every ``error_map_interval``
+        steps reduce it across ranks and resample from it (collective: every rank, same step)."""
+        if self.error_map is None:
+            return
+        if ray_loss is not None and rays.tile is not None:
+            self.error_map.record(rays.tile, ray_loss, valid)
+        if (step + 1) % self.settings.error_map_interval == 0:
+            self.sampler.set_scores(self.error_map.reduce())
+
+    # -------------------------------------------------------------------------------- per interval
+
+    def end_interval(self, table: np.ndarray) -> list[str]:
+        """Epoch, balance and resolution from the monitor's reduced table (identical on every rank, no
+        collective). Returns lines worth logging."""
+        notes = []
+        self.rays_drawn += float(table[:, COL["rays"]].sum())
+        epoch = int(self.rays_drawn // (self.settings.epoch_passes * self.sampler.n_pixels))
+        if epoch != self.sampler.epoch:
+            self.sampler.set_epoch(epoch)
+            notes.append(f"epoch {epoch}: new shards ({self.sampler.shard_size} pixels on this rank)")
+        times = RankTimes.from_table(table, COL)
+        if self.balancer.update(times):
+            notes.append(f"rebalanced (step time spread {100 * self.balancer.last_spread:.0f}%): sample targets "
+                         f"per rank x [{self.balancer.describe()}]")
+        if self.resolution > 1:
+            steps = max(float(table[:, COL["steps"]].max()), 1.0)
+            loss = float(table[:, COL["loss_sum"]].sum()) / table.shape[0] / steps
+            prev = self._previous_loss
+            if prev is not None and prev > 0 and (prev - loss) / prev < self.settings.dynamic_resolution_plateau:
+                self.resolution //= 2
+                self.sampler.set_resolution(self.resolution)
+                self._previous_loss = None  # the loss jumps at the finer resolution: compare from the next interval
+                notes.append(f"resolution raised to 1/{self.resolution} (loss {loss:.5f}, was {prev:.5f})")
+            else:
+                self._previous_loss = loss
+        return notes
+
+    def describe(self) -> str:
+        s, smp = self.settings, self.sampler
+        parts = [f"images {self.placement.describe()}",
+                 f"shards by {smp.shard_by} ({smp.tile_size} px tiles, {smp.grid.n_tiles} in all)",
+                 f"sampling {s.sampling}"
+                 + (f" (floor {s.floor:g}, importance weights {'on' if s.importance_weights else 'off'})"
+                    if s.sampling != "uniform" else ""),
+                 f"balance {s.balance}"]
+        if self.complexity_from_cache is not None:
+            parts.append("complexity scores " + ("from the cache" if self.complexity_from_cache else "computed"))
+        if self.resolution > 1:
+            parts.append(f"dynamic resolution from 1/{self.resolution}")
+        return "data: " + ", ".join(parts)
+
+    def stream_report(self) -> str | None:
+        store = self.sampler.store
+        if not isinstance(store, StreamedPixels):
+            return None
+        return (f"streamed {store.decoded} image decodes in chunks of {store.chunk}, {store.rotations} rotations, "
+                f"{store.wait_seconds:.1f} s waiting for decoding")
+
+    def summary(self) -> dict:
+        """Decisions that every rank must share (a parallel test compares them across ranks) and figures for
+        reports: placement, epoch, resolution, sample shares of the ranks, rebalances, an error-map checksum."""
+        b = self.balancer
+        return {"placement": self.placement.mode, "sampling": self.settings.sampling, "balance": b.mode,
+                "epoch": self.sampler.epoch, "resolution": self.resolution, "shard_by": self.sampler.shard_by,
+                "tile_size": self.sampler.tile_size, "sample_shares": [round(float(v), 6) for v in b.shares],
+                "rebalances": b.rebalances, "equal_rays": b.equal_rays,
+                "error_map_sum": None if self.error_map is None else float(self.error_map.error.sum()),
+                "error_map_updates": None if self.error_map is None else self.error_map.updates}
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to continue the same data schedule (JSON-able: checkpoints keep it in
+        the run's progress record)."""
+        return {"epoch": self.sampler.epoch, "rays_drawn": self.rays_drawn, "resolution": self.resolution,
+                "balancer": self.balancer.state_dict(),
+                "error_map": None if self.error_map is None else self.error_map.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rays_drawn = float(state["rays_drawn"])
+        self.balancer.load_state_dict(state["balancer"])
+        if self.error_map is not None and state.get("error_map") is not None:
+            self.error_map.load_state_dict(state["error_map"])
+            if self.error_map.updates:
+                self.sampler.set_scores(self.error_map.error)
+        if int(state["resolution"]) != self.resolution:
+            self.resolution = int(state["resolution"])
+            self.sampler.set_resolution(self.resolution)
+        self.sampler.set_epoch(int(state["epoch"]))
+
+    def close(self) -> None:
+        self.sampler.close()
