@@ -75,17 +75,25 @@ class PixelDraw:
         return self._map(lambda t: t.pin_memory())
 
 
+#: A NeRF step draws a few thousand rays, so a full pass over a chunk of photos (millions of pixels)
+#: would pin training to one chunk for minutes: measured on fox (2 H200s, 30 s, chunks of 10 images),
+#: passes=1.0 never rotated and the model saw 10 of 43 images (test PSNR 14.97 dB against 20.95 with
+#: every image resident). 0.02 rotates every few seconds there; decoding runs behind it.
+STREAM_PASSES = 0.02
+
+
 class RaySampler:
     """Draws training rays from this rank's shard of ``frames``; rays and colours end on ``device``.
 
     ``store``: where the pixels live (default: all images on ``device``). ``tile_size`` 0: automatic.
     ``shard_by``: 'tile' or 'image' (streamed scenes shard whole images). ``floor``: the uniform share.
+    ``stream_passes``: rays drawn per resident pixel before a streamed store swaps in its next chunk.
     """
 
     def __init__(self, frames: Frames, rank: int, world_size: int, seed: int, device: torch.device,
                  jitter: bool = True, *, store: StackedPixels | StreamedPixels | None = None, tile_size: int = 0,
                  shard_by: str = "tile", epoch: int = 0, floor: float = 0.25, prefetch: bool = True,
-                 stream_passes: float = 1.0) -> None:
+                 stream_passes: float = STREAM_PASSES) -> None:
         if not 0.0 < floor <= 1.0:
             raise ValueError(f"the uniform floor must be in (0, 1], got {floor}")
         self.frames = frames
