@@ -73,10 +73,12 @@ def test_slurm_script_builds_the_hostfile_from_the_allocation(tmp_path):
     proc = run_script(CLUSTER / "slurm.sbatch", env, "--scene", "data/fox")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run" / "hostfile").read_text() == "gpu01 slots=8\ngpu02 slots=8\n"
-    assert "launch.sh: 16 rank(s) on 2 host(s): mpirun -np 16 --hostfile" in proc.stderr
-    assert "-x NCCL_IB_HCA" in proc.stderr
-    assert "-m hvd_ngp.train --out_dir " + str(tmp_path / "run") in proc.stderr
-    assert "--ckpt_every_minutes 20 --resume auto --scene data/fox" in proc.stderr
+    plan = proc.stdout  # the launcher's plan (hvd_ngp.launch --dry-run)
+    assert "16 rank(s) on 2 node(s) [gpu01:8, gpu02:8]" in plan and "hierarchical allreduce: on" in plan
+    assert "mpirun --allow-run-as-root -np 16 -H gpu01:8,gpu02:8" in plan or "mpirun -np 16 -H gpu01:8,gpu02:8" in plan
+    assert "-x NCCL_IB_HCA" in plan
+    assert "-m hvd_ngp.train --out_dir " + str(tmp_path / "run") in plan
+    assert "--ckpt_every_minutes 20 --resume auto --scene data/fox" in plan
 
 
 def test_pbs_script_keeps_the_first_node_first(tmp_path):
@@ -88,15 +90,19 @@ def test_pbs_script_keeps_the_first_node_first(tmp_path):
     proc = run_script(CLUSTER / "pbs.sh", env)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run" / "hostfile").read_text() == "n7 slots=3\nn2 slots=3\n"
-    assert "6 rank(s) on 2 host(s):" in proc.stderr and "horovodrun -np 6 -hostfile" in proc.stderr
-    assert proc.stderr.rstrip().endswith("--resume auto --scene data/fox --n_steps 5")
+    assert "6 rank(s) on 2 node(s) [n7:3, n2:3]" in proc.stdout and "horovodrun -np 6 -H n7:3,n2:3" in proc.stdout
+    assert proc.stdout.rstrip().endswith("--resume auto --scene data/fox --n_steps 5")
 
 
 def test_launch_script_refuses_bad_input(tmp_path):
     empty = tmp_path / "hosts"
     empty.write_text("# nothing\n\n")
     proc = run_script(CLUSTER / "launch.sh", {}, str(empty), str(tmp_path / "run"))
-    assert proc.returncode == 2 and "lists no hosts" in proc.stderr
+    assert proc.returncode == 2 and f"{empty}: the hostfile lists no hosts" in proc.stderr
+    bad = tmp_path / "bad"
+    bad.write_text("node1 slots=2\nnode2 slot=2\n")
+    proc = run_script(CLUSTER / "launch.sh", {}, str(bad), str(tmp_path / "run"))
+    assert proc.returncode == 2 and f"{bad}:2: unknown key 'slot'" in proc.stderr
     proc = run_script(CLUSTER / "launch.sh", {"LAUNCHER": "srun"}, str(ROOT / "hostfiles" / "localhost"), str(tmp_path))
     assert proc.returncode == 2 and "LAUNCHER must be mpirun or horovodrun" in proc.stderr
     proc = run_script(CLUSTER / "launch.sh", {"HVD_NGP_VENV": str(tmp_path / "none")}, str(empty), str(tmp_path))

@@ -4,10 +4,9 @@
 #   cd /path/to/hvd_ngp && qsub -v TRAIN_ARGS="--scene data/fox --n_steps 20000" scripts/cluster/pbs.sh
 #
 # $PBS_NODEFILE (one line per MPI slot) becomes a "host slots=N" hostfile, which
-# scripts/cluster/launch.sh hands to mpirun (or horovodrun with LAUNCHER=horovodrun).
-# "-r y" lets PBS rerun the job after a node failure; the periodic checkpoints and --resume auto
-# make the rerun continue where it stopped. (When `python -m hvd_ngp.launch` is available, call
-# it here instead of launch.sh.)
+# scripts/cluster/launch.sh hands to the launcher (python -m hvd_ngp.launch: mpirun, or
+# horovodrun with LAUNCHER=horovodrun). "-r y" lets PBS rerun the job after a node failure; the
+# periodic checkpoints and --resume auto make the rerun continue where it stopped.
 #PBS -N hvd_ngp
 #PBS -l select=2:ncpus=64:ngpus=8:mpiprocs=8
 #PBS -l walltime=04:00:00
