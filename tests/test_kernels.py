@@ -59,8 +59,8 @@ def assert_mostly_close(a, b, tol, outliers=1e-4, worst=1e-2):
     """Equal within ``tol`` except a fraction ``outliers`` of elements, which stay within ``worst``: on a
     GPU a point within rounding of a cell boundary can land in the neighbouring cell (fused
     multiply-adds), which moves a continuous interpolation by ~1e-4."""
-    diff = (a.float() - b.float()).abs()
-    bad = diff > tol + tol * b.float().abs()
+    diff = (a.detach().float() - b.detach().float()).abs()
+    bad = diff > tol + tol * b.detach().float().abs()
     assert float(bad.float().mean()) <= outliers, f"{int(bad.sum())} of {diff.numel()} elements differ by > {tol}"
     assert float(diff.max()) <= worst, f"worst difference {float(diff.max())}"
 
