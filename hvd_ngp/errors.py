@@ -27,15 +27,30 @@ class BackendError(HvdNgpError):
     """A requested compute backend (GPU kernels, tinycudann, Horovod) is not available."""
 
 
-def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None, prog: str = "hvd_ngp") -> NoReturn:
-    """Console-script wrapper: user errors become one line on stderr (with the rank under a launcher) and exit 2."""
+def launcher_rank_label() -> str:
+    """``"[rank N] "`` from the launcher's environment (horovodrun, Open MPI, PMI); empty without one."""
+    rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")))
+    return f"[rank {rank}] " if rank is not None else ""
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None, prog: str = "hvd_ngp",
+            report: Callable[[BaseException], int] | None = None) -> NoReturn:
+    """Console-script wrapper: user errors become one line on stderr (with the rank under a launcher) and exit 2.
+
+    ``report``: handles every exception instead (prints, returns the exit status; see ``failures.report``).
+    """
     try:
         code = main(argv)
-    except HvdNgpError as exc:
-        rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")))
-        where = f"[rank {rank}] " if rank is not None else ""
-        print(f"{where}{prog}: error: {exc}", file=sys.stderr, flush=True)
-        code = 2
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        if report is not None:
+            code = report(exc)
+        elif isinstance(exc, HvdNgpError):
+            print(f"{launcher_rank_label()}{prog}: error: {exc}", file=sys.stderr, flush=True)
+            code = 2
+        else:
+            raise
     sys.stdout.flush()
     # Horovod's shutdown waits for its background thread; after an error that can block: leave fast.
     os._exit(code) if code else sys.exit(0)

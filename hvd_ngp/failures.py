@@ -30,7 +30,7 @@ from typing import Iterator
 import torch
 
 from . import dist
-from .errors import HvdNgpError
+from .errors import HvdNgpError, launcher_rank_label
 
 EXIT_CRASH = 1
 EXIT_WATCHDOG = 3
@@ -170,8 +170,7 @@ def rank_label() -> str:
         rt = dist.runtime()
         return f"[rank {rt.rank}] " if rt.size > 1 or dist.launched() else ""
     except RuntimeError:
-        rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")))
-        return f"[rank {rank}] " if rank is not None else ""
+        return launcher_rank_label()
 
 
 def report(exc: BaseException) -> int:

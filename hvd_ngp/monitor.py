@@ -121,6 +121,12 @@ def spread(values: np.ndarray) -> Spread | None:
                   int(ranks.size))
 
 
+def extremes(name: str, s: Spread | None) -> dict[str, float | int | None]:
+    """``{name}_min``, ``{name}_min_rank``, ``{name}_max``, ``{name}_max_rank`` of ``s`` (None: not measured)."""
+    return {f"{name}_min": s.min if s else None, f"{name}_min_rank": s.min_rank if s else None,
+            f"{name}_max": s.max if s else None, f"{name}_max_rank": s.max_rank if s else None}
+
+
 def gather_rows(row: torch.Tensor) -> torch.Tensor:
     """Every rank's ``row`` ``[k]`` -> ``[world_size, k]`` on every rank, with ONE Sum-allreduce (collective)."""
     rt = dist.runtime()
@@ -163,10 +169,7 @@ def interval_record(table: np.ndarray, step: int, train_s: float, occupancy: flo
         "samples_per_s": samples / interval_s,
         "rank_samples_per_s_min": rank_rate.min if rank_rate else None,
         "rank_samples_per_s_min_rank": rank_rate.min_rank if rank_rate else None,
-        "rank_step_ms_min": step_ms.min if step_ms else None,
-        "rank_step_ms_min_rank": step_ms.min_rank if step_ms else None,
-        "rank_step_ms_max": step_ms.max if step_ms else None,
-        "rank_step_ms_max_rank": step_ms.max_rank if step_ms else None,
+        **extremes("rank_step_ms", step_ms),
         "step_time_spread": (step_ms.max - step_ms.min) / step_ms.max if step_ms and step_ms.max > 0 else None,
         "rays_per_step": float(col["rays"].sum()) / steps,
         "samples_per_step": samples / steps,
@@ -174,15 +177,9 @@ def interval_record(table: np.ndarray, step: int, train_s: float, occupancy: flo
         "train_psnr": mse_to_psnr(mse),
         "occupancy": occupancy,
         "comm_fraction": comm.mean if comm else None,
-        "comm_fraction_min": comm.min if comm else None,
-        "comm_fraction_min_rank": comm.min_rank if comm else None,
-        "comm_fraction_max": comm.max if comm else None,
-        "comm_fraction_max_rank": comm.max_rank if comm else None,
+        **extremes("comm_fraction", comm),
         "gpu_util": util.mean if util else None,
-        "gpu_util_min": util.min if util else None,
-        "gpu_util_min_rank": util.min_rank if util else None,
-        "gpu_util_max": util.max if util else None,
-        "gpu_util_max_rank": util.max_rank if util else None,
+        **extremes("gpu_util", util),
         "gpu_util_spread": util.max - util.min if util else None,
         "gpu_mem_used_gib_max": mem.max / GIB if mem else None,
         "gpu_mem_used_gib_max_rank": mem.max_rank if mem else None,

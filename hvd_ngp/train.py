@@ -12,7 +12,6 @@ import json
 import math
 import os
 import socket
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from .data.balance import MAX_SHARE
 from .data.pipeline import DataPipeline
 from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
-from .errors import ConfigError
+from .errors import ConfigError, run_cli
 from .failures import NonFiniteGuard, Watchdog, report
 from .field import NGPField
 from .trainstate import TrainState, make_rank_streams
@@ -690,17 +689,9 @@ def vars_for_json(args: argparse.Namespace) -> dict:
 def cli(argv: list[str] | None = None) -> None:
     """Console-script wrapper: any failure becomes one clear message naming the rank, and a fast non-zero exit.
 
-    User errors exit 2; unexpected exceptions 1 (see ``failures.report``). Leaving with ``os._exit``
-    matters: Horovod's shutdown waits for its background thread, which can block after an error.
+    User errors exit 2; unexpected exceptions 1 (see ``failures.report``).
     """
-    try:
-        code = main(argv)
-    except SystemExit:
-        raise
-    except BaseException as exc:
-        code = report(exc)
-    sys.stdout.flush()
-    os._exit(code) if code else sys.exit(0)
+    run_cli(main, argv, report=report)
 
 
 if __name__ == "__main__":
