@@ -10,6 +10,8 @@ step faults (``WHEN`` is a step ``S`` or a range ``A-B``, checked when step S st
     exit       the rank calls ``os._exit(1)`` (dies without a message)
     kill       the rank sends itself SIGKILL
     hang       the rank sleeps forever (alive but stuck)
+    slow       the rank sleeps SLOW_SECONDS_PER_SAMPLE per sample it rendered in the step (a slower GPU:
+               its time grows with its work, so load balancing can even it out)
 checkpoint-write faults (``WHEN`` is the N-th checkpoint this process writes, from 1):
     save_enospc  the write fails with ENOSPC ("No space left on device") after 1 KiB
     save_pause   the write stops after 1 KiB, prints "fault: paused writing PATH" and sleeps forever
@@ -32,7 +34,8 @@ from . import dist
 from .errors import ConfigError
 
 ENV = "HVD_NGP_FAULTS"
-STEP_KINDS = ("nan_loss", "raise", "exit", "kill", "hang")
+STEP_KINDS = ("nan_loss", "raise", "exit", "kill", "hang", "slow")
+SLOW_SECONDS_PER_SAMPLE = 20e-6
 SAVE_KINDS = ("save_enospc", "save_pause")
 _PARTIAL_BYTES = 1024
 
@@ -86,7 +89,7 @@ def at_step(step: int) -> None:
         return
     rank = _rank()
     for f in armed():
-        if f.kind == "nan_loss" or not f.hits(rank, step):
+        if f.kind in ("nan_loss", "slow") or not f.hits(rank, step):
             continue
         _say(rank, f"{f.kind} at step {step}")
         if f.kind == "raise":
@@ -98,6 +101,12 @@ def at_step(step: int) -> None:
         if f.kind == "hang":
             while True:
                 time.sleep(3600)
+
+
+def slow_down(step: int, n_samples) -> None:
+    """Sleep ``SLOW_SECONDS_PER_SAMPLE * n_samples`` when a ``slow`` fault is armed for this rank at ``step``."""
+    if ENV in os.environ and any(f.kind == "slow" and f.hits(_rank(), step) for f in armed()):
+        time.sleep(SLOW_SECONDS_PER_SAMPLE * int(n_samples))
 
 
 def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:

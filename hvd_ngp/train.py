@@ -486,6 +486,7 @@ class Trainer:
         res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn, jitter,
                          args.precision, self.scaler, self.renderer, timer, args.comm.backward_passes_per_step,
                          self.guard, step + 1, self.data.settings.importance_weights, self.data.loss_scale)
+        faults.slow_down(step + 1, res.n_samples)  # test hook, like faults.at_step
         self.budget.update(res)
         # the error map (a collective every N steps, on every rank; a skipped step's loss is not recorded)
         self.data.observe(step, rays, None if res.skipped else res.ray_loss, res.valid)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import statistics
 import time
 
 import pytest
@@ -23,29 +21,18 @@ def test_each_strategy_and_a_streamed_store_train_with_ranks_in_agreement(contro
         assert f"CHECK {check} OK" in out, out[-4000:]
 
 
-def unbalanced_spreads(controller: str, out) -> tuple[dict, str]:
-    proc = run_ranks(["tests/parallel/check_sampling.py", "unbalanced", str(out)], controller=controller)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 0, text[-4000:]
-    line = next(s for s in text.splitlines() if "SPREAD " in s)
-    # raw_decode stops after the object: mpirun may glue the next rank's output to this line
-    return json.JSONDecoder().raw_decode(line.split("SPREAD ", 1)[1])[0], text
-
-
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_balancing_shrinks_the_step_time_spread_of_an_unbalanced_scene(controller, tmp_path):
-    """Rank 0 holds close-ups (every ray marches), rank 1 distant views (most rays miss the scene's box).
-    Equal rays per rank (--balance off) leave rank 1 waiting; --balance time evens the busy times.
-    Step times on a shared 2-core machine are noisy: a second launch is allowed when the first one's
-    spreads did not separate."""
-    for attempt in range(2):
-        spreads, out = unbalanced_spreads(controller, tmp_path / str(attempt))
-        # the first interval runs before any plan: compare the intervals after it
-        off, on = (statistics.median(spreads[k][1:]) for k in ("off", "time"))
-        if off > 0.3 and on < 0.8 * off:
-            break
-    assert off > 0.3, f"the scene should be unbalanced without balancing: {spreads}"
-    assert on < 0.8 * off, f"balancing should shrink the step-time spread: {spreads}"
+def test_time_balancing_moves_work_off_a_slow_rank(controller, scene_cache, tmp_path):
+    """Rank 0 sleeps 20 us per sample it renders (the ``slow`` test fault: a slower GPU). --balance off and
+    samples keep equal shares; --balance time lowers rank 0's sample target and raises rank 1's, with every
+    rank computing the same plan. Whether the step-time spread then shrinks is a timing, measured by
+    ``bench sampling`` on the GPU machine, not asserted here."""
+    proc = run_ranks(["tests/parallel/check_sampling.py", "slow_rank", str(scene_cache), str(tmp_path)],
+                     controller=controller, env={"HVD_NGP_FAULTS": "slow@0:1-1000"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for balance in ("off", "samples", "time"):
+        assert f"CHECK slow_rank_balance_{balance} OK" in out, out[-4000:]
     assert "rebalanced (step time spread" in out
 
 

@@ -1,0 +1,28 @@
+"""The test-only fault injection itself (in-process, no ranks): parsing and the ``slow`` fault's sleep."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvd_ngp import faults
+from hvd_ngp.errors import ConfigError
+
+
+def test_parse_reads_kinds_ranks_and_ranges():
+    assert faults.parse("nan_loss@1:3-5, slow@0:7") == [faults.Fault("nan_loss", 1, 3, 5), faults.Fault("slow", 0, 7, 7)]
+    with pytest.raises(ConfigError, match="unknown fault 'slower'"):
+        faults.parse("slower@0:1")
+    with pytest.raises(ConfigError, match="cannot parse 'slow@0'"):
+        faults.parse("slow@0")
+
+
+def test_slow_sleeps_in_proportion_to_the_samples_only_when_armed(monkeypatch):
+    slept = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    monkeypatch.delenv(faults.ENV, raising=False)
+    faults.slow_down(3, 1000)
+    monkeypatch.setenv(faults.ENV, "slow@0:2-4,raise@1:3")
+    faults.slow_down(1, 1000)  # before the range
+    faults.slow_down(3, 1000)
+    faults.at_step(3)  # the slow fault does nothing at the start of a step; raise@1 is another rank's
+    assert slept == [pytest.approx(1000 * faults.SLOW_SECONDS_PER_SAMPLE)]
