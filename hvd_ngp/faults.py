@@ -35,7 +35,7 @@ from .errors import ConfigError
 
 ENV = "HVD_NGP_FAULTS"
 STEP_KINDS = ("nan_loss", "raise", "exit", "kill", "hang", "slow")
-SLOW_SECONDS_PER_SAMPLE = 20e-6
+SLOW_SECONDS_PER_SAMPLE = 10e-6
 SAVE_KINDS = ("save_enospc", "save_pause")
 _PARTIAL_BYTES = 1024
 

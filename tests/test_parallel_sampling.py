@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 
 import pytest
@@ -21,19 +23,36 @@ def test_each_strategy_and_a_streamed_store_train_with_ranks_in_agreement(contro
         assert f"CHECK {check} OK" in out, out[-4000:]
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_time_balancing_moves_work_off_a_slow_rank(controller, scene_cache, tmp_path):
-    """Rank 0 sleeps 20 us per sample it renders (the ``slow`` test fault: a slower GPU). --balance off and
-    samples keep equal shares; --balance time lowers rank 0's sample target and raises rank 1's, with every
-    rank computing the same plan. Whether the step-time spread then shrinks is a timing, measured by
-    ``bench sampling`` on the GPU machine, not asserted here."""
-    proc = run_ranks(["tests/parallel/check_sampling.py", "slow_rank", str(scene_cache), str(tmp_path)],
+def slow_rank_run(controller: str, cache, out) -> tuple[dict, str]:
+    """One launch of ``check_sampling.py slow_rank`` -> its per-interval step-time spreads per --balance mode."""
+    proc = run_ranks(["tests/parallel/check_sampling.py", "slow_rank", str(cache), str(out)],
                      controller=controller, env={"HVD_NGP_FAULTS": "slow@0:1-1000"})
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
     for balance in ("off", "samples", "time"):
-        assert f"CHECK slow_rank_balance_{balance} OK" in out, out[-4000:]
-    assert "rebalanced (step time spread" in out
+        assert f"CHECK slow_rank_balance_{balance} OK" in text, text[-4000:]
+    assert "rebalanced (step time spread" in text
+    line = next(s for s in text.splitlines() if "SPREAD " in s)
+    # raw_decode stops after the object: mpirun may glue the next rank's output to this line
+    return json.JSONDecoder().raw_decode(line.split("SPREAD ", 1)[1])[0], text
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_time_balancing_moves_work_off_a_slow_rank_and_shrinks_the_spread(controller, scene_cache, tmp_path):
+    """Rank 0 sleeps 10 us per sample it renders (the ``slow`` test fault: a slower GPU), so the job is
+    deliberately unbalanced. The plan is asserted exactly (in the check script): --balance off and samples
+    keep equal shares, --balance time lowers rank 0's sample target and raises rank 1's, every rank
+    computing the same plan. The reported step-time spread is a timing, compared with a wide margin: the
+    injected sleep dominates rank 0's step (median spread off 70-80%, time 25-40% after two intervals on
+    the 2-core VM, also with a CPU hog beside it); a second launch is allowed when the first one's spreads
+    did not separate by 0.15."""
+    for attempt in range(2):
+        spreads, _ = slow_rank_run(controller, scene_cache, tmp_path / str(attempt))
+        # the first two intervals run before the plan has moved far: compare the intervals after them
+        off, on = statistics.median(spreads["off"][2:]), statistics.median(spreads["time"][2:])
+        if on < off - 0.15:
+            break
+    assert on < off - 0.15, f"balancing should shrink the step-time spread: {spreads}"
 
 
 @pytest.mark.parametrize("option, message", [

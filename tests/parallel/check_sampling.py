@@ -7,7 +7,7 @@
         rank 0 made slower per sample (the ``slow`` test fault), trained with --balance off, samples and
         time; the ranks must agree on every plan, and only --balance time moves work off rank 0. Prints
         ``SHARES {"off": [...], "samples": [...], "time": [...]}`` and ``SPREAD {...}`` (the per-interval
-        step-time spreads the monitor reports, for the record: timings are not asserted).
+        step-time spreads the monitor reports; the test compares them).
 
 Prints ``CHECK <name> OK`` lines on rank 0; any failure raises (non-zero exit).
 """
