@@ -6,7 +6,11 @@ TRITON_INTERPRET=1). With HVD_NGP_REQUIRE_GPU=1 a missing GPU or Triton is a fai
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -209,3 +213,82 @@ def test_fast_renderer_matches_reference_rendering():
     rgb, opacity, _ = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3)
     ref_mid = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3)
     torch.testing.assert_close(rgb, ref_mid.rgb, rtol=1e-4, atol=1e-5)
+
+
+# --- the GPU compiler, without a GPU ---------------------------------------------------------------------
+
+TRITON_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int64: "*i64",
+                torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8", torch.bool: "*i1"}
+
+
+def launch_record(fn, args: tuple, kwargs: dict) -> dict:
+    """A Triton launch as ``compile_kernels.py`` reads it: every argument's Triton type, constexpr values."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    bound = dict(zip(params, args), **kwargs)
+    signature, constexprs = {}, {}
+    for name, p in params.items():
+        value = bound[name]
+        if "constexpr" in str(p.annotation):
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = TRITON_TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}: cannot type argument {name}={value!r}")
+    return {"module": fn.__module__, "kernel": fn.__name__, "signature": signature, "constexprs": constexprs}
+
+
+def exercise_kernels() -> None:
+    """Every Triton kernel of the package once per kind of launch training makes (tiny problems)."""
+    for dtype in (torch.float32, torch.float16):
+        enc = HashGridTriton(HashGridSpec(4, 2, 10, 8, 2.0), dtype)
+        enc(torch.rand(64, 3)).sum().backward()
+    for aabb, cascades, sch in ((torch.tensor([[0.0] * 3, [1.0] * 3]), 1, StepSchedule.uniform(3 ** 0.5 / 32)),
+                                (torch.tensor([[-1.5] * 3, [2.5] * 3]), 2, StepSchedule(0.03, 0.24, 1 / 64))):
+        o, d, j = random_rays(8, torch.tensor([0.5] * 3), 3.0, 11)
+        march_packed(o, d, aabb, random_grid(aabb, 8, cascades, 12), sch, j, capacity=4096)
+    sigma, rgb, dt, t, start, count, _, _ = packed_problem(13, n_rays=6, max_samples=5)
+    for dtype in (torch.float32, torch.float16):
+        s, c = sigma.to(dtype).requires_grad_(True), rgb.to(dtype).requires_grad_(True)
+        sum(x.sum() for x in composite(s, c, dt, t, start, count)).backward()
+        count_until_opaque(s.detach(), dt, start, count, 1e-2)
+
+
+def test_every_kernel_compiles_for_hopper(tmp_path, monkeypatch):
+    """The interpreter runs the kernels' Python, not the GPU compiler: record each launch's argument
+    types here, then compile every one for sm_90 (H100/H200) with Triton's CUDA backend in a process
+    without the interpreter. On a GPU the parity tests above compile them for real."""
+    if DEV.type == "cuda":
+        pytest.skip("compiled on the GPU by the parity tests")
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError as e:
+        pytest.skip(f"Triton's CUDA backend is not installed: {e}")
+    launches: dict[str, dict] = {}
+    run = InterpretedFunction.run
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        record = launch_record(self.fn, args, kwargs)
+        launches[json.dumps(record, sort_keys=True)] = record
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", recording_run)
+    exercise_kernels()
+    names = {r["kernel"] for r in launches.values()}
+    assert names == {"_hashgrid_fwd", "_hashgrid_bwd", "_march", "_composite_fwd", "_composite_bwd",
+                     "_count_until_opaque"}, names
+    path = tmp_path / "launches.json"
+    path.write_text(json.dumps(list(launches.values()), indent=1))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("compile_kernels.py")), str(path), "--arch", "90"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("ok ") == len(launches), proc.stdout

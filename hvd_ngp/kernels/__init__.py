@@ -2,7 +2,8 @@
 parity test (``tests/test_kernels.py``).
 
 Triton is imported lazily: ``import hvd_ngp`` works without it. On a CPU the kernels run only under
-Triton's interpreter (``TRITON_INTERPRET=1``, used by the tests); in training they run on CUDA.
+Triton's interpreter (``TRITON_INTERPRET=1``, used by the tests; ``tests/compile_kernels.py`` then
+compiles each recorded launch for sm_90 without a GPU); in training they run on CUDA.
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ def _corner(cx, cy, cz, fx, fy, fz, C: tl.constexpr, res, size, hashed):
 
 
 @triton.jit
-def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
-                  L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr):
+def _point_cells(x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK: tl.constexpr):
+    """This program's points (indices ``i``, mask ``m``) at its level: the level's constants, the cell
+    corner ``c*`` (int32) and the fractions ``f*`` of each point within its cell."""
     pid = tl.program_id(0)
     level = tl.program_id(1)
     i = pid * BLOCK + tl.arange(0, BLOCK)
@@ -54,6 +55,14 @@ def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offse
     gx, gy, gz = tl.floor(px), tl.floor(py), tl.floor(pz)
     fx, fy, fz = px - gx, py - gy, pz - gz
     cx, cy, cz = gx.to(tl.int32), gy.to(tl.int32), gz.to(tl.int32)
+    return i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed
+
+
+@triton.jit
+def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
+                  L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr):
+    i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
+        x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
     f = tl.arange(0, F)
     acc = tl.zeros((BLOCK, F), dtype=tl.float32)
     for C in tl.static_range(8):
@@ -68,21 +77,8 @@ def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offse
 @triton.jit
 def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
                   L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    level = tl.program_id(1)
-    i = pid * BLOCK + tl.arange(0, BLOCK)
-    m = i < N
-    scale = tl.load(scale_ptr + level)
-    res = tl.load(res_ptr + level)
-    size = tl.load(size_ptr + level)
-    offset = tl.load(offset_ptr + level)
-    hashed = tl.load(hashed_ptr + level) != 0
-    px = tl.load(x_ptr + i * 3 + 0, mask=m, other=0.0) * scale + 0.5
-    py = tl.load(x_ptr + i * 3 + 1, mask=m, other=0.0) * scale + 0.5
-    pz = tl.load(x_ptr + i * 3 + 2, mask=m, other=0.0) * scale + 0.5
-    gx, gy, gz = tl.floor(px), tl.floor(py), tl.floor(pz)
-    fx, fy, fz = px - gx, py - gy, pz - gz
-    cx, cy, cz = gx.to(tl.int32), gy.to(tl.int32), gz.to(tl.int32)
+    i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
+        x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
     f = tl.arange(0, F)
     g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :], mask=m[:, None],
                 other=0.0).to(tl.float32)
