@@ -27,7 +27,7 @@ import configargparse
 
 from .comm import CommSettings
 from .comm import add_options as add_comm_options
-from .errors import ConfigError
+from .errors import ConfigError, read_json_object
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
 DEFAULT_STEPS = 2000
@@ -68,18 +68,7 @@ def load_json_config(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> d
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
         raise ConfigError(f"{path}: circular 'parent' chain: {chain}")
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must hold a JSON object, found {type(data).__name__}")
+    data = read_json_object(path, ConfigError, "config file")
     parent = data.get("parent")
     if parent is not None:
         if not isinstance(parent, str):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn
 
 
@@ -25,6 +27,26 @@ class SnapshotError(HvdNgpError):
 
 class BackendError(HvdNgpError):
     """A requested compute backend (GPU kernels, tinycudann, Horovod) is not available."""
+
+
+def read_json_object(path: Path, error: type[HvdNgpError], what: str) -> dict:
+    """The JSON object in ``path``; a missing, unreadable or malformed file, or one that holds no JSON
+    object, raises ``error`` with one line naming the file, ``what`` it should be, and the problem."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise error(f"{path}: {what} not found") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: cannot read {what}: not a UTF-8 text file (byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: {what} must hold a JSON object, found {type(data).__name__}")
+    return data
 
 
 def launcher_rank_label() -> str:

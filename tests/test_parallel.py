@@ -74,7 +74,7 @@ def bad_input(problem: str, tmp: Path) -> tuple[list[str], str]:
         return ["--scene", str(tmp / "no_such_scene")], "no_such_scene: no such scene"
     if problem == "unreadable_scene":  # an image given where the transforms file belongs
         write_scene(tmp / "s", [FRAME], {"a.png": (6, 8)})
-        return ["--scene", str(tmp / "s" / "images" / "a.png")], "a.png: cannot read: not a UTF-8 text file (byte 0)"
+        return ["--scene", str(tmp / "s" / "images" / "a.png")], "a.png: cannot read transforms JSON: not a UTF-8 text file (byte 0)"
     if problem == "invalid_json":
         (tmp / "s").mkdir()
         (tmp / "s" / "transforms.json").write_text('{"camera_angle_x": 0.7, "frames": [{"file_path": "a.png", ')

@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 import torch
 
-from ..errors import SceneError
+from ..errors import SceneError, read_json_object
 from .cameras import nerf_to_ngp
 from .scene import Frames, ImageFiles, Scene
 
@@ -52,24 +52,6 @@ class TransformsFile:
     frames: list[FrameMeta]
     missing: int
     blurry: int
-
-
-def read_json(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SceneError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise SceneError(f"{path}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise SceneError(f"{path}: cannot read: not a UTF-8 text file (byte {exc.start}); expected transforms JSON") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SceneError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise SceneError(f"{path}: expected a JSON object at the top level, found {type(data).__name__}")
-    return data
 
 
 def _number(data: dict, key: str, path: Path, where: str = "") -> float | None:
@@ -143,7 +125,7 @@ def parse_transforms(path: Path, sharpness_threshold: float = 0.0) -> Transforms
 
 
 def _parse_transforms(path: Path, sharpness_threshold: float) -> TransformsFile:
-    data = read_json(path)
+    data = read_json_object(path, SceneError, "transforms JSON")
     frames_json = data.get("frames")
     if not isinstance(frames_json, list):
         raise SceneError(f"{path}: missing 'frames' list")
