@@ -19,6 +19,19 @@ from torch import Tensor
 
 
 @triton.jit
+def _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live):
+    """Packed samples ``i`` of the live lanes: distance t, step dt, colour (r, g, b) in fp32 and the
+    decay exp(-sigma dt) across the sample (1 on lanes past their ray's end: weight 0)."""
+    sigma = tl.load(sigma_ptr + i, mask=live, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + i, mask=live, other=0.0)
+    t = tl.load(t_ptr + i, mask=live, other=0.0)
+    r = tl.load(rgb_ptr + i * 3 + 0, mask=live, other=0.0).to(tl.float32)
+    g = tl.load(rgb_ptr + i * 3 + 1, mask=live, other=0.0).to(tl.float32)
+    b = tl.load(rgb_ptr + i * 3 + 2, mask=live, other=0.0).to(tl.float32)
+    return t, dt, r, g, b, tl.exp(-sigma * dt)
+
+
+@triton.jit
 def _composite_fwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_rgb_ptr, out_op_ptr, out_depth_ptr,
                    R, BLOCK: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -36,14 +49,11 @@ def _composite_fwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_
     while j < n_max:
         live = j < count
         i = start + j
-        sigma = tl.load(sigma_ptr + i, mask=live, other=0.0).to(tl.float32)
-        dt = tl.load(dt_ptr + i, mask=live, other=0.0)
-        t = tl.load(t_ptr + i, mask=live, other=0.0)
-        decay = tl.exp(-sigma * dt)
+        t, _, sr, sg, sb, decay = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
         w = T * (1.0 - decay)
-        cr += w * tl.load(rgb_ptr + i * 3 + 0, mask=live, other=0.0).to(tl.float32)
-        cg += w * tl.load(rgb_ptr + i * 3 + 1, mask=live, other=0.0).to(tl.float32)
-        cb += w * tl.load(rgb_ptr + i * 3 + 2, mask=live, other=0.0).to(tl.float32)
+        cr += w * sr
+        cg += w * sg
+        cb += w * sb
         op += w
         dep += w * t
         T = tl.where(live, T * decay, T)
@@ -78,13 +88,7 @@ def _composite_bwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_
     while j < n_max:
         live = j < count
         i = start + j
-        sigma = tl.load(sigma_ptr + i, mask=live, other=0.0).to(tl.float32)
-        dt = tl.load(dt_ptr + i, mask=live, other=0.0)
-        t = tl.load(t_ptr + i, mask=live, other=0.0)
-        cr = tl.load(rgb_ptr + i * 3 + 0, mask=live, other=0.0).to(tl.float32)
-        cg = tl.load(rgb_ptr + i * 3 + 1, mask=live, other=0.0).to(tl.float32)
-        cb = tl.load(rgb_ptr + i * 3 + 2, mask=live, other=0.0).to(tl.float32)
-        decay = tl.exp(-sigma * dt)
+        t, dt, cr, cg, cb, decay = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
         w = T * (1.0 - decay)
         T_next = T * decay
         gc = gr * cr + gg * cg + gb * cb + go + gd * t
