@@ -26,7 +26,6 @@ from .checkpoint import CheckpointManager, resume
 from .comm import CommSettings
 from .config import CPU_CONFIG, BASE_CONFIG, UNLIMITED_STEPS, parse_args
 from .data import Scene, load_scene
-from .data.balance import MAX_SHARE
 from .data.pipeline import DataPipeline
 from .data.sampler import RayBatch, RaySampler
 from .encoding import resolve_backend
@@ -499,16 +498,14 @@ class Trainer:
         balancer = self.data.balancer
         if balancer.mode == "off":
             self.budget.fixed = self.budget.n_rays = balancer.equal_rays or self.budget.n_rays
-            # equal rays carry unequal samples: room for them (else the fast path's fixed buffers would cap
-            # each rank's work at the target and hide the imbalance)
-            target = int(MAX_SHARE * balancer.target_samples)
         else:
-            target = balancer.target_samples
-            self.budget.target = target
+            self.budget.target = balancer.target_samples
         if self.renderer is not None:
+            # equal rays (off) carry unequal samples: each rank's buffers fit what its rays give
+            capacity = balancer.sample_capacity
             factor = float(self.args.model["marching"].get("candidate_factor", 4))
-            self.renderer.sample_capacity = target
-            self.renderer.candidate_capacity = self.budget.candidate_capacity = int(factor * target)
+            self.renderer.sample_capacity = capacity
+            self.renderer.candidate_capacity = self.budget.candidate_capacity = int(factor * capacity)
 
     def evaluate(self, n_views: int | None = None, save_dir: Path | None = None, n_save: int = 0) -> dict:
         """Test-split metrics (collective)."""

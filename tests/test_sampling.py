@@ -328,6 +328,17 @@ def test_balance_off_plans_equal_rays_and_loss_scale_follows_the_rays():
     off = Balancer("off", 1, 2, 1000)
     off.update(RankTimes.from_table(two_ranks(9.0, 3.0, samples=(3000.0, 1000.0), rays=(100.0, 100.0)), COL))
     assert off.equal_rays == 64 and off.loss_scale == 1.0  # 20 samples per ray on average: 50 rays -> the minimum 64
+    # buffers sized per rank: equal rays give rank 0 (30 samples per ray) 3x rank 1's samples (10 per ray)
+    r0, r1 = (Balancer("off", r, 2, 10_000) for r in (0, 1))
+    assert r0.sample_capacity == r1.sample_capacity == 20_000  # before any plan: room for MAX_SHARE x the target
+    busy = RankTimes.from_table(two_ranks(9.0, 3.0, samples=(15_000.0, 5_000.0), rays=(500.0, 500.0)), COL)
+    for b in (r0, r1):
+        b.update(busy)
+    assert r0.equal_rays == r1.equal_rays == 448  # 20 samples per ray on average: 500 rays -> 448 (multiple of 64)
+    assert r0.sample_capacity == int(1.15 * 448 * 30) and r1.sample_capacity == int(1.15 * 448 * 10)
+    restored = Balancer("off", 0, 2, 10_000)
+    restored.load_state_dict(r0.state_dict())
+    assert restored.sample_capacity == r0.sample_capacity
     s = Balancer("samples", 0, 2, 1000)
     s.update(RankTimes.from_table(two_ranks(5.0, 5.0, rays=(100.0, 300.0)), COL))
     assert s.loss_scale == pytest.approx(0.5) and s.target_samples == 1000

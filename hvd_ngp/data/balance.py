@@ -6,7 +6,10 @@ A rank's "busy" time is its interval seconds minus the seconds it spent blocked 
 (waiting for the others): its own work.
 
 - ``off``: every rank takes the same number of rays per step (re-planned each interval so that
-  the ranks together reach ``target_samples`` per rank on average): the naive baseline.
+  the ranks together reach ``target_samples`` per rank on average): the naive baseline. Each rank's
+  sample capacity (the fast path's fixed network buffers, ``sample_capacity``) is what those rays
+  gave it last interval plus ``OFF_HEADROOM``: the rank whose rays march more samples works longer,
+  as it would without balancing, and no rank pads its buffers to the worst case.
 - ``samples`` (default): each rank sizes its ray batch every step to reach ``target_samples``
   (``RayBudget``); deterministic, so runs and resumed runs repeat bit for bit on the CPU.
 - ``time``: as ``samples``, and when the per-rank step times drift apart by more than
@@ -30,6 +33,7 @@ from ..errors import ConfigError
 
 MODES = ("off", "samples", "time")
 MIN_SHARE, MAX_SHARE = 0.25, 2.0
+OFF_HEADROOM = 1.15  # --balance off: sample capacity over the samples the equal rays gave last interval
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Balancer:
         self.max_rays = max_rays
         self.shares = np.ones(world_size)  # sample targets / target_samples, per rank
         self.equal_rays: int | None = None
+        self.off_capacity: int | None = None  # --balance off: this rank's sample capacity
         self.loss_scale = 1.0
         self.rebalances = 0
         self.last_spread: float | None = None
@@ -78,6 +83,14 @@ class Balancer:
     def target_samples(self) -> int:
         """This rank's samples per step."""
         return max(int(round(self.target * self.shares[self.rank])), 1)
+
+    @property
+    def sample_capacity(self) -> int:
+        """Room for this rank's samples per step: its target, or under ``off`` what its equal rays need
+        (``MAX_SHARE`` x the target before the first plan)."""
+        if self.mode == "off":
+            return self.off_capacity or int(MAX_SHARE * self.target)
+        return self.target_samples
 
     def update(self, times: RankTimes) -> bool:
         """Plan the next interval from the last one's ``times``; True when the time plan changed."""
@@ -89,6 +102,8 @@ class Balancer:
             per_ray = times.samples_per_step.sum() / max(rays.sum(), 1.0)
             n = self.target / max(per_ray, 1e-6)
             self.equal_rays = int(min(max(n, 64), self.max_rays)) // 64 * 64
+            mine = OFF_HEADROOM * self.equal_rays * times.samples_per_step[self.rank] / max(rays[self.rank], 1.0)
+            self.off_capacity = int(np.clip(mine, MIN_SHARE * self.target, MAX_SHARE * self.target))
             return False
         if self.mode != "time" or self.world_size == 1 or self.last_spread <= self.threshold:
             return False
@@ -108,10 +123,12 @@ class Balancer:
         return ", ".join(f"{s:.2f}" for s in self.shares)
 
     def state_dict(self) -> dict:
-        return {"shares": self.shares.tolist(), "equal_rays": self.equal_rays, "loss_scale": self.loss_scale}
+        return {"shares": self.shares.tolist(), "equal_rays": self.equal_rays, "loss_scale": self.loss_scale,
+                "off_capacity": self.off_capacity}
 
     def load_state_dict(self, state: dict) -> None:
         if len(state["shares"]) == self.world_size:  # a new world size starts balanced
             self.shares = np.asarray(state["shares"], dtype=np.float64)
             self.loss_scale = float(state["loss_scale"])
+            self.off_capacity = state.get("off_capacity")  # absent in checkpoints before it existed
         self.equal_rays = state["equal_rays"]
