@@ -196,9 +196,10 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--max_rays", type=int, default=1 << 20, help="upper bound of the adaptive ray count")
     g.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="autocast precision of the MLPs (fp16 uses a gradient scaler)")
-    g.add_argument("--backend", choices=("auto", "torch", "cpp", "triton"), default="auto",
+    g.add_argument("--backend", choices=("auto", "torch", "cpp", "triton", "tcnn"), default="auto",
                    help="compute path: torch (reference), cpp (C++ CPU hash grid), triton (GPU kernels for the hash "
-                        "grid, marching and compositing); auto picks the fastest available")
+                        "grid, marching and compositing), tcnn (tiny-cuda-nn hash grid and MLPs, Triton marching and "
+                        "compositing; optional, not on PyPI); auto picks the fastest available")
     g.add_argument("--seed", type=int, default=1337, help="global seed; each rank's ray generator is seeded with seed + rank")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="compute device")
     g.add_argument("--threads", type=int, default=0,

@@ -34,8 +34,10 @@ def trunc_exp(x: Tensor) -> Tensor:
     return TruncExp.apply(x)
 
 
-def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = "config") -> nn.Sequential:
-    """An instant-ngp style MLP (no biases, like tiny-cuda-nn's fused MLPs) from a network block."""
+def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = "config",
+             backend: str = "torch") -> nn.Module:
+    """An instant-ngp style MLP (no biases, like tiny-cuda-nn's fused MLPs) from a network block:
+    ``nn.Linear`` layers, or tiny-cuda-nn's network with ``backend="tcnn"``."""
     otype = block.get("otype", "FullyFusedMLP")
     if otype not in MLP_TYPES:
         raise ConfigError(f"{source}: {name}.otype {otype!r} is unknown (expected one of {', '.join(MLP_TYPES)})")
@@ -47,6 +49,10 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
     act = block.get("activation", "ReLU")
     if act not in ("ReLU", "None"):
         raise ConfigError(f"{source}: {name}.activation {act!r} is not supported (ReLU, None)")
+    if backend == "tcnn":
+        from .tcnn_modules import TcnnMLP, network_config
+
+        return TcnnMLP(network_config(block, name, source), n_input, n_output)
     layers: list[nn.Module] = []
     dims = [n_input] + [width] * depth
     for a, b in zip(dims[:-1], dims[1:]):
@@ -71,13 +77,13 @@ class NGPField(nn.Module):
         n_geo = int(net.get("n_output_dims", 16))
         if n_geo < 1:
             raise ConfigError(f"{source}: network.n_output_dims must be >= 1, got {n_geo}")
-        self.density_mlp = make_mlp(net, self.encoding.n_output_dims, n_geo, "network", source)
-        self.dir_encoding = make_direction_encoding(model["dir_encoding"], source)
+        self.density_mlp = make_mlp(net, self.encoding.n_output_dims, n_geo, "network", source, backend)
+        self.dir_encoding = make_direction_encoding(model["dir_encoding"], source, backend)
         rgb = model["rgb_network"]
         out_act = rgb.get("output_activation", "Sigmoid")
         if out_act not in ("Sigmoid", "None"):
             raise ConfigError(f"{source}: rgb_network.output_activation {out_act!r} is not supported (Sigmoid)")
-        self.rgb_mlp = make_mlp(rgb, self.dir_encoding.n_output_dims + n_geo, 3, "rgb_network", source)
+        self.rgb_mlp = make_mlp(rgb, self.dir_encoding.n_output_dims + n_geo, 3, "rgb_network", source, backend)
 
     def normalize(self, x: Tensor) -> Tensor:
         """World positions -> the encoding's unit cube (the aabb's longest side maps to 1)."""

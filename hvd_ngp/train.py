@@ -28,7 +28,7 @@ from .config import CPU_CONFIG, BASE_CONFIG, UNLIMITED_STEPS, parse_args
 from .data import Scene, load_scene
 from .data.pipeline import DataPipeline
 from .data.sampler import RayBatch, RaySampler
-from .encoding import resolve_backend
+from .encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from .errors import ConfigError, run_cli
 from .failures import NonFiniteGuard, Watchdog, report
 from .field import NGPField
@@ -432,7 +432,7 @@ class Trainer:
                                                comm.backward_passes_per_step, comm.reduce_op)
 
         renderer = None
-        if backend == "triton":
+        if backend in FAST_RENDERER_BACKENDS:
             from .render.fast import FastRenderer
 
             renderer = FastRenderer(int(args.model["marching"].get("candidate_factor", 4) * args.target_samples),
@@ -511,7 +511,7 @@ class Trainer:
         """Test-split metrics (collective)."""
         return evaluate(self.field, self.grid, self.scene.test, self.march.schedule, self.march.early_termination,
                         self.args.eval_background, self.args.n_eval_views if n_views is None else n_views, save_dir,
-                        n_save, fast=self.backend == "triton")
+                        n_save, fast=self.backend in FAST_RENDERER_BACKENDS)
 
 
 def run(args: argparse.Namespace) -> RunResult:

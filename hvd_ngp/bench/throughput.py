@@ -4,7 +4,8 @@ For each backend (torch reference, Triton kernels, ...): train ``--warmup_steps`
 occupancy grid and the ray budget settle, then time ``--steps`` steps end to end (no per-step
 synchronisation) and again with a per-stage breakdown (CUDA events; synchronises once per step).
 Micro-benchmarks at ``--points`` points: the hash grid forward and forward+backward (torch eager,
-torch.compile, Triton fp32 and fp16 tables) and the two MLPs forward+backward. Reports samples/s
+torch.compile, Triton fp32 and fp16 tables, tiny-cuda-nn when installed) and the two MLPs
+forward+backward+Adam (torch, torch.compile, tiny-cuda-nn). Reports samples/s
 (samples through the network with gradients), ratios to the torch reference, peak GPU memory.
 """
 
@@ -21,6 +22,7 @@ from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..encoding import BACKENDS
 from ..encoding.hashgrid import HashGridSpec, HashGridTorch
 from ..kernels import triton_available
+from ..tcnn_modules import tcnn_available
 from ..profiling import StageTimer
 from ..train import Trainer
 from .report import append_markdown, table, write_json
@@ -108,6 +110,10 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
 
         impls += [("triton fp32 table", HashGridTriton(spec).to(dev)),
                   ("triton fp16 table", HashGridTriton(spec, torch.float16).to(dev))]
+    if dev.type == "cuda" and tcnn_available():
+        from ..tcnn_modules import TcnnEncoding
+
+        impls.append(("tiny-cuda-nn", TcnnEncoding(spec).to(dev)))
     rows = []
     for name, enc in impls:
         def fwd():
@@ -131,22 +137,30 @@ def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[
     from ..field import NGPField
 
     aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=dev)
-    field = NGPField(model, aabb, "torch").to(dev)
-    n_in = field.encoding.n_output_dims
+    backends = ["torch"] + (["tcnn"] if dev.type == "cuda" and tcnn_available() else [])
+    fields = {b: NGPField(model, aabb, b).to(dev) for b in backends}
+    n_in = fields["torch"].encoding.n_output_dims
     feats = torch.randn(opts.points, n_in, device=dev)
     dirs = torch.nn.functional.normalize(torch.randn(opts.points, 3, device=dev), dim=-1)
-    params = field.mlp_parameters()
-    opt = torch.optim.Adam(params, lr=1e-3, eps=1e-15, fused=dev.type == "cuda")
+    opts_of = {b: torch.optim.Adam(f.mlp_parameters(), lr=1e-3, eps=1e-15, fused=dev.type == "cuda")
+               for b, f in fields.items()}
 
-    def net(f, d):
-        h = field.density_mlp(f)
-        return torch.sigmoid(field.rgb_mlp(torch.cat([field.dir_encoding(d).to(h.dtype), h], -1))), h[:, 0]
+    def network(field: NGPField):
+        def net(f, d):
+            h = field.density_mlp(f)
+            return torch.sigmoid(field.rgb_mlp(torch.cat([field.dir_encoding(d).to(h.dtype), h], -1)).float()), h[:, 0]
+        return net
 
     rows = []
-    variants = [("torch eager fp32", net, None), ("torch eager fp16 autocast", net, torch.float16)]
+    net = network(fields["torch"])
+    variants = [("torch eager fp32", net, None, "torch"), ("torch eager fp16 autocast", net, torch.float16, "torch")]
     if dev.type == "cuda" and not opts.no_compile:
-        variants.append(("torch.compile fp16 autocast", torch.compile(net), torch.float16))
-    for name, fn, dtype in variants:
+        variants.append(("torch.compile fp16 autocast", torch.compile(net), torch.float16, "torch"))
+    if "tcnn" in fields:
+        variants.append(("tiny-cuda-nn", network(fields["tcnn"]), None, "tcnn"))
+    for name, fn, dtype, backend in variants:
+        opt = opts_of[backend]
+
         def step():
             opt.zero_grad(set_to_none=True)
             with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -181,7 +195,9 @@ def main(argv: list[str] | None = None) -> dict:
     opts.extra = [a for a in opts.extra if a != "--"]
     dev = dist.init(opts.device).device
     if opts.backends == "all":
-        backends = ["torch"] + (["cpp"] if dev.type == "cpu" else []) + (["triton"] if triton_available(dev.type) and dev.type == "cuda" else [])
+        fast = triton_available(dev.type) and dev.type == "cuda"
+        backends = ["torch"] + (["cpp"] if dev.type == "cpu" else []) + (["triton"] if fast else []) + \
+            (["tcnn"] if fast and tcnn_available() else [])
     else:
         backends = [b.strip() for b in opts.backends.split(",") if b.strip()]
     unknown = [b for b in backends if b not in BACKENDS]

@@ -1,7 +1,9 @@
 """Encodings behind one interface: ``make_position_encoding(block, backend)`` -> ``nn.Module``.
 
 Every backend maps positions ``[N, 3]`` in [0, 1] to features ``[N, n_output_dims]`` and exposes
-``n_output_dims``. ``torch`` is the reference implementation used by the parity tests and on CPU.
+``n_output_dims``. ``torch`` is the reference implementation used by the parity tests and on CPU;
+``cpp`` a C++ CPU kernel; ``triton`` our GPU kernels; ``tcnn`` tiny-cuda-nn (``hvd_ngp.tcnn_modules``,
+which also supplies the MLPs), with the Triton kernels for marching and compositing.
 """
 
 from __future__ import annotations
@@ -13,28 +15,37 @@ from ..errors import ConfigError
 from .hashgrid import HashGridSpec, HashGridTorch
 from .sh import SphericalHarmonics
 
-BACKENDS = ("auto", "torch", "cpp", "triton")
+BACKENDS = ("auto", "torch", "cpp", "triton", "tcnn")
+FAST_RENDERER_BACKENDS = ("triton", "tcnn")  # backends that render with the Triton kernels (render.fast)
 TABLE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """The concrete backend ``auto`` stands for on ``device``: Triton kernels on a GPU when Triton
-    imports, the C++ kernel on a CPU when it builds, else the torch reference."""
+def resolve_backend(backend: str, device: torch.device, allow_tcnn: bool = True) -> str:
+    """The concrete backend ``auto`` stands for on ``device``: on a GPU tiny-cuda-nn when its bindings
+    import (and ``allow_tcnn``), else the Triton kernels when Triton imports; on a CPU the C++ kernel
+    when it builds; else the torch reference. An explicit choice that cannot run is a clear error."""
     from ..kernels import require_triton, triton_available
+    from ..tcnn_modules import import_tcnn, tcnn_available
 
     if backend not in BACKENDS:
         raise ConfigError(f"unknown encoding backend {backend!r} (choose from {', '.join(BACKENDS)})")
     if backend != "auto":
         if backend == "cpp" and device.type != "cpu":
             raise ConfigError("--backend cpp runs on the CPU only")
-        if backend == "triton":
+        if backend in FAST_RENDERER_BACKENDS:
             require_triton(device.type)
+        if backend == "tcnn":
+            if device.type != "cuda":
+                raise ConfigError("--backend tcnn runs on CUDA GPUs only")
+            import_tcnn()
         return backend
     if device.type == "cpu":
         from . import hashgrid_cpp
 
         return "cpp" if hashgrid_cpp.available() else "torch"
-    return "triton" if triton_available(device.type) else "torch"
+    if not triton_available(device.type):
+        return "torch"
+    return "tcnn" if allow_tcnn and tcnn_available() else "triton"
 
 
 def make_position_encoding(block: dict, backend: str = "torch", source: str = "config") -> nn.Module:
@@ -52,6 +63,10 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
         from ..kernels.hashgrid import HashGridTriton
 
         return HashGridTriton(spec, TABLE_DTYPES[table_dtype])
+    if backend == "tcnn":
+        from ..tcnn_modules import TcnnEncoding
+
+        return TcnnEncoding(spec)
     if backend == "cpp":
         from .hashgrid_cpp import HashGridCpp
 
@@ -61,7 +76,8 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
     return HashGridTorch(spec)
 
 
-def make_direction_encoding(block: dict, source: str = "config") -> nn.Module:
+def make_direction_encoding(block: dict, source: str = "config", backend: str = "torch") -> nn.Module:
+    """Spherical harmonics of unit directions from an instant-ngp ``dir_encoding`` block."""
     block = dict(block)
     otype = block.get("otype", "SphericalHarmonics")
     if otype == "Composite":  # instant-ngp's [SH(dir), Identity(rest)]: we encode directions only
@@ -71,8 +87,12 @@ def make_direction_encoding(block: dict, source: str = "config") -> nn.Module:
         block, otype = nested[0], "SphericalHarmonics"
     if otype != "SphericalHarmonics":
         raise ConfigError(f"{source}: dir_encoding.otype {otype!r} is not supported (expected 'SphericalHarmonics')")
+    if backend == "tcnn":
+        from ..tcnn_modules import TcnnSphericalHarmonics
+
+        return TcnnSphericalHarmonics(int(block.get("degree", 4)))
     return SphericalHarmonics(int(block.get("degree", 4)))
 
 
-__all__ = ["BACKENDS", "HashGridSpec", "HashGridTorch", "SphericalHarmonics", "make_direction_encoding",
+__all__ = ["BACKENDS", "FAST_RENDERER_BACKENDS", "HashGridSpec", "HashGridTorch", "SphericalHarmonics", "make_direction_encoding",
            "make_position_encoding", "resolve_backend"]

@@ -17,10 +17,11 @@ import torch
 from .. import dist
 from ..checkpoint import read_snapshot, restore_snapshot, snapshot_config
 from ..data import Frames, load_scene
-from ..encoding import resolve_backend
+from ..encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..errors import HvdNgpError, SnapshotError
 from ..evaluate import BACKGROUNDS, evaluate, render_view, to_uint8
 from ..field import NGPField
+from ..tcnn_modules import uses_tcnn_layout
 from ..train import Marching, make_grid
 from .camera_path import orbit
 
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> dict:
                                           downscale=args.downscale or cfg["downscale"],
                                           sharpness_threshold=cfg.get("sharpness_threshold", 0.0)), "loading the scene")
     model = cfg["model"]
-    backend = resolve_backend("auto", rt.device)
+    # tiny-cuda-nn keeps its own parameter layout: a snapshot trained with it renders with it
+    backend = "tcnn" if uses_tcnn_layout(state["model"]) else resolve_backend("auto", rt.device, allow_tcnn=False)
     field = NGPField(model, scene.aabb, backend)
     grid = make_grid(model["marching"], scene)
     restore_snapshot(state, field, grid, None, args.load_snapshot)
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     n_views = len(scene.test) if args.split_views < 0 else min(args.split_views, len(scene.test))
     if n_views:
         ev = evaluate(field, grid, scene.test, march.schedule, march.early_termination, background, n_views,
-                      out / "test", n_views, writer="each_rank", fast=backend == "triton")
+                      out / "test", n_views, writer="each_rank", fast=backend in FAST_RENDERER_BACKENDS)
         result.update(test_psnr=ev["psnr"], test_ssim=ev["ssim"], test_views=ev["views"])
         dist.log(f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views -> {out / 'test'}")
     if args.video != "none":
@@ -104,7 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
         bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
         field.eval()
         for i in range(rt.rank, args.n_frames, rt.size):
-            img = render_view(field, grid, path, i, march.schedule, bg, march.early_termination, backend == "triton")
+            img = render_view(field, grid, path, i, march.schedule, bg, march.early_termination,
+                              backend in FAST_RENDERER_BACKENDS)
             cv2.imwrite(str(frames_dir / f"frame_{i:04d}.png"), cv2.cvtColor(to_uint8(img), cv2.COLOR_RGB2BGR))
         dist.barrier()
         if rt.is_root:
