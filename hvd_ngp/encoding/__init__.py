@@ -94,5 +94,5 @@ def make_direction_encoding(block: dict, source: str = "config", backend: str = 
     return SphericalHarmonics(int(block.get("degree", 4)))
 
 
-__all__ = ["BACKENDS", "FAST_RENDERER_BACKENDS", "HashGridSpec", "HashGridTorch", "SphericalHarmonics", "make_direction_encoding",
-           "make_position_encoding", "resolve_backend"]
+__all__ = ["BACKENDS", "FAST_RENDERER_BACKENDS", "HashGridSpec", "HashGridTorch", "SphericalHarmonics",
+           "make_direction_encoding", "make_position_encoding", "resolve_backend"]
