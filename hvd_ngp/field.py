@@ -50,7 +50,7 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
     if act not in ("ReLU", "None"):
         raise ConfigError(f"{source}: {name}.activation {act!r} is not supported (ReLU, None)")
     if backend == "tcnn":
-        from .tcnn_modules import TcnnMLP, network_config
+        from .encoding.tcnn import TcnnMLP, network_config
 
         return TcnnMLP(network_config(block, name, source), n_input, n_output)
     layers: list[nn.Module] = []

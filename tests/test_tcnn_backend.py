@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_ngp import encoding, tcnn_modules
+from hvd_ngp import encoding
+from hvd_ngp.encoding import tcnn as tcnn_backend
 from hvd_ngp.config import BASE_CONFIG, parse_args
 from hvd_ngp.errors import BackendError, ConfigError
 from hvd_ngp.field import NGPField
@@ -40,8 +41,8 @@ def base_model(*argv: str) -> dict:
 
 def test_without_tinycudann_choosing_it_says_how_to_install_and_auto_falls_back(no_tcnn, monkeypatch):
     with pytest.raises(BackendError, match="pip install git\\+https://github.com/NVlabs/tiny-cuda-nn/"):
-        tcnn_modules.import_tcnn()
-    assert not tcnn_modules.tcnn_available()
+        tcnn_backend.import_tcnn()
+    assert not tcnn_backend.tcnn_available()
     monkeypatch.setattr("hvd_ngp.kernels.triton_available", lambda device_type="cuda": True)
     monkeypatch.setattr("hvd_ngp.kernels.require_triton", lambda device_type="cuda": None)
     cuda = torch.device("cuda")
@@ -86,8 +87,8 @@ def test_field_feeds_tinycudann_the_instant_ngp_blocks_and_trains(fake_tcnn):
     (rgb_out.sum() + sigma.sum()).backward()
     for p in (field.encoding.tcnn.params, field.density_mlp.tcnn.params, field.rgb_mlp.tcnn.params):
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
-    assert tcnn_modules.uses_tcnn_layout(field.state_dict())
-    assert not tcnn_modules.uses_tcnn_layout(NGPField(model, AABB, "torch").state_dict())
+    assert tcnn_backend.uses_tcnn_layout(field.state_dict())
+    assert not tcnn_backend.uses_tcnn_layout(NGPField(model, AABB, "torch").state_dict())
 
 
 def test_bad_widths_for_the_fused_mlp_name_the_config(fake_tcnn):

@@ -21,8 +21,8 @@ from .. import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..encoding import BACKENDS
 from ..encoding.hashgrid import HashGridSpec, HashGridTorch
+from ..encoding.tcnn import tcnn_available
 from ..kernels import triton_available
-from ..tcnn_modules import tcnn_available
 from ..profiling import StageTimer
 from ..train import Trainer
 from .report import append_markdown, table, write_json
@@ -111,7 +111,7 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
         impls += [("triton fp32 table", HashGridTriton(spec).to(dev)),
                   ("triton fp16 table", HashGridTriton(spec, torch.float16).to(dev))]
     if dev.type == "cuda" and tcnn_available():
-        from ..tcnn_modules import TcnnEncoding
+        from ..encoding.tcnn import TcnnEncoding
 
         impls.append(("tiny-cuda-nn", TcnnEncoding(spec).to(dev)))
     rows = []

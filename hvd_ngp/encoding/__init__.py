@@ -2,7 +2,7 @@
 
 Every backend maps positions ``[N, 3]`` in [0, 1] to features ``[N, n_output_dims]`` and exposes
 ``n_output_dims``. ``torch`` is the reference implementation used by the parity tests and on CPU;
-``cpp`` a C++ CPU kernel; ``triton`` our GPU kernels; ``tcnn`` tiny-cuda-nn (``hvd_ngp.tcnn_modules``,
+``cpp`` a C++ CPU kernel; ``triton`` our GPU kernels; ``tcnn`` tiny-cuda-nn (``hvd_ngp.encoding.tcnn``,
 which also supplies the MLPs), with the Triton kernels for marching and compositing.
 """
 
@@ -25,7 +25,7 @@ def resolve_backend(backend: str, device: torch.device, allow_tcnn: bool = True)
     import (and ``allow_tcnn``), else the Triton kernels when Triton imports; on a CPU the C++ kernel
     when it builds; else the torch reference. An explicit choice that cannot run is a clear error."""
     from ..kernels import require_triton, triton_available
-    from ..tcnn_modules import import_tcnn, tcnn_available
+    from .tcnn import import_tcnn, tcnn_available
 
     if backend not in BACKENDS:
         raise ConfigError(f"unknown encoding backend {backend!r} (choose from {', '.join(BACKENDS)})")
@@ -64,7 +64,7 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
 
         return HashGridTriton(spec, TABLE_DTYPES[table_dtype])
     if backend == "tcnn":
-        from ..tcnn_modules import TcnnEncoding
+        from .tcnn import TcnnEncoding
 
         return TcnnEncoding(spec)
     if backend == "cpp":
@@ -88,7 +88,7 @@ def make_direction_encoding(block: dict, source: str = "config", backend: str = 
     if otype != "SphericalHarmonics":
         raise ConfigError(f"{source}: dir_encoding.otype {otype!r} is not supported (expected 'SphericalHarmonics')")
     if backend == "tcnn":
-        from ..tcnn_modules import TcnnSphericalHarmonics
+        from .tcnn import TcnnSphericalHarmonics
 
         return TcnnSphericalHarmonics(int(block.get("degree", 4)))
     return SphericalHarmonics(int(block.get("degree", 4)))

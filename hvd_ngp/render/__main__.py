@@ -18,10 +18,10 @@ from .. import dist
 from ..checkpoint import read_snapshot, restore_snapshot, snapshot_config
 from ..data import Frames, load_scene
 from ..encoding import FAST_RENDERER_BACKENDS, resolve_backend
+from ..encoding.tcnn import uses_tcnn_layout
 from ..errors import HvdNgpError, SnapshotError
 from ..evaluate import BACKGROUNDS, evaluate, render_view, to_uint8
 from ..field import NGPField
-from ..tcnn_modules import uses_tcnn_layout
 from ..train import Marching, make_grid
 from .camera_path import orbit
 
