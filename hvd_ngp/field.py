@@ -78,7 +78,7 @@ class NGPField(nn.Module):
         if n_geo < 1:
             raise ConfigError(f"{source}: network.n_output_dims must be >= 1, got {n_geo}")
         self.density_mlp = make_mlp(net, self.encoding.n_output_dims, n_geo, "network", source, backend)
-        self.dir_encoding = make_direction_encoding(model["dir_encoding"], source, backend)
+        self.dir_encoding = make_direction_encoding(model["dir_encoding"], source)
         rgb = model["rgb_network"]
         out_act = rgb.get("output_activation", "Sigmoid")
         if out_act not in ("Sigmoid", "None"):

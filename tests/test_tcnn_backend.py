@@ -66,22 +66,21 @@ def test_field_feeds_tinycudann_the_instant_ngp_blocks_and_trains(fake_tcnn):
     model = base_model()
     field = NGPField(model, AABB, "tcnn")
     kinds = [(c["kind"], c["config"]["otype"]) for c in fake_tcnn.CREATED]
-    assert kinds == [("Encoding", "HashGrid"), ("Network", "FullyFusedMLP"), ("Encoding", "SphericalHarmonics"),
-                     ("Network", "FullyFusedMLP")]
-    grid, density, sh, rgb = fake_tcnn.CREATED
+    assert kinds == [("Encoding", "HashGrid"), ("Network", "FullyFusedMLP"), ("Network", "FullyFusedMLP")]
+    grid, density, rgb = fake_tcnn.CREATED
     enc = model["encoding"]
     assert grid["config"]["n_levels"] == enc["n_levels"] and grid["config"]["log2_hashmap_size"] == enc["log2_hashmap_size"]
     assert density["n_input_dims"] == field.encoding.n_output_dims and density["n_output_dims"] == 16
     assert density["config"]["n_neurons"] == model["network"]["n_neurons"]
-    assert sh["config"]["degree"] == 4 and rgb["n_input_dims"] == 16 + 16 and rgb["n_output_dims"] == 3
+    assert rgb["n_input_dims"] == field.dir_encoding.n_output_dims + 16 and rgb["n_output_dims"] == 3
     assert all(c["config"]["output_activation"] == "None" for c in (density, rgb))  # the field applies its own
     # parameter groups: the hash grid alone, the MLPs alone (L2 on MLP weights only)
     enc_ids = {id(p) for p in field.encoding_parameters()}
     mlp_ids = {id(p) for p in field.mlp_parameters()}
-    assert not enc_ids & mlp_ids and enc_ids | mlp_ids == {id(p) for p in field.parameters() if p.numel()}
+    assert not enc_ids & mlp_ids and enc_ids | mlp_ids == {id(p) for p in field.parameters()}
     x = torch.rand(256, 3) * 2 - 1
     d = torch.nn.functional.normalize(torch.randn(256, 3), dim=-1)
-    rgb_out, sigma = field(x, d)  # the fake asserts its encodings get inputs in [0, 1]
+    rgb_out, sigma = field(x, d)  # the fake asserts its hash grid gets inputs in [0, 1]
     assert rgb_out.dtype == torch.float32 and sigma.dtype == torch.float32
     assert bool(((rgb_out >= 0) & (rgb_out <= 1)).all()) and bool((sigma > 0).all())
     (rgb_out.sum() + sigma.sum()).backward()

@@ -3,7 +3,8 @@
 Every backend maps positions ``[N, 3]`` in [0, 1] to features ``[N, n_output_dims]`` and exposes
 ``n_output_dims``. ``torch`` is the reference implementation used by the parity tests and on CPU;
 ``cpp`` a C++ CPU kernel; ``triton`` our GPU kernels; ``tcnn`` tiny-cuda-nn (``hvd_ngp.encoding.tcnn``,
-which also supplies the MLPs), with the Triton kernels for marching and compositing.
+which also supplies the MLPs), with the Triton kernels for marching and compositing. Directions
+use the spherical harmonics of ``sh`` on every backend.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
     return HashGridTorch(spec)
 
 
-def make_direction_encoding(block: dict, source: str = "config", backend: str = "torch") -> nn.Module:
-    """Spherical harmonics of unit directions from an instant-ngp ``dir_encoding`` block."""
+def make_direction_encoding(block: dict, source: str = "config") -> nn.Module:
+    """Spherical harmonics of unit directions from an instant-ngp ``dir_encoding`` block (every backend)."""
     block = dict(block)
     otype = block.get("otype", "SphericalHarmonics")
     if otype == "Composite":  # instant-ngp's [SH(dir), Identity(rest)]: we encode directions only
@@ -87,10 +88,6 @@ def make_direction_encoding(block: dict, source: str = "config", backend: str = 
         block, otype = nested[0], "SphericalHarmonics"
     if otype != "SphericalHarmonics":
         raise ConfigError(f"{source}: dir_encoding.otype {otype!r} is not supported (expected 'SphericalHarmonics')")
-    if backend == "tcnn":
-        from .tcnn import TcnnSphericalHarmonics
-
-        return TcnnSphericalHarmonics(int(block.get("degree", 4)))
     return SphericalHarmonics(int(block.get("degree", 4)))
 
 

@@ -1,4 +1,4 @@
-"""The ``tcnn`` backend: the field's hash grid, direction encoding and MLPs as tiny-cuda-nn modules.
+"""The ``tcnn`` backend: the field's hash grid and MLPs as tiny-cuda-nn modules.
 
 tinycudann is optional and not on PyPI (it is compiled against the node's CUDA); it is imported
 only when this backend is chosen. It is fed the same instant-ngp JSON blocks as the other backends
@@ -8,7 +8,9 @@ only when this backend is chosen. It is fed the same instant-ngp JSON blocks as 
 flat fp32 parameter vector (``.params``) and returns half precision on most GPUs; marching and
 compositing stay on the Triton kernels. The hash grid and the MLPs are separate modules (not
 ``NetworkWithInputEncoding``) so that the optimizer can keep L2 regularisation on the MLP
-weights only, as instant-ngp does.
+weights only, as instant-ngp does. Directions keep the torch spherical harmonics (16 polynomials,
+no parameters: a parameterless tinycudann module would still carry an empty parameter tensor
+through Horovod's broadcasts).
 """
 
 from __future__ import annotations
@@ -76,20 +78,6 @@ class TcnnEncoding(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.tcnn(x)
-
-
-class TcnnSphericalHarmonics(nn.Module):
-    """Unit directions ``[N, 3]`` -> SH basis ``[N, degree**2]`` (tiny-cuda-nn takes directions in [0, 1])."""
-
-    def __init__(self, degree: int = 4, seed: int = 1337) -> None:
-        super().__init__()
-        if degree not in (1, 2, 3, 4):
-            raise ConfigError(f"dir_encoding.degree must be 1..4, got {degree!r}")
-        self.tcnn = import_tcnn().Encoding(3, {"otype": "SphericalHarmonics", "degree": degree}, seed=seed)
-        self.n_output_dims = degree ** 2
-
-    def forward(self, d: Tensor) -> Tensor:
-        return self.tcnn((d + 1.0) * 0.5)
 
 
 class TcnnMLP(nn.Module):

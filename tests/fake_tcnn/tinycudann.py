@@ -4,7 +4,7 @@ It implements the documented module API the ``tcnn`` backend uses, ``Encoding(n_
 encoding_config, seed, dtype)`` and ``Network(n_input_dims, n_output_dims, network_config, seed)``:
 one flat fp32 parameter vector ``.params``, ``n_output_dims``, half-precision outputs (tiny-cuda-nn's
 preferred precision), inputs checked the way tiny-cuda-nn expects them (encodings: [0, 1]). The
-computation reuses the project's reference hash grid and SH, so values are meaningful. Every
+computation reuses the project's reference hash grid, so values are meaningful. Every
 created module's arguments are recorded in ``CREATED`` for the tests.
 """
 
@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from hvd_ngp.encoding.hashgrid import HashGridSpec, HashGridTorch
-from hvd_ngp.encoding.sh import sh_encode
 
 CREATED: list[dict] = []
 HALF = torch.float16
@@ -31,16 +30,11 @@ class Encoding(nn.Module):
             self.grid = HashGridTorch(spec)
             self.params = nn.Parameter(self.grid.params.detach().reshape(-1).clone())
             self.n_output_dims = spec.n_output_dims
-        elif otype == "SphericalHarmonics":
-            self.params = nn.Parameter(torch.zeros(0))
-            self.n_output_dims = self.config["degree"] ** 2
         else:
             raise RuntimeError(f"fake tinycudann: unsupported encoding {otype}")
 
     def forward(self, x):
         assert x.shape[1] == 3 and float(x.min()) >= 0.0 and float(x.max()) <= 1.0, "encoding inputs must be in [0, 1]"
-        if self.config["otype"] == "SphericalHarmonics":
-            return sh_encode(x.float() * 2.0 - 1.0, self.config["degree"]).to(HALF)
         table = self.params.view_as(self.grid.params)
         return torch.func.functional_call(self.grid, {"params": table}, (x.float(),)).to(HALF)
 
