@@ -36,6 +36,14 @@ MIN_SHARE, MAX_SHARE = 0.25, 2.0
 OFF_HEADROOM = 1.15  # --balance off: sample capacity over the samples the equal rays gave last interval
 
 
+def check_options(mode: str, threshold: float) -> None:
+    """``--balance`` and ``--balance_threshold``; a bad value is a ``ConfigError`` saying what was expected."""
+    if mode not in MODES:
+        raise ConfigError(f"--balance must be one of {', '.join(MODES)}, got {mode!r}")
+    if not 0 <= threshold < 1:
+        raise ConfigError(f"--balance_threshold must be in [0, 1), got {threshold}")
+
+
 @dataclass(frozen=True)
 class RankTimes:
     """Per-rank figures of one interval, ``[world_size]`` each: busy seconds per step, rays and samples per step."""
@@ -64,10 +72,7 @@ class Balancer:
 
     def __init__(self, mode: str, rank: int, world_size: int, target_samples: int, threshold: float = 0.05,
                  max_rays: int = 1 << 20) -> None:
-        if mode not in MODES:
-            raise ConfigError(f"--balance must be one of {', '.join(MODES)}, got {mode!r}")
-        if not 0 <= threshold < 1:
-            raise ConfigError(f"--balance_threshold must be in [0, 1), got {threshold}")
+        check_options(mode, threshold)
         self.mode, self.rank, self.world_size = mode, rank, world_size
         self.target = int(target_samples)
         self.threshold = threshold

@@ -22,6 +22,7 @@ from .. import dist
 from ..errors import ConfigError
 from ..monitor import COL
 from .balance import Balancer, RankTimes
+from .balance import check_options as check_balance_options
 from .complexity import complexity_scores, scene_features
 from .error_map import ErrorMap
 from .pixels import Placement, StackedPixels, StreamedPixels, plan_placement, stream_chunk
@@ -77,8 +78,7 @@ class DataSettings:
             raise ConfigError(f"--tile_size must be >= 0 (0: automatic), got {args.tile_size}")
         if args.epoch_passes <= 0:
             raise ConfigError(f"--epoch_passes must be positive, got {args.epoch_passes}")
-        if not 0.0 <= args.balance_threshold < 1.0:
-            raise ConfigError(f"--balance_threshold must be in [0, 1), got {args.balance_threshold}")
+        check_balance_options(args.balance, args.balance_threshold)
         for name in ("device_image_budget_gb", "host_image_budget_gb"):
             if getattr(args, name) < 0:
                 raise ConfigError(f"--{name} must be >= 0 (0: automatic), got {getattr(args, name)}")

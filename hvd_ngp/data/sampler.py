@@ -192,6 +192,12 @@ class RaySampler:
         """Every global pixel id this rank owns this epoch ``[shard_size]``, sorted (tests and diagnostics)."""
         return self.grid.pixels_of(self.shard).sort().values.to(self.device)
 
+    def _offsets(self, n: int, jitter: bool) -> Tensor:
+        """Sub-pixel positions ``[n, 2]`` in [0, 1) on the index device: random with ``jitter``, else centres."""
+        if jitter:
+            return torch.rand((n, 2), generator=self.generator, device=self.index_device)
+        return torch.full((n, 2), 0.5, device=self.index_device)
+
     def _draw(self, n: int) -> PixelDraw:
         """Choose ``n`` pixels on the index device (tile from the CDF, pixel in the tile, sub-pixel offset)."""
         g, dev, G, F = self.generator, self.index_device, self._grid, self.resolution
@@ -202,10 +208,7 @@ class RaySampler:
         pick = torch.rand((n, 2), generator=g, device=dev)
         px = x0 + torch.minimum((pick[:, 0] * tw).long(), tw - 1)
         py = y0 + torch.minimum((pick[:, 1] * th).long(), th - 1)
-        if self.jitter:
-            off = torch.rand((n, 2), generator=g, device=dev)
-        else:
-            off = torch.full((n, 2), 0.5, device=dev)
+        off = self._offsets(n, self.jitter)
         if F == 1:
             u, v = px.float() + off[:, 0], py.float() + off[:, 1]
             rgba = self.store.gather(img, py, px)
@@ -267,11 +270,7 @@ class RaySampler:
     def rays_for_pixels(self, pixel: Tensor, jitter: bool | None = None) -> RayBatch:
         """Rays through global pixel ids ``[R]`` (sub-pixel jitter when training), full resolution, no weights."""
         img, y, x = self.frames.locate(pixel.to(self.index_device))
-        dev = self.index_device
-        if self.jitter if jitter is None else jitter:
-            off = torch.rand((pixel.shape[0], 2), generator=self.generator, device=dev)
-        else:
-            off = torch.full((pixel.shape[0], 2), 0.5, device=dev)
+        off = self._offsets(pixel.shape[0], self.jitter if jitter is None else jitter)
         rgba = self.store.gather(img, y, x).to(self.device)
         img, u, v = img.to(self.device), (x.float() + off[:, 0]).to(self.device), (y.float() + off[:, 1]).to(self.device)
         o, d = self._rays(img, u, v)
