@@ -29,6 +29,7 @@ import torch
 from .. import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..data import load_scene
+from ..data.pipeline import STRATEGIES
 from ..data.pixels import GIB, human_bytes, image_bytes
 from ..errors import ConfigError
 from ..train import run
@@ -42,7 +43,6 @@ VARIANTS = {
     "balance_time": ["--sampling", "uniform", "--balance", "time"],
     "streamed": ["--sampling", "uniform", "--preload", "auto"],  # + the memory cap
 }
-STRATEGIES = ("uniform", "complexity", "error_map")
 
 
 def time_to_psnr(curve: list[dict], target: float) -> float | None:

@@ -43,13 +43,13 @@ class ErrorMap:
         sums, counts = acc[0], acc[1]
         hit = counts > 0
         if bool(hit.any()):
-            mean = sums[hit] / counts[hit]
+            tile_mean = sums / counts.clamp(min=1.0)  # [T]; meaningful where hit
             fresh = hit & ~self.seen
             old = hit & self.seen
-            self.error[fresh] = (sums[fresh] / counts[fresh])
-            self.error[old] = self.decay * self.error[old] + (1.0 - self.decay) * sums[old] / counts[old]
+            self.error[fresh] = tile_mean[fresh]
+            self.error[old] = self.decay * self.error[old] + (1.0 - self.decay) * tile_mean[old]
             self.seen |= hit
-            self.error[~self.seen] = float(mean.mean())
+            self.error[~self.seen] = float(tile_mean[hit].mean())
         self.updates += 1
         return self.error
 
