@@ -200,6 +200,10 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                    help="compute path: torch (reference), cpp (C++ CPU hash grid), triton (GPU kernels for the hash "
                         "grid, marching and compositing), tcnn (tiny-cuda-nn hash grid and MLPs, Triton marching and "
                         "compositing; optional, not on PyPI); auto picks the fastest available")
+    g.add_argument("--gpu_memory_gb", type=float, default=0.0,
+                   help="GPU memory this process may use, in GiB: step buffers, evaluation and rendering chunks are "
+                        "planned from it, and the process is capped to it (0: the GPU's free memory at start minus a "
+                        "margin, shared by the ranks on that GPU)")
     g.add_argument("--seed", type=int, default=1337, help="global seed; each rank's ray generator is seeded with seed + rank")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="compute device")
     g.add_argument("--threads", type=int, default=0,
@@ -382,7 +386,7 @@ def validate(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
     if args.resume is not None and args.load_snapshot is not None:
         raise ConfigError("give --resume or --load_snapshot, not both")
-    for name in ("time_budget_s", "eval_every", "n_eval_views", "save_renders", "holdout_every", "threads",
+    for name in ("gpu_memory_gb", "time_budget_s", "eval_every", "n_eval_views", "save_renders", "holdout_every", "threads",
                  "ckpt_every", "ckpt_every_minutes", "watchdog_s", "nonfinite_limit"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(args, name)}")

@@ -14,7 +14,8 @@ from .data.sampler import image_pixels, image_rays
 from .field import NGPField
 from .metrics import mse_to_psnr, ssim
 from .occupancy import OccupancyGrid
-from .render import StepSchedule, render_image
+from .memory import MemoryBudget, bytes_per_row, plan_render
+from .render import StepSchedule, max_lanes, render_image
 
 BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
 
@@ -24,15 +25,47 @@ def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
     return rgba[:, :3] * rgba[:, 3:4] + background * (1.0 - rgba[:, 3:4])
 
 
-def render_view(field: NGPField, grid: OccupancyGrid, frames: Frames, index: int, schedule: StepSchedule,
-                background: Tensor, early_termination: float, fast: bool = False) -> Tensor:
-    """One image of ``frames`` rendered over ``background`` ``[3]`` -> ``[H, W, 3]`` in [0, 1]
-    (``fast``: with the Triton kernels)."""
-    o, d = image_rays(frames, index, background.device)
-    rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, grid, schedule, background,
-                          early_termination, fast=fast)
-    w, h = frames.image_size(index)
-    return rgb.clamp(0, 1).view(h, w, 3)
+class ViewRenderer:
+    """Renders whole views of ``field`` without gradients within a memory ``budget`` (None: default
+    chunks): the bytes per network row are measured and the plan and workspace made once, then
+    reused by every view (``fast``: the Triton kernels)."""
+
+    def __init__(self, field: NGPField, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,
+                 fast: bool = False, budget: MemoryBudget | None = None) -> None:
+        self.field, self.grid, self.schedule, self.early_termination = field, grid, schedule, early_termination
+        self.fast, self.budget = fast, budget
+        device = field.aabb.device
+        self.row_bytes = bytes_per_row(self._probe, 1 << 16, device, 2048)
+        self.workspace = None
+        if fast:
+            from .render.fast import RenderWorkspace, inference_costs
+
+            available = budget.available() if budget is not None else None
+            plan = plan_render(available, inference_costs(schedule, self.row_bytes), max_lanes(schedule, field.aabb))
+            self.workspace = RenderWorkspace(plan, device)
+
+    def _probe(self, n: int) -> None:
+        """The field's colour query on ``n`` points, as a render calls it (for ``bytes_per_row``)."""
+        lo, hi = self.field.aabb[0], self.field.aabb[1]
+        gen = torch.Generator(device=lo.device).manual_seed(0)
+        x = lo + torch.rand((n, 3), generator=gen, device=lo.device) * (hi - lo)
+        d = torch.nn.functional.normalize(torch.randn((n, 3), generator=gen, device=lo.device), dim=-1)
+        with torch.no_grad():
+            self.field(x, d)
+
+    def describe(self) -> str:
+        plan = self.workspace.plan.describe() if self.workspace is not None else "reference chunks"
+        return f"{plan}, {self.row_bytes} B/network row"
+
+    def view(self, frames: Frames, index: int, background: Tensor) -> Tensor:
+        """One image of ``frames`` over ``background`` ``[3]`` -> ``[H, W, 3]`` in [0, 1]."""
+        o, d = image_rays(frames, index, background.device)
+        field = self.field
+        rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, self.grid, self.schedule,
+                              background, self.early_termination, fast=self.fast, budget=self.budget,
+                              workspace=self.workspace, row_bytes=self.row_bytes)
+        w, h = frames.image_size(index)
+        return rgb.clamp(0, 1).view(h, w, 3)
 
 
 def to_uint8(img: Tensor) -> np.ndarray:
@@ -48,13 +81,14 @@ def write_png(path: Path, rgb: np.ndarray) -> None:
 
 def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,
              background: str, n_views: int = 0, save_dir: Path | None = None, n_save: int = 0,
-             writer: str = "root", fast: bool = False) -> dict:
+             writer: str = "root", fast: bool = False, budget: MemoryBudget | None = None) -> dict:
     """PSNR (mean over views) and SSIM over the first ``n_views`` views (0: all). Collective: every rank
     renders views ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
 
     The first ``n_save`` renders go to ``save_dir`` as PNG: gathered and written by rank 0
     (``writer="root"``, the trainer's rule), or written by the rank that rendered them
-    (``writer="each_rank"``, for the render tool on a shared filesystem)."""
+    (``writer="each_rank"``, for the render tool on a shared filesystem). Views are rendered within
+    ``budget`` (see ``ViewRenderer``)."""
     rt = dist.runtime()
     n = len(frames) if n_views <= 0 else min(n_views, len(frames))
     if n == 0:
@@ -64,8 +98,9 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
     keep: list[tuple[int, np.ndarray]] = []
     was_training = field.training
     field.eval()
+    renderer = ViewRenderer(field, grid, schedule, early_termination, fast, budget)
     for i in range(rt.rank, n, rt.size):
-        img = render_view(field, grid, frames, i, schedule, bg, early_termination, fast)
+        img = renderer.view(frames, i, bg)
         gt = composite_background(image_pixels(frames, i).to(rt.device).float() / 255.0, bg).view_as(img)
         scores[i, 0] = float(torch.mean((img - gt) ** 2))
         scores[i, 1] = ssim(img, gt)

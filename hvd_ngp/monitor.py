@@ -34,12 +34,14 @@ from . import dist
 from .commclock import COMM_CLOCK
 from .config import UNLIMITED_STEPS
 from .errors import ConfigError
+from .memory import MemoryMeter
 from .metrics import IntervalStats, mse_to_psnr
 from .nvml import GpuSampler
 
 #: one rank's measurements over one interval: the columns of the reduced table
 RANK_FIELDS = ("steps", "rays", "samples", "loss_sum", "mse_sum", "seconds", "comm_seconds",
-               "gpu_util", "gpu_mem_used", "gpu_mem_total", "gpu_power", "gpu_energy", "gpu_id")
+               "gpu_util", "gpu_mem_used", "gpu_mem_total", "gpu_power", "gpu_energy", "gpu_id",
+               "step_mem_allocated", "step_mem_reserved", "eval_mem_allocated", "eval_mem_reserved")
 COL = {name: i for i, name in enumerate(RANK_FIELDS)}
 
 #: every key of a metrics.jsonl record: description and TensorBoard tag (None: not a scalar worth plotting)
@@ -85,6 +87,14 @@ JSONL_FIELDS: dict[str, tuple[str, str | None]] = {
                              "gpu/mem_used_gib_max"),
     "gpu_mem_used_gib_max_rank": ("rank whose GPU uses the most memory", None),
     "gpu_mem_total_gib": ("memory size in GiB of that GPU", None),
+    "step_mem_allocated_gib_max": ("largest peak of torch-allocated GPU memory in GiB of one rank's training steps in "
+                                   "the interval (this process only, unlike gpu_mem_used)", "memory/step_allocated_gib"),
+    "step_mem_reserved_gib_max": ("largest peak of GPU memory torch's caching allocator reserved in the training steps "
+                                  "of the interval, in GiB (one rank)", "memory/step_reserved_gib"),
+    "eval_mem_allocated_gib_max": ("largest peak of torch-allocated GPU memory in GiB of one rank's evaluations so far; "
+                                   "null before the first", None),
+    "eval_mem_reserved_gib_max": ("largest peak of GPU memory reserved by torch in one rank's evaluations so far, in "
+                                  "GiB; null before the first", "memory/eval_reserved_gib"),
     "gpus_measured": ("distinct GPUs with a power reading (ranks sharing a GPU count it once)", None),
     "power_w": ("mean power draw in W of those GPUs together", "energy/power_w"),
     "energy_j": ("energy in J those GPUs used in the interval (driver counter, else power x time)", "energy/energy_j"),
@@ -185,6 +195,8 @@ def interval_record(table: np.ndarray, step: int, train_s: float, occupancy: flo
         "gpu_mem_used_gib_max_rank": mem.max_rank if mem else None,
         "gpu_mem_total_gib": (float(col["gpu_mem_total"][mem.max_rank]) / GIB
                               if mem and math.isfinite(col["gpu_mem_total"][mem.max_rank]) else None),
+        **{f"{name}_gib_max": (lambda m: m.max / GIB if m else None)(spread(col[name]))
+           for name in ("step_mem_allocated", "step_mem_reserved", "eval_mem_allocated", "eval_mem_reserved")},
         "gpus_measured": power.count if power else 0,
         "power_w": power.total if power else None,
         "energy_j": energy_j,
@@ -220,6 +232,10 @@ def format_line(rec: dict[str, Any]) -> str:
     else:
         total = f"/{rec['gpu_mem_total_gib']:.1f}" if rec["gpu_mem_total_gib"] is not None else ""
         parts.append(f"GPU mem {rec['gpu_mem_used_gib_max']:.1f}{total} GiB")
+    if rec.get("step_mem_reserved_gib_max") is not None:
+        ev = rec.get("eval_mem_reserved_gib_max")
+        parts.append(f"torch step {rec['step_mem_reserved_gib_max']:.2f} GiB"
+                     + (f", eval {ev:.2f} GiB" if ev is not None else ""))
     parts.append(f"comm {100 * rec['comm_fraction']:.1f}%" if rec["comm_fraction"] is not None else f"comm {na}")
     if rec["world_size"] > 1 and rec["step_time_spread"] is not None:
         parts.append(f"step spread {100 * rec['step_time_spread']:.0f}% (slowest rank {rec['rank_step_ms_max_rank']})")
@@ -275,8 +291,9 @@ class Monitor:
     """
 
     def __init__(self, settings: MonitorSettings, total_steps: int, start_step: int = 0,
-                 gpu: GpuSampler | None = None) -> None:
+                 gpu: GpuSampler | None = None, memory: MemoryMeter | None = None) -> None:
         self.rt = dist.runtime()
+        self.memory = memory if memory is not None else MemoryMeter(self.rt.device)
         self.settings = settings
         COMM_CLOCK.enabled = settings.comm_timing
         self._comm_start = COMM_CLOCK.seconds
@@ -340,6 +357,9 @@ class Monitor:
         """This rank's measurements over the interval ``[len(RANK_FIELDS)]`` (NaN: not measured)."""
         g = self.gpu.take()
         nan = math.nan
+        mem = self.memory
+        step = mem.read("step") if mem.active else None
+        ev = mem.peaks.get("eval") if mem.active else None
         comm = COMM_CLOCK.seconds - self._comm_start if self.settings.comm_timing else nan
         values = {
             "steps": stats.steps, "rays": stats.rays, "samples": stats.samples,
@@ -347,6 +367,8 @@ class Monitor:
             "seconds": time.perf_counter() - stats.started, "comm_seconds": comm,
             "gpu_util": g.util_pct, "gpu_mem_used": g.mem_used_bytes, "gpu_mem_total": g.mem_total_bytes,
             "gpu_power": g.power_w, "gpu_energy": g.energy_j, "gpu_id": self.gpu_id,
+            "step_mem_allocated": step.allocated if step else None, "step_mem_reserved": step.reserved if step else None,
+            "eval_mem_allocated": ev.allocated if ev else None, "eval_mem_reserved": ev.reserved if ev else None,
         }
         return torch.tensor([nan if values[k] is None else float(values[k]) for k in RANK_FIELDS], dtype=torch.float64)
 

@@ -13,7 +13,7 @@ import math
 import os
 import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
@@ -29,6 +29,7 @@ from .data import Scene, load_scene
 from .data.pipeline import DataPipeline
 from .data.sampler import RayBatch, RaySampler
 from .encoding import FAST_RENDERER_BACKENDS, resolve_backend
+from .encoding.hashgrid import HashGridSpec
 from .errors import ConfigError, run_cli
 from .failures import NonFiniteGuard, Watchdog, report
 from .field import NGPField
@@ -36,6 +37,8 @@ from .trainstate import TrainState, make_rank_streams
 from .clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate
 from .hvdtools import apply as apply_horovod_tools
+from .memory import (EVAL_RESERVE, GIB, STEP_COSTS, MemoryBudget, MemoryMeter, TrainingFootprint, check_fit, human_gib,
+                     out_of_memory_as_error, ranks_on_device, training_footprint)
 from .monitor import Monitor, MonitorSettings
 from .occupancy import OccupancyGrid, n_cascades_for
 from .profiling import NULL_TIMER, StageTimer
@@ -308,6 +311,28 @@ class RayBudget:
         return self.n_rays
 
 
+# ------------------------------------------------------------------------------------ memory
+
+STEP_HINT = "lower --target_samples (or marching.candidate_factor), or raise --gpu_memory_gb"
+EVAL_HINT = ("evaluation chunks are planned from --gpu_memory_gb: when other processes share this GPU, set it to this "
+             "process's share")
+
+
+def model_footprint(args: argparse.Namespace, scene: Scene) -> TrainingFootprint:
+    """Training's memory from the config alone, before anything is built (``memory.check_fit``)."""
+    model = args.model
+    n_params = HashGridSpec.from_config(model["encoding"], model["_source"]).n_params + MLP_PARAMS_ALLOWANCE
+    block = model["marching"]
+    cells = int(block["grid_resolution"]) ** 3 * n_cascades_for(scene.aabb_scale)
+    factor = float(block.get("candidate_factor", 4))
+    return training_footprint(n_params, PARAMETER_COPIES, cells, int(factor * args.target_samples), args.target_samples,
+                              STEP_COSTS)
+
+
+MLP_PARAMS_ALLOWANCE = 1 << 16  # the two MLPs hold about 10k parameters
+PARAMETER_COPIES = 4  # value, gradient, Adam's two moments
+
+
 # ------------------------------------------------------------------------------------ main
 
 
@@ -375,6 +400,8 @@ class Trainer:
     ckpts: CheckpointManager
     guard: NonFiniteGuard | None
     data: DataPipeline  # placement, sampling strategy, balance; its sampler is ``state.sampler``
+    memory: MemoryBudget  # what this process may hold on its device (--gpu_memory_gb)
+    meter: MemoryMeter    # peak torch memory of the training step and of evaluation
     budget_lr_factor: float = 1.0  # set by the run loop from the shared training clock (budget_lr_factor())
 
     @property
@@ -413,8 +440,17 @@ class Trainer:
         dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
                  + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
-        data = DataPipeline.build(scene.train, args, rt, args.scene_cache)
+        memory = elastic.startup_agree(lambda: MemoryBudget.for_device(rt.device, args.gpu_memory_gb, ranks_on_device(
+            rt.local_rank, rt.local_size, torch.cuda.device_count() if use_cuda else 0)), "planning GPU memory")
+        footprint = model_footprint(args, scene)
+        elastic.startup_agree(lambda: check_fit(memory, footprint, EVAL_RESERVE), "checking the GPU memory budget")
+        image_room = None if memory.bytes is None else memory.bytes - footprint.total - EVAL_RESERVE
+        data = DataPipeline.build(scene.train, args, rt, args.scene_cache, device_budget=image_room)
         dist.log(data.describe())
+        if memory.bytes is not None:
+            images = data.placement.nbytes if data.placement.mode == "device" else 0
+            dist.log(f"GPU memory: budget {human_gib(memory.bytes)} ({memory.source}); training needs about "
+                     f"{human_gib(footprint.total + images)} ({replace(footprint, images=images).describe()})")
 
         def build_model() -> tuple:
             model = args.model
@@ -445,7 +481,8 @@ class Trainer:
                            budget)
         ckpts = CheckpointManager(args.ckpt_dir or Path(args.out_dir) / "checkpoints", args.ckpt_every, args.ckpt_keep)
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
-                     state, ckpts, NonFiniteGuard(args.nonfinite_limit) if args.nonfinite_limit else None, data)
+                     state, ckpts, NonFiniteGuard(args.nonfinite_limit) if args.nonfinite_limit else None, data, memory,
+                     MemoryMeter(rt.device))
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
         if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
             data.load_state_dict(state.progress["data"])
@@ -482,9 +519,11 @@ class Trainer:
             background = background.expand(n_rays, 3)
         jitter = torch.rand(n_rays, generator=self.generator, device=rt.device)
         timer.mark("sampling")
-        res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn, jitter,
-                         args.precision, self.scaler, self.renderer, timer, args.comm.backward_passes_per_step,
-                         self.guard, step + 1, self.data.settings.importance_weights, self.data.loss_scale)
+        with out_of_memory_as_error(f"training step (step {step + 1})", self.memory, STEP_HINT):
+            res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn,
+                             jitter, args.precision, self.scaler, self.renderer, timer,
+                             args.comm.backward_passes_per_step, self.guard, step + 1,
+                             self.data.settings.importance_weights, self.data.loss_scale)
         faults.slow_down(step + 1, res.n_samples)  # test hook, like faults.at_step
         self.budget.update(res)
         # the error map (a collective every N steps, on every rank; a skipped step's loss is not recorded)
@@ -508,10 +547,12 @@ class Trainer:
             self.renderer.candidate_capacity = self.budget.candidate_capacity = int(factor * capacity)
 
     def evaluate(self, n_views: int | None = None, save_dir: Path | None = None, n_save: int = 0) -> dict:
-        """Test-split metrics (collective)."""
-        return evaluate(self.field, self.grid, self.scene.test, self.march.schedule, self.march.early_termination,
-                        self.args.eval_background, self.args.n_eval_views if n_views is None else n_views, save_dir,
-                        n_save, fast=self.backend in FAST_RENDERER_BACKENDS)
+        """Test-split metrics (collective), rendered within the memory budget; its peak memory is
+        recorded as the "eval" phase and the cached blocks are released afterwards."""
+        with self.meter.phase("eval"), out_of_memory_as_error("evaluation", self.memory, EVAL_HINT):
+            return evaluate(self.field, self.grid, self.scene.test, self.march.schedule, self.march.early_termination,
+                            self.args.eval_background, self.args.n_eval_views if n_views is None else n_views,
+                            save_dir, n_save, fast=self.backend in FAST_RENDERER_BACKENDS, budget=self.memory)
 
 
 def run(args: argparse.Namespace) -> RunResult:
@@ -535,8 +576,8 @@ def run(args: argparse.Namespace) -> RunResult:
     progress = ts.progress
     for key, empty in (("history", []), ("curve", []), ("total_samples", 0.0), ("train_seconds", 0.0)):
         progress.setdefault(key, empty)
-    monitor = elastic.startup_agree(lambda: Monitor(MonitorSettings.from_args(args), args.n_steps, tr.start_step),
-                                    "starting the monitor")
+    monitor = elastic.startup_agree(lambda: Monitor(MonitorSettings.from_args(args), args.n_steps, tr.start_step,
+                                                    memory=tr.meter), "starting the monitor")
     clock = TrainClock(rt.device, already=progress["train_seconds"])
     watchdog = Watchdog(args.watchdog_s, rt.rank).start()
     last_timed_ckpt = [progress["train_seconds"]]  # a shared clock reading: the same on every rank
@@ -634,7 +675,9 @@ def run(args: argparse.Namespace) -> RunResult:
                "device": device_name(rt.device), "backend": backend, "precision": args.precision,
                "controller": rt.controller, "scene": scene.source, "config": source,
                "nonfinite_skipped_steps": tr.guard.skipped if tr.guard else None, "history": progress["history"],
-               "communication": args.comm.summary(os.environ, tr.lr_multiplier()), "data": tr.data.summary()}
+               "communication": args.comm.summary(os.environ, tr.lr_multiplier()), "data": tr.data.summary(),
+               "memory": {"budget_gib": None if tr.memory.bytes is None else round(tr.memory.bytes / GIB, 3),
+                          "budget_source": tr.memory.source, "peak": tr.meter.summary()}}
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:

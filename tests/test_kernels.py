@@ -215,6 +215,35 @@ def test_fast_renderer_matches_reference_rendering():
     torch.testing.assert_close(rgb, ref_mid.rgb, rtol=1e-4, atol=1e-5)
 
 
+def test_inference_render_within_a_small_workspace_equals_the_exact_one():
+    """Evaluation renders with a workspace smaller than the chunk's candidates (several groups, the
+    network a few rows at a time): the same pixels as one exactly sized pass and the reference."""
+    from hvd_ngp.memory import RenderPlan
+    from hvd_ngp.render import render_rays
+    from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast
+
+    aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
+    grid = random_grid(aabb, 8, 1, 9)
+    sch = StepSchedule.uniform(3 ** 0.5 / 48)
+    o, d, _ = random_rays(40, torch.tensor([0.5] * 3), 2.0, 11)
+    centre = torch.tensor([0.5, 0.5, 0.5], device=DEV)
+
+    def sigma_fn(x):
+        return 40.0 * torch.sigmoid(20 * (0.3 - (x - centre).norm(dim=-1)))
+
+    def rgb_sigma_fn(x, dirs):
+        return torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), sigma_fn(x)
+
+    exact = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3)
+    ref = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3)
+    small = RenderWorkspace(RenderPlan(rays=40, candidates=48, rows=7), DEV)  # one ray has at most 48 candidates
+    for _ in range(2):  # the same workspace serves a second call
+        out = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3, small)
+        for a, b in zip(out, exact):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(exact[0], ref.rgb, rtol=1e-4, atol=1e-5)
+
+
 # --- the GPU compiler, without a GPU ---------------------------------------------------------------------
 
 TRITON_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int64: "*i64",

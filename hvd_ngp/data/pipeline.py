@@ -25,7 +25,7 @@ from .balance import Balancer, RankTimes
 from .balance import check_options as check_balance_options
 from .complexity import complexity_scores, scene_features
 from .error_map import ErrorMap
-from .pixels import Placement, StackedPixels, StreamedPixels, plan_placement, stream_chunk
+from .pixels import GIB, Placement, StackedPixels, StreamedPixels, plan_placement, stream_chunk
 from .sampler import RayBatch, RaySampler
 from .scene import Frames
 
@@ -135,13 +135,18 @@ class DataPipeline:
         self.complexity_from_cache: bool | None = None
 
     @staticmethod
-    def build(frames: Frames, args: argparse.Namespace, rt: dist.Runtime, scene_cache: str | None = None
-              ) -> "DataPipeline":
-        """Everything from the options (collective, except in elastic jobs: every rank calls it)."""
+    def build(frames: Frames, args: argparse.Namespace, rt: dist.Runtime, scene_cache: str | None = None,
+              device_budget: int | None = None) -> "DataPipeline":
+        """Everything from the options (collective, except in elastic jobs: every rank calls it).
+        ``device_budget``: bytes of device memory the images may use when ``--device_image_budget_gb``
+        is 0 (what the process's memory budget leaves; None: a quarter of the GPU)."""
         settings = DataSettings.from_args(args)
+        device_gb = settings.device_image_budget_gb
+        if device_gb == 0 and device_budget is not None and rt.device.type == "cuda":
+            quarter = torch.cuda.get_device_properties(rt.device).total_memory // 4
+            device_gb = max(min(device_budget, quarter), 1) / GIB
         placement = agree_placement(plan_placement(settings.preload, frames.sizes, rt.device, settings.image_dtype,
-                                                   settings.device_image_budget_gb, settings.host_image_budget_gb,
-                                                   rt.local_size))
+                                                   device_gb, settings.host_image_budget_gb, rt.local_size))
         shard_by = "image" if placement.mode == "stream" else settings.shard_by
 
         def build_sampler() -> RaySampler:

@@ -149,42 +149,75 @@ BLOCK = 64
 SEGMENT = 64
 
 
-def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
-                 jitter: Tensor | None, capacity: int | None) -> PackedSamples:
-    """March R rays (``[R, 3]`` each) into at most ``capacity`` packed samples (see the module docstring).
-    ``capacity=None`` sizes the buffers exactly, at the cost of one host synchronisation (rendering)."""
+def _launch_args(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
+                 jitter: Tensor | None) -> tuple:
+    """The tensors and constants both passes of ``_march`` take."""
     R = origins.shape[0]
-    dev = origins.device
     o, d = origins.float().contiguous(), directions.float().contiguous()
-    j = (jitter if jitter is not None else torch.full((R,), 0.5, device=dev)).float().contiguous()
+    j = (jitter if jitter is not None else torch.full((R,), 0.5, device=origins.device)).float().contiguous()
     bits = grid.occupied.view(-1).to(torch.uint8)
     lo, hi = aabb[0].tolist(), aabb[1].tolist()
     center, half0 = grid.center.tolist(), grid.half0.tolist()
     cell0 = 2 * max(half0) / grid.resolution
-    consts = schedule_constants(schedule)
     nseg = triton.cdiv(schedule.max_steps, SEGMENT)
-    seg_count = torch.zeros(R, nseg, device=dev, dtype=torch.int32)
-    grid_fn = (triton.cdiv(max(R, 1), BLOCK), nseg)
     common = dict(RES=grid.resolution, K=grid.n_cascades, CONE=schedule.cone_angle > 0, BLOCK=BLOCK,
                   SEGMENT=SEGMENT, NSEG=nseg)
-    args = (*lo, *hi, *center, *half0, cell0, *consts, schedule.near, schedule.max_steps)
+    consts = (*lo, *hi, *center, *half0, cell0, *schedule_constants(schedule), schedule.near, schedule.max_steps)
+    return o, d, j, bits, (triton.cdiv(max(R, 1), BLOCK), nseg), consts, common
+
+
+def segments(schedule: StepSchedule) -> int:
+    """Segments of ``SEGMENT`` steps per ray: the columns of ``march_counts``."""
+    return triton.cdiv(schedule.max_steps, SEGMENT)
+
+
+def march_counts(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
+                 jitter: Tensor | None) -> Tensor:
+    """The count pass: candidates per ray and segment ``[R, segments(schedule)]`` int32."""
+    R = origins.shape[0]
+    o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter)
+    seg_count = torch.zeros(R, common["NSEG"], device=origins.device, dtype=torch.int32)
     if R:
-        _march[grid_fn](o, d, j, bits, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, R, *args, 0,
+        _march[grid_fn](o, d, j, bits, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, R, *consts, 0,
                         WRITE=False, **common)
-    seg_ends = torch.cumsum(seg_count.view(-1), 0, dtype=torch.int64).view(R, nseg)
+    return seg_count
+
+
+def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
+                jitter: Tensor | None, seg_count: Tensor, capacity: int,
+                out: tuple[Tensor, Tensor, Tensor] | None = None) -> PackedSamples:
+    """The write pass: the candidates ``seg_count`` (from ``march_counts``) counted, packed into ``capacity``
+    slots; ``out``: (t, dt, ray) workspace buffers of at least ``capacity`` slots to write into (reused
+    across calls), else new ones."""
+    R = origins.shape[0]
+    dev = origins.device
+    o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter)
+    seg_ends = torch.cumsum(seg_count.view(-1), 0, dtype=torch.int64).view(R, common["NSEG"])
     seg_start = (seg_ends - seg_count).to(torch.int32)
     count = seg_count.sum(1, dtype=torch.int32)
     ends = seg_ends[:, -1] if R else torch.zeros(0, dtype=torch.int64, device=dev)
-    if capacity is None:
-        capacity = int(ends[-1]) if R else 0
-    t = torch.empty(capacity, device=dev, dtype=torch.float32)
-    dt = torch.empty(capacity, device=dev, dtype=torch.float32)
-    ray = torch.full((capacity,), R, device=dev, dtype=torch.int32)
+    if out is None:
+        t = torch.empty(capacity, device=dev, dtype=torch.float32)
+        dt = torch.empty(capacity, device=dev, dtype=torch.float32)
+        ray = torch.empty(capacity, device=dev, dtype=torch.int32)
+    else:
+        t, dt, ray = (buf[:capacity] for buf in out)
+    ray.fill_(R)
     start = (ends - count).to(torch.int32)
     fits = ends <= capacity
     count = torch.where(fits, count, torch.zeros_like(count))
     if R and capacity:
-        _march[grid_fn](o, d, j, bits, seg_count, seg_start, fits.to(torch.int8), t, dt, ray, R, *args, capacity,
+        _march[grid_fn](o, d, j, bits, seg_count, seg_start, fits.to(torch.int8), t, dt, ray, R, *consts, capacity,
                         WRITE=True, **common)
     total = (count.to(torch.int64)).sum()
     return PackedSamples(t, dt, ray, start, count, fits, total)
+
+
+def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
+                 jitter: Tensor | None, capacity: int | None) -> PackedSamples:
+    """March R rays (``[R, 3]`` each) into at most ``capacity`` packed samples (see the module docstring).
+    ``capacity=None`` sizes the buffers exactly, at the cost of one host synchronisation."""
+    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter)
+    if capacity is None:
+        capacity = int(seg_count.sum())
+    return march_write(origins, directions, aabb, grid, schedule, jitter, seg_count, capacity)

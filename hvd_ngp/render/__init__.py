@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..data.cameras import intersect_aabb
+from ..memory import RENDER_HEADROOM, MemoryBudget, MemoryBudgetError, human_gib, plan_render
 from ..occupancy import OccupancyGrid
 from ..profiling import NULL_TIMER, StageTimer
 
@@ -187,25 +188,65 @@ def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, di
     return out
 
 
+#: bytes per dense-lane slot of the reference renderer (positions, times, masks, densities, weights)
+#: plus its network row, when the row cannot be measured
+REFERENCE_LANE_BYTES = 256 + 2048
+REFERENCE_MAX_CHUNK = 1 << 14
+
+
+def reference_chunk(available: int | None, lanes_per_ray: int, lane_bytes: int = REFERENCE_LANE_BYTES) -> int:
+    """Rays per chunk of the reference renderer within ``available`` bytes (None: the default chunk);
+    ``MemoryBudgetError`` when one ray's dense lanes do not fit."""
+    if available is None:
+        return REFERENCE_MAX_CHUNK
+    rays = int(available * RENDER_HEADROOM) // (lanes_per_ray * lane_bytes)
+    if rays < 1:
+        raise MemoryBudgetError(f"rendering one ray needs {human_gib(lanes_per_ray * lane_bytes / RENDER_HEADROOM)} "
+                                f"of GPU memory ({lanes_per_ray} steps), but only {human_gib(available)} are free "
+                                f"under the budget: raise --gpu_memory_gb or lower marching.max_steps")
+    return min(rays, REFERENCE_MAX_CHUNK)
+
+
 def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
                  grid: OccupancyGrid | None, schedule: StepSchedule, background: Tensor,
-                 early_termination: float = 1e-4, chunk: int = 1 << 14, fast: bool = False) -> tuple[Tensor, Tensor]:
+                 early_termination: float = 1e-4, fast: bool = False, budget: MemoryBudget | None = None,
+                 workspace=None, row_bytes: int | None = None) -> tuple[Tensor, Tensor]:
     """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``.
-    ``fast``: the Triton kernels (``render.fast``) instead of the reference, with larger chunks."""
-    if fast:
-        from .fast import render_rays_fast
 
-        chunk = max(chunk, 1 << 18)
+    ``fast``: the Triton kernels (``render.fast``) instead of the reference. Chunks are planned from
+    ``budget`` (None: the default sizes): the fast path takes a ``workspace``
+    (``render.fast.RenderWorkspace``, reused across calls) or plans one here; ``row_bytes``: measured
+    bytes per network row (see ``memory.bytes_per_row``)."""
+    available = budget.available() if budget is not None else None
+    if fast:
+        from .fast import DEFAULT_ROW_BYTES, RenderWorkspace, inference_costs, render_rays_fast
+
+        if workspace is None:
+            costs = inference_costs(schedule, row_bytes or DEFAULT_ROW_BYTES)
+            workspace = RenderWorkspace(plan_render(available, costs, max_lanes(schedule, aabb)), origins.device)
+        chunk = workspace.plan.rays
+    else:
+        lanes = max_lanes(schedule, aabb)
+        chunk = reference_chunk(available, lanes, 256 + (row_bytes or 2048))
     rgbs, depths = [], []
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):
             o, d = origins[s:s + chunk], directions[s:s + chunk]
             if fast:
                 rgb, opacity, depth = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule,
-                                                       early_termination)
+                                                       early_termination, workspace)
             else:
                 out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination)
                 rgb, opacity, depth = out.rgb, out.opacity, out.depth
             rgbs.append(rgb.float() + background * (1.0 - opacity.float()[:, None]))
             depths.append(depth)
     return torch.cat(rgbs), torch.cat(depths)
+
+
+def max_lanes(schedule: StepSchedule, aabb: Tensor) -> int:
+    """The most steps a ray can take through ``aabb`` (its diagonal, from the near distance), capped
+    by ``schedule.max_steps``: the worst case of a ray's dense lanes and candidates."""
+    diagonal = float((aabb[1] - aabb[0]).norm())
+    t = torch.tensor([schedule.near, schedule.near + diagonal], dtype=torch.float64)
+    span = schedule.coord(t)
+    return int(min(schedule.max_steps, math.ceil(float(span[1] - span[0])) + 2))

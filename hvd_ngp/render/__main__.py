@@ -20,8 +20,9 @@ from ..data import Frames, load_scene
 from ..encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..encoding.tcnn import uses_tcnn_layout
 from ..errors import HvdNgpError, SnapshotError
-from ..evaluate import BACKGROUNDS, evaluate, render_view, to_uint8
+from ..evaluate import BACKGROUNDS, ViewRenderer, evaluate, to_uint8
 from ..field import NGPField
+from ..memory import MemoryBudget, ranks_on_device
 from ..train import Marching, make_grid
 from .camera_path import orbit
 
@@ -65,9 +66,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--downscale", type=int, default=None, help="image downscale (default: as in training)")
     p.add_argument("--background", choices=tuple(BACKGROUNDS), default=None)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--gpu_memory_gb", type=float, default=0.0,
+                   help="GPU memory this process may use; renders are chunked to fit (0: the free memory)")
     args = p.parse_args(argv)
 
     rt = dist.init(args.device)
+    budget = dist.agree(lambda: MemoryBudget.for_device(rt.device, args.gpu_memory_gb, ranks_on_device(
+        rt.local_rank, rt.local_size, torch.cuda.device_count() if rt.device.type == "cuda" else 0)),
+        "planning GPU memory")
     state = dist.agree(lambda: read_snapshot(args.load_snapshot, "cpu"), "reading the snapshot")
     cfg = snapshot_config(state).get("args")
     if not isinstance(cfg, dict) or "model" not in cfg:
@@ -93,7 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
     n_views = len(scene.test) if args.split_views < 0 else min(args.split_views, len(scene.test))
     if n_views:
         ev = evaluate(field, grid, scene.test, march.schedule, march.early_termination, background, n_views,
-                      out / "test", n_views, writer="each_rank", fast=backend in FAST_RENDERER_BACKENDS)
+                      out / "test", n_views, writer="each_rank", fast=backend in FAST_RENDERER_BACKENDS,
+                      budget=budget)
         result.update(test_psnr=ev["psnr"], test_ssim=ev["ssim"], test_views=ev["views"])
         dist.log(f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views -> {out / 'test'}")
     if args.video != "none":
@@ -105,9 +112,10 @@ def main(argv: list[str] | None = None) -> dict:
         frames_dir.mkdir(parents=True, exist_ok=True)
         bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
         field.eval()
+        renderer = ViewRenderer(field, grid, march.schedule, march.early_termination,
+                                backend in FAST_RENDERER_BACKENDS, budget)
         for i in range(rt.rank, args.n_frames, rt.size):
-            img = render_view(field, grid, path, i, march.schedule, bg, march.early_termination,
-                              backend in FAST_RENDERER_BACKENDS)
+            img = renderer.view(path, i, bg)
             cv2.imwrite(str(frames_dir / f"frame_{i:04d}.png"), cv2.cvtColor(to_uint8(img), cv2.COLOR_RGB2BGR))
         dist.barrier()
         if rt.is_root:

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from ..kernels.composite import composite, count_until_opaque
-from ..kernels.march import march_packed
+from ..kernels.march import march_counts, march_packed, march_write, segments
+from ..memory import RenderCosts, RenderPlan, split_by_capacity
 from ..occupancy import OccupancyGrid
 from ..profiling import NULL_TIMER, StageTimer
 from . import RGBSigmaFn, SigmaFn, StepSchedule
@@ -92,19 +93,75 @@ class FastRenderer:
         return FastRenderResult(out_rgb, opacity, depth, packed.fits & fits, packed.total, count.sum())
 
 
+#: bytes one item of an inference render holds (``memory.RenderCosts``): per ray, the count pass's
+#: per-segment int32 counts, int64 ends and int32 starts plus rays and results; per candidate slot,
+#: t, dt, ray and its density (16), the compaction's int64 plans (48) and the kept t, dt (8), rounded up
+CANDIDATE_BYTES = 96
+DEFAULT_ROW_BYTES = 2048  # a network row without gradients, when it cannot be measured (CPU)
+
+
+def inference_costs(schedule: StepSchedule, row_bytes: int) -> RenderCosts:
+    return RenderCosts(64 + 16 * segments(schedule), CANDIDATE_BYTES, row_bytes)
+
+
+def batched(fn, n: int, rows: int, make_inputs) -> list:
+    """``fn(*make_inputs(a, b))`` over row ranges of at most ``rows``; the outputs, in order."""
+    return [fn(*make_inputs(a, min(a + rows, n))) for a in range(0, n, rows)]
+
+
+class RenderWorkspace:
+    """The marching workspace of an inference render: t, dt, ray buffers of ``plan.candidates`` slots,
+    allocated once and reused by every chunk and view."""
+
+    def __init__(self, plan: RenderPlan, device: torch.device) -> None:
+        self.plan = plan
+        self.buffers = (torch.empty(plan.candidates, device=device), torch.empty(plan.candidates, device=device),
+                        torch.empty(plan.candidates, device=device, dtype=torch.int32))
+
+
 def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
-                     grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4
-                     ) -> tuple[Tensor, Tensor, Tensor]:
-    """Inference with the Triton kernels and exactly sized buffers (two host synchronisations):
-    rgb ``[R, 3]`` (no background), opacity ``[R]``, depth ``[R]``."""
+                     grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4,
+                     workspace: RenderWorkspace | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Inference with the Triton kernels within a plan (``memory.plan_render``): rgb ``[R, 3]`` (no
+    background), opacity ``[R]``, depth ``[R]``.
+
+    The count pass sizes each group of rays to fill the workspace; the network runs on the filled
+    candidate slots only, ``plan.rows`` at a time. Two host synchronisations per group (candidates
+    marched, samples kept). Without a ``workspace``, one sized for these rays exactly.
+    """
     R = origins.shape[0]
-    packed = march_packed(origins, directions, aabb, grid, schedule, None, None)
-    ray_c = packed.ray.long().clamp(max=max(R - 1, 0))
-    x = origins[ray_c] + directions[ray_c] * packed.t[:, None]
-    keep = count_until_opaque(sigma_fn(x), packed.dt, packed.start, packed.count, early_termination)
-    src, ray, start, count, _ = compact(keep, packed.start, int(keep.sum()))
-    ray_c = ray.clamp(max=max(R - 1, 0))
-    t, dt = packed.t[src], packed.dt[src]
-    d = directions[ray_c]
-    rgb, sigma = rgb_sigma_fn(origins[ray_c] + d * t[:, None], d)
-    return composite(sigma, rgb, dt, t, start.int(), count.int())
+    seg_count = march_counts(origins, directions, aabb, grid, schedule, None)
+    ends = torch.cumsum(seg_count.sum(1, dtype=torch.int64), 0).tolist()
+    if workspace is None:
+        workspace = RenderWorkspace(RenderPlan(R, max(ends[-1] if R else 0, 1), max(ends[-1] if R else 0, 1)),
+                                    origins.device)
+    rows = workspace.plan.rows
+    rgb = torch.zeros(R, 3, device=origins.device)
+    opacity, depth = torch.zeros(R, device=origins.device), torch.zeros(R, device=origins.device)
+    for a, b in split_by_capacity(ends, workspace.plan.candidates):
+        o, d = origins[a:b], directions[a:b]
+        n = ends[b - 1] - (ends[a - 1] if a else 0)
+        if n == 0:
+            continue
+        packed = march_write(o, d, aabb, grid, schedule, None, seg_count[a:b], n, workspace.buffers)
+        ray = packed.ray.long()
+
+        def points(i: int, j: int, t: Tensor = packed.t, ray: Tensor = ray) -> tuple[Tensor]:
+            return (o[ray[i:j]] + d[ray[i:j]] * t[i:j, None],)
+
+        sigma0 = torch.cat(batched(sigma_fn, n, rows, points))
+        keep = count_until_opaque(sigma0, packed.dt, packed.start, packed.count, early_termination)
+        src, kept_ray, start, count, _ = compact(keep, packed.start, int(keep.sum()))
+        t, dt = packed.t[src], packed.dt[src]
+        kept_ray = kept_ray.clamp(max=b - a - 1)
+
+        def points_dirs(i: int, j: int) -> tuple[Tensor, Tensor]:
+            dirs = d[kept_ray[i:j]]
+            return o[kept_ray[i:j]] + dirs * t[i:j, None], dirs
+
+        out = batched(rgb_sigma_fn, t.shape[0], rows, points_dirs)
+        if not out:
+            continue
+        c, s = torch.cat([x[0] for x in out]), torch.cat([x[1] for x in out])
+        rgb[a:b], opacity[a:b], depth[a:b] = composite(s, c, dt, t, start.int(), count.int())
+    return rgb, opacity, depth
