@@ -79,3 +79,13 @@ def test_scaling_end_to_end_on_cpu(scene_cache, tmp_path):
     assert text.startswith("# Benchmarks") and re.search(r"^## Scaling \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\)$", text, re.M)
     assert "`python -m hvd_ngp.bench scaling --ranks 1,2" in text and "| not reached " in text
     assert re.search(r"^\| 2 +\| hash grid \(encoding.params\) +\|", text, re.M), text
+
+
+def test_memory_bench_gives_the_same_psnr_under_every_budget(tmp_path, scene_cache):
+    out = tmp_path / "memory.json"
+    proc = bench("memory", "--device", "cpu", "--n_steps", "8", "--budgets", "0,0.05", "--eval_views", "1",
+                 "--json", str(out), "--markdown", "", "--", *TINY_ARGS, "--scene_cache", str(scene_cache), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["budget_gb"] for r in runs] == [0.0, 0.05] and runs[1]["budget_gib"] == pytest.approx(0.05)
+    assert runs[0]["psnr"] == pytest.approx(runs[1]["psnr"], abs=1e-6) and "| views/s |" in proc.stdout
