@@ -449,7 +449,7 @@ class Trainer:
         dist.log(data.describe())
         if memory.bytes is not None:
             images = data.placement.nbytes if data.placement.mode == "device" else 0
-            dist.log(f"GPU memory: budget {human_gib(memory.bytes)} ({memory.source}); training needs about "
+            dist.log(f"{'GPU memory' if use_cuda else 'memory'}: budget {human_gib(memory.bytes)} ({memory.source}); training needs about "
                      f"{human_gib(footprint.total + images)} ({replace(footprint, images=images).describe()})")
 
         def build_model() -> tuple:

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Measurements on the lent GPU machine (no network there), in steps that fit one call each:
+#   bash scripts/gpu/session.sh stage          # copy the carried .stage/* pieces to /tmp/stage (lego, fox, wheels)
+#   bash scripts/gpu/session.sh tests OUT      # the GPU test files, one pytest process each, HVD_NGP_REQUIRE_GPU=1
+#   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
+#   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60 s
+#   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
+# Data travel as git-ignored folders under .stage/ (each call carries at most 64 MiB): lego's PNGs
+# re-encoded as lossless WebP (identical pixels wherever alpha > 0), split into train, test_a, test_b.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+S=/tmp/stage
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+step=$1; out=${2:-/tmp/out}; mkdir -p "$out"
+case $step in
+  stage)
+    mkdir -p $S/lego/test /tmp/site
+    [ -d .stage/lego/train ] && cp -r .stage/lego/train .stage/lego/transforms_*.json $S/lego/
+    for part in test_a test_b; do [ -d .stage/lego/$part ] && cp .stage/lego/$part/* $S/lego/test/; done
+    [ -d .stage/fox ] && cp -r .stage/fox $S/
+    [ -d .stage/ingp ] && cp -r .stage/ingp $S/
+    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    echo "staged: lego train $(ls $S/lego/train 2>/dev/null | wc -l), test $(ls $S/lego/test | wc -l); fox $(ls $S/fox/images 2>/dev/null | wc -l)"
+    ;;
+  tests)
+    for f in tests/test_kernels.py tests/test_render.py tests/test_encoding.py tests/test_memory.py tests/test_evaluation.py; do
+      HVD_NGP_REQUIRE_GPU=1 HVD_NGP_SHARED_DATA=$S timeout 300 python3 -m pytest -q -p no:cacheprovider "$f" 2>&1 | tail -4
+    done
+    ;;
+  memory)
+    T="python3 -m hvd_ngp.train --scene $S/lego --n_steps 2000 --log_every 1000 --save_renders 0"
+    $T --gpu_memory_gb 8 --out_dir $out/lego_cap8 2>&1 | grep -E "GPU memory|step 2000|done|error"
+    $T --out_dir $out/lego_free 2>&1 | grep -E "GPU memory|step 2000|done|error"
+    python3 -m hvd_ngp.bench memory --scene $S/lego --n_steps 2000 --budgets 0,16,8 --json $out/bench_memory.json \
+      --markdown $out/BENCH_memory.md 2>&1 | tail -8
+    python3 -m hvd_ngp.train --scene $S/fox --holdout_every 8 --gpu_memory_gb 16 --time_budget_s 60 --eval_at_s 15,30 \
+      --log_every 2000 --save_renders 0 --out_dir $out/fox_cap16 2>&1 | grep -E "GPU memory|test PSNR|done|error|step [0-9]*000\]"
+    ;;
+  quality)
+    seed=${3:-1337}; secs=${4:-60}
+    python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --seed "$seed" \
+      --log_every 4000 --save_renders 0 --out_dir $out/lego_${secs}s_seed$seed 2>&1 | grep -E "test PSNR|done|error|step [0-9]*000\]"
+    ;;
+  ingp)
+    python3 - <<'PY'
+import json, pathlib
+for split in ("train", "test"):  # instant-ngp reads PNG: write the WebP stage back as PNG next to it
+    import cv2
+    src = pathlib.Path("/tmp/stage/lego"); dst = pathlib.Path("/tmp/stage/lego_png"); (dst / split).mkdir(parents=True, exist_ok=True)
+    for f in (src / split).glob("*.webp"):
+        cv2.imwrite(str(dst / split / (f.stem + ".png")), cv2.imread(str(f), cv2.IMREAD_UNCHANGED))
+    (dst / f"transforms_{split}.json").write_text((src / f"transforms_{split}.json").read_text())
+PY
+    bash $S/ingp/run_ingp.sh /tmp/stage/lego_png/transforms_train.json /tmp/stage/lego_png/transforms_test.json \
+      15,30,60 $out/ingp.json 2>&1 | grep -E "budget|dB" ;;
+esac
