@@ -189,9 +189,11 @@ def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, di
 
 def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
                  grid: OccupancyGrid | None, schedule: StepSchedule, background: Tensor,
-                 early_termination: float = 1e-4, chunk: int = 1 << 14, fast: bool = False) -> tuple[Tensor, Tensor]:
+                 early_termination: float = 1e-4, chunk: int = 1 << 14, fast: bool = False,
+                 step_offset: float = 0.5) -> tuple[Tensor, Tensor]:
     """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``.
-    ``fast``: the Triton kernels (``render.fast``) instead of the reference, with larger chunks."""
+    ``fast``: the Triton kernels (``render.fast``) instead of the reference, with larger chunks.
+    ``step_offset`` in [0, 1): where samples sit inside their steps (the ``jitter`` of every ray)."""
     if fast:
         from .fast import render_rays_fast
 
@@ -200,11 +202,12 @@ def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, d
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):
             o, d = origins[s:s + chunk], directions[s:s + chunk]
+            j = None if step_offset == 0.5 else torch.full((o.shape[0],), step_offset, device=o.device)
             if fast:
                 rgb, opacity, depth = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule,
-                                                       early_termination)
+                                                       early_termination, j)
             else:
-                out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination)
+                out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, j)
                 rgb, opacity, depth = out.rgb, out.opacity, out.depth
             rgbs.append(rgb.float() + background * (1.0 - opacity.float()[:, None]))
             depths.append(depth)

@@ -93,12 +93,12 @@ class FastRenderer:
 
 
 def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
-                     grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4
-                     ) -> tuple[Tensor, Tensor, Tensor]:
+                     grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4,
+                     jitter: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Inference with the Triton kernels and exactly sized buffers (two host synchronisations):
-    rgb ``[R, 3]`` (no background), opacity ``[R]``, depth ``[R]``."""
+    rgb ``[R, 3]`` (no background), opacity ``[R]``, depth ``[R]``; ``jitter`` ``[R]`` as in training (None: 0.5)."""
     R = origins.shape[0]
-    packed = march_packed(origins, directions, aabb, grid, schedule, None, None)
+    packed = march_packed(origins, directions, aabb, grid, schedule, jitter, None)
     ray_c = packed.ray.long().clamp(max=max(R - 1, 0))
     x = origins[ray_c] + directions[ray_c] * packed.t[:, None]
     keep = count_until_opaque(sigma_fn(x), packed.dt, packed.start, packed.count, early_termination)
