@@ -1,7 +1,8 @@
 """Checkpoints: the whole training state in one file, written atomically by rank 0, resumed exactly.
 
 A checkpoint (format ``hvd_ngp.snapshot.v2``) holds the step, model, occupancy grid, optimizer,
-fp16 gradient scaler, run progress, and every rank's random streams and ray count (gathered to
+fp16 gradient scaler, parameter average (``ema``; empty without an ``Ema`` block, absent in older
+files), run progress, and every rank's random streams and ray count (gathered to
 rank 0 as a ``[world_size, L]`` byte tensor; on resume each rank gets its own row back). So a
 resumed run on the same number of ranks continues the same trajectory, bit for bit on CPU.
 
@@ -30,6 +31,7 @@ import torch
 
 from . import dist, faults
 from .errors import SnapshotError
+from .optim import load_average
 from .trainstate import TrainState
 
 FORMAT_V1 = "hvd_ngp.snapshot.v1"  # model, grid, optimizer, step, config (read for compatibility)
@@ -158,6 +160,7 @@ def capture(ts: TrainState, config: dict) -> dict | None:
         "grid": ts.grid.state_dict(),
         "optimizer": ts.optimizer.state_dict(),
         "scaler": ts.scaler.state_dict() if ts.scaler is not None else {},
+        "ema": ts.ema.state_dict() if ts.ema is not None else {},
         "world_size": rt.size,
         "rank_streams": streams,
         "rank_layout": json.dumps(ts.stream_layout()),
@@ -176,16 +179,20 @@ def save(ts: TrainState, path: str | os.PathLike, config: dict) -> Path:
 
 
 def restore_snapshot(state: dict, field: torch.nn.Module, grid: torch.nn.Module,
-                     optimizer: torch.optim.Optimizer | None = None, source: str = "snapshot") -> int:
+                     optimizer: torch.optim.Optimizer | None = None, source: str = "snapshot",
+                     averaged: bool = False) -> int:
     """Load a snapshot's model, grid (and optimizer) into the objects, locally; returns its step.
 
-    For tools that need the trained field only (the render tool); training resumes with ``resume``.
+    For tools that need the trained field only (the render tool: ``averaged`` puts the averaged
+    weights in the field when the snapshot holds them); training resumes with ``resume``.
     """
     try:
         field.load_state_dict(state["model"])
         grid.load_state_dict(state["grid"])
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])
+        if averaged:
+            load_average(field, state.get("ema") or {})
     except (RuntimeError, KeyError, ValueError) as exc:
         raise SnapshotError(f"{source}: does not match this model/config: {str(exc).splitlines()[0]}") from None
     return int(state["step"])
@@ -196,6 +203,8 @@ def _load_shared(ts: TrainState, snap: dict, source: str) -> None:
     restore_snapshot(snap, ts.field, ts.grid, ts.optimizer, source)
     if ts.scaler is not None and snap.get("scaler"):
         ts.scaler.load_state_dict(snap["scaler"])
+    if ts.ema is not None:
+        ts.ema.load_state_dict(snap.get("ema") or {})
 
 
 def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[], None]) -> str:
@@ -212,7 +221,8 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
     if rt.is_root:
         meta = {"step": int(snap["step"]), "world_size": int(snap.get("world_size", 0)),
                 "layout": json.loads(snap.get("rank_layout", "[]")), "scaler": snap.get("scaler") or {},
-                "progress": json.loads(snap["progress"]) if "progress" in snap else None}
+                "progress": json.loads(snap["progress"]) if "progress" in snap else None,
+                "ema_count": ts.ema.count if ts.ema is not None else 0}
     meta = dist.broadcast_object(meta, name="checkpoint.meta")
     ts.step = meta["step"]
     if meta["progress"] is not None:
@@ -220,6 +230,10 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
     if ts.scaler is not None and meta["scaler"] and not rt.is_root:
         ts.scaler.load_state_dict(meta["scaler"])
     dist.broadcast_(ts.grid.density, name="checkpoint.grid")
+    if ts.ema is not None:
+        ts.ema.count = meta["ema_count"]
+        for name, avg in ts.ema.tensors().items():
+            dist.broadcast_(avg, name=f"checkpoint.{name}")
     ts.grid.refresh_occupied()
     dist.broadcast_state(ts.field, ts.optimizer)  # optimizer state first, then parameters (see dist)
 

@@ -181,6 +181,10 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                    help="background composited behind RGBA training images")
     g.add_argument("--eval_background", choices=("white", "black"), default="white",
                    help="background for evaluation of RGBA scenes (white is the NeRF-synthetic protocol)")
+    g.add_argument("--eval_protocol", choices=("std", "ngp"), default="std",
+                   help="std: the NeRF-synthetic standard (--eval_background, one ray per pixel centre); ngp: "
+                        "instant-ngp's scripts/run.py (opaque black, 8 samples per pixel centre with stratified "
+                        "step offsets averaged in linear light, the reference composited in linear light)")
 
     g = p.add_argument_group("training")
     g.add_argument("--n_steps", type=int, default=None,
@@ -284,6 +288,9 @@ def add_data_options(p: configargparse.ArgumentParser) -> None:
     g.add_argument("--sampling", choices=("uniform", "complexity", "error_map"), default="uniform",
                    help="how rays are drawn: uniformly over this rank's pixels, by image complexity (OpenCV edges + "
                         "Laplacian), or by the training loss (instant-ngp error map)")
+    g.add_argument("--train_ray_jitter", choices=("on", "off"), default="off",
+                   help="off: training rays through pixel centres (instant-ngp's snap_to_pixel_centers, and how "
+                        "evaluation renders); on: a random position inside the pixel")
     g.add_argument("--sampling_floor", type=float, default=0.25,
                    help="share of rays drawn uniformly whatever the strategy, so no pixel starves (bounds importance "
                         "weights by 1/floor)")

@@ -48,6 +48,8 @@ def run(train_loop: Callable[[Callable[[], None]], None], reseed: Callable[[], N
 
     def body(state) -> None:
         ts.step, ts.n_rays, ts.progress = state.step, state.n_rays, state.progress
+        if ts.ema is not None:
+            ts.ema.count = state.ema_count
         ts.grid.refresh_occupied()
         if ts.step > 0:  # after a reset, a resume or a late join: shard and streams for this world
             reseed()
@@ -56,9 +58,12 @@ def run(train_loop: Callable[[Callable[[], None]], None], reseed: Callable[[], N
         def commit() -> None:
             if ts.step % commit_every == 0:
                 state.step, state.n_rays, state.progress = ts.step, ts.n_rays, ts.progress
+                state.ema_count = ts.ema.count if ts.ema is not None else 0
                 state.commit()
 
         train_loop(commit)
 
-    dist.elastic_run(body, ts.field, ts.optimizer, {"grid_density": ts.grid.density}, on_reset,
-                     step=ts.step, n_rays=ts.n_rays, progress=ts.progress)
+    averages = ts.ema.tensors() if ts.ema is not None else {}
+    dist.elastic_run(body, ts.field, ts.optimizer, {"grid_density": ts.grid.density, **averages}, on_reset,
+                     step=ts.step, n_rays=ts.n_rays, progress=ts.progress,
+                     ema_count=ts.ema.count if ts.ema is not None else 0)

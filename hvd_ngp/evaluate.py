@@ -1,4 +1,12 @@
-"""Test-view evaluation: PSNR and SSIM over a split, rendered rank-parallel; rank 0 writes PNGs."""
+"""Test-view evaluation: PSNR and SSIM over a split, rendered rank-parallel; rank 0 writes PNGs.
+
+Two protocols. ``std``, the NeRF-synthetic standard: one ray per pixel centre, render and reference
+composited on ``--eval_background`` in sRGB values. ``ngp``, instant-ngp's ``scripts/run.py``
+(commit abe236e): an opaque black background, ``NGP_SPP`` renders through the pixel centres
+(``snap_to_pixel_centers``) that differ in their step offset along the rays (its fused render
+kernel offsets each sample index), averaged in linear light and encoded back to sRGB; the reference
+is composited on black in linear light (``lin(c) * alpha``); both clipped to [0, 1].
+"""
 
 from __future__ import annotations
 
@@ -12,12 +20,14 @@ from . import dist
 from .data import Frames
 from .data.sampler import image_pixels, image_rays
 from .field import NGPField
-from .metrics import mse_to_psnr, ssim
+from .metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from .occupancy import OccupancyGrid
 from .memory import MemoryBudget, bytes_per_row, plan_render
 from .render import StepSchedule, max_lanes, render_image
 
 BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
+PROTOCOLS = ("std", "ngp")
+NGP_SPP = 8  # instant-ngp's scripts/run.py
 
 
 def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
@@ -57,15 +67,31 @@ class ViewRenderer:
         plan = self.workspace.plan.describe() if self.workspace is not None else "reference chunks"
         return f"{plan}, {self.row_bytes} B/network row"
 
-    def view(self, frames: Frames, index: int, background: Tensor) -> Tensor:
-        """One image of ``frames`` over ``background`` ``[3]`` -> ``[H, W, 3]`` in [0, 1]."""
+    def view(self, frames: Frames, index: int, background: Tensor, step_offset: float = 0.5) -> Tensor:
+        """One image of ``frames`` over ``background`` ``[3]`` -> ``[H, W, 3]`` in [0, 1] (``step_offset``:
+        see ``render.render_image``)."""
         o, d = image_rays(frames, index, background.device)
         field = self.field
         rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, self.grid, self.schedule,
                               background, self.early_termination, fast=self.fast, budget=self.budget,
-                              workspace=self.workspace, row_bytes=self.row_bytes)
+                              workspace=self.workspace, row_bytes=self.row_bytes, step_offset=step_offset)
         w, h = frames.image_size(index)
         return rgb.clamp(0, 1).view(h, w, 3)
+
+    def view_ngp(self, frames: Frames, index: int, spp: int = NGP_SPP) -> Tensor:
+        """The ``ngp`` protocol's render of one view ``[H, W, 3]``: ``spp`` renders on black with step offsets
+        ``(k + 0.5) / spp``, averaged in linear light, back to sRGB (spp 1: ``view`` on black)."""
+        black = torch.zeros(3, device=self.field.aabb.device)
+        linear = sum(srgb_to_linear(self.view(frames, index, black, (k + 0.5) / spp)) for k in range(spp))
+        return linear_to_srgb(linear / spp).clamp(0, 1)
+
+
+def reference_view(frames: Frames, index: int, protocol: str, background: Tensor) -> Tensor:
+    """The reference pixels of one view ``[H*W, 3]`` under ``protocol`` (``background`` ``[3]``: std's)."""
+    rgba = image_pixels(frames, index).to(background.device).float() / 255.0
+    if protocol == "ngp":
+        return linear_to_srgb(srgb_to_linear(rgba[:, :3]) * rgba[:, 3:4]).clamp(0, 1)
+    return composite_background(rgba, background)
 
 
 def to_uint8(img: Tensor) -> np.ndarray:
@@ -81,9 +107,11 @@ def write_png(path: Path, rgb: np.ndarray) -> None:
 
 def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,
              background: str, n_views: int = 0, save_dir: Path | None = None, n_save: int = 0,
-             writer: str = "root", fast: bool = False, budget: MemoryBudget | None = None) -> dict:
-    """PSNR (mean over views) and SSIM over the first ``n_views`` views (0: all). Collective: every rank
-    renders views ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
+             writer: str = "root", fast: bool = False, protocol: str = "std", budget: MemoryBudget | None = None
+             ) -> dict:
+    """PSNR (mean over views) and SSIM over the first ``n_views`` views (0: all) under ``protocol`` (see
+    the module docstring; ``ngp`` ignores ``background``). Collective: every rank renders views
+    ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
 
     The first ``n_save`` renders go to ``save_dir`` as PNG: gathered and written by rank 0
     (``writer="root"``, the trainer's rule), or written by the rank that rendered them
@@ -100,8 +128,8 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
     field.eval()
     renderer = ViewRenderer(field, grid, schedule, early_termination, fast, budget)
     for i in range(rt.rank, n, rt.size):
-        img = renderer.view(frames, i, bg)
-        gt = composite_background(image_pixels(frames, i).to(rt.device).float() / 255.0, bg).view_as(img)
+        img = renderer.view_ngp(frames, i) if protocol == "ngp" else renderer.view(frames, i, bg)
+        gt = reference_view(frames, i, protocol, bg).view_as(img)
         scores[i, 0] = float(torch.mean((img - gt) ** 2))
         scores[i, 1] = ssim(img, gt)
         if i < n_save:

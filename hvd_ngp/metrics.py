@@ -17,6 +17,16 @@ def mse_to_psnr(mse: float) -> float:
     return float("inf") if mse <= 0 else -10.0 * math.log10(mse)
 
 
+def srgb_to_linear(x: Tensor) -> Tensor:
+    """sRGB-encoded values (any shape) -> linear light."""
+    return torch.where(x > 0.04045, ((x + 0.055) / 1.055) ** 2.4, x / 12.92)
+
+
+def linear_to_srgb(x: Tensor) -> Tensor:
+    """Linear light (any shape, >= 0) -> sRGB-encoded values."""
+    return torch.where(x > 0.0031308, 1.055 * x.clamp(min=0.0031308) ** (1 / 2.4) - 0.055, 12.92 * x)
+
+
 def psnr(a: Tensor, b: Tensor) -> float:
     return mse_to_psnr(float(torch.mean((a.float() - b.float()) ** 2)))
 

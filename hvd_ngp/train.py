@@ -8,6 +8,7 @@ sample this rank's rays -> march + render -> loss -> backward -> Horovod allredu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -41,6 +42,7 @@ from .memory import (EVAL_RESERVE, GIB, STEP_COSTS, MemoryBudget, MemoryMeter, T
                      out_of_memory_as_error, ranks_on_device, training_footprint)
 from .monitor import Monitor, MonitorSettings
 from .occupancy import OccupancyGrid, n_cascades_for
+from .optim import Adam, OptimizerChain, exponential_decay, make_ema
 from .profiling import NULL_TIMER, StageTimer
 
 if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
@@ -89,33 +91,21 @@ def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
                          float(block["threshold"]), float(block["decay"]))
 
 
-def unwrap_adam(block: dict, source: str) -> tuple[dict, dict | None]:
-    """instant-ngp optimizer chain -> (Adam settings, ExponentialDecay settings or None). Ema is ignored."""
-    decay = None
-    while block.get("otype") in ("Ema", "ExponentialDecay"):
-        if block["otype"] == "ExponentialDecay":
-            decay = block
-        block = block.get("nested", {})
-    if block.get("otype") != "Adam":
-        raise ConfigError(f"{source}: optimizer must be Adam (optionally inside ExponentialDecay/Ema), got {block.get('otype')!r}")
-    return block, decay
-
-
 def make_optimizer(field: NGPField, block: dict, source: str) -> tuple[torch.optim.Adam, callable]:
-    """Adam (L2 on the MLP weights only) and ``lr_at(step)`` for the ExponentialDecay schedule."""
-    adam, decay = unwrap_adam(block, source)
+    """Adam (L2 on the MLP weights only; the hash table sparse with ``sparse_hash_updates``) and
+    ``lr_at(step)`` for the ExponentialDecay schedule (see ``optim``)."""
+    chain = OptimizerChain.parse(block, source)
+    adam = chain.adam
     lr = float(adam.get("learning_rate", 1e-2))
-    opt = torch.optim.Adam(
-        [{"params": field.encoding_parameters(), "weight_decay": 0.0},
+    opt = Adam(
+        [{"params": field.encoding_parameters(), "weight_decay": 0.0,
+          "sparse": bool(adam.get("sparse_hash_updates", False))},
          {"params": field.mlp_parameters(), "weight_decay": float(adam.get("l2_reg", 1e-6))}],
         lr=lr, betas=(float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.99))),
         eps=float(adam.get("epsilon", 1e-15)))
 
     def lr_at(step: int) -> float:
-        if decay is None or step < int(decay.get("decay_start", 0)):
-            return lr
-        k = (step - int(decay.get("decay_start", 0))) // max(int(decay.get("decay_interval", 1)), 1)
-        return lr * float(decay.get("decay_base", 0.33)) ** k
+        return lr * exponential_decay(step, chain.decay)
 
     return opt, lr_at
 
@@ -330,7 +320,7 @@ def model_footprint(args: argparse.Namespace, scene: Scene) -> TrainingFootprint
 
 
 MLP_PARAMS_ALLOWANCE = 1 << 16  # the two MLPs hold about 10k parameters
-PARAMETER_COPIES = 4  # value, gradient, Adam's two moments
+PARAMETER_COPIES = 5  # value, gradient, Adam's two moments, the average (Ema)
 
 
 # ------------------------------------------------------------------------------------ main
@@ -458,9 +448,9 @@ class Trainer:
             optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
             return (field, make_grid(model["marching"], scene).to(rt.device),
                     Marching.from_config(model["marching"], scene.aabb_scale, source), optimizer, lr_at,
-                    make_loss(model["loss"], source))
+                    make_loss(model["loss"], source), make_ema(field, OptimizerChain.parse(model["optimizer"], source)))
 
-        field, grid, march, optimizer, lr_at, loss_fn = elastic.startup_agree(build_model, "building the model")
+        field, grid, march, optimizer, lr_at, loss_fn, ema = elastic.startup_agree(build_model, "building the model")
         seen = grid.mark_unseen(scene.train.c2w, scene.train.intrinsics, scene.train.sizes, march.schedule.near)
         dist.log(f"occupancy grid: {100 * seen:.1f}% of the cells are seen by a training camera")
         # wrapped before any state is loaded into it
@@ -478,7 +468,7 @@ class Trainer:
                            renderer.candidate_capacity if renderer else None)
         state = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size,
                                                                                rt.device, new_sampler=data.new_sampler),
-                           budget)
+                           budget, ema=ema)
         ckpts = CheckpointManager(args.ckpt_dir or Path(args.out_dir) / "checkpoints", args.ckpt_every, args.ckpt_keep)
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
                      state, ckpts, NonFiniteGuard(args.nonfinite_limit) if args.nonfinite_limit else None, data, memory,
@@ -526,6 +516,8 @@ class Trainer:
                              self.data.settings.importance_weights, self.data.loss_scale)
         faults.slow_down(step + 1, res.n_samples)  # test hook, like faults.at_step
         self.budget.update(res)
+        if self.state.ema is not None and not res.skipped:  # every rank took this step (or none did)
+            self.state.ema.update()
         # the error map (a collective every N steps, on every rank; a skipped step's loss is not recorded)
         self.data.observe(step, rays, None if res.skipped else res.ray_loss, res.valid)
         return res, n_rays
@@ -546,13 +538,19 @@ class Trainer:
             self.renderer.sample_capacity = capacity
             self.renderer.candidate_capacity = self.budget.candidate_capacity = int(factor * capacity)
 
+    def averaged_weights(self):
+        """Context: the field holds its averaged weights (the ``Ema`` block) inside, the raw ones after."""
+        return self.state.ema.swapped() if self.state.ema is not None else contextlib.nullcontext()
+
     def evaluate(self, n_views: int | None = None, save_dir: Path | None = None, n_save: int = 0) -> dict:
-        """Test-split metrics (collective), rendered within the memory budget; its peak memory is
-        recorded as the "eval" phase and the cached blocks are released afterwards."""
-        with self.meter.phase("eval"), out_of_memory_as_error("evaluation", self.memory, EVAL_HINT):
+        """Test-split metrics with the averaged weights (collective), rendered within the memory budget; its
+        peak memory is recorded as the "eval" phase and the cached blocks are released afterwards."""
+        with self.averaged_weights(), self.meter.phase("eval"), \
+                out_of_memory_as_error("evaluation", self.memory, EVAL_HINT):
             return evaluate(self.field, self.grid, self.scene.test, self.march.schedule, self.march.early_termination,
                             self.args.eval_background, self.args.n_eval_views if n_views is None else n_views,
-                            save_dir, n_save, fast=self.backend in FAST_RENDERER_BACKENDS, budget=self.memory)
+                            save_dir, n_save, fast=self.backend in FAST_RENDERER_BACKENDS,
+                            protocol=self.args.eval_protocol, budget=self.memory)
 
 
 def run(args: argparse.Namespace) -> RunResult:

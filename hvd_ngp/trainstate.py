@@ -1,7 +1,7 @@
 """Everything that decides the rest of a run's trajectory, in one object.
 
 Shared by all ranks (identical everywhere): the field, the occupancy grid, the optimizer (and the
-fp16 gradient scaler), the step. Per rank (each rank's own): the ray sampler (its pixel shard and
+fp16 gradient scaler), the parameter average (``optim.ParameterEma``, with an ``Ema`` block), the step. Per rank (each rank's own): the ray sampler (its pixel shard and
 its generator), the background/jitter generator, the torch global generators, the adaptive ray
 count. Checkpoints save both kinds (the per-rank kind gathered to rank 0, see ``checkpoint``);
 elastic training rebuilds the per-rank kind when the world changes (``reseed``).
@@ -72,6 +72,7 @@ class TrainState:
     budget: RayCount
     step: int = 0
     progress: dict = field(default_factory=dict)
+    ema: Any = None  # optim.ParameterEma | None
 
     @property
     def n_rays(self) -> int:

@@ -181,7 +181,10 @@ def digest(tensors_) -> str:
 def final_state(path) -> str:
     snap = read_snapshot(path)
     opt = [t for s in snap["optimizer"]["state"].values() for t in s.values()]
-    return digest([*snap["model"].values(), *snap["grid"].values(), *opt, snap["rank_streams"]])
+    ema = snap["ema"]
+    assert ema["count"] > 0  # base.json's Ema block: the average is saved and resumed too
+    return digest([*snap["model"].values(), *snap["grid"].values(), *opt, snap["rank_streams"],
+                   *ema["average"].values(), torch.tensor(ema["count"])])
 
 
 def test_resume_continues_the_same_trajectory_bitwise(tmp_path, scene_cache):
@@ -215,6 +218,21 @@ def test_v1_snapshot_still_loads_with_fresh_streams(tmp_path, scene_cache):
     torch.save(v1, tmp_path / "v1.pt")
     result = run(parse_args([*common, "--n_steps", "6", "--load_snapshot", str(tmp_path / "v1.pt")]))
     assert result.step == 6
+
+
+def test_snapshot_without_an_average_loads_and_restarts_it(tmp_path, scene_cache):
+    dist.shutdown()
+    common = ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
+              "--log_every", "4", "--save_renders", "0", "--n_eval_views", "1", "--out_dir", str(tmp_path / "o")]
+    run(parse_args([*common, "--n_steps", "4", "--save_snapshot", str(tmp_path / "new.pt")]))
+    dist.shutdown()
+    snap = read_snapshot(tmp_path / "new.pt")
+    del snap["ema"]  # as written before the Ema block existed
+    snap["digest"] = state_digest(snap)
+    torch.save(snap, tmp_path / "old.pt")
+    result = run(parse_args([*common, "--n_steps", "6", "--load_snapshot", str(tmp_path / "old.pt"),
+                             "--save_snapshot", str(tmp_path / "after.pt")]))
+    assert result.step == 6 and read_snapshot(tmp_path / "after.pt")["ema"]["count"] == 2
 
 
 def test_resume_and_load_snapshot_are_exclusive():

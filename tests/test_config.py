@@ -36,7 +36,7 @@ def test_shipped_configs_merge_to_complete_blocks():
     big = load_json_config(CONFIG_DIR / "big.json")
     assert big["encoding"]["log2_hashmap_size"] == 21 and big["encoding"]["n_levels"] == 16
     assert big["network"]["n_neurons"] == 128 and big["network"]["n_hidden_layers"] == 1
-    assert load_json_config(BASE_CONFIG)["optimizer"]["nested"]["epsilon"] == 1e-15
+    assert load_json_config(BASE_CONFIG)["optimizer"]["nested"]["nested"]["epsilon"] == 1e-15
 
 
 def test_circular_parent_and_bad_json_name_the_file(tmp_path):

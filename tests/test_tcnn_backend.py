@@ -53,11 +53,10 @@ def test_without_tinycudann_choosing_it_says_how_to_install_and_auto_falls_back(
         encoding.resolve_backend("tcnn", torch.device("cpu"))
 
 
-def test_auto_prefers_tinycudann_on_a_gpu_unless_a_snapshot_needs_the_native_layout(fake_tcnn, monkeypatch):
+def test_auto_prefers_triton_on_a_gpu_even_with_tinycudann_installed(fake_tcnn, monkeypatch):
     monkeypatch.setattr("hvd_ngp.kernels.triton_available", lambda device_type="cuda": True)
     cuda = torch.device("cuda")
-    assert encoding.resolve_backend("auto", cuda) == "tcnn"
-    assert encoding.resolve_backend("auto", cuda, allow_tcnn=False) == "triton"
+    assert encoding.resolve_backend("auto", cuda) == "triton"  # tcnn: 0.8 dB lower at 60 s (issue 14)
     monkeypatch.setattr("hvd_ngp.kernels.triton_available", lambda device_type="cuda": False)
     assert encoding.resolve_backend("auto", cuda) == "torch"  # marching needs Triton in either fast backend
 

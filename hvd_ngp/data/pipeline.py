@@ -54,6 +54,7 @@ class DataSettings:
     num_workers: int
     dynamic_resolution: int
     dynamic_resolution_plateau: float
+    train_ray_jitter: bool = False
 
     @staticmethod
     def from_args(args: argparse.Namespace) -> "DataSettings":
@@ -94,7 +95,8 @@ class DataSettings:
                             args.shard_by, float(args.epoch_passes), args.balance, float(args.balance_threshold),
                             "device" if args.preload == "gpu" else args.preload, args.image_dtype,
                             float(args.device_image_budget_gb), float(args.host_image_budget_gb),
-                            int(args.num_workers), max(int(dyn), 1), float(args.dynamic_resolution_plateau))
+                            int(args.num_workers), max(int(dyn), 1), float(args.dynamic_resolution_plateau),
+                            args.train_ray_jitter == "on")
 
 
 def make_store(frames: Frames, placement: Placement, device: torch.device, settings: DataSettings
@@ -151,7 +153,7 @@ class DataPipeline:
 
         def build_sampler() -> RaySampler:
             store = make_store(frames, placement, rt.device, settings)
-            return RaySampler(frames, rt.rank, rt.size, args.seed, rt.device, store=store,
+            return RaySampler(frames, rt.rank, rt.size, args.seed, rt.device, settings.train_ray_jitter, store=store,
                               tile_size=settings.tile_size, shard_by=shard_by, floor=settings.floor)
 
         sampler = build_sampler() if dist.elastic() else dist.agree(build_sampler, "loading the training images")
@@ -181,8 +183,8 @@ class DataPipeline:
         if (rank, size, seed) == (old.rank, old.world_size, old.seed):
             return old
         old.stop_prefetch()
-        sampler = RaySampler(old.frames, rank, size, seed, old.device, store=old.store, tile_size=old.tile_size,
-                             shard_by=old.shard_by, epoch=max(old.epoch, 0), floor=old.floor)
+        sampler = RaySampler(old.frames, rank, size, seed, old.device, old.jitter, store=old.store,
+                             tile_size=old.tile_size, shard_by=old.shard_by, epoch=max(old.epoch, 0), floor=old.floor)
         scores = self.complexity if self.error_map is None or not self.error_map.updates else self.error_map.error
         if scores is not None:
             sampler.set_scores(scores)
@@ -245,6 +247,7 @@ class DataPipeline:
         s, smp = self.settings, self.sampler
         parts = [f"images {self.placement.describe()}",
                  f"shards by {smp.shard_by} ({smp.tile_size} px tiles, {smp.grid.n_tiles} in all)",
+                 "training rays " + ("jittered inside pixels" if s.train_ray_jitter else "through pixel centres"),
                  f"sampling {s.sampling}"
                  + (f" (floor {s.floor:g}, importance weights {'on' if s.importance_weights else 'off'})"
                     if s.sampling != "uniform" else ""),

@@ -210,13 +210,14 @@ def reference_chunk(available: int | None, lanes_per_ray: int, lane_bytes: int =
 def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
                  grid: OccupancyGrid | None, schedule: StepSchedule, background: Tensor,
                  early_termination: float = 1e-4, fast: bool = False, budget: MemoryBudget | None = None,
-                 workspace=None, row_bytes: int | None = None) -> tuple[Tensor, Tensor]:
+                 workspace=None, row_bytes: int | None = None, step_offset: float = 0.5) -> tuple[Tensor, Tensor]:
     """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``.
 
     ``fast``: the Triton kernels (``render.fast``) instead of the reference. Chunks are planned from
     ``budget`` (None: the default sizes): the fast path takes a ``workspace``
     (``render.fast.RenderWorkspace``, reused across calls) or plans one here; ``row_bytes``: measured
-    bytes per network row (see ``memory.bytes_per_row``)."""
+    bytes per network row (see ``memory.bytes_per_row``); ``step_offset`` in [0, 1): where samples sit
+    inside their steps (the ``jitter`` of every ray)."""
     available = budget.available() if budget is not None else None
     if fast:
         from .fast import DEFAULT_ROW_BYTES, RenderWorkspace, inference_costs, render_rays_fast
@@ -232,11 +233,12 @@ def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, d
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):
             o, d = origins[s:s + chunk], directions[s:s + chunk]
+            j = None if step_offset == 0.5 else torch.full((o.shape[0],), step_offset, device=o.device)
             if fast:
                 rgb, opacity, depth = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule,
-                                                       early_termination, workspace)
+                                                       early_termination, workspace, j)
             else:
-                out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination)
+                out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, j)
                 rgb, opacity, depth = out.rgb, out.opacity, out.depth
             rgbs.append(rgb.float() + background * (1.0 - opacity.float()[:, None]))
             depths.append(depth)

@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> dict:
                                           sharpness_threshold=cfg.get("sharpness_threshold", 0.0)), "loading the scene")
     model = cfg["model"]
     # tiny-cuda-nn keeps its own parameter layout: a snapshot trained with it renders with it
-    backend = "tcnn" if uses_tcnn_layout(state["model"]) else resolve_backend("auto", rt.device, allow_tcnn=False)
+    backend = "tcnn" if uses_tcnn_layout(state["model"]) else resolve_backend("auto", rt.device)
     field = NGPField(model, scene.aabb, backend)
     grid = make_grid(model["marching"], scene)
-    restore_snapshot(state, field, grid, None, args.load_snapshot)
+    restore_snapshot(state, field, grid, None, args.load_snapshot, averaged=True)
     field, grid = field.to(rt.device), grid.to(rt.device)
     march = Marching.from_config(model["marching"], scene.aabb_scale)
     background = args.background or cfg.get("eval_background", "white")
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     if n_views:
         ev = evaluate(field, grid, scene.test, march.schedule, march.early_termination, background, n_views,
                       out / "test", n_views, writer="each_rank", fast=backend in FAST_RENDERER_BACKENDS,
-                      budget=budget)
+                      budget=budget, protocol=cfg.get("eval_protocol", "std"))
         result.update(test_psnr=ev["psnr"], test_ssim=ev["ssim"], test_views=ev["views"])
         dist.log(f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views -> {out / 'test'}")
     if args.video != "none":

@@ -121,16 +121,17 @@ class RenderWorkspace:
 
 def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
                      grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4,
-                     workspace: RenderWorkspace | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                     workspace: RenderWorkspace | None = None, jitter: Tensor | None = None
+                     ) -> tuple[Tensor, Tensor, Tensor]:
     """Inference with the Triton kernels within a plan (``memory.plan_render``): rgb ``[R, 3]`` (no
-    background), opacity ``[R]``, depth ``[R]``.
+    background), opacity ``[R]``, depth ``[R]``; ``jitter`` ``[R]`` as in training (None: 0.5).
 
     The count pass sizes each group of rays to fill the workspace; the network runs on the filled
     candidate slots only, ``plan.rows`` at a time. Two host synchronisations per group (candidates
     marched, samples kept). Without a ``workspace``, one sized for these rays exactly.
     """
     R = origins.shape[0]
-    seg_count = march_counts(origins, directions, aabb, grid, schedule, None)
+    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter)
     ends = torch.cumsum(seg_count.sum(1, dtype=torch.int64), 0).tolist()
     if workspace is None:
         workspace = RenderWorkspace(RenderPlan(R, max(ends[-1] if R else 0, 1), max(ends[-1] if R else 0, 1)),
@@ -143,7 +144,8 @@ def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tenso
         n = ends[b - 1] - (ends[a - 1] if a else 0)
         if n == 0:
             continue
-        packed = march_write(o, d, aabb, grid, schedule, None, seg_count[a:b], n, workspace.buffers)
+        packed = march_write(o, d, aabb, grid, schedule, None if jitter is None else jitter[a:b], seg_count[a:b], n,
+                             workspace.buffers)
         ray = packed.ray.long()
 
         def points(i: int, j: int, t: Tensor = packed.t, ray: Tensor = ray) -> tuple[Tensor]:

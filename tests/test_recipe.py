@@ -1,0 +1,154 @@
+"""instant-ngp's training recipe: optimizer chain, decay boundary, parameter average, sparse Adam,
+training rays at pixel centres, the ngp evaluation protocol."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hvd_ngp import dist
+from hvd_ngp.config import CPU_CONFIG, parse_args
+from hvd_ngp.errors import ConfigError
+from hvd_ngp.optim import Adam, OptimizerChain, ParameterEma, exponential_decay
+
+from conftest import TINY_ARGS
+
+ADAM = {"otype": "Adam", "learning_rate": 1e-2}
+
+
+def test_decay_applies_its_first_factor_at_decay_start_like_tiny_cuda_nn():
+    block = {"decay_start": 100, "decay_interval": 10, "decay_base": 0.5, "decay_end": 125}
+    factors = {s: exponential_decay(s, block) for s in (99, 100, 109, 110, 120, 125, 126, 1000)}
+    assert factors == {99: 1.0, 100: 0.5, 109: 0.5, 110: 0.25, 120: 0.125, 125: 0.125, 126: 0.125, 1000: 0.125}
+    assert exponential_decay(10**6, None) == 1.0
+
+
+def test_unknown_optimizer_otype_is_an_error_naming_the_config():
+    chain = OptimizerChain.parse({"otype": "Ema", "decay": 0.9, "nested": {"otype": "ExponentialDecay",
+                                                                          "nested": ADAM}}, "cfg.json")
+    assert chain.adam == ADAM and chain.ema["decay"] == 0.9 and chain.decay is not None
+    for block in ({"otype": "Lookahead", "nested": ADAM}, {"otype": "Ema", "nested": {"otype": "Shampoo"}},
+                  {"otype": "Ema", "nested": {"otype": "Ema", "nested": ADAM}}):
+        with pytest.raises(ConfigError, match="cfg.json"):
+            OptimizerChain.parse(block, "cfg.json")
+
+
+def test_ema_follows_tiny_cuda_nn_with_its_bias_correction():
+    p = torch.nn.Parameter(torch.zeros(3))
+    ema = ParameterEma([("p", p)], decay=0.9)
+    raw = torch.zeros(3)
+    for t, w in enumerate([1.0, 2.0, 4.0], start=1):
+        with torch.no_grad():
+            p.fill_(w)
+        ema.update()
+        raw = 0.9 * raw + 0.1 * w  # the debiased average is raw / (1 - d^t)
+        torch.testing.assert_close(ema.average[0], raw / (1 - 0.9 ** t))
+    # by hand: t=1: 1; t=2: (0.9*0.1*1 + 0.1*2)/0.19 = 1.5263; t=3: (0.9*0.19*1.5263 + 0.1*4)/0.271 = 2.4391
+    assert ema.average[0][0].item() == pytest.approx(2.4391, abs=1e-4)
+    with ema.swapped():
+        assert torch.equal(p.detach(), ema.average[0])
+    assert torch.equal(p.detach(), torch.full((3,), 4.0))
+
+
+def test_sparse_adam_leaves_zero_gradient_entries_and_counts_steps_per_entry():
+    torch.manual_seed(0)
+    w0 = torch.randn(4)
+    p = torch.nn.Parameter(w0.clone())
+    opt = Adam([{"params": [p], "sparse": True}], lr=0.1, betas=(0.9, 0.99), eps=1e-15)
+    grads = [torch.tensor([1.0, 0.0, -2.0, 0.0]), torch.tensor([0.5, 3.0, 0.0, 0.0])]
+    # reference, entry by entry, as tiny-cuda-nn's adam_step for non-matrix parameters
+    w, m, v, n = w0.clone(), torch.zeros(4), torch.zeros(4), [0] * 4
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+        for i in range(4):
+            if g[i] == 0:
+                continue
+            m[i] = 0.9 * m[i] + 0.1 * g[i]
+            v[i] = 0.99 * v[i] + 0.01 * g[i] ** 2
+            n[i] += 1
+            lr = 0.1 * (1 - 0.99 ** n[i]) ** 0.5 / (1 - 0.9 ** n[i])
+            w[i] = w[i] - lr * m[i] / (v[i].sqrt() + 1e-15)
+    torch.testing.assert_close(p.detach(), w)
+    assert p[3].item() == w0[3].item()  # never touched
+    assert opt.state[p]["entry_steps"].tolist() == [2.0, 1.0, 1.0, 0.0]
+
+
+def test_dense_groups_are_torch_adam():
+    torch.manual_seed(0)
+    a, b = torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(5))
+    b.data.copy_(a.data)
+    ours, theirs = Adam([a], lr=0.01, betas=(0.9, 0.99)), torch.optim.Adam([b], lr=0.01, betas=(0.9, 0.99))
+    for _ in range(3):
+        g = torch.randn(5)
+        a.grad, b.grad = g.clone(), g.clone()
+        ours.step()
+        theirs.step()
+    assert torch.equal(a, b)
+
+
+def test_training_rays_go_through_pixel_centres_unless_jitter_is_on():
+    from hvd_ngp.data.pipeline import DataSettings
+
+    off = parse_args(["--config", str(CPU_CONFIG)])
+    on = parse_args(["--config", str(CPU_CONFIG), "--train_ray_jitter", "on"])
+    assert not DataSettings.from_args(off).train_ray_jitter and DataSettings.from_args(on).train_ray_jitter
+
+
+@pytest.fixture
+def trained(tmp_path, scene_cache):
+    from hvd_ngp.train import Trainer
+
+    args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
+                       "--n_steps", "8", "--out_dir", str(tmp_path / "o")])
+    tr = Trainer.build(args)
+    for step in range(8):
+        tr.step(step)
+        tr.state.step = step + 1
+    yield tr
+    tr.data.close()
+    dist.shutdown()
+
+
+def test_built_sampler_uses_centres_and_evaluation_uses_the_average(trained):
+    tr = trained
+    assert tr.sampler.jitter is False
+    rays = tr.sampler.sample(64)
+    assert rays is not None
+    ema = tr.state.ema
+    assert ema is not None and ema.count == 8 and ema.decay == 0.95
+    raw = [p.detach().clone() for p in tr.field.parameters()]
+    seen = []
+    from hvd_ngp import train as train_module
+
+    def spy(field, *a, **k):
+        seen.append([p.detach().clone() for p in field.parameters()])
+        return {"psnr": 0.0, "ssim": 0.0, "views": 0}
+
+    orig = train_module.evaluate
+    train_module.evaluate = spy
+    try:
+        tr.evaluate(n_views=1)
+    finally:
+        train_module.evaluate = orig
+    assert all(torch.equal(a, b) for a, b in zip(seen[0], ema.average))
+    assert any(not torch.equal(a, b) for a, b in zip(seen[0], raw))
+    assert all(torch.equal(a, b) for a, b in zip(tr.field.parameters(), raw))  # swapped back
+
+
+def test_ngp_protocol_runs_and_one_sample_at_midpoints_renders_like_std_on_black(trained):
+    from hvd_ngp.evaluate import ViewRenderer, evaluate, reference_view
+
+    tr, test = trained, trained.scene.test
+    black = torch.zeros(3)
+    renderer = ViewRenderer(tr.field, tr.grid, tr.march.schedule, tr.march.early_termination)
+    std = renderer.view(test, 0, black)
+    ngp1 = renderer.view_ngp(test, 0, spp=1)
+    torch.testing.assert_close(ngp1, std, atol=2e-5, rtol=0)
+    ref, ref_std = reference_view(test, 0, "ngp", black), reference_view(test, 0, "std", black)
+    w, h = test.image_size(0)
+    opaque = test.images[0, :h, :w, 3].reshape(-1) == 255  # where both protocols' references agree
+    assert opaque.any()
+    torch.testing.assert_close(ref[opaque], ref_std[opaque], atol=2e-5, rtol=0)
+    ev = evaluate(tr.field, tr.grid, test, tr.march.schedule, tr.march.early_termination, "white", 1, protocol="ngp")
+    assert ev["views"] == 1 and 0 < ev["psnr"] < 100
