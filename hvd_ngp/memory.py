@@ -265,8 +265,9 @@ class MemoryMeter:
         finally:
             if self.active:
                 self.read(name)
-                if release:
+                if release:  # then restart the peaks from the released footprint, not from the phase's
                     torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(self.device)
 
     def summary(self) -> dict:
         return {name: peak.as_gib() for name, peak in self.peaks.items()}
