@@ -1,0 +1,140 @@
+"""Preemption-safe stops on real ranks: a signal to the launcher or to one rank ends every rank after
+the same step with a checkpoint, ``preempted.json`` and exit status 75; ``--resume auto`` continues.
+
+Each job's output folder (on its command line) is the marker that finds exactly its own rank
+processes (see ``test_reliability.rank_pids``). Timing is only bounded by generous timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvd_ngp import preempt
+from hvd_ngp.checkpoint import read_snapshot
+
+from conftest import ROOT
+from test_checkpoint import final_state
+from test_reliability import Job, assert_all_ranks_gone, kill_job, launch_cmd, rank_pids, trainer
+
+pytestmark = pytest.mark.parallel
+
+STOPPED = preempt.EXIT_PREEMPTED
+COMMON = ("--log_every", "10", "--save_renders", "0", "--n_eval_views", "1", "--balance", "off")
+
+
+def logged_steps(text: str) -> list[int]:
+    return [int(m) for m in re.findall(r"\[step (\d+)\] [\d.]+ M samples/s", text)]
+
+
+def signal_and_wait(job: Job, out: Path, target: str, sig: int = signal.SIGTERM) -> tuple[int, float, int]:
+    """Send ``sig`` to the launcher or to rank 1 once step 30 is logged -> (exit status, seconds until every
+    process of the job was gone, last step logged before the signal)."""
+    assert job.wait_for("[step 30]", 240), job.output[-3000:]
+    last_logged = max(logged_steps(job.output))
+    if target == "launcher":
+        pid = job.proc.pid
+    else:
+        pids = rank_pids(str(out))
+        assert set(pids) == {0, 1}, pids
+        pid = pids[1]
+    os.kill(pid, sig)
+    sent = time.monotonic()
+    rc = job.wait(120)
+    while rank_pids(str(out)) and time.monotonic() - sent < 120:
+        time.sleep(0.1)
+    return rc, time.monotonic() - sent, last_logged
+
+
+def check_stop(out: Path, text: str, last_logged: int) -> int:
+    """The marker and the checkpoint of a signal stop -> its step."""
+    marker = json.loads((out / "preempted.json").read_text())
+    assert marker["exit_code"] == STOPPED and marker["step"] >= last_logged, (marker, last_logged)
+    ckpt = Path(marker["checkpoint"])
+    assert ckpt.parent == out / "checkpoints" and read_snapshot(ckpt)["step"] == marker["step"]
+    assert f"[step {marker['step']}] stop requested (" in text, text[-3000:]
+    assert "hvd_ngp: fatal" not in text and "hvd_ngp: error" not in text, text[-3000:]
+    return marker["step"]
+
+
+@pytest.mark.parametrize("launcher,target", [("horovodrun-gloo", "launcher"), ("horovodrun-gloo", "rank"),
+                                             ("horovodrun-mpi", "rank"), ("mpirun", "launcher")])
+def test_sigterm_stops_every_rank_with_a_checkpoint(launcher, target, scene_cache, tmp_path):
+    """--ckpt_every 0: a stop still checkpoints. mpirun forwards SIGTERM only after
+    odls_base_sigkill_timeout (then SIGKILLs after as long again): the operator raises it."""
+    out = tmp_path / "out"
+    env = {"OMPI_MCA_odls_base_sigkill_timeout": "20"} if launcher == "mpirun" else {}
+    job = Job(launch_cmd(launcher, trainer(scene_cache, out, *COMMON, "--n_steps", "100000")), env=env)
+    try:
+        rc, gone_s, last_logged = signal_and_wait(job, out, target)
+    finally:
+        kill_job(job, str(out))
+    text = job.output
+    step = check_stop(out, text, last_logged)
+    print(f"{launcher} SIGTERM to the {target}: checkpoint of step {step} (last logged {last_logged}), "
+          f"every process gone {gone_s:.1f} s after the signal")
+    assert gone_s < 60, gone_s
+    for rank in (0, 1):  # every rank exited with the documented status
+        assert re.search(rf"Process {rank} exit with status code {STOPPED}\b", text) or launcher != "horovodrun-gloo"
+    if launcher == "mpirun":
+        assert rc == STOPPED, (rc, text[-3000:])
+    assert_all_ranks_gone(str(out))
+
+
+def test_hvd_ngp_launch_forwards_a_stop_and_exits_75(scene_cache, tmp_path):
+    """The supervisor under horovodrun's MPI controller, where a bare horovodrun would only lose its /bin/sh."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "hvd_ngp.launch", "-H", "localhost:2", "--launcher", "horovodrun",
+           "--controller", "mpi", "--", *trainer(scene_cache, out, *COMMON, "--n_steps", "100000")[2:]]
+    job = Job(cmd)
+    try:
+        rc, gone_s, last_logged = signal_and_wait(job, out, "launcher")
+    finally:
+        kill_job(job, str(out))
+    check_stop(out, job.output, last_logged)
+    assert rc == STOPPED, (rc, job.output[-3000:])
+    assert "hvd-ngp-launch: got SIGTERM: SIGUSR1 to mpirun" in job.output, job.output[-3000:]
+    assert_all_ranks_gone(str(out))
+
+
+def test_resume_after_a_stop_continues_the_same_trajectory(scene_cache, tmp_path):
+    """Stop on a signal at some step S, resume: the final state is bit-identical to an uninterrupted run."""
+    n = "300"
+    straight = subprocess.run(launch_cmd("horovodrun-mpi", trainer(scene_cache, tmp_path / "a", *COMMON, "--n_steps", n,
+                                                                  "--save_snapshot", str(tmp_path / "straight.pt"))),
+                              cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert straight.returncode == 0, (straight.stdout + straight.stderr)[-3000:]
+    out = tmp_path / "b"
+    args = trainer(scene_cache, out, *COMMON, "--n_steps", n, "--save_snapshot", str(tmp_path / "resumed.pt"))
+    job = Job(launch_cmd("horovodrun-mpi", args))
+    try:
+        assert job.wait_for("[step 20]", 240), job.output[-3000:]
+        os.kill(rank_pids(str(out))[0], signal.SIGUSR1)
+        rc = job.wait(120)
+    finally:
+        kill_job(job, str(out))
+    assert rc != 0
+    step = check_stop(out, job.output, 20)
+    assert step < int(n), step
+    proc = subprocess.run(launch_cmd("horovodrun-mpi", [*args, "--resume", "auto"]), cwd=ROOT, capture_output=True,
+                          text=True, timeout=240)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    assert f"at step {step}" in text and not (out / "preempted.json").exists()
+    assert final_state(tmp_path / "straight.pt") == final_state(tmp_path / "resumed.pt")
+
+
+def test_stop_signals_option():
+    assert preempt.parse_signals("TERM,int,SIGUSR1") == ("TERM", "INT", "USR1")
+    assert preempt.parse_signals("none") == ()
+    for bad in ("KILL", "FOO"):
+        with pytest.raises(ValueError):
+            preempt.parse_signals(bad)
