@@ -278,7 +278,7 @@ def test_wheelhouse_script_downloads_for_the_target_nodes(tmp_path):
                            "https://download.pytorch.org/whl/cu130", "--nccl", "cu13"],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "HVD_NGP_DRY_RUN": "1"})
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+    lines = [line.rstrip() for line in proc.stdout.splitlines()]
     target = "--python-version 3.12 --platform manylinux_2_28_x86_64 --only-binary :all:"
     assert target in lines[0] and lines[0].endswith("https://download.pytorch.org/whl/cu130 torch==2.11.0"), lines
     assert target in lines[1] and "scripts/requirements.txt nvidia-nccl-cu13" in lines[1], lines
