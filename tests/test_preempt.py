@@ -135,6 +135,36 @@ def test_resume_after_a_stop_continues_the_same_trajectory(scene_cache, tmp_path
     assert final_state(tmp_path / "straight.pt") == final_state(tmp_path / "resumed.pt")
 
 
+def test_a_second_signal_during_the_checkpoint_exits_at_once_and_keeps_the_previous(scene_cache, tmp_path):
+    """The stop's checkpoint write stalls (test fault); a second SIGTERM 3 s later ends rank 0 at once
+    (status 143); only the partial temporary file of the stop is left, and the previous checkpoint is valid."""
+    out = tmp_path / "out"
+    job = Job(launch_cmd("horovodrun-gloo", trainer(scene_cache, out, *COMMON, "--n_steps", "100000",
+                                                    "--ckpt_every", "50")),
+              env={"HVD_NGP_FAULTS": "save_pause@0:2"})
+    try:
+        assert job.wait_for("[step 50] checkpoint", 240), job.output[-3000:]
+        rank0 = rank_pids(str(out))[0]
+        os.kill(rank0, signal.SIGTERM)
+        assert job.wait_for("fault: paused writing", 120), job.output[-3000:]
+        time.sleep(preempt.DUPLICATE_S + 1)
+        os.kill(rank0, signal.SIGTERM)
+        rc = job.wait(120)
+    finally:
+        kill_job(job, str(out))
+    text = job.output
+    assert rc != 0
+    assert "received SIGTERM while stopping (after SIGTERM): exiting now" in text, text[-3000:]
+    assert re.search(r"Process 0 exit with status code 143\b", text), text[-3000:]
+    ckpts = out / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("ckpt-*")) == ["ckpt-00000050.pt"]
+    assert read_snapshot(ckpts / "ckpt-00000050.pt")["step"] == 50
+    partial = list(ckpts.glob(".ckpt-*.pt.*.tmp"))
+    assert len(partial) == 1 and int(partial[0].name.split("-")[1].split(".")[0]) > 50, partial
+    assert not (out / "preempted.json").exists()
+    assert_all_ranks_gone(str(out))
+
+
 def test_stop_signals_option():
     assert preempt.parse_signals("TERM,int,SIGUSR1") == ("TERM", "INT", "USR1")
     assert preempt.parse_signals("none") == ()
