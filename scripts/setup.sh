@@ -204,7 +204,9 @@ if [[ -n "${HVD_NGP_TCNN_SRC:-}" ]]; then
         TSRC="$(cd "$HVD_NGP_TCNN_SRC" && pwd)"
       elif [[ -f "$HVD_NGP_TCNN_SRC" ]]; then
         tar -xzf "$HVD_NGP_TCNN_SRC" -C "$TBUILD"
-        TSRC="$(dirname "$(dirname "$(find "$TBUILD" -path '*/bindings/torch/setup.py' | head -1)")")"
+        TSETUP="$(find "$TBUILD" -path '*/bindings/torch/setup.py' | head -1)"
+        [[ -n "$TSETUP" ]] || die "HVD_NGP_TCNN_SRC=$HVD_NGP_TCNN_SRC: no bindings/torch/setup.py in the archive"
+        TSRC="$(cd "$(dirname "$TSETUP")/../.." && pwd)"
       else
         die "HVD_NGP_TCNN_SRC=$HVD_NGP_TCNN_SRC: no such folder or file"
       fi
