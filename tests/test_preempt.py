@@ -84,9 +84,12 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scen
     print(f"{launcher} {sig.name} to the {target}: checkpoint of step {step} (last logged {last_logged}), "
           f"every process gone {gone_s:.1f} s after the signal")
     assert gone_s < 60, gone_s
+    assert f"stopped at step {step} of 100000 on a signal" in text, text[-3000:]
     if launcher == "horovodrun-gloo":  # horovodrun itself exits 1 whenever a rank exits non-zero
-        for rank in (0, 1):
-            assert re.search(rf"Process {rank} exit with status code {STOPPED}\b", text), text[-3000:]
+        # signalled itself, it SIGTERMs each rank's shell and, racing with the shell's exit, may SIGSTOP and
+        # SIGKILL that shell after the rank exited 75: it then reports 137 for that rank
+        codes = {int(c) for c in re.findall(r"Process \d exit with status code (\d+)", text)}
+        assert STOPPED in codes and codes <= {STOPPED, 137}, (codes, text[-3000:])
     else:  # mpirun (also under horovodrun --mpi) exits with the first non-zero status of a rank
         assert rc == STOPPED, (rc, text[-3000:])
     assert_all_ranks_gone(str(out))
