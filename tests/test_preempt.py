@@ -168,6 +168,41 @@ def test_a_second_signal_during_the_checkpoint_exits_at_once_and_keeps_the_previ
     assert_all_ranks_gone(str(out))
 
 
+def test_without_the_guard_a_vote_every_8_steps_carries_the_flag(scene_cache, tmp_path):
+    """--nonfinite_limit 0: no per-step collective to ride on; the stand-alone vote runs every 8 steps."""
+    out = tmp_path / "out"
+    job = Job(launch_cmd("horovodrun-mpi", trainer(scene_cache, out, *COMMON, "--n_steps", "100000",
+                                                   "--nonfinite_limit", "0")))
+    try:
+        rc, gone_s, last_logged = signal_and_wait(job, out, "rank")
+    finally:
+        kill_job(job, str(out))
+    step = check_stop(out, job.output, last_logged)
+    assert step % preempt.EVERY_STEPS == 0 and rc == STOPPED, (step, rc)
+    assert_all_ranks_gone(str(out))
+
+
+def test_handlers_in_process(capsys):
+    """Size 1: the flag is read every step; a duplicate within DUPLICATE_S is ignored; elastic: no handlers."""
+    from hvd_ngp import dist
+
+    dist.init("cpu")
+    before = signal.getsignal(signal.SIGUSR2)
+    vote = preempt.install(("USR2",), elastic=False)
+    try:
+        assert not vote.decide(1)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGUSR2)  # a duplicate: no exit
+        time.sleep(0.1)
+        assert vote.decide(2) and vote.signals.received == "SIGUSR2" and vote.who() == "SIGUSR2 on rank 0"
+    finally:
+        vote.uninstall()
+    assert signal.getsignal(signal.SIGUSR2) is before
+    elastic = preempt.install(("TERM",), elastic=True)
+    assert elastic.signals is None and not elastic.decide(8)
+    assert "stop signals: not handled in an elastic job" in capsys.readouterr().err
+
+
 def test_stop_signals_option():
     assert preempt.parse_signals("TERM,int,SIGUSR1") == ("TERM", "INT", "USR1")
     assert preempt.parse_signals("none") == ()
