@@ -241,6 +241,9 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--nonfinite_limit", type=int, default=10,
                    help="stop after this many consecutive steps with a non-finite loss or gradients (each is skipped "
                         "on every rank); 0: no check (saves one small allreduce and a host sync per step)")
+    g.add_argument("--stop_signals", default="TERM,INT,USR1", metavar="SIG,SIG,...|none",
+                   help="signals that stop every rank at the next step boundary with a checkpoint in --ckpt_dir and "
+                        "exit status 75 (resume with --resume auto); 'none': the default actions")
     g.add_argument("--watchdog_s", type=float, default=600.0,
                    help="end this rank when no training step finished for this many seconds (0: off)")
     g.add_argument("--commit_every", type=int, default=50,
@@ -397,6 +400,12 @@ def validate(args: argparse.Namespace) -> None:
                  "ckpt_every", "ckpt_every_minutes", "watchdog_s", "nonfinite_limit"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(args, name)}")
+    from .preempt import parse_signals
+
+    try:
+        args.stop_signal_names = parse_signals(args.stop_signals)
+    except ValueError as exc:
+        raise ConfigError(f"--stop_signals: {exc}") from None
     if args.gpu_sample_period_s <= 0:
         raise ConfigError(f"--gpu_sample_period_s must be positive, got {args.gpu_sample_period_s}")
     if args.n_rays_init > args.max_rays:

@@ -13,7 +13,9 @@ any rank *exits* non-zero, and print which process did. What they cannot do, and
   ``limit`` non-finite steps in a row.
 
 Exit codes: 2 user-facing error (``HvdNgpError``), 1 unexpected exception or a collective aborted
-because another rank failed, 3 watchdog timeout, 130 interrupted.
+because another rank failed, 3 watchdog timeout, 75 stopped by a signal with a checkpoint and steps
+left (``preempt.EXIT_PREEMPTED``: resume with ``--resume auto``), 128 + N a second signal N during
+that stop (e.g. 143: SIGTERM), 130 interrupted (SIGINT when ``--stop_signals`` leaves INT out).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -56,22 +58,36 @@ class NonFiniteGuard:
     step and lowers the scale); only a non-finite loss counts here.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, stop_requested: Callable[[], bool] | None = None) -> None:
         if limit < 1:
             raise ValueError(f"the non-finite step limit must be >= 1, got {limit}")
         self.limit = limit
         self.consecutive = 0
         self.skipped: list[int] = []
         self._handle = None
+        # the preemption flag (``preempt``) rides along: [loss not finite, stop requested], one message
+        self._stop_requested = stop_requested
+        self.stop_agreed = False
+
+    @property
+    def carries_stop(self) -> bool:
+        return self._stop_requested is not None
 
     def submit(self, loss: torch.Tensor) -> None:
-        flag = (~torch.isfinite(loss.detach())).float().reshape(1)
+        if self._stop_requested is None:
+            flag = (~torch.isfinite(loss.detach())).float().reshape(1)
+        else:
+            flag = torch.empty(2, device=loss.device)
+            flag[0] = (~torch.isfinite(loss.detach())).float()
+            flag[1] = float(self._stop_requested())
         self._handle = dist.allreduce_async(flag, "max", name="failures.nonfinite_loss")
 
     def should_skip(self, optimizer: torch.optim.Optimizer, step: int, check_gradients: bool = True) -> bool:
         """Call after the gradient allreduce (``optimizer.synchronize()``); identical on every rank."""
-        loss_bad = float(dist.synchronize(self._handle)[0]) > 0
+        flags = dist.synchronize(self._handle).tolist()  # one host sync, as before
         self._handle = None
+        loss_bad = flags[0] > 0
+        self.stop_agreed = len(flags) > 1 and flags[1] > 0
         grads_bad = check_gradients and not loss_bad and not all_finite(optimizer)
         if not (loss_bad or grads_bad):
             self.consecutive = 0

@@ -7,8 +7,9 @@ Reads the hosts (hostfile, ``-H`` list or the SLURM allocation), places the rank
 trainer's options and the config's ``distributed`` block against that placement, picks the
 controller (MPI when hierarchical allreduce needs it), builds the exact ``horovodrun`` or
 ``mpirun`` command line and environment (NCCL fabric presets, the user's ``NCCL_*`` variables),
-and prints it (``--dry-run``) or replaces itself with it. Arguments after ``--`` go to the program
-(``python -m hvd_ngp.train`` by default).
+and prints it (``--dry-run``) or runs it as a child, forwarding stop signals so that the ranks stop
+with a checkpoint (``supervise``; exit status 75 when they did). Arguments after ``--`` go to the
+program (``python -m hvd_ngp.train`` by default).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .comm import CommSettings, DistributedBlock
+from .config import BASE_CONFIG, parse_args
+from .preempt import EXIT_PREEMPTED, MARKER
 from .errors import ConfigError, run_cli
 from .topology import (FABRICS, Host, HostList, Placement, hierarchical_allreduce, nccl_presets, parse_host_arg,
                        parse_hostfile, passthrough_names, place, slurm_hosts)
@@ -225,11 +228,10 @@ def split_program_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     own, program_args = split_program_args(sys.argv[1:] if argv is None else argv)
     opts = build_parser().parse_args(own)
-    comm = None
+    comm, trainer = None, None
     if opts.module == TRAINER:  # check the trainer's options here, before any rank starts
-        from .config import BASE_CONFIG, parse_args
-
-        comm = parse_args(program_args, default_config=BASE_CONFIG).comm
+        trainer = parse_args(program_args, default_config=BASE_CONFIG)
+        comm = trainer.comm
     launch = plan(opts, os.environ, program_args, comm)
     if opts.write_hostfile:
         hosts = resolve_hosts(opts, os.environ, comm.block.world_size if comm else None)
@@ -238,8 +240,111 @@ def main(argv: list[str] | None = None) -> int:
         print(launch.describe(), flush=True)
         return 0
     print(launch.describe(), file=sys.stderr, flush=True)
-    os.execvpe(launch.command[0], launch.command, {**os.environ, **launch.env})
-    return 0  # not reached
+    marker = Path(trainer.out_dir) / MARKER if trainer else None
+    return supervise(launch.command, {**os.environ, **launch.env}, marker,
+                     trainer.stop_signal_names if trainer else ("USR1",))
+
+
+# ------------------------------------------------------------------------------------ supervision
+
+#: what each launcher needs to hear so the ranks stop with a checkpoint (see README, "Stops on signals"):
+#: Open MPI's mpirun forwards SIGUSR1/SIGUSR2 to every rank at once, but answers SIGTERM/SIGINT with
+#: SIGCONT, SIGTERM after odls_base_sigkill_timeout (1 s) and SIGKILL after as long again; a bare
+#: ``horovodrun --mpi`` is /bin/sh running mpirun (a signal ends the shell only); horovodrun's Gloo
+#: driver answers SIGTERM with SIGTERM to the ranks and SIGKILL 5 s later, and dies of SIGUSR1.
+MPI_LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun")
+FORWARDED = ("TERM", "INT", "USR1", "USR2", "HUP")
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _is_rank(pid: int) -> bool:
+    try:
+        return b"\0HOROVOD_RANK=" in b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def stop_targets(root: int) -> tuple[str, list[int]]:
+    """Where a stop request must go in the process tree under ``root`` (the launcher we started):
+    ("mpirun", [its pid]) when an MPI launcher runs (it forwards SIGUSR1 to every rank on every node),
+    else ("ranks", [the rank processes on this machine]) (horovodrun's Gloo driver: the collective
+    vote spreads one rank's flag to the remote ones), else ("launcher", [root])."""
+    tree, order, found = _children(), [root], []
+    while order:  # breadth first: the topmost mpirun
+        pid = order.pop(0)
+        if _name(pid) in MPI_LAUNCHERS:
+            return "mpirun", [pid]
+        found.append(pid)
+        order.extend(tree.get(pid, []))
+    ranks = [pid for pid in found if pid != root and _is_rank(pid)]
+    return ("ranks", ranks) if ranks else ("launcher", [root])
+
+
+def supervise(command: list[str], env: dict[str, str], marker: Path | None, stop_names: tuple[str, ...]) -> int:
+    """Run the launcher as a child (own process group, so a terminal's Ctrl-C reaches only us) and turn
+    TERM/INT/USR1/USR2/HUP into what makes the ranks stop with a checkpoint: the first into the ranks'
+    stop signal (SIGUSR1 when --stop_signals has it) at mpirun or the local ranks, the second into
+    SIGTERM there, a third into SIGKILL of the launcher's process group. Returns the launcher's status,
+    or 75 when the trainer wrote its stop marker (horovodrun itself exits 1 when ranks exit non-zero)."""
+    import signal
+    import subprocess
+    import time
+
+    started = time.time()
+    child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, process_group=0)
+    asks = [0]
+    rank_signal = next((n for n in ("USR1", "USR2", "TERM", "INT") if n in stop_names), None)
+
+    def forward(signum, frame) -> None:
+        asks[0] += 1
+        got = signal.Signals(signum).name
+        if asks[0] >= 3:
+            what, targets, send = "launcher group", [-child.pid], signal.SIGKILL
+        else:
+            what, targets = stop_targets(child.pid)
+            name = rank_signal if (asks[0] == 1 and rank_signal) else ("TERM" if stop_names else got[3:])
+            send = getattr(signal, f"SIG{name}")
+        print(f"hvd-ngp-launch: got {got}: {send.name} to {what} {[abs(t) for t in targets]}", file=sys.stderr,
+              flush=True)
+        for target in targets:
+            try:
+                os.killpg(-target, send) if target < 0 else os.kill(target, send)
+            except ProcessLookupError:
+                pass
+
+    for name in FORWARDED:
+        signal.signal(getattr(signal, f"SIG{name}"), forward)
+    rc = child.wait()
+    rc = 128 - rc if rc < 0 else rc
+    try:
+        stopped = marker is not None and marker.stat().st_mtime >= started - 1
+    except OSError:
+        stopped = False
+    if stopped:
+        print(f"hvd-ngp-launch: training stopped on a signal with a checkpoint ({marker}); exit status "
+              f"{EXIT_PREEMPTED} (launcher status {rc})", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
+    return rc
 
 
 def cli(argv: list[str] | None = None) -> None:

