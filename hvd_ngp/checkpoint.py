@@ -29,7 +29,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import dist, faults
+from .cluster import dist
+from . import faults
 from .errors import SnapshotError
 from .optim import load_average
 from .trainstate import TrainState

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import torch
 
-from . import dist
+from .cluster import dist
 
 
 class TrainClock:

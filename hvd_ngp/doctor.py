@@ -34,7 +34,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import __version__, dist
+from . import __version__
+from .cluster import dist
 from .errors import ConfigError, HvdNgpError
 
 OVERRIDE_VAR = "HVD_NGP_DOCTOR_TEST_OVERRIDE"

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import dist
+from .cluster import dist
 from .data import Frames
 from .data.sampler import image_pixels, image_rays
 from .field import NGPField

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import dist
+from .cluster import dist
 from .errors import HvdNgpError, launcher_rank_label
 
 EXIT_CRASH = 1

@@ -30,7 +30,7 @@ from typing import BinaryIO
 
 import torch
 
-from . import dist
+from .cluster import dist
 from .errors import ConfigError
 
 ENV = "HVD_NGP_FAULTS"

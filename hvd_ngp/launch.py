@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .comm import CommSettings, DistributedBlock
+from .cluster.comm import CommSettings, DistributedBlock
 from .config import BASE_CONFIG, parse_args
-from .preempt import EXIT_PREEMPTED, MARKER
+from .cluster.preempt import EXIT_PREEMPTED, MARKER
 from .errors import ConfigError, run_cli
-from .topology import (FABRICS, Host, HostList, Placement, hierarchical_allreduce, nccl_presets, parse_host_arg,
-                       parse_hostfile, passthrough_names, place, slurm_hosts)
+from .cluster.topology import (FABRICS, Host, HostList, Placement, hierarchical_allreduce, nccl_presets,
+                               parse_host_arg, parse_hostfile, passthrough_names, place, slurm_hosts)
 
 TRAINER = "hvd_ngp.train"
 LAUNCHERS = ("horovodrun", "mpirun")

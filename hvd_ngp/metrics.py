@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from . import dist
+from .cluster import dist
 
 
 def mse_to_psnr(mse: float) -> float:

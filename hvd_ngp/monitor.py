@@ -30,8 +30,8 @@ from typing import IO, Any, Iterator
 import numpy as np
 import torch
 
-from . import dist
-from .commclock import COMM_CLOCK
+from .cluster import dist
+from .cluster.commclock import COMM_CLOCK
 from .config import UNLIMITED_STEPS
 from .errors import ConfigError
 from .memory import MemoryMeter
@@ -71,7 +71,7 @@ JSONL_FIELDS: dict[str, tuple[str, str | None]] = {
     "train_psnr": ("PSNR in dB of the mean training MSE (on the training backgrounds); null if the MSE is 0",
                    "train/psnr"),
     "occupancy": ("fraction of occupied cells in the occupancy grid (identical on every rank)", "train/occupancy"),
-    "comm_fraction": ("mean over ranks of seconds blocked in collectives / interval seconds (see hvd_ngp/commclock.py);"
+    "comm_fraction": ("mean over ranks of seconds blocked in collectives / interval seconds (see hvd_ngp/cluster/commclock.py);"
                       " null with --comm_timing off", "comm/fraction_mean"),
     "comm_fraction_min": ("lowest per-rank comm fraction (often the straggler: it waits least)", None),
     "comm_fraction_min_rank": ("rank with the lowest comm fraction", None),

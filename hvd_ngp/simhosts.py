@@ -363,7 +363,7 @@ def probe() -> None:
     """Run under a launcher: one line per rank saying where it runs, and a checked allreduce."""
     import torch
 
-    from . import dist
+    from .cluster import dist
 
     rt = dist.init()
     # on the rank's device: on GPUs this allreduce goes through NCCL

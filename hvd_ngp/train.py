@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import checkpoint, dist, elastic, faults, preempt
+from . import checkpoint, faults
+from .cluster import dist, elastic, preempt
 from .checkpoint import CheckpointManager, resume
-from .comm import CommSettings
+from .cluster.comm import CommSettings
 from .config import CPU_CONFIG, BASE_CONFIG, UNLIMITED_STEPS, parse_args
 from .data import Scene, load_scene
 from .data.pipeline import DataPipeline
@@ -38,7 +39,7 @@ from .field import NGPField
 from .trainstate import TrainState, make_rank_streams
 from .clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate
-from .hvdtools import apply as apply_horovod_tools
+from .cluster.hvdtools import apply as apply_horovod_tools
 from .memory import (EVAL_RESERVE, GIB, STEP_COSTS, MemoryBudget, MemoryMeter, TrainingFootprint, check_fit, human_gib,
                      out_of_memory_as_error, ranks_on_device, training_footprint)
 from .monitor import Monitor, MonitorSettings

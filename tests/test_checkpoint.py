@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hvd_ngp import dist
+from hvd_ngp.cluster import dist
 from hvd_ngp.checkpoint import (FORMAT_V1, CheckpointManager, atomic_torch_save, capture, read_snapshot, restore,
                                 state_digest)
 from hvd_ngp.config import CPU_CONFIG, parse_args

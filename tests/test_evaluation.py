@@ -78,7 +78,7 @@ def test_orbit_sweeps_only_the_covered_arc():
 
 
 def test_cells_no_camera_sees_are_never_occupied():
-    from hvd_ngp import dist
+    from hvd_ngp.cluster import dist
     from hvd_ngp.occupancy import OccupancyGrid
 
     dist.init("cpu")

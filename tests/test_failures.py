@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from hvd_ngp import dist
+from hvd_ngp.cluster import dist
 from hvd_ngp.errors import ConfigError, SceneError
 from hvd_ngp.failures import NonFiniteError, NonFiniteGuard, report
 from hvd_ngp.faults import Fault, parse

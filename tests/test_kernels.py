@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_ngp import dist
+from hvd_ngp.cluster import dist
 from hvd_ngp.encoding.hashgrid import HashGridSpec, HashGridTorch
 from hvd_ngp.kernels import triton_available
 from hvd_ngp.occupancy import OccupancyGrid

@@ -48,7 +48,7 @@ def test_nvml_sampler_reads_this_gpu():
 
 def test_comm_clock_does_not_count_gpu_work_queued_before_the_collective():
     gpu_or_skip()
-    from hvd_ngp.commclock import CommClock
+    from hvd_ngp.cluster.commclock import CommClock
 
     clock = CommClock()
     a = torch.randn(4096, 4096, device="cuda")

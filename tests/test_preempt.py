@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_ngp import preempt
+from hvd_ngp.cluster import preempt
 from hvd_ngp.checkpoint import read_snapshot
 
 from conftest import ROOT
@@ -184,7 +184,7 @@ def test_without_the_guard_a_vote_every_8_steps_carries_the_flag(scene_cache, tm
 
 def test_handlers_in_process(capsys):
     """Size 1: the flag is read every step; a duplicate within DUPLICATE_S is ignored; elastic: no handlers."""
-    from hvd_ngp import dist
+    from hvd_ngp.cluster import dist
 
     dist.init("cpu")
     before = signal.getsignal(signal.SIGUSR2)

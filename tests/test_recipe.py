@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hvd_ngp import dist
+from hvd_ngp.cluster import dist
 from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.optim import Adam, OptimizerChain, ParameterEma, exponential_decay

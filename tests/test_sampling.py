@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_ngp import dist
+from hvd_ngp.cluster import dist
 from hvd_ngp.data import load_scene
 from hvd_ngp.data.balance import Balancer, RankTimes
 from hvd_ngp.data.complexity import complexity_scores, scene_features, tile_features

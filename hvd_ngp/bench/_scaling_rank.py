@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .. import dist
+from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..errors import run_cli
 from ..field import NGPField

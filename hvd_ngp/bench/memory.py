@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from .. import dist
+from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..memory import GIB, MemoryBudget, MemoryMeter, ranks_on_device
 from ..train import Trainer

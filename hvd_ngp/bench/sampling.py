@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .. import dist
+from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..data import load_scene
 from ..data.pipeline import STRATEGIES

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from .. import dist
+from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..encoding import BACKENDS
 from ..encoding.hashgrid import HashGridSpec, HashGridTorch

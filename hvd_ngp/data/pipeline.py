@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import dist
+from ..cluster import dist
 from ..errors import ConfigError
 from ..monitor import COL
 from .balance import Balancer, RankTimes

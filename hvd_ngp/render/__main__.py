@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import dist
+from ..cluster import dist
 from ..checkpoint import read_snapshot, restore_snapshot, snapshot_config
 from ..data import Frames, load_scene
 from ..encoding import FAST_RENDERER_BACKENDS, resolve_backend

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .topology import HIERARCHICAL_MODES, hierarchical_allreduce, nodes_of_size
 
 DEFAULT_FUSION_THRESHOLD_MB = 128.0

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 from . import dist
-from .trainstate import TrainState
+from ..trainstate import TrainState
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@ Definition (what the live line, ``metrics.jsonl`` and TensorBoard call "comm")::
     comm share of a rank = host seconds its loop spent blocked in Horovod collectives
                            / wall seconds of the log interval
 
-"Blocked" is timed on the host around every blocking collective that ``hvd_ngp.dist`` issues:
+"Blocked" is timed on the host around every blocking collective that ``hvd_ngp.cluster.dist`` issues:
 the DistributedOptimizer's gradient ``synchronize()`` (called from ``optimizer.step()``), the
 occupancy grid's Max-allreduce, the time-budget check. On CUDA the *compute* stream is
 synchronised first, so work still queued on the GPU (the backward pass) is not counted as
@@ -71,5 +71,5 @@ def _sync_compute(devices: set[torch.device]) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-#: the process's clock; ``hvd_ngp.dist`` feeds it, ``hvd_ngp.monitor`` reads it per log interval
+#: the process's clock; ``hvd_ngp.cluster.dist`` feeds it, ``hvd_ngp.monitor`` reads it per log interval
 COMM_CLOCK = CommClock()

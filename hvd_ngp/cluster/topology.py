@@ -1,7 +1,7 @@
 """Hosts and slots: hostfiles, SLURM allocations, rank placement, hierarchical allreduce, NCCL presets.
 
 Pure functions without Horovod: the launcher (``hvd_ngp.launch``) uses them before any rank starts,
-the trainer (``hvd_ngp.comm``) to decide what Horovod should do. Every error names its source (the
+the trainer (``hvd_ngp.cluster.comm``) to decide what Horovod should do. Every error names its source (the
 hostfile and line, the ``-H`` list, or the SLURM variable).
 
 Placement follows horovodrun's and mpirun's default ("by slot"): ranks fill the first host's
@@ -17,7 +17,7 @@ from itertools import product
 from pathlib import Path
 from typing import Mapping
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 #: host names horovodrun and mpirun accept in ``-H`` lists (names, IPv4 addresses)
 _HOST_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")

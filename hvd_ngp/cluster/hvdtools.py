@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from . import dist
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def horovod_tool_env(timeline: str | None = None, timeline_mark_cycles: bool = False, autotune: bool = False,

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 import torch
 
 from .commclock import COMM_CLOCK
-from .errors import BackendError, HvdNgpError
+from ..errors import BackendError, HvdNgpError
 
 T = TypeVar("T")
 
@@ -105,7 +105,7 @@ def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None =
 
 def runtime() -> Runtime:
     if _runtime is None:
-        raise RuntimeError("hvd_ngp.dist.init() has not been called")
+        raise RuntimeError("hvd_ngp.cluster.dist.init() has not been called")
     return _runtime
 
 
