@@ -19,7 +19,7 @@ from torch import Tensor
 from .cluster import dist
 from .data import Frames
 from .data.sampler import image_pixels, image_rays
-from .field import NGPField
+from .model.field import NGPField
 from .metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from .occupancy import OccupancyGrid
 from .memory import MemoryBudget, bytes_per_row, plan_render

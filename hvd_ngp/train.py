@@ -31,11 +31,11 @@ from .config import CPU_CONFIG, BASE_CONFIG, UNLIMITED_STEPS, parse_args
 from .data import Scene, load_scene
 from .data.pipeline import DataPipeline
 from .data.sampler import RayBatch, RaySampler
-from .encoding import FAST_RENDERER_BACKENDS, resolve_backend
-from .encoding.hashgrid import HashGridSpec
+from .model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
+from .model.encoding.hashgrid import HashGridSpec
 from .errors import ConfigError, run_cli
 from .failures import NonFiniteGuard, Watchdog, report
-from .field import NGPField
+from .model.field import NGPField
 from .trainstate import TrainState, make_rank_streams
 from .clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hvd_ngp.cluster import dist
-from hvd_ngp.encoding.hashgrid import HashGridSpec, HashGridTorch
+from hvd_ngp.model.encoding.hashgrid import HashGridSpec, HashGridTorch
 from hvd_ngp.kernels import triton_available
 from hvd_ngp.occupancy import OccupancyGrid
 from hvd_ngp.render import StepSchedule, accumulate, march, transmittance_weights
@@ -29,7 +29,7 @@ if not triton_available(DEV.type):
     pytest.skip("Triton is not installed (or no GPU and no interpreter)", allow_module_level=True)
 
 from hvd_ngp.kernels.composite import composite, count_until_opaque  # noqa: E402
-from hvd_ngp.kernels.hashgrid import HashGridTriton  # noqa: E402
+from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton  # noqa: E402
 from hvd_ngp.kernels.march import march_packed  # noqa: E402
 
 SMALL = DEV.type == "cpu"  # the interpreter is slow: smaller problems, same coverage

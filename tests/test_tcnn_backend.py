@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_ngp import encoding
-from hvd_ngp.encoding import tcnn as tcnn_backend
+from hvd_ngp.model import encoding
+from hvd_ngp.model.encoding import tcnn as tcnn_backend
 from hvd_ngp.config import BASE_CONFIG, parse_args
 from hvd_ngp.errors import BackendError, ConfigError
-from hvd_ngp.field import NGPField
+from hvd_ngp.model.field import NGPField
 
 AABB = torch.tensor([[-1.0] * 3, [1.0] * 3])
 

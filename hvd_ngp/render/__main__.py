@@ -17,11 +17,11 @@ import torch
 from ..cluster import dist
 from ..checkpoint import read_snapshot, restore_snapshot, snapshot_config
 from ..data import Frames, load_scene
-from ..encoding import FAST_RENDERER_BACKENDS, resolve_backend
-from ..encoding.tcnn import uses_tcnn_layout
+from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
+from ..model.encoding.tcnn import uses_tcnn_layout
 from ..errors import HvdNgpError, SnapshotError
 from ..evaluate import BACKGROUNDS, ViewRenderer, evaluate, to_uint8
-from ..field import NGPField
+from ..model.field import NGPField
 from ..memory import MemoryBudget, ranks_on_device
 from ..train import Marching, make_grid
 from .camera_path import orbit

@@ -1,6 +1,6 @@
 """Hash-grid encoding in Triton: forward and backward, one kernel each.
 
-Twin of ``hvd_ngp.encoding.hashgrid.HashGridTorch`` (same table layout and indexing). One program
+Twin of ``hvd_ngp.model.encoding.hashgrid.HashGridTorch`` (same table layout and indexing). One program
 handles a block of points at one level (grid: point blocks x levels), so the level's constants are
 scalars and its slice of the table is the working set. The backward scatters into an fp32 gradient
 with atomic adds. With ``table_dtype=torch.float16`` the forward gathers from a half-precision copy
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..encoding.hashgrid import HashGridSpec, HashGridTorch
+from .hashgrid import HashGridSpec, HashGridTorch
 
 
 @triton.jit

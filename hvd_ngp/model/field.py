@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from .encoding import make_direction_encoding, make_position_encoding
-from .errors import ConfigError
+from ..errors import ConfigError
 
 MLP_TYPES = ("FullyFusedMLP", "CutlassMLP", "MLP")
 ACTIVATIONS = {"ReLU": nn.ReLU, "None": nn.Identity, "Sigmoid": nn.Sigmoid, "Exponential": None}

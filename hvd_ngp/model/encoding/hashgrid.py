@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 PRIMES = (1, 2654435761, 805459861)
 UINT32 = 0xFFFFFFFF

@@ -1,6 +1,6 @@
 // Hash-grid encoding for the CPU: forward and backward in one pass each, no temporaries.
 //
-// Same indexing as hvd_ngp/encoding/hashgrid.py (tiny-cuda-nn conventions); that file is the
+// Same indexing as hvd_ngp/model/encoding/hashgrid.py (tiny-cuda-nn conventions); that file is the
 // reference this kernel is tested against. Forward is parallel over points; backward is parallel
 // over levels, whose table slices are disjoint, so it needs no atomics.
 #include <torch/extension.h>

@@ -2,7 +2,7 @@
 
 Every backend maps positions ``[N, 3]`` in [0, 1] to features ``[N, n_output_dims]`` and exposes
 ``n_output_dims``. ``torch`` is the reference implementation used by the parity tests and on CPU;
-``cpp`` a C++ CPU kernel; ``triton`` our GPU kernels; ``tcnn`` tiny-cuda-nn (``hvd_ngp.encoding.tcnn``,
+``cpp`` a C++ CPU kernel; ``triton`` our GPU kernels; ``tcnn`` tiny-cuda-nn (``hvd_ngp.model.encoding.tcnn``,
 which also supplies the MLPs), with the Triton kernels for marching and compositing. Directions
 use the spherical harmonics of ``sh`` on every backend.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .hashgrid import HashGridSpec, HashGridTorch
 from .sh import SphericalHarmonics
 
@@ -29,7 +29,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     ``auto`` never picks tiny-cuda-nn, even when installed: by time to quality it lost to the Triton
     kernels on one H200 (lego, default config, 200 test views on white: 32.47 dB at 60 s against
     33.27 dB for triton; issue 14)."""
-    from ..kernels import require_triton, triton_available
+    from ...kernels import require_triton, triton_available
     from .tcnn import import_tcnn
 
     if backend not in BACKENDS:
@@ -65,7 +65,7 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
         raise ConfigError(f"{source}: encoding.table_dtype {table_dtype!r} needs the triton backend (got {backend})")
     spec = HashGridSpec.from_config(block, source)
     if backend == "triton":
-        from ..kernels.hashgrid import HashGridTriton
+        from .hashgrid_triton import HashGridTriton
 
         return HashGridTriton(spec, TABLE_DTYPES[table_dtype])
     if backend == "tcnn":

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..errors import BackendError
+from ...errors import BackendError
 from .hashgrid import HashGridSpec, HashGridTorch
 
 SOURCE = Path(__file__).with_name("csrc") / "hashgrid_cpu.cpp"

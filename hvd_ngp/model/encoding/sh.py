@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 
 def sh_encode(d: Tensor, degree: int) -> Tensor:
