@@ -43,7 +43,7 @@ from .cluster.hvdtools import apply as apply_horovod_tools
 from .memory import (EVAL_RESERVE, GIB, STEP_COSTS, MemoryBudget, MemoryMeter, TrainingFootprint, check_fit, human_gib,
                      out_of_memory_as_error, ranks_on_device, training_footprint)
 from .monitor import Monitor, MonitorSettings
-from .occupancy import OccupancyGrid, n_cascades_for
+from .render.occupancy import OccupancyGrid, n_cascades_for
 from .optim import Adam, OptimizerChain, exponential_decay, make_ema
 from .profiling import NULL_TIMER, StageTimer
 

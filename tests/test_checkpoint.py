@@ -18,7 +18,7 @@ from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.data.scene import Frames
 from hvd_ngp.errors import ConfigError, HvdNgpError, SnapshotError
 from hvd_ngp.model.field import NGPField
-from hvd_ngp.occupancy import OccupancyGrid
+from hvd_ngp.render.occupancy import OccupancyGrid
 from hvd_ngp.train import make_optimizer, run
 from hvd_ngp.trainstate import TrainState, make_rank_streams
 

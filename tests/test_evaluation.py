@@ -79,7 +79,7 @@ def test_orbit_sweeps_only_the_covered_arc():
 
 def test_cells_no_camera_sees_are_never_occupied():
     from hvd_ngp.cluster import dist
-    from hvd_ngp.occupancy import OccupancyGrid
+    from hvd_ngp.render.occupancy import OccupancyGrid
 
     dist.init("cpu")
     grid = OccupancyGrid(torch.tensor([[0.0] * 3, [1.0] * 3]), resolution=8)

@@ -22,7 +22,7 @@ from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..model.encoding import BACKENDS
 from ..model.encoding.hashgrid import HashGridSpec, HashGridTorch
 from ..model.encoding.tcnn import tcnn_available
-from ..kernels import triton_available
+from ..triton_support import triton_available
 from ..profiling import StageTimer
 from ..train import Trainer
 from .report import append_markdown, table, write_json

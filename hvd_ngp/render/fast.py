@@ -18,12 +18,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..kernels.composite import composite, count_until_opaque
-from ..kernels.march import march_counts, march_packed, march_write, segments
+from .composite_triton import composite, count_until_opaque
+from .march_triton import march_counts, march_packed, march_write, segments
 from ..memory import RenderCosts, RenderPlan, split_by_capacity
-from ..occupancy import OccupancyGrid
+from .occupancy import OccupancyGrid
 from ..profiling import NULL_TIMER, StageTimer
-from . import RGBSigmaFn, SigmaFn, StepSchedule
+from .schedule import StepSchedule
+from .volume import RGBSigmaFn, SigmaFn
 
 
 @dataclass

@@ -29,7 +29,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     ``auto`` never picks tiny-cuda-nn, even when installed: by time to quality it lost to the Triton
     kernels on one H200 (lego, default config, 200 test views on white: 32.47 dB at 60 s against
     33.27 dB for triton; issue 14)."""
-    from ...kernels import require_triton, triton_available
+    from ...triton_support import require_triton, triton_available
     from .tcnn import import_tcnn
 
     if backend not in BACKENDS:

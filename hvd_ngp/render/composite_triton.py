@@ -1,6 +1,6 @@
 """Volume compositing of packed samples in Triton: forward, backward, and the early-termination count.
 
-Twin of ``hvd_ngp.render.transmittance_weights`` + ``accumulate`` (the dense-lane reference). Each
+Twin of ``hvd_ngp.render.volume.transmittance_weights`` + ``accumulate`` (the dense-lane reference). Each
 ray's samples are contiguous: ``start[r] .. start[r] + count[r]``. One lane per ray walks its
 samples front to back keeping the transmittance in a register. The backward recomputes the
 forward from the saved totals (instant-ngp's scheme), so nothing per sample is stored:

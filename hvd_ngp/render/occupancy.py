@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .cluster import dist
+from ..cluster import dist
 
 DensityFn = Callable[[Tensor], Tensor]  # positions [M, 3] -> sigma [M]
 

@@ -1,6 +1,6 @@
 """Ray marching through the occupancy grid in Triton: a count pass and a write pass.
 
-Twin of ``hvd_ngp.render.march`` (the dense-lane reference): the same sample positions
+Twin of ``hvd_ngp.render.volume.march`` (the dense-lane reference): the same sample positions
 ``T(F(t_near) + k + jitter)``, the same cascade choice and the same occupancy test, evaluated
 step by step in registers instead of in a [rays, steps] tensor. Each ray's steps are split into
 segments of ``SEGMENT`` steps marched by different programs, so a few long rays (large scenes)
@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..occupancy import OccupancyGrid
-from ..render import StepSchedule
+from .occupancy import OccupancyGrid
+from .schedule import StepSchedule
 
 
 @triton.jit

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import BackendError
+from .errors import BackendError
 
 
 def triton_available(device_type: str = "cuda") -> bool:
