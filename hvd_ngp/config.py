@@ -28,10 +28,10 @@ import configargparse
 from .cluster.comm import CommSettings
 from .cluster.comm import add_options as add_comm_options
 from .errors import ConfigError, read_json_object
+from .observe.metrics import UNLIMITED_STEPS
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
 DEFAULT_STEPS = 2000
-UNLIMITED_STEPS = 10**12  # --time_budget_s without --n_steps: the budget ends training
 BASE_CONFIG = CONFIG_DIR / "base.json"
 CPU_CONFIG = CONFIG_DIR / "cpu.json"
 
@@ -258,7 +258,7 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
 
 
 def add_monitoring_options(p: configargparse.ArgumentParser) -> None:
-    """Live metrics (hvd_ngp.monitor) and Horovod's own tools (hvd_ngp.cluster.hvdtools)."""
+    """Live metrics (hvd_ngp.observe.monitor) and Horovod's own tools (hvd_ngp.cluster.hvdtools)."""
     g = p.add_argument_group("monitoring and Horovod tools")
     g.add_argument("--metrics_jsonl", default=None, metavar="PATH",
                    help="one JSON object per log interval (rank 0); default OUT_DIR/metrics.jsonl, 'none' to switch off")

@@ -20,9 +20,9 @@ from .cluster import dist
 from .data import Frames
 from .data.sampler import image_pixels, image_rays
 from .model.field import NGPField
-from .metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
+from .observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from .render.occupancy import OccupancyGrid
-from .memory import MemoryBudget, bytes_per_row, plan_render
+from .observe.memory import MemoryBudget, bytes_per_row, plan_render
 from .render import StepSchedule, max_lanes, render_image
 
 BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}

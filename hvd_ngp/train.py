@@ -37,15 +37,15 @@ from .errors import ConfigError, run_cli
 from .failures import NonFiniteGuard, Watchdog, report
 from .model.field import NGPField
 from .trainstate import TrainState, make_rank_streams
-from .clock import TrainClock
+from .observe.clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate
 from .cluster.hvdtools import apply as apply_horovod_tools
-from .memory import (EVAL_RESERVE, GIB, STEP_COSTS, MemoryBudget, MemoryMeter, TrainingFootprint, check_fit, human_gib,
-                     out_of_memory_as_error, ranks_on_device, training_footprint)
-from .monitor import Monitor, MonitorSettings
+from .observe.memory import (EVAL_RESERVE, GIB, STEP_COSTS, MemoryBudget, MemoryMeter, TrainingFootprint, check_fit,
+                             human_gib, out_of_memory_as_error, ranks_on_device, training_footprint)
+from .observe.monitor import Monitor, MonitorSettings
 from .render.occupancy import OccupancyGrid, n_cascades_for
 from .optim import Adam, OptimizerChain, exponential_decay, make_ema
-from .profiling import NULL_TIMER, StageTimer
+from .observe.profiling import NULL_TIMER, StageTimer
 
 if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
     from .render.fast import FastRenderer

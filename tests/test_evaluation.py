@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hvd_ngp.config import CPU_CONFIG, parse_args
-from hvd_ngp.metrics import mse_to_psnr, ssim
+from hvd_ngp.observe.metrics import mse_to_psnr, ssim
 from hvd_ngp.render.camera_path import look_at_point, orbit
 
 from conftest import TINY_ARGS

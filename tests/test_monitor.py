@@ -19,9 +19,9 @@ from hvd_ngp.cluster.commclock import CommClock
 from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.cluster.hvdtools import horovod_tool_env
-from hvd_ngp.monitor import (COL, JSONL_FIELDS, RANK_FIELDS, Monitor, MonitorSettings, format_line, interval_record,
-                             spread)
-from hvd_ngp.nvml import GpuSampler
+from hvd_ngp.observe.monitor import (COL, JSONL_FIELDS, RANK_FIELDS, Monitor, MonitorSettings, format_line,
+                                     interval_record, spread)
+from hvd_ngp.observe.nvml import GpuSampler
 
 GIB = float(1 << 30)
 

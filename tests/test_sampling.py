@@ -18,7 +18,8 @@ from hvd_ngp.data.pixels import StackedPixels, StreamedPixels, plan_placement
 from hvd_ngp.data.sampler import RaySampler
 from hvd_ngp.data.shards import TileGrid, shard_tiles, shard_units
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.monitor import COL, RANK_FIELDS, interval_record
+from hvd_ngp.observe.metrics import COL, RANK_FIELDS
+from hvd_ngp.observe.monitor import interval_record
 
 CPU = torch.device("cpu")
 

@@ -23,7 +23,7 @@ from ..model.encoding import BACKENDS
 from ..model.encoding.hashgrid import HashGridSpec, HashGridTorch
 from ..model.encoding.tcnn import tcnn_available
 from ..triton_support import triton_available
-from ..profiling import StageTimer
+from ..observe.profiling import StageTimer
 from ..train import Trainer
 from .report import append_markdown, table, write_json
 

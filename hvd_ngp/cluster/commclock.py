@@ -71,5 +71,5 @@ def _sync_compute(devices: set[torch.device]) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
-#: the process's clock; ``hvd_ngp.cluster.dist`` feeds it, ``hvd_ngp.monitor`` reads it per log interval
+#: the process's clock; ``hvd_ngp.cluster.dist`` feeds it, ``hvd_ngp.observe.monitor`` reads it per log interval
 COMM_CLOCK = CommClock()

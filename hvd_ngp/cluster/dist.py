@@ -110,7 +110,7 @@ def runtime() -> Runtime:
 
 
 def horovod_info() -> dict[str, str]:
-    """Horovod's version, what it was built with and the controller in use (for ``hvd_ngp.doctor``).
+    """Horovod's version, what it was built with and the controller in use (for ``hvd_ngp.observe.doctor``).
 
     Imports Horovod even in a size-1 run (it does not initialise it); never raises.
     """

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..cluster import dist
 from ..errors import ConfigError
-from ..monitor import COL
+from ..observe.metrics import COL
 from .balance import Balancer, RankTimes
 from .balance import check_options as check_balance_options
 from .complexity import complexity_scores, scene_features

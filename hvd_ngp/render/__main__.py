@@ -22,7 +22,7 @@ from ..model.encoding.tcnn import uses_tcnn_layout
 from ..errors import HvdNgpError, SnapshotError
 from ..evaluate import BACKGROUNDS, ViewRenderer, evaluate, to_uint8
 from ..model.field import NGPField
-from ..memory import MemoryBudget, ranks_on_device
+from ..observe.memory import MemoryBudget, ranks_on_device
 from ..train import Marching, make_grid
 from .camera_path import orbit
 

@@ -20,9 +20,9 @@ from torch import Tensor
 
 from .composite_triton import composite, count_until_opaque
 from .march_triton import march_counts, march_packed, march_write, segments
-from ..memory import RenderCosts, RenderPlan, split_by_capacity
+from ..observe.memory import RenderCosts, RenderPlan, split_by_capacity
 from .occupancy import OccupancyGrid
-from ..profiling import NULL_TIMER, StageTimer
+from ..observe.profiling import NULL_TIMER, StageTimer
 from .schedule import StepSchedule
 from .volume import RGBSigmaFn, SigmaFn
 

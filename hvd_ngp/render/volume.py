@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from ..data.cameras import intersect_aabb
-from ..memory import RENDER_HEADROOM, MemoryBudget, MemoryBudgetError, human_gib, plan_render
+from ..observe.memory import RENDER_HEADROOM, MemoryBudget, MemoryBudgetError, human_gib, plan_render
 from .occupancy import OccupancyGrid
 from .schedule import StepSchedule
-from ..profiling import NULL_TIMER, StageTimer
+from ..observe.profiling import NULL_TIMER, StageTimer
 
 RGBSigmaFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # x [M,3], d [M,3] -> rgb [M,3], sigma [M]
 SigmaFn = Callable[[Tensor], Tensor]                            # x [M,3] -> sigma [M]

@@ -30,19 +30,12 @@ from typing import IO, Any, Iterator
 import numpy as np
 import torch
 
-from .cluster import dist
-from .cluster.commclock import COMM_CLOCK
-from .config import UNLIMITED_STEPS
-from .errors import ConfigError
+from ..cluster import dist
+from ..cluster.commclock import COMM_CLOCK
+from ..errors import ConfigError
 from .memory import MemoryMeter
-from .metrics import IntervalStats, mse_to_psnr
+from .metrics import COL, RANK_FIELDS, UNLIMITED_STEPS, IntervalStats, mse_to_psnr
 from .nvml import GpuSampler
-
-#: one rank's measurements over one interval: the columns of the reduced table
-RANK_FIELDS = ("steps", "rays", "samples", "loss_sum", "mse_sum", "seconds", "comm_seconds",
-               "gpu_util", "gpu_mem_used", "gpu_mem_total", "gpu_power", "gpu_energy", "gpu_id",
-               "step_mem_allocated", "step_mem_reserved", "eval_mem_allocated", "eval_mem_reserved")
-COL = {name: i for i, name in enumerate(RANK_FIELDS)}
 
 #: every key of a metrics.jsonl record: description and TensorBoard tag (None: not a scalar worth plotting)
 JSONL_FIELDS: dict[str, tuple[str, str | None]] = {

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import torch
 
-from .errors import HvdNgpError
+from ..errors import HvdNgpError
 
 GIB = float(1 << 30)
 MARGIN_FRACTION = 0.05   # of the card, left free by the default budget (CUDA context, other processes)

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import torch
 
-from .cluster import dist
+from ..cluster import dist
 
 
 class TrainClock:

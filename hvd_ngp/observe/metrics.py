@@ -9,7 +9,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .cluster import dist
+from ..cluster import dist
+
+#: one rank's measurements over one interval: the columns of the reduced table
+RANK_FIELDS = ("steps", "rays", "samples", "loss_sum", "mse_sum", "seconds", "comm_seconds",
+               "gpu_util", "gpu_mem_used", "gpu_mem_total", "gpu_power", "gpu_energy", "gpu_id",
+               "step_mem_allocated", "step_mem_reserved", "eval_mem_allocated", "eval_mem_reserved")
+COL = {name: i for i, name in enumerate(RANK_FIELDS)}
+
+#: --time_budget_s without --n_steps: the budget ends training (config's default, the monitor's "no total")
+UNLIMITED_STEPS = 10**12
 
 
 def mse_to_psnr(mse: float) -> float:
