@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import checkpoint, faults
+from .state import checkpoint
+from . import faults
 from .cluster import dist, elastic, preempt
-from .checkpoint import CheckpointManager, resume
+from .state.checkpoint import CheckpointManager, resume
 from .cluster.comm import CommSettings
 from .config import CPU_CONFIG, BASE_CONFIG, UNLIMITED_STEPS, parse_args
 from .data import Scene, load_scene
@@ -34,9 +35,9 @@ from .data.sampler import RayBatch, RaySampler
 from .model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from .model.encoding.hashgrid import HashGridSpec
 from .errors import ConfigError, run_cli
-from .failures import NonFiniteGuard, Watchdog, report
+from .state.failures import NonFiniteGuard, Watchdog, report
 from .model.field import NGPField
-from .trainstate import TrainState, make_rank_streams
+from .state.trainstate import TrainState, make_rank_streams
 from .observe.clock import TrainClock
 from .evaluate import BACKGROUNDS, composite_background, evaluate
 from .cluster.hvdtools import apply as apply_horovod_tools

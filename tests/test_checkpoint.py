@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from hvd_ngp.cluster import dist
-from hvd_ngp.checkpoint import (FORMAT_V1, CheckpointManager, atomic_torch_save, capture, read_snapshot, restore,
-                                state_digest)
+from hvd_ngp.state.checkpoint import (FORMAT_V1, CheckpointManager, atomic_torch_save, capture, read_snapshot,
+                                      restore, state_digest)
 from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.data.scene import Frames
 from hvd_ngp.errors import ConfigError, HvdNgpError, SnapshotError
 from hvd_ngp.model.field import NGPField
 from hvd_ngp.render.occupancy import OccupancyGrid
 from hvd_ngp.train import make_optimizer, run
-from hvd_ngp.trainstate import TrainState, make_rank_streams
+from hvd_ngp.state.trainstate import TrainState, make_rank_streams
 
 from conftest import TINY_ARGS
 

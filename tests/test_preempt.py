@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hvd_ngp.cluster import preempt
-from hvd_ngp.checkpoint import read_snapshot
+from hvd_ngp.state.checkpoint import read_snapshot
 
 from conftest import ROOT
 from test_checkpoint import final_state

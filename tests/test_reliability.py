@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_ngp.checkpoint import read_snapshot
+from hvd_ngp.state.checkpoint import read_snapshot
 
 from conftest import ROOT, TINY_ARGS, horovodrun, run_ranks
 from test_checkpoint import final_state

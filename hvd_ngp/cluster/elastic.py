@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 from . import dist
-from ..trainstate import TrainState
+from ..state.trainstate import TrainState
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..cluster import dist
-from ..checkpoint import read_snapshot, restore_snapshot, snapshot_config
+from ..state.checkpoint import read_snapshot, restore_snapshot, snapshot_config
 from ..data import Frames, load_scene
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.encoding.tcnn import uses_tcnn_layout

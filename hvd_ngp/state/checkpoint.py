@@ -29,10 +29,10 @@ from typing import Any, Callable
 
 import torch
 
-from .cluster import dist
-from . import faults
-from .errors import SnapshotError
-from .optim import load_average
+from ..cluster import dist
+from .. import faults
+from ..errors import SnapshotError
+from ..optim import load_average
 from .trainstate import TrainState
 
 FORMAT_V1 = "hvd_ngp.snapshot.v1"  # model, grid, optimizer, step, config (read for compatibility)

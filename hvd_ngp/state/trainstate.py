@@ -16,8 +16,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from .data.sampler import RaySampler
-from .data.scene import Frames
+from ..data.sampler import RaySampler
+from ..data.scene import Frames
 
 #: stride between the random streams of successive (re)seedings, so a reseed at step s never
 #: replays the stream a rank started with at step 0
