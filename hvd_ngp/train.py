@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .state import checkpoint
-from . import faults
+from . import faultpoints
 from .cluster import dist, elastic, preempt
 from .state.checkpoint import CheckpointManager, resume
 from .cluster.comm import CommSettings
@@ -202,9 +202,9 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
         weight = None if rays.weight is None else rays.weight[part]
         pred = out.rgb.float() + background[part] * (1.0 - out.opacity.float()[:, None])
         per_channel = loss_fn(pred, target[part])
-        part_loss = faults.poison_loss(masked_mean(per_channel, valid, weight), step) * share  # test hook
+        part_loss = faultpoints.poison_loss(masked_mean(per_channel, valid, weight), step) * share  # test hook
         trained = part_loss if weight_gradient or weight is None else \
-            faults.poison_loss(masked_mean(per_channel, valid), step) * share
+            faultpoints.poison_loss(masked_mean(per_channel, valid), step) * share
         if loss_scale != 1.0:
             trained = trained * loss_scale
         (trained if scaler is None else scaler.scale(trained)).backward()
@@ -501,7 +501,7 @@ class Trainer:
         update. Returns the result and the number of rays it used."""
         args, rt = self.args, self.rt
         timer.start()
-        faults.at_step(step + 1)  # test-only fault injection (HVD_NGP_FAULTS); a no-op otherwise
+        faultpoints.at_step(step + 1)  # test-only fault injection (HVD_NGP_FAULTS); a no-op otherwise
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(step) * self.lr_multiplier() * self.budget_lr_factor
         if step % self.march.update_interval == 0:
@@ -522,7 +522,7 @@ class Trainer:
                              jitter, args.precision, self.scaler, self.renderer, timer,
                              args.comm.backward_passes_per_step, self.guard, step + 1,
                              self.data.settings.importance_weights, self.data.loss_scale)
-        faults.slow_down(step + 1, res.n_samples)  # test hook, like faults.at_step
+        faultpoints.slow_down(step + 1, res.n_samples)  # test hook, like faultpoints.at_step
         self.budget.update(res)
         if self.state.ema is not None and not res.skipped:  # every rank took this step (or none did)
             self.state.ema.update()

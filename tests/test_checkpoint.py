@@ -124,7 +124,7 @@ def test_failed_write_leaves_the_previous_file(tmp_path, monkeypatch):
 
 def test_disk_full_in_the_middle_of_a_write_leaves_the_previous_file(tmp_path, monkeypatch):
     """ENOSPC after 1 KiB of the second write (HVD_NGP_FAULTS, the hook the multi-rank tests use too)."""
-    monkeypatch.setattr("hvd_ngp.faults._saves", 0)
+    monkeypatch.setattr("hvd_ngp.testing.faults._saves", 0)
     monkeypatch.setenv("HVD_NGP_FAULTS", "save_enospc@0:2")
     path = tmp_path / "s.pt"
     atomic_torch_save({"v": torch.ones(4096)}, path)

@@ -13,7 +13,7 @@ import torch
 from hvd_ngp.cluster import dist
 from hvd_ngp.errors import ConfigError, SceneError
 from hvd_ngp.state.failures import NonFiniteError, NonFiniteGuard, report
-from hvd_ngp.faults import Fault, parse
+from hvd_ngp.testing.faults import Fault, parse
 
 from conftest import ROOT
 

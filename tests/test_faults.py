@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_ngp import faults
+from hvd_ngp.testing import faults
 from hvd_ngp.errors import ConfigError
 
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import ROOT, TINY_ARGS
-from hvd_ngp import simhosts
+from hvd_ngp.testing import simhosts
 
 REASON = simhosts.unavailable()
 pytestmark = [pytest.mark.parallel, pytest.mark.skipif(bool(REASON), reason=f"simulated hosts: {REASON}")]
@@ -59,7 +59,7 @@ def test_ranks_on_two_simulated_hosts(backend, launcher, controller):
     if backend == "ip" and not shutil.which("ip"):
         pytest.skip("iproute2 not installed")
     with simhosts.simulated(2, slots=1, choice=backend) as cluster:
-        out = launch(cluster, ["--launcher", launcher, "--controller", controller, "--module", "hvd_ngp.simhosts"],
+        out = launch(cluster, ["--launcher", launcher, "--controller", controller, "--module", "hvd_ngp.testing.simhosts"],
                      ["probe"])
     assert_two_hosts(out, controller)
 

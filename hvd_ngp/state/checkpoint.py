@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from ..cluster import dist
-from .. import faults
+from .. import faultpoints
 from ..errors import SnapshotError
 from ..optim import load_average
 from .trainstate import TrainState
@@ -54,7 +54,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide checkpoints from the user's group
         with os.fdopen(fd, "wb") as f:
-            stream = _ErrorRecorder(faults.checkpoint_stream(f, tmp))
+            stream = _ErrorRecorder(faultpoints.checkpoint_stream(f, tmp))
             torch.save(obj, stream)
             f.flush()
             os.fsync(f.fileno())

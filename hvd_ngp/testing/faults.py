@@ -1,4 +1,5 @@
-"""Test-only fault injection, armed by the ``HVD_NGP_FAULTS`` environment variable (never by a flag).
+"""Test-only fault injection, armed by the ``HVD_NGP_FAULTS`` environment variable (never by a flag);
+the product reaches it only through the registry ``hvd_ngp.faultpoints``.
 
 Failure handling is only trustworthy if tests can make real ranks fail on purpose. A fault is
 ``KIND@RANK:WHEN`` and several are separated by commas, e.g.
@@ -30,10 +31,10 @@ from typing import BinaryIO
 
 import torch
 
-from .cluster import dist
-from .errors import ConfigError
+from ..cluster import dist
+from ..errors import ConfigError
 
-ENV = "HVD_NGP_FAULTS"
+from ..faultpoints import ENV  # the registry that calls into this module when armed
 STEP_KINDS = ("nan_loss", "raise", "exit", "kill", "hang", "slow")
 SLOW_SECONDS_PER_SAMPLE = 10e-6
 SAVE_KINDS = ("save_enospc", "save_pause")
