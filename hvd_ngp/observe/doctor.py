@@ -401,7 +401,7 @@ def topology_result(plan: TopologyPlan | None) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hvd_ngp.observe.doctor", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="hvd_ngp.doctor", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="device of the allreduce test")
     p.add_argument("--bandwidth-mib", type=float, default=64.0,
