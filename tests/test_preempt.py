@@ -98,7 +98,7 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scen
 def test_hvd_ngp_launch_forwards_a_stop_and_exits_75(scene_cache, tmp_path):
     """The supervisor under horovodrun's MPI controller, where a bare horovodrun would only lose its /bin/sh."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "hvd_ngp.launch", "-H", "localhost:2", "--launcher", "horovodrun",
+    cmd = [sys.executable, "-m", "hvd_ngp.tools.launch", "-H", "localhost:2", "--launcher", "horovodrun",
            "--controller", "mpi", "--", *trainer(scene_cache, out, *COMMON, "--n_steps", "100000")[2:]]
     job = Job(cmd)
     try:

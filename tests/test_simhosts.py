@@ -31,7 +31,7 @@ def have_pyroute2() -> bool:
 
 def launch(cluster: simhosts.SimCluster, launcher_args: list[str], program_args: list[str]) -> str:
     """hvd-ngp-launch on the cluster's login node with its hostfile; returns the output."""
-    command = cluster.command_on_login([sys.executable, "-m", "hvd_ngp.launch", "--hostfile", cluster.hostfile,
+    command = cluster.command_on_login([sys.executable, "-m", "hvd_ngp.tools.launch", "--hostfile", cluster.hostfile,
                                         "--iface", simhosts.IFACE, "--fabric", "eth", *launcher_args,
                                         "--", *program_args])
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -22,7 +22,7 @@ from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..errors import run_cli
 from ..model.field import NGPField
-from ..launch import split_program_args
+from ..tools.launch import split_program_args
 from ..train import run
 from . import _collectives
 

@@ -23,7 +23,7 @@ process of a job step, and so does mpirun) delivers it twice.
 Under an elastic horovodrun the handlers are not installed (Horovod's elastic driver manages its
 workers; a log line says so): stop elastic jobs with ``--commit_every`` and ``--ckpt_every`` instead.
 
-Imports nothing heavy at module level (``hvd_ngp.launch`` reads the exit status from here).
+Imports nothing heavy at module level (``hvd_ngp.tools.launch`` reads the exit status from here).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Hosts and slots: hostfiles, SLURM allocations, rank placement, hierarchical allreduce, NCCL presets.
 
-Pure functions without Horovod: the launcher (``hvd_ngp.launch``) uses them before any rank starts,
+Pure functions without Horovod: the launcher (``hvd_ngp.tools.launch``) uses them before any rank starts,
 the trainer (``hvd_ngp.cluster.comm``) to decide what Horovod should do. Every error names its source (the
 hostfile and line, the ``-H`` list, or the SLURM variable).
 
