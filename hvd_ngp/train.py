@@ -39,13 +39,13 @@ from .state.failures import NonFiniteGuard, Watchdog, report
 from .model.field import NGPField
 from .state.trainstate import TrainState, make_rank_streams
 from .observe.clock import TrainClock
-from .evaluate import BACKGROUNDS, composite_background, evaluate
+from .training.evaluate import BACKGROUNDS, composite_background, evaluate
 from .cluster.hvdtools import apply as apply_horovod_tools
 from .observe.memory import (EVAL_RESERVE, GIB, STEP_COSTS, MemoryBudget, MemoryMeter, TrainingFootprint, check_fit,
                              human_gib, out_of_memory_as_error, ranks_on_device, training_footprint)
 from .observe.monitor import Monitor, MonitorSettings
 from .render.occupancy import OccupancyGrid, n_cascades_for
-from .optim import Adam, OptimizerChain, exponential_decay, make_ema
+from .training.optim import Adam, OptimizerChain, exponential_decay, make_ema
 from .observe.profiling import NULL_TIMER, StageTimer
 
 if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected

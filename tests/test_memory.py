@@ -89,7 +89,7 @@ def test_a_model_larger_than_the_budget_is_refused_before_training(tmp_path, sce
 def test_evaluation_does_not_depend_on_the_chunk_size(tmp_path, scene_cache):
     """Evaluation of one trained model under budgets that give very different chunks: the same PSNR."""
     from hvd_ngp import render
-    from hvd_ngp.evaluate import evaluate
+    from hvd_ngp.training.evaluate import evaluate
     from hvd_ngp.train import Trainer
 
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",

@@ -9,7 +9,7 @@ import torch
 from hvd_ngp.cluster import dist
 from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.optim import Adam, OptimizerChain, ParameterEma, exponential_decay
+from hvd_ngp.training.optim import Adam, OptimizerChain, ParameterEma, exponential_decay
 
 from conftest import TINY_ARGS
 
@@ -137,7 +137,7 @@ def test_built_sampler_uses_centres_and_evaluation_uses_the_average(trained):
 
 
 def test_ngp_protocol_runs_and_one_sample_at_midpoints_renders_like_std_on_black(trained):
-    from hvd_ngp.evaluate import ViewRenderer, evaluate, reference_view
+    from hvd_ngp.training.evaluate import ViewRenderer, evaluate, reference_view
 
     tr, test = trained, trained.scene.test
     black = torch.zeros(3)

@@ -32,7 +32,7 @@ import torch
 from ..cluster import dist
 from .. import faultpoints
 from ..errors import SnapshotError
-from ..optim import load_average
+from ..training.optim import load_average
 from .trainstate import TrainState
 
 FORMAT_V1 = "hvd_ngp.snapshot.v1"  # model, grid, optimizer, step, config (read for compatibility)

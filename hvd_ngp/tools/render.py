@@ -20,7 +20,7 @@ from ..data import Frames, load_scene
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.encoding.tcnn import uses_tcnn_layout
 from ..errors import HvdNgpError, SnapshotError
-from ..evaluate import BACKGROUNDS, ViewRenderer, evaluate, to_uint8
+from ..training.evaluate import BACKGROUNDS, ViewRenderer, evaluate, to_uint8
 from ..model.field import NGPField
 from ..observe.memory import MemoryBudget, ranks_on_device
 from ..train import Marching, make_grid  # (moves to training.recipe)

@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 WRAPPERS = ("Ema", "ExponentialDecay")
 #: tiny-cuda-nn's defaults of an ExponentialDecay block

@@ -16,14 +16,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .cluster import dist
-from .data import Frames
-from .data.sampler import image_pixels, image_rays
-from .model.field import NGPField
-from .observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
-from .render.occupancy import OccupancyGrid
-from .observe.memory import MemoryBudget, bytes_per_row, plan_render
-from .render import StepSchedule, max_lanes, render_image
+from ..cluster import dist
+from ..data import Frames
+from ..data.sampler import image_pixels, image_rays
+from ..model.field import NGPField
+from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
+from ..render.occupancy import OccupancyGrid
+from ..observe.memory import MemoryBudget, bytes_per_row, plan_render
+from ..render import StepSchedule, max_lanes, render_image
 
 BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
 PROTOCOLS = ("std", "ngp")
@@ -48,7 +48,7 @@ class ViewRenderer:
         self.row_bytes = bytes_per_row(self._probe, 1 << 16, device, 2048)
         self.workspace = None
         if fast:
-            from .render.fast import RenderWorkspace, inference_costs
+            from ..render.fast import RenderWorkspace, inference_costs
 
             available = budget.available() if budget is not None else None
             plan = plan_render(available, inference_costs(schedule, self.row_bytes), max_lanes(schedule, field.aabb))

@@ -1,0 +1,1 @@
+"""hvd_ngp.training."""
