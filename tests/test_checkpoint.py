@@ -19,7 +19,8 @@ from hvd_ngp.data.scene import Frames
 from hvd_ngp.errors import ConfigError, HvdNgpError, SnapshotError
 from hvd_ngp.model.field import NGPField
 from hvd_ngp.render.occupancy import OccupancyGrid
-from hvd_ngp.train import make_optimizer, run
+from hvd_ngp.training.recipe import make_optimizer
+from hvd_ngp.training.trainer import run
 from hvd_ngp.state.trainstate import TrainState, make_rank_streams
 
 from conftest import TINY_ARGS

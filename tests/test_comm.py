@@ -10,7 +10,7 @@ import torch
 from hvd_ngp.cluster.comm import CommSettings, launcher_controller, launcher_sizes
 from hvd_ngp.config import BASE_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.train import make_scaler
+from hvd_ngp.training.recipe import make_scaler
 
 
 def settings(*argv: str) -> CommSettings:

@@ -51,7 +51,7 @@ def test_orbit_cameras_circle_the_target_upright():
 
 def test_training_curve_and_render_tool(tmp_path, scene_cache):
     from hvd_ngp.tools.render import main as render_main
-    from hvd_ngp.train import run
+    from hvd_ngp.training.trainer import run
 
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
                        "--n_steps", "48", "--eval_at_s", "0.01", "--eval_every", "16", "--out_dir", str(tmp_path / "o"),

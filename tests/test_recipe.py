@@ -97,7 +97,7 @@ def test_training_rays_go_through_pixel_centres_unless_jitter_is_on():
 
 @pytest.fixture
 def trained(tmp_path, scene_cache):
-    from hvd_ngp.train import Trainer
+    from hvd_ngp.training.trainer import Trainer
 
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
                        "--n_steps", "8", "--out_dir", str(tmp_path / "o")])

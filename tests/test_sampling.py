@@ -157,7 +157,7 @@ def test_error_map_blends_intervals_and_fills_unseen_tiles():
 
 
 def test_masked_mean_with_weights():
-    from hvd_ngp.train import masked_mean
+    from hvd_ngp.training.step import masked_mean
 
     v = torch.tensor([[1.0, 1.0], [3.0, 3.0], [5.0, 5.0]])
     assert float(masked_mean(v, None, torch.tensor([1.0, 1.0, 1.0]))) == pytest.approx(3.0)
@@ -391,7 +391,7 @@ def test_training_runs_with_each_strategy_and_placement(options, scene_cache, tm
     from conftest import TINY_ARGS
 
     from hvd_ngp.config import CPU_CONFIG, parse_args
-    from hvd_ngp.train import run
+    from hvd_ngp.training.trainer import run
 
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
                        "--n_steps", "12", "--log_every", "6", "--out_dir", str(tmp_path / "o"), "--save_renders", "0",

@@ -23,7 +23,7 @@ from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..errors import run_cli
 from ..model.field import NGPField
 from ..tools.launch import split_program_args
-from ..train import run
+from ..training.trainer import run
 from . import _collectives
 
 

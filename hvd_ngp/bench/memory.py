@@ -16,7 +16,7 @@ import torch
 from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..observe.memory import GIB, MemoryBudget, MemoryMeter, ranks_on_device
-from ..train import Trainer
+from ..training.trainer import Trainer
 from .report import append_markdown, table, write_json
 
 

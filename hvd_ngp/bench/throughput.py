@@ -24,7 +24,7 @@ from ..model.encoding.hashgrid import HashGridSpec, HashGridTorch
 from ..model.encoding.tcnn import tcnn_available
 from ..triton_support import triton_available
 from ..observe.profiling import StageTimer
-from ..train import Trainer
+from ..training.trainer import Trainer
 from .report import append_markdown, table, write_json
 
 

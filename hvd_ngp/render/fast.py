@@ -14,6 +14,7 @@ sample counts come back as device scalars that the trainer reads asynchronously.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -61,13 +62,42 @@ def compact(keep: Tensor, start: Tensor, capacity: int) -> tuple[Tensor, Tensor,
     return src, torch.where(used, ray, torch.full_like(ray, R)), new_start, count, fits
 
 
+class Capacities(Protocol):
+    """Buffer sizes of the fast renderer: marched samples and samples through the network per call."""
+
+    candidate_capacity: int
+    sample_capacity: int
+
+
+@dataclass
+class FixedCapacities:
+    candidate_capacity: int
+    sample_capacity: int
+
+
 class FastRenderer:
     """Training-time renderer with fixed buffers: ``candidate_capacity`` marched samples and
-    ``sample_capacity`` samples through the network with gradients."""
+    ``sample_capacity`` samples through the network with gradients.
+
+    ``FastRenderer(c, s)`` keeps fixed sizes; ``FastRenderer.following(budget)`` reads them at every
+    call from ``budget`` (the trainer's ``training.budget.RayBudget``, the one owner of those numbers)."""
 
     def __init__(self, candidate_capacity: int, sample_capacity: int) -> None:
-        self.candidate_capacity = int(candidate_capacity)
-        self.sample_capacity = int(sample_capacity)
+        self.capacities: Capacities = FixedCapacities(int(candidate_capacity), int(sample_capacity))
+
+    @staticmethod
+    def following(capacities: Capacities) -> "FastRenderer":
+        renderer = FastRenderer(0, 0)
+        renderer.capacities = capacities
+        return renderer
+
+    @property
+    def candidate_capacity(self) -> int:
+        return int(self.capacities.candidate_capacity)
+
+    @property
+    def sample_capacity(self) -> int:
+        return int(self.capacities.sample_capacity)
 
     def __call__(self, rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor,
                  aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,

@@ -23,7 +23,7 @@ from ..errors import HvdNgpError, SnapshotError
 from ..training.evaluate import BACKGROUNDS, ViewRenderer, evaluate, to_uint8
 from ..model.field import NGPField
 from ..observe.memory import MemoryBudget, ranks_on_device
-from ..train import Marching, make_grid  # (moves to training.recipe)
+from ..training.recipe import Marching, make_grid
 from ..render.camera_path import orbit
 
 

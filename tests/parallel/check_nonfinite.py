@@ -22,7 +22,7 @@ from conftest import TINY_ARGS  # noqa: E402
 
 from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
-from hvd_ngp.train import run  # noqa: E402
+from hvd_ngp.training.trainer import run  # noqa: E402
 
 
 def main() -> None:
