@@ -13,7 +13,8 @@ import sys
 from ..errors import HvdNgpError
 from ..data import BUILTIN, load_scene, scene_format
 from ..data.builtin import ensure_builtin
-from ..data.transforms import camera_intrinsics, decode_images, locate_transforms, scene_aabb
+from ..data.images import decode_images
+from ..data.transforms import camera_intrinsics, locate_transforms, scene_aabb
 
 
 def transforms_info(path, args) -> dict:
