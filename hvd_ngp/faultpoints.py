@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, BinaryIO
 if TYPE_CHECKING:
     import torch
 
-ENV = "HVD_NGP_FAULTS"
+ENV = "HVD_NGP_FAULTS"  # = testing.faults.ENV (defined twice so that testing never imports back; a test checks)
 
 
 def _armed():

@@ -14,7 +14,7 @@ sample counts come back as device scalars that the trainer reads asynchronously.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
@@ -25,7 +25,9 @@ from ..observe.memory import RenderCosts, RenderPlan, split_by_capacity
 from .occupancy import OccupancyGrid
 from ..observe.profiling import NULL_TIMER, StageTimer
 from .schedule import StepSchedule
-from .volume import RGBSigmaFn, SigmaFn
+
+if TYPE_CHECKING:  # volume imports this module lazily (its fast path): no import back at run time
+    from .volume import RGBSigmaFn, SigmaFn
 
 
 @dataclass
