@@ -18,10 +18,12 @@ resumed checkpoint is loaded by rank 0 only and reaches the others through the f
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from . import dist
-from ..state.trainstate import TrainState
+
+if TYPE_CHECKING:  # the state is passed in: the cluster layer sits below state/
+    from ..state.trainstate import TrainState
 
 T = TypeVar("T")
 

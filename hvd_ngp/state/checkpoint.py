@@ -32,7 +32,6 @@ import torch
 from ..cluster import dist
 from .. import faultpoints
 from ..errors import SnapshotError
-from ..training.optim import load_average
 from .trainstate import TrainState
 
 FORMAT_V1 = "hvd_ngp.snapshot.v1"  # model, grid, optimizer, step, config (read for compatibility)
@@ -146,6 +145,17 @@ def snapshot_config(state: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------ state <-> snapshot
+
+
+def load_average(field: torch.nn.Module, state: dict) -> bool:
+    """Put a checkpoint's averaged weights (``training.optim.ParameterEma.state_dict``) into ``field``'s parameters
+    (the render tool); False when it holds none."""
+    if not state or not int(state.get("count", 0)):
+        return False
+    with torch.no_grad():
+        for name, p in field.named_parameters():
+            p.copy_(state["average"][name])
+    return True
 
 
 def capture(ts: TrainState, config: dict) -> dict | None:

@@ -178,15 +178,4 @@ def make_ema(field: nn.Module, chain: OptimizerChain) -> ParameterEma | None:
     return ParameterEma(list(field.named_parameters()), float(chain.ema.get("decay", EMA_DEFAULT_DECAY)))
 
 
-def load_average(field: nn.Module, state: dict) -> bool:
-    """Put a checkpoint's averaged weights (``ParameterEma.state_dict``) into ``field``'s parameters
-    (the render tool); False when it holds none."""
-    if not state or not int(state.get("count", 0)):
-        return False
-    with torch.no_grad():
-        for name, p in field.named_parameters():
-            p.copy_(state["average"][name])
-    return True
-
-
-__all__ = ["Adam", "OptimizerChain", "ParameterEma", "exponential_decay", "load_average", "make_ema"]
+__all__ = ["Adam", "OptimizerChain", "ParameterEma", "exponential_decay", "make_ema"]
