@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
+from ..launcher_env import launcher_controller, launcher_sizes  # noqa: F401 (also this module's API)
 from .topology import HIERARCHICAL_MODES, hierarchical_allreduce, nodes_of_size
 
 DEFAULT_FUSION_THRESHOLD_MB = 128.0
@@ -314,22 +315,3 @@ class CommSettings:
                  f"{self.backward_passes_per_step} backward pass(es)/step", f"lr x{lr_multiplier:.3g}",
                  *(f"{k}={environ[k]}" for k in ("NCCL_ALGO", "NCCL_TOPO_FILE") if environ.get(k)), *notes]
         return "communication: " + ", ".join(parts)
-
-
-def launcher_sizes(environ: Mapping[str, str]) -> tuple[int, int]:
-    """(world size, ranks on this node) from the launcher's variables, before Horovod starts; (1, 1) if unknown."""
-    for size_var, local_var in (("HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
-                                ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-                                ("PMI_SIZE", "MPI_LOCALNRANKS")):
-        if environ.get(size_var, "").isdigit() and environ.get(local_var, "").isdigit():
-            return int(environ[size_var]), int(environ[local_var])
-    return 1, 1
-
-
-def launcher_controller(environ: Mapping[str, str]) -> str | None:
-    """"gloo" under horovodrun --gloo, "mpi" under an MPI launcher, None when unknown."""
-    if "HOROVOD_GLOO_RENDEZVOUS_ADDR" in environ or environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo":
-        return "gloo"
-    if any(v in environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")):
-        return "mpi"
-    return None

@@ -20,13 +20,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 import torch
 
 from .commclock import COMM_CLOCK
+from .. import launcher_env
 from ..errors import BackendError, HvdNgpError
 
 T = TypeVar("T")
-
-#: environment variables set by the launchers we support
-_LAUNCHER_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
-
 
 @dataclass(frozen=True)
 class Runtime:
@@ -50,8 +47,8 @@ _runtime: Runtime | None = None
 
 
 def launched() -> bool:
-    """True when started by horovodrun/mpirun (or any MPI launcher)."""
-    return any(v in os.environ for v in _LAUNCHER_VARS)
+    """True when started by horovodrun/mpirun (or any MPI launcher; see ``launcher_env``)."""
+    return launcher_env.launched()
 
 
 def wants_cuda(device: str) -> bool:

@@ -37,6 +37,7 @@ import torch
 from .. import __version__
 from ..cluster import dist
 from ..errors import ConfigError, HvdNgpError
+from ..launcher_env import LOCAL_RANK_VARS, LOCAL_SIZE_VARS, RANK_VARS, SIZE_VARS, env_int, launcher_rank_label
 
 OVERRIDE_VAR = "HVD_NGP_DOCTOR_TEST_OVERRIDE"
 
@@ -317,20 +318,6 @@ class TopologyPlan:
     error: str = ""  # why nothing can be dumped although it should be (reported after init)
 
 
-_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-_LOCAL_RANK_VARS = ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
-_SIZE_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
-_LOCAL_SIZE_VARS = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
-
-
-def _env_int(names: tuple[str, ...], default: int) -> int:
-    for name in names:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return default
-
-
 def plan_topology_dump(path: str, use_cuda: bool) -> TopologyPlan:
     """Set ``NCCL_TOPO_DUMP_FILE``/``NCCL_TOPO_DUMP_FILE_RANK`` so that each node's local rank 0 writes (before init).
 
@@ -339,8 +326,8 @@ def plan_topology_dump(path: str, use_cuda: bool) -> TopologyPlan:
     that communicator equals ``NCCL_TOPO_DUMP_FILE_RANK``. ``{host}`` in ``path`` becomes the host
     name; on several nodes without ``{host}``, the host name is added before the suffix.
     """
-    rank, local_rank = _env_int(_RANK_VARS, 0), _env_int(_LOCAL_RANK_VARS, 0)
-    size = _env_int(_SIZE_VARS, 1)
+    rank, local_rank = env_int(RANK_VARS, 0), env_int(LOCAL_RANK_VARS, 0)
+    size = env_int(SIZE_VARS, 1)
     if not use_cuda:
         return TopologyPlan("", False, rank, local_rank,
                             "nothing to dump: NCCL only carries GPU tensors and this run has no GPU "
@@ -350,7 +337,7 @@ def plan_topology_dump(path: str, use_cuda: bool) -> TopologyPlan:
                             "nothing to dump: NCCL builds a communicator only between 2 or more ranks; "
                             "run under horovodrun/mpirun with -np 2 or more")
     host = socket.gethostname()
-    multi_node = _env_int(_LOCAL_SIZE_VARS, size) < size
+    multi_node = env_int(LOCAL_SIZE_VARS, size) < size
     target = Path(path.replace("{host}", host))
     if "{host}" not in path and multi_node:
         target = target.with_name(f"{target.stem}.{host}{target.suffix}")
@@ -489,8 +476,7 @@ def cli(argv: list[str] | None = None) -> None:
     try:
         code = main(argv)
     except HvdNgpError as exc:
-        rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")))
-        print(f"{f'[rank {rank}] ' if rank is not None else ''}hvd_ngp doctor: error: {exc}", file=sys.stderr, flush=True)
+        print(f"{launcher_rank_label()}hvd_ngp doctor: error: {exc}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(2)  # after an error Horovod's shutdown can block: leave fast
     sys.stdout.flush()

@@ -32,7 +32,8 @@ from typing import Callable, Iterator
 import torch
 
 from ..cluster import dist
-from ..errors import HvdNgpError, launcher_rank_label
+from ..errors import HvdNgpError
+from ..launcher_env import launcher_rank_label
 
 EXIT_CRASH = 1
 EXIT_WATCHDOG = 3
