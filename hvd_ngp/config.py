@@ -413,4 +413,4 @@ def validate(args: argparse.Namespace) -> None:
     args.comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated
     from .data.pipeline import DataSettings
 
-    DataSettings.from_args(args)
+    args.data = DataSettings.from_args(args)  # the data options, validated once (DataPipeline.build reads them)
