@@ -48,7 +48,7 @@ def report_on_every_rank(exc: ConfigError, what: str) -> NoReturn:
 def cli(argv: list[str] | None = None) -> None:
     """Console-script wrapper: any failure becomes one clear message naming the rank, and a fast non-zero exit.
 
-    User errors exit 2; unexpected exceptions 1 (see ``failures.report``).
+    User errors exit 2; unexpected exceptions 1 (see ``state.failures.report``).
     """
     run_cli(main, argv, report=report)
 

@@ -225,7 +225,7 @@ class CommSettings:
 
     @property
     def loss_scaled_compression(self) -> bool:
-        """fp16 compression of averaged gradients runs under a gradient scaler (see ``train.make_scaler``)."""
+        """fp16 compression of averaged gradients runs under a gradient scaler (see ``training.recipe.make_scaler``)."""
         return self.compression == "fp16" and self.reduce_op == "average"
 
     def init_env(self, environ: Mapping[str, str], use_cuda: bool) -> dict[str, str]:

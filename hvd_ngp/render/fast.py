@@ -1,12 +1,12 @@
 """The fast GPU renderer: fixed-size buffers, Triton kernels, no host synchronisation.
 
 Per training step (instant-ngp's scheme):
-1. march the rays into at most ``candidate_capacity`` packed samples (``kernels.march``);
+1. march the rays into at most ``candidate_capacity`` packed samples (``march_triton``);
 2. densities of all candidates without gradients; per ray, keep the samples in front of the
-   point where transmittance drops below ``early_termination`` (``kernels.composite``);
+   point where transmittance drops below ``early_termination`` (``composite_triton``);
 3. compact the kept samples into exactly ``sample_capacity`` rows (rays that do not fit are
    marked invalid and left out of the loss), with ``searchsorted`` instead of a host-side count;
-4. the network with gradients on those rows, and differentiable compositing (``kernels.composite``).
+4. the network with gradients on those rows, and differentiable compositing (``composite_triton``).
 Every tensor has a size known before the step starts, so the host never waits for the device;
 sample counts come back as device scalars that the trainer reads asynchronously.
 """
@@ -126,7 +126,7 @@ class FastRenderer:
         return FastRenderResult(out_rgb, opacity, depth, packed.fits & fits, packed.total, count.sum())
 
 
-#: bytes one item of an inference render holds (``memory.RenderCosts``): per ray, the count pass's
+#: bytes one item of an inference render holds (``observe.memory.RenderCosts``): per ray, the count pass's
 #: per-segment int32 counts, int64 ends and int32 starts plus rays and results; per candidate slot,
 #: t, dt, ray and its density (16), the compaction's int64 plans (48) and the kept t, dt (8), rounded up
 CANDIDATE_BYTES = 96
@@ -156,7 +156,7 @@ def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tenso
                      grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4,
                      workspace: RenderWorkspace | None = None, jitter: Tensor | None = None
                      ) -> tuple[Tensor, Tensor, Tensor]:
-    """Inference with the Triton kernels within a plan (``memory.plan_render``): rgb ``[R, 3]`` (no
+    """Inference with the Triton kernels within a plan (``observe.memory.plan_render``): rgb ``[R, 3]`` (no
     background), opacity ``[R]``, depth ``[R]``; ``jitter`` ``[R]`` as in training (None: 0.5).
 
     The count pass sizes each group of rays to fill the workspace; the network runs on the filled

@@ -167,7 +167,7 @@ def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, d
     ``fast``: the Triton kernels (``render.fast``) instead of the reference. Chunks are planned from
     ``budget`` (None: the default sizes): the fast path takes a ``workspace``
     (``render.fast.RenderWorkspace``, reused across calls) or plans one here; ``row_bytes``: measured
-    bytes per network row (see ``memory.bytes_per_row``); ``step_offset`` in [0, 1): where samples sit
+    bytes per network row (see ``observe.memory.bytes_per_row``); ``step_offset`` in [0, 1): where samples sit
     inside their steps (the ``jitter`` of every ray)."""
     available = budget.available() if budget is not None else None
     if fast:

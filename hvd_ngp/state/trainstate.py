@@ -53,7 +53,7 @@ class NewSampler(Protocol):
 
 
 class RayCount(Protocol):
-    """This rank's adaptive ray count (``train.RayBudget``; ``settle()`` applies counts still in flight)."""
+    """This rank's adaptive ray count (``training.budget.RayBudget``; ``settle()`` applies counts still in flight)."""
 
     n_rays: int
 

@@ -126,7 +126,7 @@ def budget_lr_factor(elapsed_s: float, budget_s: float, mode: str = "on") -> flo
 
 
 def model_footprint(args: argparse.Namespace, scene: Scene) -> TrainingFootprint:
-    """Training's memory from the config alone, before anything is built (``memory.check_fit``)."""
+    """Training's memory from the config alone, before anything is built (``observe.memory.check_fit``)."""
     model = args.model
     n_params = HashGridSpec.from_config(model["encoding"], model["_source"]).n_params + MLP_PARAMS_ALLOWANCE
     block = model["marching"]
