@@ -119,7 +119,7 @@ def test_built_sampler_uses_centres_and_evaluation_uses_the_average(trained):
     assert ema is not None and ema.count == 8 and ema.decay == 0.95
     raw = [p.detach().clone() for p in tr.field.parameters()]
     seen = []
-    from hvd_ngp import train as train_module
+    from hvd_ngp.training import trainer as train_module
 
     def spy(field, *a, **k):
         seen.append([p.detach().clone() for p in field.parameters()])
