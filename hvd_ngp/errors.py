@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn
 
-from .launcher_env import launcher_rank_label  # noqa: F401 (also imported from here)
+from .launcher_env import launcher_rank_label
 
 
 class HvdNgpError(Exception):

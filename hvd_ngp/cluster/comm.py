@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from ..launcher_env import launcher_controller, launcher_sizes  # noqa: F401 (also this module's API)
+from ..launcher_env import launcher_controller, launcher_sizes
 from .topology import HIERARCHICAL_MODES, hierarchical_allreduce, nodes_of_size
 
 DEFAULT_FUSION_THRESHOLD_MB = 128.0
