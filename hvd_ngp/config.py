@@ -25,13 +25,13 @@ from typing import Any, Sequence
 
 import configargparse
 
-from .comm import CommSettings
-from .comm import add_options as add_comm_options
+from .cluster.comm import CommSettings
+from .cluster.comm import add_options as add_comm_options
 from .errors import ConfigError, read_json_object
+from .observe.metrics import UNLIMITED_STEPS
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
 DEFAULT_STEPS = 2000
-UNLIMITED_STEPS = 10**12  # --time_budget_s without --n_steps: the budget ends training
 BASE_CONFIG = CONFIG_DIR / "base.json"
 CPU_CONFIG = CONFIG_DIR / "cpu.json"
 
@@ -258,7 +258,7 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
 
 
 def add_monitoring_options(p: configargparse.ArgumentParser) -> None:
-    """Live metrics (hvd_ngp.monitor) and Horovod's own tools (hvd_ngp.hvdtools)."""
+    """Live metrics (hvd_ngp.observe.monitor) and Horovod's own tools (hvd_ngp.cluster.hvdtools)."""
     g = p.add_argument_group("monitoring and Horovod tools")
     g.add_argument("--metrics_jsonl", default=None, metavar="PATH",
                    help="one JSON object per log interval (rank 0); default OUT_DIR/metrics.jsonl, 'none' to switch off")
@@ -400,7 +400,7 @@ def validate(args: argparse.Namespace) -> None:
                  "ckpt_every", "ckpt_every_minutes", "watchdog_s", "nonfinite_limit"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(args, name)}")
-    from .preempt import parse_signals
+    from .cluster.preempt import parse_signals
 
     try:
         args.stop_signal_names = parse_signals(args.stop_signals)
@@ -413,4 +413,4 @@ def validate(args: argparse.Namespace) -> None:
     args.comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated
     from .data.pipeline import DataSettings
 
-    DataSettings.from_args(args)
+    args.data = DataSettings.from_args(args)  # the data options, validated once (DataPipeline.build reads them)

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn
 
+from .launcher_env import launcher_rank_label
+
 
 class HvdNgpError(Exception):
     """Base class: a problem with the user's input or environment, not a bug in hvd_ngp."""
@@ -47,12 +49,6 @@ def read_json_object(path: Path, error: type[HvdNgpError], what: str) -> dict:
     if not isinstance(data, dict):
         raise error(f"{path}: {what} must hold a JSON object, found {type(data).__name__}")
     return data
-
-
-def launcher_rank_label() -> str:
-    """``"[rank N] "`` from the launcher's environment (horovodrun, Open MPI, PMI); empty without one."""
-    rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")))
-    return f"[rank {rank}] " if rank is not None else ""
 
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None, prog: str = "hvd_ngp",

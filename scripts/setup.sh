@@ -189,7 +189,7 @@ if ! "$PY" -c 'import hvd_ngp, sys; sys.exit(0 if hvd_ngp.__file__.startswith(sy
 fi
 
 # The C++ CPU hash-grid kernel compiles on first use; do it now rather than inside the first run.
-"$PY" -c 'from hvd_ngp.encoding import hashgrid_cpp; hashgrid_cpp.load_extension()' \
+"$PY" -c 'from hvd_ngp.model.encoding import hashgrid_cpp; hashgrid_cpp.load_extension()' \
   || log "warning: the C++ CPU kernel did not build; CPU runs fall back to --backend torch (slower)"
 
 # ---------------------------------------------------------------- tiny-cuda-nn (GPU nodes, optional)

@@ -11,16 +11,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hvd_ngp import dist
-from hvd_ngp.checkpoint import (FORMAT_V1, CheckpointManager, atomic_torch_save, capture, read_snapshot, restore,
-                                state_digest)
+from hvd_ngp.cluster import dist
+from hvd_ngp.state.checkpoint import (FORMAT_V1, CheckpointManager, atomic_torch_save, capture, read_snapshot,
+                                      restore, state_digest)
 from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.data.scene import Frames
 from hvd_ngp.errors import ConfigError, HvdNgpError, SnapshotError
-from hvd_ngp.field import NGPField
-from hvd_ngp.occupancy import OccupancyGrid
-from hvd_ngp.train import make_optimizer, run
-from hvd_ngp.trainstate import TrainState, make_rank_streams
+from hvd_ngp.model.field import NGPField
+from hvd_ngp.render.occupancy import OccupancyGrid
+from hvd_ngp.training.recipe import make_optimizer
+from hvd_ngp.training.trainer import run
+from hvd_ngp.state.trainstate import TrainState, make_rank_streams
 
 from conftest import TINY_ARGS
 
@@ -124,7 +125,7 @@ def test_failed_write_leaves_the_previous_file(tmp_path, monkeypatch):
 
 def test_disk_full_in_the_middle_of_a_write_leaves_the_previous_file(tmp_path, monkeypatch):
     """ENOSPC after 1 KiB of the second write (HVD_NGP_FAULTS, the hook the multi-rank tests use too)."""
-    monkeypatch.setattr("hvd_ngp.faults._saves", 0)
+    monkeypatch.setattr("hvd_ngp.testing.faults._saves", 0)
     monkeypatch.setenv("HVD_NGP_FAULTS", "save_enospc@0:2")
     path = tmp_path / "s.pt"
     atomic_torch_save({"v": torch.ones(4096)}, path)

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from hvd_ngp.comm import CommSettings, launcher_controller, launcher_sizes
+from hvd_ngp.cluster.comm import CommSettings, launcher_controller, launcher_sizes
 from hvd_ngp.config import BASE_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.train import make_scaler
+from hvd_ngp.training.recipe import make_scaler
 
 
 def settings(*argv: str) -> CommSettings:
@@ -124,7 +124,7 @@ def test_summary_reports_what_horovod_reads():
 
 
 def test_per_host_checks(tmp_path):
-    from hvd_ngp.comm import DistributedBlock
+    from hvd_ngp.cluster.comm import DistributedBlock
 
     topo = tmp_path / "topo.xml"
     topo.write_text("<system/>")

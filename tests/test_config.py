@@ -92,7 +92,7 @@ def test_unknown_config_keys_and_bad_values_are_refused(tmp_path):
 
 def test_time_budget_alone_trains_until_the_budget_and_decays_the_learning_rate():
     from hvd_ngp.config import DEFAULT_STEPS, UNLIMITED_STEPS
-    from hvd_ngp.train import budget_lr_factor
+    from hvd_ngp.training.recipe import budget_lr_factor
 
     assert parse_args([]).n_steps > 0 and parse_args(["--config", str(BASE_CONFIG)]).n_steps == DEFAULT_STEPS
     assert parse_args(["--config", str(BASE_CONFIG), "--time_budget_s", "60"]).n_steps == UNLIMITED_STEPS

@@ -138,7 +138,7 @@ def test_ray_shards_are_disjoint_and_cover(scene_cache, world_size):
 
 @pytest.mark.skipif(not (SHARED_DATA / "fox" / "transforms.json").is_file(), reason="../shared/data/fox is absent")
 def test_data_info_on_fox_reports_50_images_and_17_skipped(capsys):
-    from hvd_ngp.data.__main__ import cli
+    from hvd_ngp.tools.data_info import cli
 
     cli(["info", str(SHARED_DATA / "fox"), "--holdout_every", "8"])
     info = json.loads(capsys.readouterr().out)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from hvd_ngp.doctor import (FIELDS, OVERRIDE_VAR, apply_test_override, compare, groups, plan_topology_dump, rank_ranges,
-                            render_table)
+from hvd_ngp.observe.doctor import (FIELDS, OVERRIDE_VAR, apply_test_override, compare, groups, plan_topology_dump,
+                                    rank_ranges, render_table)
 from hvd_ngp.errors import ConfigError
 
 LAUNCHER_VARS = ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_RANK",
@@ -130,7 +130,7 @@ def test_topology_dump_into_a_missing_folder_is_reported_by_the_writer_without_t
 
 def test_doctor_without_a_launcher_is_a_size_one_check(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    proc = subprocess.run([sys.executable, "-m", "hvd_ngp.doctor", "--json", str(tmp_path / "d.json")], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "hvd_ngp.observe.doctor", "--json", str(tmp_path / "d.json")], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "hvd_ngp doctor: 1 rank(s)" in proc.stdout and "hvd_ngp doctor: OK" in proc.stdout

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from hvd_ngp.encoding import make_direction_encoding, make_position_encoding
-from hvd_ngp.encoding.hashgrid import HashGridSpec, HashGridTorch
-from hvd_ngp.encoding.sh import sh_encode
+from hvd_ngp.model.encoding import make_direction_encoding, make_position_encoding
+from hvd_ngp.model.encoding.hashgrid import HashGridSpec, HashGridTorch
+from hvd_ngp.model.encoding.sh import sh_encode
 from hvd_ngp.errors import ConfigError
 
 # Resolutions 4, 8, 16, 32, 64, 128: up to 16^3 = 2^12 rows the levels are dense (16^3 exactly fills
@@ -110,7 +110,7 @@ def test_invalid_encoding_blocks_are_refused(block, message):
 
 
 def test_cpp_kernel_matches_torch_reference():
-    from hvd_ngp.encoding import hashgrid_cpp
+    from hvd_ngp.model.encoding import hashgrid_cpp
 
     if not hashgrid_cpp.available():
         pytest.fail("the C++ CPU kernel did not build (scripts/setup.sh builds it; needs g++ and ninja)")

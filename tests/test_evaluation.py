@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hvd_ngp.config import CPU_CONFIG, parse_args
-from hvd_ngp.metrics import mse_to_psnr, ssim
+from hvd_ngp.observe.metrics import mse_to_psnr, ssim
 from hvd_ngp.render.camera_path import look_at_point, orbit
 
 from conftest import TINY_ARGS
@@ -50,8 +50,8 @@ def test_orbit_cameras_circle_the_target_upright():
 
 
 def test_training_curve_and_render_tool(tmp_path, scene_cache):
-    from hvd_ngp.render.__main__ import main as render_main
-    from hvd_ngp.train import run
+    from hvd_ngp.tools.render import main as render_main
+    from hvd_ngp.training.trainer import run
 
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
                        "--n_steps", "48", "--eval_at_s", "0.01", "--eval_every", "16", "--out_dir", str(tmp_path / "o"),
@@ -78,8 +78,8 @@ def test_orbit_sweeps_only_the_covered_arc():
 
 
 def test_cells_no_camera_sees_are_never_occupied():
-    from hvd_ngp import dist
-    from hvd_ngp.occupancy import OccupancyGrid
+    from hvd_ngp.cluster import dist
+    from hvd_ngp.render.occupancy import OccupancyGrid
 
     dist.init("cpu")
     grid = OccupancyGrid(torch.tensor([[0.0] * 3, [1.0] * 3]), resolution=8)

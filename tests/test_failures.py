@@ -10,10 +10,10 @@ import textwrap
 import pytest
 import torch
 
-from hvd_ngp import dist
+from hvd_ngp.cluster import dist
 from hvd_ngp.errors import ConfigError, SceneError
-from hvd_ngp.failures import NonFiniteError, NonFiniteGuard, report
-from hvd_ngp.faults import Fault, parse
+from hvd_ngp.state.failures import NonFiniteError, NonFiniteGuard, report
+from hvd_ngp.testing.faults import Fault, parse
 
 from conftest import ROOT
 
@@ -93,7 +93,7 @@ def run_script(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_watchdog_ends_a_stuck_process_with_a_message_and_status_3():
     proc = run_script("""
         import time
-        from hvd_ngp.failures import Watchdog
+        from hvd_ngp.state.failures import Watchdog
         dog = Watchdog(1.0, rank=0).start()
         with dog.armed():
             dog.kick(41)
@@ -110,7 +110,7 @@ def test_watchdog_ends_a_stuck_process_with_a_message_and_status_3():
 def test_watchdog_is_quiet_outside_the_loop():
     proc = run_script("""
         import time
-        from hvd_ngp.failures import Watchdog
+        from hvd_ngp.state.failures import Watchdog
         dog = Watchdog(0.5, rank=0).start()
         time.sleep(2)  # not armed: start-up, final evaluation
         print("finished")

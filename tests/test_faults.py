@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_ngp import faults
+from hvd_ngp import faultpoints
+from hvd_ngp.testing import faults
 from hvd_ngp.errors import ConfigError
 
 
@@ -26,3 +27,13 @@ def test_slow_sleeps_in_proportion_to_the_samples_only_when_armed(monkeypatch):
     faults.slow_down(3, 1000)
     faults.at_step(3)  # the slow fault does nothing at the start of a step; raise@1 is another rank's
     assert slept == [pytest.approx(1000 * faults.SLOW_SECONDS_PER_SAMPLE)]
+
+
+def test_registry_is_inert_unarmed_and_forwards_when_armed(monkeypatch):
+    """``faultpoints`` (what the product calls) reads the same variable as ``testing.faults``."""
+    assert faultpoints.ENV == faults.ENV
+    loss = faults.torch.ones(())
+    monkeypatch.delenv(faults.ENV, raising=False)
+    assert faultpoints.poison_loss(loss, 1) is loss
+    monkeypatch.setenv(faults.ENV, "nan_loss@0:1")
+    assert faultpoints.poison_loss(loss, 1).isnan() and faultpoints.poison_loss(loss, 2) is loss

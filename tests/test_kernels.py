@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_ngp import dist
-from hvd_ngp.encoding.hashgrid import HashGridSpec, HashGridTorch
-from hvd_ngp.kernels import triton_available
-from hvd_ngp.occupancy import OccupancyGrid
+from hvd_ngp.cluster import dist
+from hvd_ngp.model.encoding.hashgrid import HashGridSpec, HashGridTorch
+from hvd_ngp.triton_support import triton_available
+from hvd_ngp.render.occupancy import OccupancyGrid
 from hvd_ngp.render import StepSchedule, accumulate, march, transmittance_weights
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -28,9 +28,9 @@ if not triton_available(DEV.type):
         pytest.fail("HVD_NGP_REQUIRE_GPU=1 but the Triton kernels cannot run here", pytrace=False)
     pytest.skip("Triton is not installed (or no GPU and no interpreter)", allow_module_level=True)
 
-from hvd_ngp.kernels.composite import composite, count_until_opaque  # noqa: E402
-from hvd_ngp.kernels.hashgrid import HashGridTriton  # noqa: E402
-from hvd_ngp.kernels.march import march_packed  # noqa: E402
+from hvd_ngp.render.composite_triton import composite, count_until_opaque  # noqa: E402
+from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton  # noqa: E402
+from hvd_ngp.render.march_triton import march_packed  # noqa: E402
 
 SMALL = DEV.type == "cpu"  # the interpreter is slow: smaller problems, same coverage
 
@@ -218,7 +218,7 @@ def test_fast_renderer_matches_reference_rendering():
 def test_inference_render_within_a_small_workspace_equals_the_exact_one():
     """Evaluation renders with a workspace smaller than the chunk's candidates (several groups, the
     network a few rows at a time): the same pixels as one exactly sized pass and the reference."""
-    from hvd_ngp.memory import RenderPlan
+    from hvd_ngp.observe.memory import RenderPlan
     from hvd_ngp.render import render_rays
     from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, horovodrun
 from hvd_ngp.config import BASE_CONFIG, build_parser as trainer_parser, parse_args
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.launch import build_parser, plan, split_program_args
+from hvd_ngp.tools.launch import build_parser, plan, split_program_args
 
 
 def make_plan(launcher_args: list[str], trainer_args: list[str] = (), environ: dict | None = None):
@@ -161,7 +161,7 @@ def test_split_program_args():
 
 
 def run_launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hvd_ngp.launch", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hvd_ngp.tools.launch", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
 
 

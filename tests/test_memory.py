@@ -12,9 +12,9 @@ import torch
 
 from hvd_ngp.errors import HvdNgpError
 from hvd_ngp.config import CPU_CONFIG, parse_args
-from hvd_ngp.memory import (GIB, MAX_CANDIDATES, MAX_CHUNK_RAYS, MAX_ROWS, RENDER_HEADROOM, MemoryBudget,
-                            MemoryBudgetError, RenderCosts, StepCosts, check_fit, plan_render, ranks_on_device,
-                            split_by_capacity, training_footprint)
+from hvd_ngp.observe.memory import (GIB, MAX_CANDIDATES, MAX_CHUNK_RAYS, MAX_ROWS, RENDER_HEADROOM, MemoryBudget,
+                                    MemoryBudgetError, RenderCosts, StepCosts, check_fit, plan_render,
+                                    ranks_on_device, split_by_capacity, training_footprint)
 
 from conftest import ROOT, SHARED_DATA, TINY_ARGS, gpu_or_skip
 
@@ -76,7 +76,7 @@ def test_budget_on_cpu():
 
 
 def test_a_model_larger_than_the_budget_is_refused_before_training(tmp_path, scene_cache, capsys):
-    from hvd_ngp.train import run
+    from hvd_ngp.training.trainer import run
 
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
                        "--encoding", '{"log2_hashmap_size": 22, "n_levels": 16}', "--gpu_memory_gb", "0.5",
@@ -89,8 +89,8 @@ def test_a_model_larger_than_the_budget_is_refused_before_training(tmp_path, sce
 def test_evaluation_does_not_depend_on_the_chunk_size(tmp_path, scene_cache):
     """Evaluation of one trained model under budgets that give very different chunks: the same PSNR."""
     from hvd_ngp import render
-    from hvd_ngp.evaluate import evaluate
-    from hvd_ngp.train import Trainer
+    from hvd_ngp.training.evaluate import evaluate
+    from hvd_ngp.training.trainer import Trainer
 
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
                        "--n_steps", "30", "--out_dir", str(tmp_path / "o")])

@@ -14,14 +14,14 @@ import torch
 
 from conftest import ROOT
 from fake_nvml import FakeNvml
-from hvd_ngp import dist
-from hvd_ngp.commclock import CommClock
+from hvd_ngp.cluster import dist
+from hvd_ngp.cluster.commclock import CommClock
 from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.hvdtools import horovod_tool_env
-from hvd_ngp.monitor import (COL, JSONL_FIELDS, RANK_FIELDS, Monitor, MonitorSettings, format_line, interval_record,
-                             spread)
-from hvd_ngp.nvml import GpuSampler
+from hvd_ngp.cluster.hvdtools import horovod_tool_env
+from hvd_ngp.observe.monitor import (COL, JSONL_FIELDS, RANK_FIELDS, Monitor, MonitorSettings, format_line,
+                                     interval_record, spread)
+from hvd_ngp.observe.nvml import GpuSampler
 
 GIB = float(1 << 30)
 
@@ -190,7 +190,7 @@ def test_monitor_writes_complete_jsonl_and_tensorboard_scalars(tmp_path):
 
 
 def test_pause_leaves_evaluation_out_of_the_interval(tmp_path):
-    from hvd_ngp.commclock import COMM_CLOCK
+    from hvd_ngp.cluster.commclock import COMM_CLOCK
 
     dist.init("cpu")
     gpu = GpuSampler(torch.device("cuda", 0), period_s=60, nvml=FakeNvml(joules_per_read=5.0))

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import ROOT, TINY_ARGS, run_ranks
-from hvd_ngp.monitor import JSONL_FIELDS
+from hvd_ngp.observe.monitor import JSONL_FIELDS
 
 pytestmark = pytest.mark.parallel
 
@@ -84,7 +84,7 @@ def test_stall_check_setting_reaches_horovod(tmp_path):
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_doctor_passes_on_two_ranks(controller, tmp_path):
-    proc = run_ranks(["-m", "hvd_ngp.doctor", "--bandwidth-mib", "2", "--iterations", "3",
+    proc = run_ranks(["-m", "hvd_ngp.observe.doctor", "--bandwidth-mib", "2", "--iterations", "3",
                       "--dump-topology", str(tmp_path / "topo.xml")], controller=controller)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -96,7 +96,7 @@ def test_doctor_passes_on_two_ranks(controller, tmp_path):
 
 
 def test_doctor_fails_on_a_version_mismatch_naming_the_rank_and_the_package():
-    doctor = [sys.executable, "-m", "hvd_ngp.doctor", "--bandwidth-mib", "1", "--iterations", "1"]
+    doctor = [sys.executable, "-m", "hvd_ngp.observe.doctor", "--bandwidth-mib", "1", "--iterations", "1"]
     proc = mpirun_mpmd(doctor, ["env", "HVD_NGP_DOCTOR_TEST_OVERRIDE=horovod=0.27.0", *doctor])
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
@@ -106,7 +106,7 @@ def test_doctor_fails_on_a_version_mismatch_naming_the_rank_and_the_package():
 
 
 def test_doctor_bad_override_on_one_rank_stops_every_rank():
-    doctor = [sys.executable, "-m", "hvd_ngp.doctor", "--bandwidth-mib", "1"]
+    doctor = [sys.executable, "-m", "hvd_ngp.observe.doctor", "--bandwidth-mib", "1"]
     proc = mpirun_mpmd(doctor, ["env", "HVD_NGP_DOCTOR_TEST_OVERRIDE=nonsense", *doctor], timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0

@@ -23,7 +23,7 @@ def two_gpus_or_skip() -> None:
 
 def test_nvml_sampler_reads_this_gpu():
     gpu_or_skip()
-    from hvd_ngp.nvml import GpuSampler
+    from hvd_ngp.observe.nvml import GpuSampler
 
     device = torch.device("cuda", 0)
     sampler = GpuSampler(device, period_s=0.05)
@@ -48,7 +48,7 @@ def test_nvml_sampler_reads_this_gpu():
 
 def test_comm_clock_does_not_count_gpu_work_queued_before_the_collective():
     gpu_or_skip()
-    from hvd_ngp.commclock import CommClock
+    from hvd_ngp.cluster.commclock import CommClock
 
     clock = CommClock()
     a = torch.randn(4096, 4096, device="cuda")
@@ -64,7 +64,7 @@ def test_comm_clock_does_not_count_gpu_work_queued_before_the_collective():
 
 def test_doctor_on_two_gpus_checks_nccl_and_dumps_the_topology(tmp_path):
     two_gpus_or_skip()
-    proc = run_ranks(["-m", "hvd_ngp.doctor", "--device", "cuda", "--dump-topology", str(tmp_path / "topo.xml"),
+    proc = run_ranks(["-m", "hvd_ngp.observe.doctor", "--device", "cuda", "--dump-topology", str(tmp_path / "topo.xml"),
                       "--json", str(tmp_path / "doctor.json")], timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hvd_ngp import preempt
-from hvd_ngp.checkpoint import read_snapshot
+from hvd_ngp.cluster import preempt
+from hvd_ngp.state.checkpoint import read_snapshot
 
 from conftest import ROOT
 from test_checkpoint import final_state
@@ -98,7 +98,7 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scen
 def test_hvd_ngp_launch_forwards_a_stop_and_exits_75(scene_cache, tmp_path):
     """The supervisor under horovodrun's MPI controller, where a bare horovodrun would only lose its /bin/sh."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "hvd_ngp.launch", "-H", "localhost:2", "--launcher", "horovodrun",
+    cmd = [sys.executable, "-m", "hvd_ngp.tools.launch", "-H", "localhost:2", "--launcher", "horovodrun",
            "--controller", "mpi", "--", *trainer(scene_cache, out, *COMMON, "--n_steps", "100000")[2:]]
     job = Job(cmd)
     try:
@@ -184,7 +184,7 @@ def test_without_the_guard_a_vote_every_8_steps_carries_the_flag(scene_cache, tm
 
 def test_handlers_in_process(capsys):
     """Size 1: the flag is read every step; a duplicate within DUPLICATE_S is ignored; elastic: no handlers."""
-    from hvd_ngp import dist
+    from hvd_ngp.cluster import dist
 
     dist.init("cpu")
     before = signal.getsignal(signal.SIGUSR2)

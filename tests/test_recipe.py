@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hvd_ngp import dist
+from hvd_ngp.cluster import dist
 from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.optim import Adam, OptimizerChain, ParameterEma, exponential_decay
+from hvd_ngp.training.optim import Adam, OptimizerChain, ParameterEma, exponential_decay
 
 from conftest import TINY_ARGS
 
@@ -97,7 +97,7 @@ def test_training_rays_go_through_pixel_centres_unless_jitter_is_on():
 
 @pytest.fixture
 def trained(tmp_path, scene_cache):
-    from hvd_ngp.train import Trainer
+    from hvd_ngp.training.trainer import Trainer
 
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
                        "--n_steps", "8", "--out_dir", str(tmp_path / "o")])
@@ -119,7 +119,7 @@ def test_built_sampler_uses_centres_and_evaluation_uses_the_average(trained):
     assert ema is not None and ema.count == 8 and ema.decay == 0.95
     raw = [p.detach().clone() for p in tr.field.parameters()]
     seen = []
-    from hvd_ngp import train as train_module
+    from hvd_ngp.training import trainer as train_module
 
     def spy(field, *a, **k):
         seen.append([p.detach().clone() for p in field.parameters()])
@@ -137,7 +137,7 @@ def test_built_sampler_uses_centres_and_evaluation_uses_the_average(trained):
 
 
 def test_ngp_protocol_runs_and_one_sample_at_midpoints_renders_like_std_on_black(trained):
-    from hvd_ngp.evaluate import ViewRenderer, evaluate, reference_view
+    from hvd_ngp.training.evaluate import ViewRenderer, evaluate, reference_view
 
     tr, test = trained, trained.scene.test
     black = torch.zeros(3)

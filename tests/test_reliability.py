@@ -1,7 +1,7 @@
 """Real ranks failing on purpose: deaths, exceptions, hangs, NaNs, interrupted and failed checkpoint
 writes, resume on 2 ranks, and elastic training that loses a rank.
 
-Faults are injected with ``HVD_NGP_FAULTS`` (see ``hvd_ngp.faults``) or by killing a rank's
+Faults are injected with ``HVD_NGP_FAULTS`` (see ``hvd_ngp.testing.faults``) or by killing a rank's
 process from the test. Every job gets a unique output folder on its command line (the marker) so
 the test finds exactly its own rank processes, never another job's.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_ngp.checkpoint import read_snapshot
+from hvd_ngp.state.checkpoint import read_snapshot
 
 from conftest import ROOT, TINY_ARGS, horovodrun, run_ranks
 from test_checkpoint import final_state

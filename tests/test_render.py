@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from hvd_ngp import dist
-from hvd_ngp.occupancy import OccupancyGrid
+from hvd_ngp.cluster import dist
+from hvd_ngp.render.occupancy import OccupancyGrid
 from hvd_ngp.render import StepSchedule, march, render_rays, transmittance_weights
 
 AABB = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_ngp import dist
+from hvd_ngp.cluster import dist
 from hvd_ngp.data import load_scene
 from hvd_ngp.data.balance import Balancer, RankTimes
 from hvd_ngp.data.complexity import complexity_scores, scene_features, tile_features
@@ -18,7 +18,8 @@ from hvd_ngp.data.pixels import StackedPixels, StreamedPixels, plan_placement
 from hvd_ngp.data.sampler import RaySampler
 from hvd_ngp.data.shards import TileGrid, shard_tiles, shard_units
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.monitor import COL, RANK_FIELDS, interval_record
+from hvd_ngp.observe.metrics import COL, RANK_FIELDS
+from hvd_ngp.observe.monitor import interval_record
 
 CPU = torch.device("cpu")
 
@@ -156,7 +157,7 @@ def test_error_map_blends_intervals_and_fills_unseen_tiles():
 
 
 def test_masked_mean_with_weights():
-    from hvd_ngp.train import masked_mean
+    from hvd_ngp.training.step import masked_mean
 
     v = torch.tensor([[1.0, 1.0], [3.0, 3.0], [5.0, 5.0]])
     assert float(masked_mean(v, None, torch.tensor([1.0, 1.0, 1.0]))) == pytest.approx(3.0)
@@ -390,7 +391,7 @@ def test_training_runs_with_each_strategy_and_placement(options, scene_cache, tm
     from conftest import TINY_ARGS
 
     from hvd_ngp.config import CPU_CONFIG, parse_args
-    from hvd_ngp.train import run
+    from hvd_ngp.training.trainer import run
 
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
                        "--n_steps", "12", "--log_every", "6", "--out_dir", str(tmp_path / "o"), "--save_renders", "0",

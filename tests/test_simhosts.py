@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import ROOT, TINY_ARGS
-from hvd_ngp import simhosts
+from hvd_ngp.testing import simhosts
 
 REASON = simhosts.unavailable()
 pytestmark = [pytest.mark.parallel, pytest.mark.skipif(bool(REASON), reason=f"simulated hosts: {REASON}")]
@@ -31,7 +31,7 @@ def have_pyroute2() -> bool:
 
 def launch(cluster: simhosts.SimCluster, launcher_args: list[str], program_args: list[str]) -> str:
     """hvd-ngp-launch on the cluster's login node with its hostfile; returns the output."""
-    command = cluster.command_on_login([sys.executable, "-m", "hvd_ngp.launch", "--hostfile", cluster.hostfile,
+    command = cluster.command_on_login([sys.executable, "-m", "hvd_ngp.tools.launch", "--hostfile", cluster.hostfile,
                                         "--iface", simhosts.IFACE, "--fabric", "eth", *launcher_args,
                                         "--", *program_args])
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -59,7 +59,7 @@ def test_ranks_on_two_simulated_hosts(backend, launcher, controller):
     if backend == "ip" and not shutil.which("ip"):
         pytest.skip("iproute2 not installed")
     with simhosts.simulated(2, slots=1, choice=backend) as cluster:
-        out = launch(cluster, ["--launcher", launcher, "--controller", controller, "--module", "hvd_ngp.simhosts"],
+        out = launch(cluster, ["--launcher", launcher, "--controller", controller, "--module", "hvd_ngp.testing.simhosts"],
                      ["probe"])
     assert_two_hosts(out, controller)
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_ngp import encoding
-from hvd_ngp.encoding import tcnn as tcnn_backend
+from hvd_ngp.model import encoding
+from hvd_ngp.model.encoding import tcnn as tcnn_backend
 from hvd_ngp.config import BASE_CONFIG, parse_args
 from hvd_ngp.errors import BackendError, ConfigError
-from hvd_ngp.field import NGPField
+from hvd_ngp.model.field import NGPField
 
 AABB = torch.tensor([[-1.0] * 3, [1.0] * 3])
 
@@ -43,8 +43,8 @@ def test_without_tinycudann_choosing_it_says_how_to_install_and_auto_falls_back(
     with pytest.raises(BackendError, match="pip install git\\+https://github.com/NVlabs/tiny-cuda-nn/"):
         tcnn_backend.import_tcnn()
     assert not tcnn_backend.tcnn_available()
-    monkeypatch.setattr("hvd_ngp.kernels.triton_available", lambda device_type="cuda": True)
-    monkeypatch.setattr("hvd_ngp.kernels.require_triton", lambda device_type="cuda": None)
+    monkeypatch.setattr("hvd_ngp.triton_support.triton_available", lambda device_type="cuda": True)
+    monkeypatch.setattr("hvd_ngp.triton_support.require_triton", lambda device_type="cuda": None)
     cuda = torch.device("cuda")
     with pytest.raises(BackendError, match="tiny-cuda-nn's PyTorch bindings"):
         encoding.resolve_backend("tcnn", cuda)
@@ -54,10 +54,10 @@ def test_without_tinycudann_choosing_it_says_how_to_install_and_auto_falls_back(
 
 
 def test_auto_prefers_triton_on_a_gpu_even_with_tinycudann_installed(fake_tcnn, monkeypatch):
-    monkeypatch.setattr("hvd_ngp.kernels.triton_available", lambda device_type="cuda": True)
+    monkeypatch.setattr("hvd_ngp.triton_support.triton_available", lambda device_type="cuda": True)
     cuda = torch.device("cuda")
     assert encoding.resolve_backend("auto", cuda) == "triton"  # tcnn: 0.8 dB lower at 60 s (issue 14)
-    monkeypatch.setattr("hvd_ngp.kernels.triton_available", lambda device_type="cuda": False)
+    monkeypatch.setattr("hvd_ngp.triton_support.triton_available", lambda device_type="cuda": False)
     assert encoding.resolve_backend("auto", cuda) == "torch"  # marching needs Triton in either fast backend
 
 

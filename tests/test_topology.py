@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.topology import (expand_nodelist, expand_tasks_per_node, hierarchical_allreduce, nccl_presets,
-                              parse_host_arg, parse_hostfile, parse_hostfile_text, passthrough_names, place,
-                              slurm_hosts)
+from hvd_ngp.cluster.topology import (expand_nodelist, expand_tasks_per_node, hierarchical_allreduce, nccl_presets,
+                                      parse_host_arg, parse_hostfile, parse_hostfile_text, passthrough_names, place,
+                                      slurm_hosts)
 
 GOOD_HOSTFILES = [
     ("a slots=4\nb slots=4\n", [("a", 4), ("b", 4)]),

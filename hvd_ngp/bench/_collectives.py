@@ -16,8 +16,8 @@ from typing import Callable
 
 import torch
 
-from .. import dist
-from ..comm import DistributedBlock
+from ..cluster import dist
+from ..cluster.comm import DistributedBlock
 
 
 def bus_bandwidth_gbs(n_bytes: int, seconds: float, size: int) -> float:

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from .. import dist
+from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..errors import run_cli
-from ..field import NGPField
-from ..launch import split_program_args
-from ..train import run
+from ..model.field import NGPField
+from ..tools.launch import split_program_args
+from ..training.trainer import run
 from . import _collectives
 
 

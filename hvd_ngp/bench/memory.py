@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from .. import dist
+from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
-from ..memory import GIB, MemoryBudget, MemoryMeter, ranks_on_device
-from ..train import Trainer
+from ..observe.memory import GIB, MemoryBudget, MemoryMeter, ranks_on_device
+from ..training.trainer import Trainer
 from .report import append_markdown, table, write_json
 
 

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from .. import dist
+from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..data import load_scene
 from ..data.pipeline import STRATEGIES
 from ..data.pixels import GIB, human_bytes, image_bytes
 from ..errors import ConfigError
-from ..train import run
+from ..training.trainer import run
 from .report import append_markdown, table, write_json
 
 VARIANTS = {

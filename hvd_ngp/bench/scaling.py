@@ -2,7 +2,7 @@
 
     python -m hvd_ngp.bench scaling --ranks 1,2 -- --scene data/nerf_synthetic/lego --n_steps 20000
 
-For each rank count: one launch (through ``hvd_ngp.launch``, so hostfiles and fabrics work as for
+For each rank count: one launch (through ``hvd_ngp.tools.launch``, so hostfiles and fabrics work as for
 training) of the same training run, weak scaling (``--target_samples`` per rank and step). Reports
 throughput (steady state: log intervals after the first), speedup and efficiency against the
 smallest count, GPU utilization and samples per joule (NVML; n/a on CPU), the share of training
@@ -30,8 +30,8 @@ import torch
 
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..errors import HvdNgpError
-from ..launch import build_parser as launch_parser
-from ..launch import plan, split_program_args
+from ..tools.launch import build_parser as launch_parser
+from ..tools.launch import plan, split_program_args
 from .report import append_markdown, table, write_json
 
 WORKER = "hvd_ngp.bench._scaling_rank"

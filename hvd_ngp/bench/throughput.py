@@ -17,14 +17,14 @@ import time
 
 import torch
 
-from .. import dist
+from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
-from ..encoding import BACKENDS
-from ..encoding.hashgrid import HashGridSpec, HashGridTorch
-from ..encoding.tcnn import tcnn_available
-from ..kernels import triton_available
-from ..profiling import StageTimer
-from ..train import Trainer
+from ..model.encoding import BACKENDS
+from ..model.encoding.hashgrid import HashGridSpec, HashGridTorch
+from ..model.encoding.tcnn import tcnn_available
+from ..triton_support import triton_available
+from ..observe.profiling import StageTimer
+from ..training.trainer import Trainer
 from .report import append_markdown, table, write_json
 
 
@@ -101,17 +101,17 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
     if dev.type == "cuda" and not opts.no_compile:
         impls.append(("torch.compile", torch.compile(HashGridTorch(spec).to(dev))))
     if dev.type == "cpu":
-        from ..encoding import hashgrid_cpp
+        from ..model.encoding import hashgrid_cpp
 
         if hashgrid_cpp.available():
             impls.append(("C++ (cpu)", hashgrid_cpp.HashGridCpp(spec)))
     if triton_available(dev.type):
-        from ..kernels.hashgrid import HashGridTriton
+        from ..model.encoding.hashgrid_triton import HashGridTriton
 
         impls += [("triton fp32 table", HashGridTriton(spec).to(dev)),
                   ("triton fp16 table", HashGridTriton(spec, torch.float16).to(dev))]
     if dev.type == "cuda" and tcnn_available():
-        from ..encoding.tcnn import TcnnEncoding
+        from ..model.encoding.tcnn import TcnnEncoding
 
         impls.append(("tiny-cuda-nn", TcnnEncoding(spec).to(dev)))
     rows = []
@@ -134,7 +134,7 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
 
 def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[dict]:
     """Density + colour MLPs forward+backward+Adam at ``opts.points`` samples (encoding excluded)."""
-    from ..field import NGPField
+    from ..model.field import NGPField
 
     aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=dev)
     backends = ["torch"] + (["tcnn"] if dev.type == "cuda" and tcnn_available() else [])

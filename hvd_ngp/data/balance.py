@@ -54,7 +54,7 @@ class RankTimes:
 
     @staticmethod
     def from_table(table: np.ndarray, col: dict[str, int]) -> "RankTimes":
-        """From the monitor's reduced table (columns named by ``monitor.COL``)."""
+        """From the monitor's reduced table (columns named by ``observe.metrics.COL``)."""
         steps = np.maximum(table[:, col["steps"]], 1.0)
         comm = np.nan_to_num(table[:, col["comm_seconds"]], nan=0.0)
         busy = np.maximum(table[:, col["seconds"]] - comm, 1e-9)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import dist
+from ..cluster import dist
 from .shards import TileGrid
 
 VERSION = 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import dist
+from ..cluster import dist
 
 
 class ErrorMap:

@@ -20,7 +20,8 @@ import torch
 from ..errors import SceneError
 from .cameras import nerf_to_ngp
 from .scene import Frames, ImageFiles, Scene
-from .transforms import IMAGE_EXTENSIONS, decode_images, empty_frames, image_size, stack_images
+from .images import IMAGE_EXTENSIONS, decode_images, image_size, stack_images
+from .transforms import empty_frames
 
 PERM = [1, 2, 0]  # NeRF axes -> ngp axes, as in nerf_to_ngp
 

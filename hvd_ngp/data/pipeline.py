@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import dist
+from ..cluster import dist
 from ..errors import ConfigError
-from ..monitor import COL
+from ..observe.metrics import COL
 from .balance import Balancer, RankTimes
 from .balance import check_options as check_balance_options
 from .complexity import complexity_scores, scene_features
@@ -142,7 +142,7 @@ class DataPipeline:
         """Everything from the options (collective, except in elastic jobs: every rank calls it).
         ``device_budget``: bytes of device memory the images may use when ``--device_image_budget_gb``
         is 0 (what the process's memory budget leaves; None: a quarter of the GPU)."""
-        settings = DataSettings.from_args(args)
+        settings: DataSettings = args.data  # validated by config.parse_args (``DataSettings.from_args``)
         device_gb = settings.device_image_budget_gb
         if device_gb == 0 and device_budget is not None and rt.device.type == "cuda":
             quarter = torch.cuda.get_device_properties(rt.device).total_memory // 4

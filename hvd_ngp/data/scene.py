@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .images import read_image
+
 
 @dataclass
 class ImageFiles:
@@ -20,8 +22,6 @@ class ImageFiles:
 
     def read(self, index: int) -> np.ndarray:
         """Decode frame ``index`` -> ``[H, W, 4]`` uint8 RGBA (raises ``SceneError`` naming the file)."""
-        from .transforms import read_image  # the decoder lives with the format that introduced it
-
         return read_image(self.paths[index], self.downscale)
 
     def subset(self, index: list[int]) -> "ImageFiles":

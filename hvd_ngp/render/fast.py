@@ -1,12 +1,12 @@
 """The fast GPU renderer: fixed-size buffers, Triton kernels, no host synchronisation.
 
 Per training step (instant-ngp's scheme):
-1. march the rays into at most ``candidate_capacity`` packed samples (``kernels.march``);
+1. march the rays into at most ``candidate_capacity`` packed samples (``march_triton``);
 2. densities of all candidates without gradients; per ray, keep the samples in front of the
-   point where transmittance drops below ``early_termination`` (``kernels.composite``);
+   point where transmittance drops below ``early_termination`` (``composite_triton``);
 3. compact the kept samples into exactly ``sample_capacity`` rows (rays that do not fit are
    marked invalid and left out of the loss), with ``searchsorted`` instead of a host-side count;
-4. the network with gradients on those rows, and differentiable compositing (``kernels.composite``).
+4. the network with gradients on those rows, and differentiable compositing (``composite_triton``).
 Every tensor has a size known before the step starts, so the host never waits for the device;
 sample counts come back as device scalars that the trainer reads asynchronously.
 """
@@ -14,16 +14,20 @@ sample counts come back as device scalars that the trainer reads asynchronously.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
-from ..kernels.composite import composite, count_until_opaque
-from ..kernels.march import march_counts, march_packed, march_write, segments
-from ..memory import RenderCosts, RenderPlan, split_by_capacity
-from ..occupancy import OccupancyGrid
-from ..profiling import NULL_TIMER, StageTimer
-from . import RGBSigmaFn, SigmaFn, StepSchedule
+from .composite_triton import composite, count_until_opaque
+from .march_triton import march_counts, march_packed, march_write, segments
+from ..observe.memory import RenderCosts, RenderPlan, split_by_capacity
+from .occupancy import OccupancyGrid
+from ..observe.profiling import NULL_TIMER, StageTimer
+from .schedule import StepSchedule
+
+if TYPE_CHECKING:  # volume imports this module lazily (its fast path): no import back at run time
+    from .volume import RGBSigmaFn, SigmaFn
 
 
 @dataclass
@@ -60,13 +64,42 @@ def compact(keep: Tensor, start: Tensor, capacity: int) -> tuple[Tensor, Tensor,
     return src, torch.where(used, ray, torch.full_like(ray, R)), new_start, count, fits
 
 
+class Capacities(Protocol):
+    """Buffer sizes of the fast renderer: marched samples and samples through the network per call."""
+
+    candidate_capacity: int
+    sample_capacity: int
+
+
+@dataclass
+class FixedCapacities:
+    candidate_capacity: int
+    sample_capacity: int
+
+
 class FastRenderer:
     """Training-time renderer with fixed buffers: ``candidate_capacity`` marched samples and
-    ``sample_capacity`` samples through the network with gradients."""
+    ``sample_capacity`` samples through the network with gradients.
+
+    ``FastRenderer(c, s)`` keeps fixed sizes; ``FastRenderer.following(budget)`` reads them at every
+    call from ``budget`` (the trainer's ``training.budget.RayBudget``, the one owner of those numbers)."""
 
     def __init__(self, candidate_capacity: int, sample_capacity: int) -> None:
-        self.candidate_capacity = int(candidate_capacity)
-        self.sample_capacity = int(sample_capacity)
+        self.capacities: Capacities = FixedCapacities(int(candidate_capacity), int(sample_capacity))
+
+    @staticmethod
+    def following(capacities: Capacities) -> "FastRenderer":
+        renderer = FastRenderer(0, 0)
+        renderer.capacities = capacities
+        return renderer
+
+    @property
+    def candidate_capacity(self) -> int:
+        return int(self.capacities.candidate_capacity)
+
+    @property
+    def sample_capacity(self) -> int:
+        return int(self.capacities.sample_capacity)
 
     def __call__(self, rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor,
                  aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,
@@ -93,7 +126,7 @@ class FastRenderer:
         return FastRenderResult(out_rgb, opacity, depth, packed.fits & fits, packed.total, count.sum())
 
 
-#: bytes one item of an inference render holds (``memory.RenderCosts``): per ray, the count pass's
+#: bytes one item of an inference render holds (``observe.memory.RenderCosts``): per ray, the count pass's
 #: per-segment int32 counts, int64 ends and int32 starts plus rays and results; per candidate slot,
 #: t, dt, ray and its density (16), the compaction's int64 plans (48) and the kept t, dt (8), rounded up
 CANDIDATE_BYTES = 96
@@ -123,7 +156,7 @@ def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tenso
                      grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4,
                      workspace: RenderWorkspace | None = None, jitter: Tensor | None = None
                      ) -> tuple[Tensor, Tensor, Tensor]:
-    """Inference with the Triton kernels within a plan (``memory.plan_render``): rgb ``[R, 3]`` (no
+    """Inference with the Triton kernels within a plan (``observe.memory.plan_render``): rgb ``[R, 3]`` (no
     background), opacity ``[R]``, depth ``[R]``; ``jitter`` ``[R]`` as in training (None: 0.5).
 
     The count pass sizes each group of rays to fill the workspace; the network runs on the filled

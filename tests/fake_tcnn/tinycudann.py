@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hvd_ngp.encoding.hashgrid import HashGridSpec, HashGridTorch
+from hvd_ngp.model.encoding.hashgrid import HashGridSpec, HashGridTorch
 
 CREATED: list[dict] = []
 HALF = torch.float16

@@ -23,12 +23,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from conftest import TINY_ARGS  # noqa: E402
 
-from hvd_ngp import dist  # noqa: E402
+from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
 from hvd_ngp.data import load_scene  # noqa: E402
 from hvd_ngp.data.sampler import RaySampler  # noqa: E402
-from hvd_ngp.field import NGPField  # noqa: E402
-from hvd_ngp.train import Marching, make_grid, make_loss, make_optimizer, make_scaler, train_step  # noqa: E402
+from hvd_ngp.model.field import NGPField  # noqa: E402
+from hvd_ngp.training.recipe import Marching, make_grid, make_loss, make_optimizer, make_scaler  # noqa: E402
+from hvd_ngp.training.step import train_step  # noqa: E402
 
 RAYS_PER_RANK = 96
 STEPS = 3

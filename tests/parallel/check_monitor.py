@@ -26,10 +26,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fake_nvml import FakeNvml  # noqa: E402
 
-from hvd_ngp import dist  # noqa: E402
-from hvd_ngp.commclock import COMM_CLOCK  # noqa: E402
-from hvd_ngp.monitor import JSONL_FIELDS, RANK_FIELDS, Monitor, MonitorSettings, format_line, gather_rows, interval_record  # noqa: E402
-from hvd_ngp.nvml import GpuSampler  # noqa: E402
+from hvd_ngp.cluster import dist  # noqa: E402
+from hvd_ngp.cluster.commclock import COMM_CLOCK  # noqa: E402
+from hvd_ngp.observe.monitor import (JSONL_FIELDS, RANK_FIELDS, Monitor, MonitorSettings, format_line, gather_rows,
+                                     interval_record)  # noqa: E402
+from hvd_ngp.observe.nvml import GpuSampler  # noqa: E402
 
 
 def check_reduction() -> None:

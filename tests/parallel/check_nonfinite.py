@@ -20,9 +20,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from check_training import digest  # noqa: E402
 from conftest import TINY_ARGS  # noqa: E402
 
-from hvd_ngp import dist  # noqa: E402
+from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
-from hvd_ngp.train import run  # noqa: E402
+from hvd_ngp.training.trainer import run  # noqa: E402
 
 
 def main() -> None:

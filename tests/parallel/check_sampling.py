@@ -25,9 +25,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from conftest import TINY_ARGS  # noqa: E402
 
-from hvd_ngp import dist  # noqa: E402
+from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
-from hvd_ngp.train import RunResult, run  # noqa: E402
+from hvd_ngp.training.trainer import RunResult, run  # noqa: E402
 
 SEED = 0
 

@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from hvd_ngp import dist, hvdtools  # noqa: E402
+from hvd_ngp.cluster import dist, hvdtools  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
 
 

@@ -21,12 +21,14 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from conftest import TINY_ARGS  # noqa: E402
 
-from hvd_ngp import dist  # noqa: E402
+from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
 from hvd_ngp.data import load_scene  # noqa: E402
 from hvd_ngp.data.sampler import RaySampler  # noqa: E402
-from hvd_ngp.field import NGPField  # noqa: E402
-from hvd_ngp.train import Marching, make_grid, make_loss, make_optimizer, run, train_step  # noqa: E402
+from hvd_ngp.model.field import NGPField  # noqa: E402
+from hvd_ngp.training.recipe import Marching, make_grid, make_loss, make_optimizer  # noqa: E402
+from hvd_ngp.training.trainer import run  # noqa: E402
+from hvd_ngp.training.step import train_step  # noqa: E402
 
 
 def digest(tensors) -> str:

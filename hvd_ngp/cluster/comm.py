@@ -1,0 +1,317 @@
+"""How ranks communicate: Horovod's knobs, the config's ``distributed`` block, the learning-rate rule.
+
+``CommSettings.from_args`` validates the ``horovod`` option group and the ``distributed`` JSON block
+at parse time. ``init_env`` returns the variables Horovod and NCCL read inside ``hvd.init()``
+(``dist.init`` sets them first); ``check_runtime`` compares what the launcher and the runtime
+decided (ranks, nodes, controller) with what the config asked for and fails with an error that
+names the config file.
+
+Defaults (see README "Scaling out"):
+- fusion threshold 128 MiB: the whole default gradient (a 2^19 x 16 x 2 hash grid, 64 MiB in fp32,
+  plus the MLPs) fits one fused allreduce per step;
+- cycle time 0.1 ms: measured on 2 H200s (docs/HOROVOD_BUILD.md), a 64 MiB allreduce took 2.12 ms
+  with Horovod's default cycle time and 0.51 ms with 0.1 ms;
+- learning rate x sqrt(m) for a batch m times larger (m = ranks x backward passes per step):
+  Adam's square-root scaling rule (Malladi et al. 2022, "On the SDEs and scaling rules for adaptive
+  gradient algorithms"); linear scaling (Goyal et al. 2017) is derived for SGD. With Adasum the
+  reduction itself adapts the step; Horovod's Adasum guide scales by the GPUs per node instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+from ..launcher_env import launcher_controller, launcher_sizes
+from .topology import HIERARCHICAL_MODES, hierarchical_allreduce, nodes_of_size
+
+DEFAULT_FUSION_THRESHOLD_MB = 128.0
+DEFAULT_CYCLE_TIME_MS = 0.1
+COMPRESSIONS = ("none", "fp16")
+REDUCE_OPS = ("average", "adasum")
+LR_SCALINGS = ("auto", "none", "linear", "sqrt")
+#: NCCL_ALGO values NCCL 2.2x understands (case-insensitive)
+NCCL_ALGORITHMS = ("ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
+#: "distributed" block keys -> meaning (the seed guides' configs/nerf/hashgrid.json spelling)
+TOPOLOGIES = ("auto", "single_node", "multi_node")
+ALLREDUCE_ALGORITHMS = {"auto": "auto", "ring": "off", "hierarchical": "on"}
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The trainer's ``horovod`` option group (also read by the launcher and the benchmarks)."""
+    g = parser.add_argument_group("horovod (communication; see README 'Scaling out')")
+    g.add_argument("--fusion_threshold_mb", type=float, default=None,
+                   help=f"Horovod tensor-fusion buffer in MiB (HOROVOD_FUSION_THRESHOLD); unset: the environment's "
+                        f"value if any, else {DEFAULT_FUSION_THRESHOLD_MB:g}")
+    g.add_argument("--cycle_time_ms", type=float, default=None,
+                   help=f"Horovod cycle time in ms (HOROVOD_CYCLE_TIME); unset: the environment's value if any, "
+                        f"else {DEFAULT_CYCLE_TIME_MS:g}")
+    g.add_argument("--compression", choices=COMPRESSIONS, default="none",
+                   help="gradient compression for the allreduce; fp16 runs with dynamic loss scaling so small "
+                        "hash-grid gradients survive half precision")
+    g.add_argument("--hierarchical_allreduce", choices=HIERARCHICAL_MODES, default="auto",
+                   help="Horovod hierarchical allreduce (NCCL inside a node, MPI across nodes; MPI controller only); "
+                        "auto: on when the job spans several nodes")
+    g.add_argument("--backward_passes_per_step", type=int, default=1,
+                   help="gradient accumulation: backward passes (each of --target_samples) per optimizer step")
+    g.add_argument("--reduce_op", choices=REDUCE_OPS, default="average",
+                   help="how gradients are combined across ranks (adasum: MPI controller, power-of-2 ranks)")
+    g.add_argument("--lr_scaling", choices=LR_SCALINGS, default="auto",
+                   help="learning rate for a batch m = ranks x backward passes larger than one rank's: "
+                        "auto (sqrt(m) with average, Adasum's rule with adasum), none, linear (x m), sqrt")
+
+
+# ------------------------------------------------------------------------------------- "distributed" block
+
+
+@dataclass(frozen=True)
+class DistributedBlock:
+    """The config's ``distributed`` block (the seed guides' keys), validated."""
+
+    source: str
+    enable: bool = True
+    world_size: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    nccl_topology_file: str | None = None
+    nccl_algorithm: str | None = None
+    topology: str = "auto"
+    allreduce_algorithm: str = "auto"
+
+    @staticmethod
+    def parse(block: Mapping[str, Any] | None, source: str) -> "DistributedBlock":
+        block = dict(block or {})
+        known = [f for f in DistributedBlock.__dataclass_fields__ if f != "source"]
+        unknown = sorted(set(block) - set(known))
+        if unknown:
+            raise ConfigError(f"{source}: unknown key(s) in 'distributed': {', '.join(unknown)} (known: {', '.join(known)})")
+
+        def bad(key: str, expected: str) -> ConfigError:
+            return ConfigError(f"{source}: distributed.{key} must be {expected}, got {block[key]!r}")
+
+        def auto_none(key: str) -> Any:
+            value = block.get(key)
+            return None if value in (None, "auto") else value
+
+        enable = block.get("enable", True)
+        if not isinstance(enable, bool):
+            raise bad("enable", "true or false")
+        world_size = auto_none("world_size")
+        if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0):
+            raise bad("world_size", "a positive integer or \"auto\"")
+        master_addr = auto_none("master_addr")
+        if master_addr is not None and (not isinstance(master_addr, str) or not master_addr.strip()):
+            raise bad("master_addr", "a host name or address")
+        master_port = auto_none("master_port")
+        if master_port is not None and (isinstance(master_port, bool) or not isinstance(master_port, int)
+                                        or not 0 < master_port < 65536):
+            raise bad("master_port", "a port number (1-65535)")
+        topo_file = auto_none("nccl_topology_file")
+        if topo_file is not None and (not isinstance(topo_file, str) or not topo_file):
+            raise bad("nccl_topology_file", "a file path")
+        algo = auto_none("nccl_algorithm")
+        if algo is not None:
+            if not isinstance(algo, str) or not algo:
+                raise bad("nccl_algorithm", f"\"auto\" or NCCL_ALGO values ({', '.join(NCCL_ALGORITHMS)})")
+            for token in algo.lstrip("^").split(","):
+                if token.strip().lower() not in NCCL_ALGORITHMS:
+                    raise bad("nccl_algorithm", f"\"auto\" or comma-separated NCCL_ALGO values ({', '.join(NCCL_ALGORITHMS)})")
+        topology = block.get("topology", "auto")
+        if topology not in TOPOLOGIES:
+            raise bad("topology", " | ".join(TOPOLOGIES))
+        allreduce = block.get("allreduce_algorithm", "auto")
+        if allreduce not in ALLREDUCE_ALGORITHMS:
+            raise bad("allreduce_algorithm", " | ".join(ALLREDUCE_ALGORITHMS))
+        return DistributedBlock(source, enable, world_size, master_addr, master_port, topo_file, algo, topology, allreduce)
+
+    def check(self, world_size: int, nodes: int, controller: str | None, how: str) -> None:
+        """What the launcher or runtime decided vs what the block asks for. ``how``: e.g. "horovodrun -np 4"."""
+        where = f"{self.source}: distributed"
+        if not self.enable and world_size > 1:
+            raise ConfigError(f"{where}.enable is false but the job runs {world_size} ranks ({how})")
+        if self.world_size is not None and self.world_size != world_size:
+            raise ConfigError(f"{where}.world_size is {self.world_size} but the job runs {world_size} rank(s) ({how})")
+        if self.topology == "single_node" and nodes > 1:
+            raise ConfigError(f"{where}.topology is single_node but the job spans {nodes} nodes ({how})")
+        if self.topology == "multi_node" and nodes < 2:
+            raise ConfigError(f"{where}.topology is multi_node but the job runs on one node ({how})")
+        if self.allreduce_algorithm == "hierarchical" and controller == "gloo":
+            raise ConfigError(f"{where}.allreduce_algorithm is hierarchical, which needs the MPI controller, "
+                              f"but the job uses Gloo ({how})")
+
+    def nccl_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """``NCCL_TOPO_FILE``/``NCCL_ALGO`` from the block; a different value already in the environment is an error."""
+        env: dict[str, str] = {}
+        if self.nccl_topology_file:
+            env["NCCL_TOPO_FILE"] = str(Path(self.nccl_topology_file).expanduser().resolve())
+        if self.nccl_algorithm:
+            env["NCCL_ALGO"] = self.nccl_algorithm
+        for key, value in env.items():
+            if environ.get(key, value) != value:
+                raise ConfigError(f"{self.source}: distributed block sets {key}={value} but the environment has "
+                                  f"{key}={environ[key]}; remove one")
+        return env
+
+    def check_host(self, is_root: bool) -> None:
+        """Per-machine checks (run on every rank through ``dist.agree``): the NCCL topology file exists
+        here, and rank 0 owns ``master_addr``."""
+        if self.nccl_topology_file and not Path(self.nccl_topology_file).expanduser().is_file():
+            raise ConfigError(f"{self.source}: distributed.nccl_topology_file {self.nccl_topology_file}: no such file "
+                              f"on {socket.gethostname()}")
+        if is_root and self.master_addr and not is_local_address(self.master_addr):
+            raise ConfigError(f"{self.source}: distributed.master_addr is {self.master_addr!r} but rank 0 runs on "
+                              f"{socket.gethostname()!r}, which does not own that address")
+
+
+def is_local_address(name: str) -> bool:
+    """True when ``name`` resolves to an address this machine can bind (so it is one of ours)."""
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror:
+        return False
+    for family, _, _, _, addr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((addr[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+# ------------------------------------------------------------------------------------- knobs
+
+
+@dataclass(frozen=True)
+class CommSettings:
+    """The ``horovod`` option group merged with the ``distributed`` block."""
+
+    fusion_threshold_mb: float | None
+    cycle_time_ms: float | None
+    compression: str
+    hierarchical: str  # auto | on | off (the flag, or the block's allreduce_algorithm)
+    backward_passes_per_step: int
+    reduce_op: str
+    lr_scaling: str
+    block: DistributedBlock
+
+    @staticmethod
+    def from_args(args: argparse.Namespace) -> "CommSettings":
+        source = args.model.get("_source", "config")
+        block = DistributedBlock.parse(args.model.get("distributed"), source)
+        for name in ("fusion_threshold_mb", "cycle_time_ms"):
+            value = getattr(args, name)
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise ConfigError(f"--{name} must be >= 0, got {value}")
+        if args.backward_passes_per_step < 1:
+            raise ConfigError(f"--backward_passes_per_step must be >= 1, got {args.backward_passes_per_step}")
+        if args.reduce_op == "adasum" and args.precision == "fp16":
+            raise ConfigError("--reduce_op adasum does not support --precision fp16 (Horovod's Adasum optimizer "
+                              "has no loss-scaling path); use fp32 or bf16")
+        hierarchical = args.hierarchical_allreduce
+        from_block = ALLREDUCE_ALGORITHMS[block.allreduce_algorithm]
+        if hierarchical == "auto":
+            hierarchical = from_block
+        elif from_block != "auto" and from_block != hierarchical:
+            raise ConfigError(f"{source}: distributed.allreduce_algorithm is {block.allreduce_algorithm} but "
+                              f"--hierarchical_allreduce is {hierarchical}; remove one")
+        return CommSettings(args.fusion_threshold_mb, args.cycle_time_ms, args.compression, hierarchical,
+                            args.backward_passes_per_step, args.reduce_op, args.lr_scaling, block)
+
+    @property
+    def loss_scaled_compression(self) -> bool:
+        """fp16 compression of averaged gradients runs under a gradient scaler (see ``training.recipe.make_scaler``)."""
+        return self.compression == "fp16" and self.reduce_op == "average"
+
+    def init_env(self, environ: Mapping[str, str], use_cuda: bool) -> dict[str, str]:
+        """Variables to set before ``hvd.init()`` (Horovod and NCCL read them there)."""
+        env = self.block.nccl_env(environ)
+        elastic = environ.get("HOROVOD_ELASTIC") == "1"
+        if elastic and (self.fusion_threshold_mb is not None or "HOROVOD_FUSION_THRESHOLD" in environ
+                        or environ.get("HOROVOD_AUTOTUNE") == "1"):
+            # Measured with Horovod 0.28.1 (Gloo, CPU): with HOROVOD_FUSION_THRESHOLD set, the surviving
+            # rank segfaults inside hvd.init() when the elastic world is re-formed (autotune too:
+            # horovod/horovod#2835). A clear error now beats a crash at the first host change.
+            raise ConfigError("elastic training: leave the tensor-fusion threshold to Horovod (no "
+                              "--fusion_threshold_mb, HOROVOD_FUSION_THRESHOLD or --autotune): Horovod 0.28.1 "
+                              "crashes when it re-forms the world with it set")
+        for key, value, default in (("HOROVOD_FUSION_THRESHOLD", self.fusion_threshold_mb, DEFAULT_FUSION_THRESHOLD_MB),
+                                    ("HOROVOD_CYCLE_TIME", self.cycle_time_ms, DEFAULT_CYCLE_TIME_MS)):
+            if value is None and (key in environ or environ.get("HOROVOD_AUTOTUNE") == "1"
+                                  or (elastic and key == "HOROVOD_FUSION_THRESHOLD")):
+                continue  # e.g. horovodrun --cycle-time-ms; --autotune tunes what is not set; elastic: see above
+            value = default if value is None else value
+            env[key] = str(int(value * 1024 * 1024)) if key == "HOROVOD_FUSION_THRESHOLD" else f"{value:g}"
+        key = "HOROVOD_HIERARCHICAL_ALLREDUCE"
+        if self.hierarchical != "auto" or key not in environ:  # auto keeps a launcher's decision
+            size, local_size = launcher_sizes(environ)
+            on, _ = hierarchical_allreduce(self.hierarchical, nodes_of_size(size, local_size),
+                                           launcher_controller(environ))
+            env[key] = "1" if on and use_cuda else "0"
+        return env
+
+    def check_runtime(self, size: int, local_size: int, controller: str, use_cuda: bool,
+                      environ: Mapping[str, str]) -> list[str]:
+        """Errors when the running job contradicts the settings (same result on every rank); returns notes."""
+        nodes = nodes_of_size(size, local_size)
+        how = f"{size} rank(s) on {nodes} node(s), {controller} controller"
+        self.block.check(size, nodes, controller, how)
+        notes = []
+        hierarchical_on = environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1"
+        if hierarchical_on:
+            hierarchical_allreduce("on", nodes, controller)  # raises under Gloo
+        if hierarchical_on and use_cuda:
+            notes.append(f"hierarchical allreduce on ({nodes} node(s))")
+        elif (hierarchical_on or self.hierarchical == "on") and not use_cuda:
+            notes.append("hierarchical allreduce requested; it has no effect on CPU tensors (Horovod's is NCCL + MPI)")
+        self.check_reduce_op(size, controller)
+        return notes
+
+    def check_reduce_op(self, size: int, controller: str | None) -> None:
+        """Adasum in Horovod 0.28 runs on the MPI controller only, with a power-of-2 number of ranks."""
+        if self.reduce_op != "adasum" or size == 1:
+            return
+        if controller == "gloo":
+            raise ConfigError("--reduce_op adasum needs the MPI controller; this job uses Gloo")
+        if size & (size - 1):
+            raise ConfigError(f"--reduce_op adasum needs a power-of-2 number of ranks; this job runs {size}")
+
+    def lr_multiplier(self, size: int, local_size: int, use_cuda: bool) -> float:
+        """Factor on the configured learning rate for ``size`` ranks (see the module docstring)."""
+        m = size * self.backward_passes_per_step
+        rule = self.lr_scaling
+        if rule == "auto":
+            if self.reduce_op == "adasum":
+                return float(local_size) if use_cuda else 1.0
+            rule = "sqrt"
+        return {"none": 1.0, "linear": float(m), "sqrt": math.sqrt(m)}[rule]
+
+
+    def summary(self, environ: Mapping[str, str], lr_multiplier: float) -> dict[str, Any]:
+        """The effective settings (after ``hvd.init``: the environment holds what Horovod read)."""
+        fusion = environ.get("HOROVOD_FUSION_THRESHOLD")
+        cycle = environ.get("HOROVOD_CYCLE_TIME")
+        return {"fusion_threshold_mb": int(fusion) / 2**20 if fusion else None,
+                "cycle_time_ms": float(cycle) if cycle else None,
+                "compression": self.compression,
+                "hierarchical_allreduce": environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1",
+                "backward_passes_per_step": self.backward_passes_per_step,
+                "reduce_op": self.reduce_op,
+                "lr_multiplier": lr_multiplier,
+                "nccl_algo": environ.get("NCCL_ALGO"),
+                "nccl_topo_file": environ.get("NCCL_TOPO_FILE")}
+
+    def describe(self, environ: Mapping[str, str], lr_multiplier: float, nodes: int, notes: list[str]) -> str:
+        """One log line: where the ranks run and what the allreduce will do."""
+        s = self.summary(environ, lr_multiplier)
+        parts = [f"{nodes} node(s)",f"fusion {s['fusion_threshold_mb']:g} MiB" if s["fusion_threshold_mb"] is not None else "fusion default",
+                 f"cycle {s['cycle_time_ms']:g} ms" if s["cycle_time_ms"] is not None else "cycle default",
+                 f"compression {self.compression}", self.reduce_op,
+                 f"{self.backward_passes_per_step} backward pass(es)/step", f"lr x{lr_multiplier:.3g}",
+                 *(f"{k}={environ[k]}" for k in ("NCCL_ALGO", "NCCL_TOPO_FILE") if environ.get(k)), *notes]
+        return "communication: " + ", ".join(parts)

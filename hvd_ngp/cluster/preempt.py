@@ -1,0 +1,181 @@
+"""Preemption-safe stops: a scheduler's or operator's signal becomes a checkpoint and a documented exit.
+
+SIGTERM, SIGINT and SIGUSR1 (``--stop_signals``) reaching *any* rank set a local flag. The flag is
+agreed by a collective every rank runs in the same order, so every rank stops after the same
+step, writes one checkpoint (the atomic writer of ``checkpoint``), rank 0 writes
+``<out_dir>/preempted.json``, and every rank exits with ``EXIT_PREEMPTED`` (75, EX_TEMPFAIL:
+"stopped early, run me again with --resume auto").
+
+Which collective carries the flag:
+
+- with the non-finite guard (``--nonfinite_limit`` > 0, the default), its per-step allreduce of a
+  "loss not finite" flag becomes a 2-element tensor ``[loss not finite, stop requested]``; it is
+  submitted with the gradients and fused with them by Horovod, so the flag costs no extra message;
+- without the guard, a 1-element allreduce every ``EVERY_STEPS`` (8) steps;
+- at size 1, no collective: the flag is read every step.
+
+A second signal more than ``DUPLICATE_S`` seconds after the first exits at once with status
+128 + signal number (e.g. 143 for SIGTERM): an interrupted checkpoint write leaves only its
+temporary file, and the previous checkpoint stays valid. Signals closer together than that count
+as one: a launcher that forwards a signal the rank also received directly (SLURM signals every
+process of a job step, and so does mpirun) delivers it twice.
+
+Under an elastic horovodrun the handlers are not installed (Horovod's elastic driver manages its
+workers; a log line says so): stop elastic jobs with ``--commit_every`` and ``--ckpt_every`` instead.
+
+Imports nothing heavy at module level (``hvd_ngp.tools.launch`` reads the exit status from here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): training has steps left; resume with --resume auto
+DEFAULT_SIGNALS = "TERM,INT,USR1"
+EVERY_STEPS = 8  # cadence of the stand-alone stop vote when no per-step collective carries the flag
+DUPLICATE_S = 2.0
+MARKER = "preempted.json"
+
+
+def parse_signals(text: str) -> tuple[str, ...]:
+    """``"TERM,INT,USR1"`` -> ``("TERM", "INT", "USR1")`` ("SIG" prefixes and case ignored); "none" -> ()."""
+    text = (text or "").strip()
+    if text.lower() in ("", "none", "off"):
+        return ()
+    names = []
+    for part in text.split(","):
+        name = part.strip().upper().removeprefix("SIG")
+        if name in ("KILL", "STOP"):
+            raise ValueError(f"SIG{name} cannot be caught")
+        if not hasattr(signal, f"SIG{name}") or name.startswith("IG") or name.startswith("DFL"):
+            raise ValueError(f"unknown signal {part.strip()!r} (e.g. TERM, INT, USR1, USR2, HUP)")
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+class StopSignals:
+    """Handlers that turn the first stop signal into a flag and a later one into an immediate exit."""
+
+    def __init__(self, names: tuple[str, ...], rank: int = 0) -> None:
+        self.names, self.rank = names, rank
+        self.received: str | None = None  # the first signal's name (SIGTERM, ...), on this rank
+        self._first_at = 0.0
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> "StopSignals":
+        if threading.current_thread() is not threading.main_thread():
+            return self  # Python delivers signals to the main thread only
+        for name in self.names:
+            num = getattr(signal, f"SIG{name}")
+            self._previous[num] = signal.signal(num, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for num, old in self._previous.items():
+            signal.signal(num, old)
+        self._previous.clear()
+
+    def pending(self) -> bool:
+        return self.received is not None
+
+    def _say(self, text: str) -> None:
+        # os.write: print() from a handler may re-enter a stream the main thread is writing
+        try:
+            os.write(2, f"[rank {self.rank}] hvd_ngp: {text}\n".encode())
+        except OSError:
+            pass
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        now = time.monotonic()
+        if self.received is None:
+            self.received, self._first_at = name, now
+            self._say(f"received {name}: stopping every rank at the next step boundary with a checkpoint "
+                      f"(a second signal exits at once)")
+        elif now - self._first_at > DUPLICATE_S:
+            self._say(f"received {name} while stopping (after {self.received}): exiting now without finishing "
+                      f"the checkpoint; the previous checkpoint is unchanged")
+            os._exit(128 + signum)
+
+
+class StopVote:
+    """The agreed stop decision (``decide``: the same answer on every rank at the same step)."""
+
+    def __init__(self, signals: StopSignals | None) -> None:
+        self.signals = signals
+        self.cost_s = 0.0  # time spent in stand-alone votes (for the measurement in the README)
+        self.votes = 0
+
+    def uninstall(self) -> None:
+        if self.signals is not None:
+            self.signals.uninstall()
+
+    def local(self) -> bool:
+        return self.signals is not None and self.signals.pending()
+
+    def decide(self, step: int, guard=None) -> bool:
+        """Collective when due. ``guard``: the non-finite guard whose per-step allreduce carried the flag."""
+        from . import dist
+
+        if self.signals is None:
+            return False
+        rt = dist.runtime()
+        if rt.size == 1:
+            return self.local()
+        if guard is not None and guard.carries_stop:
+            return guard.stop_agreed
+        if step % EVERY_STEPS:
+            return False
+        import torch
+
+        start = time.perf_counter()
+        agreed = float(dist.allreduce(torch.tensor([float(self.local())]), "max", name="preempt.stop")[0]) > 0
+        self.cost_s += time.perf_counter() - start
+        self.votes += 1
+        return agreed
+
+    def who(self) -> str:
+        """Which signal(s) on which rank(s) asked to stop (collective; at stop time only)."""
+        from . import dist
+
+        mine = self.signals.received if self.signals is not None else None
+        seen = dist.allgather_object(mine, name="preempt.who")
+        found = [f"{name} on rank {r}" for r, name in enumerate(seen) if name]
+        return ", ".join(found) or "another rank"
+
+
+def install(names: tuple[str, ...], elastic: bool) -> StopVote:
+    """The stop vote for this run: handlers for ``names``, or none (disabled, or an elastic job)."""
+    from . import dist
+
+    rt = dist.runtime()
+    if not names:
+        return StopVote(None)
+    if elastic:
+        dist.log("stop signals: not handled in an elastic job (Horovod's elastic driver manages the workers); "
+                 "a signal ends the job as Horovod decides")
+        return StopVote(None)
+    return StopVote(StopSignals(names, rt.rank).install())
+
+
+def write_marker(out_dir: Path, step: int, n_steps: int, signal_info: str, checkpoint: Path) -> None:
+    """Rank 0: ``<out_dir>/preempted.json``, which says the run stopped early with steps left."""
+    from . import dist
+
+    if not dist.runtime().is_root:
+        return
+    info = {"step": step, "n_steps": n_steps, "signal": signal_info, "checkpoint": str(checkpoint),
+            "exit_code": EXIT_PREEMPTED, "resume": "--resume auto", "time": time.time()}
+    tmp = out_dir / f".{MARKER}.tmp"
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, out_dir / MARKER)
+
+
+def clear_marker(out_dir: Path) -> None:
+    (out_dir / MARKER).unlink(missing_ok=True)

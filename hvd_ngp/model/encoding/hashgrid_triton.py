@@ -1,0 +1,140 @@
+"""Hash-grid encoding in Triton: forward and backward, one kernel each.
+
+Twin of ``hvd_ngp.model.encoding.hashgrid.HashGridTorch`` (same table layout and indexing). One program
+handles a block of points at one level (grid: point blocks x levels), so the level's constants are
+scalars and its slice of the table is the working set. The backward scatters into an fp32 gradient
+with atomic adds. With ``table_dtype=torch.float16`` the forward gathers from a half-precision copy
+of the (fp32 master) table, halving its cache footprint (2^19 x 16 x 2 halves = 32 MiB, inside an
+H100/H200's L2); gradients and the optimizer stay in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .hashgrid import HashGridSpec, HashGridTorch
+
+
+@triton.jit
+def _corner(cx, cy, cz, fx, fy, fz, C: tl.constexpr, res, size, hashed):
+    """Row (within the level) and trilinear weight of corner C (bit d = offset along dim d)."""
+    X = cx + (C & 1)
+    Y = cy + ((C >> 1) & 1)
+    Z = cz + ((C >> 2) & 1)
+    wx = fx if (C & 1) else 1.0 - fx
+    wy = fy if ((C >> 1) & 1) else 1.0 - fy
+    wz = fz if ((C >> 2) & 1) else 1.0 - fz
+    if hashed:
+        h = X.to(tl.uint32) ^ (Y.to(tl.uint32) * 2654435761) ^ (Z.to(tl.uint32) * 805459861)
+        row = (h & (size - 1).to(tl.uint32)).to(tl.int32)
+    else:
+        lin = X + Y * res + Z * res * res
+        row = lin % size
+    return row, wx * wy * wz
+
+
+@triton.jit
+def _point_cells(x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK: tl.constexpr):
+    """This program's points (indices ``i``, mask ``m``) at its level: the level's constants, the cell
+    corner ``c*`` (int32) and the fractions ``f*`` of each point within its cell."""
+    pid = tl.program_id(0)
+    level = tl.program_id(1)
+    i = pid * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    scale = tl.load(scale_ptr + level)
+    res = tl.load(res_ptr + level)
+    size = tl.load(size_ptr + level)
+    offset = tl.load(offset_ptr + level)
+    hashed = tl.load(hashed_ptr + level) != 0
+    px = tl.load(x_ptr + i * 3 + 0, mask=m, other=0.0) * scale + 0.5
+    py = tl.load(x_ptr + i * 3 + 1, mask=m, other=0.0) * scale + 0.5
+    pz = tl.load(x_ptr + i * 3 + 2, mask=m, other=0.0) * scale + 0.5
+    gx, gy, gz = tl.floor(px), tl.floor(py), tl.floor(pz)
+    fx, fy, fz = px - gx, py - gy, pz - gz
+    cx, cy, cz = gx.to(tl.int32), gy.to(tl.int32), gz.to(tl.int32)
+    return i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed
+
+
+@triton.jit
+def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
+                  L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr):
+    i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
+        x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
+    f = tl.arange(0, F)
+    acc = tl.zeros((BLOCK, F), dtype=tl.float32)
+    for C in tl.static_range(8):
+        row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
+        ptr = table_ptr + (offset + row)[:, None].to(tl.int64) * F + f[None, :]
+        v = tl.load(ptr, mask=m[:, None], other=0.0).to(tl.float32)
+        acc += w[:, None] * v
+    out = out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :]
+    tl.store(out, acc, mask=m[:, None])
+
+
+@triton.jit
+def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
+                  L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr):
+    i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
+        x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
+    f = tl.arange(0, F)
+    g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :], mask=m[:, None],
+                other=0.0).to(tl.float32)
+    for C in tl.static_range(8):
+        row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
+        ptr = grad_table_ptr + (offset + row)[:, None].to(tl.int64) * F + f[None, :]
+        tl.atomic_add(ptr, w[:, None] * g, mask=m[:, None])
+
+
+BLOCK = 128
+
+
+class _HashGridTritonFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, params: Tensor, enc: "HashGridTriton") -> Tensor:
+        n, L, F = x.shape[0], enc.spec.n_levels, enc.spec.n_features_per_level
+        table = params if enc.table_dtype == torch.float32 else params.detach().to(enc.table_dtype)
+        out = torch.empty(n, L * F, device=x.device, dtype=torch.float32)
+        if n:
+            _hashgrid_fwd[(triton.cdiv(n, BLOCK), L)](x, table, out, *enc.level_tensors(), n, L=L, F=F, BLOCK=BLOCK)
+        ctx.save_for_backward(x)
+        ctx.enc = enc
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (x,) = ctx.saved_tensors
+        enc = ctx.enc
+        n, L, F = x.shape[0], enc.spec.n_levels, enc.spec.n_features_per_level
+        grad_table = torch.zeros(enc.params.shape, device=x.device, dtype=torch.float32)
+        if n:
+            _hashgrid_bwd[(triton.cdiv(n, BLOCK), L)](x, grad.contiguous(), grad_table, *enc.level_tensors(), n, L=L,
+                                                      F=F, BLOCK=BLOCK)
+        return None, grad_table.to(enc.params.dtype), None
+
+
+class HashGridTriton(HashGridTorch):
+    """``HashGridTorch`` with Triton forward/backward (CUDA, or the Triton interpreter on CPU).
+
+    ``forward(x)``: x ``[N, 3]`` in [0, 1] -> ``[N, L * F]`` float32.
+    """
+
+    def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(spec)
+        if spec.n_features_per_level & (spec.n_features_per_level - 1):
+            raise ValueError("the Triton hash grid needs a power-of-two n_features_per_level")
+        self.table_dtype = table_dtype
+        self._levels: tuple[Tensor, ...] | None = None
+
+    def level_tensors(self) -> tuple[Tensor, ...]:
+        """scale f32, resolution i32, size i32, offset i32, hashed i32 — each ``[L]``, on the table's device."""
+        dev = self.params.device
+        if self._levels is None or self._levels[0].device != dev:
+            self._levels = (self.scales.float().to(dev), self.resolutions.int().to(dev), self.sizes.int().to(dev),
+                            self.offsets.int().to(dev), self.hashed_mask.int().to(dev))
+        return self._levels
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _HashGridTritonFunction.apply(x.float().contiguous(), self.params, self)

@@ -1,0 +1,106 @@
+"""The NGP radiance field: hash encoding -> density MLP; SH(direction) + geometry features -> colour MLP.
+
+It knows nothing of rays: ``query_density(x)`` and ``forward(x, d)`` take world positions in the
+scene's ``aabb`` and unit directions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .encoding import make_direction_encoding, make_position_encoding
+from ..errors import ConfigError
+
+MLP_TYPES = ("FullyFusedMLP", "CutlassMLP", "MLP")
+ACTIVATIONS = {"ReLU": nn.ReLU, "None": nn.Identity, "Sigmoid": nn.Sigmoid, "Exponential": None}
+
+
+class TruncExp(torch.autograd.Function):
+    """exp with its gradient clamped at exp(15): instant-ngp's density activation, safe in fp32."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return torch.exp(x)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        return g * torch.exp(x.clamp(max=15.0))
+
+
+def trunc_exp(x: Tensor) -> Tensor:
+    return TruncExp.apply(x)
+
+
+def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = "config",
+             backend: str = "torch") -> nn.Module:
+    """An instant-ngp style MLP (no biases, like tiny-cuda-nn's fused MLPs) from a network block:
+    ``nn.Linear`` layers, or tiny-cuda-nn's network with ``backend="tcnn"``."""
+    otype = block.get("otype", "FullyFusedMLP")
+    if otype not in MLP_TYPES:
+        raise ConfigError(f"{source}: {name}.otype {otype!r} is unknown (expected one of {', '.join(MLP_TYPES)})")
+    width, depth = block.get("n_neurons", 64), block.get("n_hidden_layers", 1)
+    if not isinstance(width, int) or width <= 0:
+        raise ConfigError(f"{source}: {name}.n_neurons must be a positive integer, got {width!r}")
+    if not isinstance(depth, int) or depth < 0:
+        raise ConfigError(f"{source}: {name}.n_hidden_layers must be a non-negative integer, got {depth!r}")
+    act = block.get("activation", "ReLU")
+    if act not in ("ReLU", "None"):
+        raise ConfigError(f"{source}: {name}.activation {act!r} is not supported (ReLU, None)")
+    if backend == "tcnn":
+        from .encoding.tcnn import TcnnMLP, network_config
+
+        return TcnnMLP(network_config(block, name, source), n_input, n_output)
+    layers: list[nn.Module] = []
+    dims = [n_input] + [width] * depth
+    for a, b in zip(dims[:-1], dims[1:]):
+        layers += [nn.Linear(a, b, bias=False), nn.ReLU() if act == "ReLU" else nn.Identity()]
+    layers.append(nn.Linear(dims[-1], n_output, bias=False))
+    return nn.Sequential(*layers)
+
+
+class NGPField(nn.Module):
+    """Radiance field over ``aabb`` (``[2, 3]``, world units).
+
+    query_density: x ``[N, 3]`` -> (sigma ``[N]``, geo_feat ``[N, G]``)
+    forward:       x ``[N, 3]``, d ``[N, 3]`` -> (rgb ``[N, 3]`` in [0, 1], sigma ``[N]``)
+    """
+
+    def __init__(self, model: dict, aabb: Tensor, backend: str = "torch") -> None:
+        super().__init__()
+        source = model.get("_source", "config")
+        self.register_buffer("aabb", aabb.float().clone())
+        self.encoding = make_position_encoding(model["encoding"], backend, source)
+        net = model["network"]
+        n_geo = int(net.get("n_output_dims", 16))
+        if n_geo < 1:
+            raise ConfigError(f"{source}: network.n_output_dims must be >= 1, got {n_geo}")
+        self.density_mlp = make_mlp(net, self.encoding.n_output_dims, n_geo, "network", source, backend)
+        self.dir_encoding = make_direction_encoding(model["dir_encoding"], source)
+        rgb = model["rgb_network"]
+        out_act = rgb.get("output_activation", "Sigmoid")
+        if out_act not in ("Sigmoid", "None"):
+            raise ConfigError(f"{source}: rgb_network.output_activation {out_act!r} is not supported (Sigmoid)")
+        self.rgb_mlp = make_mlp(rgb, self.dir_encoding.n_output_dims + n_geo, 3, "rgb_network", source, backend)
+
+    def normalize(self, x: Tensor) -> Tensor:
+        """World positions -> the encoding's unit cube (the aabb's longest side maps to 1)."""
+        lo, hi = self.aabb[0], self.aabb[1]
+        return ((x - lo) / (hi - lo).max()).clamp(0.0, 1.0)
+
+    def query_density(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        h = self.density_mlp(self.encoding(self.normalize(x)).to(x.dtype))
+        return trunc_exp(h[:, 0].float()), h
+
+    def forward(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
+        sigma, geo = self.query_density(x)
+        rgb = torch.sigmoid(self.rgb_mlp(torch.cat([self.dir_encoding(d).to(geo.dtype), geo], dim=-1)).float())
+        return rgb, sigma
+
+    def mlp_parameters(self) -> list[nn.Parameter]:
+        return list(self.density_mlp.parameters()) + list(self.rgb_mlp.parameters())
+
+    def encoding_parameters(self) -> list[nn.Parameter]:
+        return list(self.encoding.parameters())

@@ -1,0 +1,176 @@
+"""Volume compositing of packed samples in Triton: forward, backward, and the early-termination count.
+
+Twin of ``hvd_ngp.render.volume.transmittance_weights`` + ``accumulate`` (the dense-lane reference). Each
+ray's samples are contiguous: ``start[r] .. start[r] + count[r]``. One lane per ray walks its
+samples front to back keeping the transmittance in a register. The backward recomputes the
+forward from the saved totals (instant-ngp's scheme), so nothing per sample is stored:
+
+    dC/dc_j = w_j,    dC/dsigma_j = dt_j * (T_{j+1} c_j - sum_{i>j} w_i c_i)
+
+for C in (rgb, opacity with c = 1, depth with c = t).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live):
+    """Packed samples ``i`` of the live lanes: distance t, step dt, colour (r, g, b) in fp32 and the
+    decay exp(-sigma dt) across the sample (1 on lanes past their ray's end: weight 0)."""
+    sigma = tl.load(sigma_ptr + i, mask=live, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + i, mask=live, other=0.0)
+    t = tl.load(t_ptr + i, mask=live, other=0.0)
+    r = tl.load(rgb_ptr + i * 3 + 0, mask=live, other=0.0).to(tl.float32)
+    g = tl.load(rgb_ptr + i * 3 + 1, mask=live, other=0.0).to(tl.float32)
+    b = tl.load(rgb_ptr + i * 3 + 2, mask=live, other=0.0).to(tl.float32)
+    return t, dt, r, g, b, tl.exp(-sigma * dt)
+
+
+@triton.jit
+def _composite_fwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_rgb_ptr, out_op_ptr, out_depth_ptr,
+                   R, BLOCK: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = r < R
+    start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
+    count = tl.load(count_ptr + r, mask=m, other=0)
+    T = tl.full((BLOCK,), 1.0, tl.float32)
+    cr = tl.zeros((BLOCK,), tl.float32)
+    cg = tl.zeros((BLOCK,), tl.float32)
+    cb = tl.zeros((BLOCK,), tl.float32)
+    op = tl.zeros((BLOCK,), tl.float32)
+    dep = tl.zeros((BLOCK,), tl.float32)
+    n_max = tl.max(count, axis=0)
+    j = 0
+    while j < n_max:
+        live = j < count
+        i = start + j
+        t, _, sr, sg, sb, decay = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
+        w = T * (1.0 - decay)
+        cr += w * sr
+        cg += w * sg
+        cb += w * sb
+        op += w
+        dep += w * t
+        T = tl.where(live, T * decay, T)
+        j += 1
+    tl.store(out_rgb_ptr + r * 3 + 0, cr, mask=m)
+    tl.store(out_rgb_ptr + r * 3 + 1, cg, mask=m)
+    tl.store(out_rgb_ptr + r * 3 + 2, cb, mask=m)
+    tl.store(out_op_ptr + r, op, mask=m)
+    tl.store(out_depth_ptr + r, dep, mask=m)
+
+
+@triton.jit
+def _composite_bwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_rgb_ptr, out_op_ptr, out_depth_ptr,
+                   g_rgb_ptr, g_op_ptr, g_depth_ptr, g_sigma_ptr, g_samples_rgb_ptr, R, BLOCK: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = r < R
+    start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
+    count = tl.load(count_ptr + r, mask=m, other=0)
+    gr = tl.load(g_rgb_ptr + r * 3 + 0, mask=m, other=0.0)
+    gg = tl.load(g_rgb_ptr + r * 3 + 1, mask=m, other=0.0)
+    gb = tl.load(g_rgb_ptr + r * 3 + 2, mask=m, other=0.0)
+    go = tl.load(g_op_ptr + r, mask=m, other=0.0)
+    gd = tl.load(g_depth_ptr + r, mask=m, other=0.0)
+    # g . C_total, then the running suffix g . sum_{i>j} w_i c_i = total - prefix
+    total = (gr * tl.load(out_rgb_ptr + r * 3 + 0, mask=m, other=0.0) + gg * tl.load(out_rgb_ptr + r * 3 + 1, mask=m, other=0.0)
+             + gb * tl.load(out_rgb_ptr + r * 3 + 2, mask=m, other=0.0) + go * tl.load(out_op_ptr + r, mask=m, other=0.0)
+             + gd * tl.load(out_depth_ptr + r, mask=m, other=0.0))
+    prefix = tl.zeros((BLOCK,), tl.float32)
+    T = tl.full((BLOCK,), 1.0, tl.float32)
+    n_max = tl.max(count, axis=0)
+    j = 0
+    while j < n_max:
+        live = j < count
+        i = start + j
+        t, dt, cr, cg, cb, decay = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
+        w = T * (1.0 - decay)
+        T_next = T * decay
+        gc = gr * cr + gg * cg + gb * cb + go + gd * t
+        prefix += w * gc
+        g_sigma = dt * (T_next * gc - (total - prefix))
+        tl.store(g_sigma_ptr + i, g_sigma, mask=live)
+        tl.store(g_samples_rgb_ptr + i * 3 + 0, w * gr, mask=live)
+        tl.store(g_samples_rgb_ptr + i * 3 + 1, w * gg, mask=live)
+        tl.store(g_samples_rgb_ptr + i * 3 + 2, w * gb, mask=live)
+        T = tl.where(live, T_next, T)
+        j += 1
+
+
+@triton.jit
+def _count_until_opaque(sigma_ptr, dt_ptr, start_ptr, count_ptr, keep_ptr, R, eps, BLOCK: tl.constexpr):
+    """keep[r]: the samples of ray r whose transmittance before them exceeds eps (a prefix)."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = r < R
+    start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
+    count = tl.load(count_ptr + r, mask=m, other=0)
+    log_T = tl.zeros((BLOCK,), tl.float32)   # -sum(sigma dt) so far, as the reference computes it
+    keep = tl.zeros((BLOCK,), tl.int32)
+    log_eps = tl.log(eps)
+    n_max = tl.max(count, axis=0)
+    j = 0
+    while j < n_max:
+        live = (j < count) & (log_T > log_eps)
+        i = start + j
+        sigma = tl.load(sigma_ptr + i, mask=live, other=0.0).to(tl.float32)
+        dt = tl.load(dt_ptr + i, mask=live, other=0.0)
+        keep += live.to(tl.int32)
+        log_T = log_T - sigma * dt
+        j += 1
+    tl.store(keep_ptr + r, keep, mask=m)
+
+
+BLOCK = 64
+
+
+def _grid(R: int) -> tuple[int]:
+    return (triton.cdiv(max(R, 1), BLOCK),)
+
+
+class CompositeFunction(torch.autograd.Function):
+    """(sigma ``[M]``, rgb ``[M, 3]``, dt, t ``[M]``, start, count ``[R]``) -> rgb ``[R, 3]``, opacity, depth ``[R]``."""
+
+    @staticmethod
+    def forward(ctx, sigma: Tensor, rgb: Tensor, dt: Tensor, t: Tensor, start: Tensor, count: Tensor):
+        R = start.shape[0]
+        dev = sigma.device
+        out_rgb = torch.zeros(R, 3, device=dev)
+        out_op = torch.zeros(R, device=dev)
+        out_depth = torch.zeros(R, device=dev)
+        sigma, rgb = sigma.contiguous(), rgb.contiguous()
+        if R:
+            _composite_fwd[_grid(R)](sigma, rgb, dt, t, start, count, out_rgb, out_op, out_depth, R, BLOCK=BLOCK)
+        ctx.save_for_backward(sigma, rgb, dt, t, start, count, out_rgb, out_op, out_depth)
+        return out_rgb, out_op, out_depth
+
+    @staticmethod
+    def backward(ctx, g_rgb: Tensor, g_op: Tensor, g_depth: Tensor):
+        sigma, rgb, dt, t, start, count, out_rgb, out_op, out_depth = ctx.saved_tensors
+        R = start.shape[0]
+        g_sigma = torch.zeros(sigma.shape, device=sigma.device, dtype=torch.float32)
+        g_rgb_samples = torch.zeros(rgb.shape, device=rgb.device, dtype=torch.float32)
+        if R:
+            _composite_bwd[_grid(R)](sigma, rgb, dt, t, start, count, out_rgb, out_op, out_depth,
+                                     g_rgb.float().contiguous(), g_op.float().contiguous(), g_depth.float().contiguous(),
+                                     g_sigma, g_rgb_samples, R, BLOCK=BLOCK)
+        return g_sigma.to(sigma.dtype), g_rgb_samples.to(rgb.dtype), None, None, None, None
+
+
+def composite(sigma: Tensor, rgb: Tensor, dt: Tensor, t: Tensor, start: Tensor, count: Tensor):
+    """Differentiable compositing of packed samples -> rgb ``[R, 3]``, opacity ``[R]``, depth ``[R]``."""
+    return CompositeFunction.apply(sigma, rgb, dt.float().contiguous(), t.float().contiguous(), start, count)
+
+
+def count_until_opaque(sigma: Tensor, dt: Tensor, start: Tensor, count: Tensor, eps: float) -> Tensor:
+    """Per ray, how many leading samples have transmittance above ``eps`` ``[R]`` int32."""
+    R = start.shape[0]
+    keep = torch.zeros(R, device=sigma.device, dtype=torch.int32)
+    if R:
+        _count_until_opaque[_grid(R)](sigma.contiguous(), dt.float().contiguous(), start, count, keep, R, float(eps),
+                                      BLOCK=BLOCK)
+    return keep

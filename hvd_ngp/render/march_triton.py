@@ -1,0 +1,223 @@
+"""Ray marching through the occupancy grid in Triton: a count pass and a write pass.
+
+Twin of ``hvd_ngp.render.volume.march`` (the dense-lane reference): the same sample positions
+``T(F(t_near) + k + jitter)``, the same cascade choice and the same occupancy test, evaluated
+step by step in registers instead of in a [rays, steps] tensor. Each ray's steps are split into
+segments of ``SEGMENT`` steps marched by different programs, so a few long rays (large scenes)
+still fill the GPU; per-segment counts give every segment its place in the output. The samples
+come out packed ray-major into buffers of a fixed ``capacity``; a ray whose samples do not all
+fit gets ``count = 0`` and ``fits = False`` (it renders as empty and the trainer drops it).
+No host synchronisation: the total is returned as a device tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .occupancy import OccupancyGrid
+from .schedule import StepSchedule
+
+
+@triton.jit
+def _coord(t, dt_min, dt_max, t1, t2, s1, s2, lc, CONE: tl.constexpr):
+    """F(t) of StepSchedule."""
+    if CONE:
+        lin = t / dt_min
+        geo = s1 + tl.log(tl.maximum(t, t1) / t1) / lc
+        far = s2 + (t - t2) / dt_max
+        return tl.where(t < t1, lin, tl.where(t < t2, geo, far))
+    else:
+        return t / dt_min
+
+
+@triton.jit
+def _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE: tl.constexpr):
+    """T(s) = F^-1(s) of StepSchedule."""
+    if CONE:
+        lin = s * dt_min
+        geo = t1 * tl.exp((tl.minimum(tl.maximum(s, s1), s2) - s1) * lc)
+        far = t2 + (s - s2) * dt_max
+        return tl.where(s < s1, lin, tl.where(s < s2, geo, far))
+    else:
+        return s * dt_min
+
+
+@triton.jit
+def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t_ptr, dt_ptr, ray_ptr, R,
+           lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, c_x, c_y, c_z, h_x, h_y, h_z, cell0,
+           dt_min, dt_max, t1, t2, s1, s2, lc, near, max_steps, capacity,
+           RES: tl.constexpr, K: tl.constexpr, CONE: tl.constexpr, WRITE: tl.constexpr, BLOCK: tl.constexpr,
+           SEGMENT: tl.constexpr, NSEG: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    seg = tl.program_id(1)
+    m = r < R
+    ox = tl.load(o_ptr + r * 3 + 0, mask=m, other=0.0)
+    oy = tl.load(o_ptr + r * 3 + 1, mask=m, other=0.0)
+    oz = tl.load(o_ptr + r * 3 + 2, mask=m, other=0.0)
+    dx = tl.load(d_ptr + r * 3 + 0, mask=m, other=1.0)
+    dy = tl.load(d_ptr + r * 3 + 1, mask=m, other=1.0)
+    dz = tl.load(d_ptr + r * 3 + 2, mask=m, other=1.0)
+    j = tl.load(jitter_ptr + r, mask=m, other=0.5)
+    # slab test, exactly as data.cameras.intersect_aabb
+    ix = 1.0 / tl.where(tl.abs(dx) < 1e-9, 1e-9, dx)
+    iy = 1.0 / tl.where(tl.abs(dy) < 1e-9, 1e-9, dy)
+    iz = 1.0 / tl.where(tl.abs(dz) < 1e-9, 1e-9, dz)
+    ax, bx = (lo_x - ox) * ix, (hi_x - ox) * ix
+    ay, by = (lo_y - oy) * iy, (hi_y - oy) * iy
+    az, bz = (lo_z - oz) * iz, (hi_z - oz) * iz
+    t_near = tl.maximum(tl.maximum(tl.maximum(tl.minimum(ax, bx), tl.minimum(ay, by)), tl.minimum(az, bz)), 0.0)
+    t_near = tl.maximum(t_near, near)
+    t_far = tl.minimum(tl.minimum(tl.maximum(ax, bx), tl.maximum(ay, by)), tl.maximum(az, bz))
+    s0 = _coord(t_near, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) + j
+    active = m & (t_far > t_near)
+    if WRITE:
+        base = tl.load(start_ptr + r * NSEG + seg, mask=m, other=0)
+        active = active & (tl.load(fits_ptr + r, mask=m, other=0) != 0)
+    n = tl.zeros((BLOCK,), dtype=tl.int32)
+    k = seg * SEGMENT
+    k_end = tl.minimum(k + SEGMENT, max_steps)
+    while (tl.sum(active.to(tl.int32), axis=0) > 0) & (k < k_end):
+        s = s0 + k
+        t = _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE)
+        active = active & (t < t_far)
+        dt = _time(s + 1.0, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) - t
+        px, py, pz = ox + dx * t, oy + dy * t, oz + dz * t
+        if K > 1:
+            rad = tl.maximum(tl.maximum(tl.abs(px - c_x) / h_x, tl.abs(py - c_y) / h_y), tl.abs(pz - c_z) / h_z)
+            lvl = tl.maximum(tl.ceil(tl.log2(tl.maximum(rad, 1e-12))), tl.ceil(tl.log2(tl.maximum(dt / cell0, 1e-12))))
+            lvl = tl.minimum(tl.maximum(lvl, 0.0), K - 1.0)
+            ext = tl.exp2(lvl)
+        else:
+            lvl = tl.zeros_like(t)
+            ext = tl.full(t.shape, 1.0, tl.float32)
+        ux = (px - c_x) / (2.0 * h_x * ext) + 0.5
+        uy = (py - c_y) / (2.0 * h_y * ext) + 0.5
+        uz = (pz - c_z) / (2.0 * h_z * ext) + 0.5
+        inside = (ux >= 0) & (ux <= 1) & (uy >= 0) & (uy <= 1) & (uz >= 0) & (uz <= 1)
+        cx = tl.minimum(tl.maximum((ux * RES).to(tl.int32), 0), RES - 1)
+        cy = tl.minimum(tl.maximum((uy * RES).to(tl.int32), 0), RES - 1)
+        cz = tl.minimum(tl.maximum((uz * RES).to(tl.int32), 0), RES - 1)
+        cell = lvl.to(tl.int32) * (RES * RES * RES) + (cx * RES + cy) * RES + cz
+        occ = tl.load(bits_ptr + cell, mask=active & inside, other=0) != 0
+        emit = active & inside & occ
+        if WRITE:
+            slot = base + n
+            ok = emit & (slot < capacity)
+            tl.store(t_ptr + slot, t, mask=ok)
+            tl.store(dt_ptr + slot, dt, mask=ok)
+            tl.store(ray_ptr + slot, r, mask=ok)
+        n += emit.to(tl.int32)
+        k += 1
+    if not WRITE:
+        tl.store(count_ptr + r * NSEG + seg, n, mask=m)
+
+
+@dataclass
+class PackedSamples:
+    """Samples packed ray-major into ``capacity`` slots.
+
+    t, dt ``[C]`` float32; ray ``[C]`` int32 (``R`` in unused slots); start, count ``[R]`` int32 (count 0
+    for rays that did not fit); fits ``[R]`` bool: the ray's samples are all here; total: device
+    scalar, the samples written.
+    """
+
+    t: Tensor
+    dt: Tensor
+    ray: Tensor
+    start: Tensor
+    count: Tensor
+    fits: Tensor
+    total: Tensor
+
+
+def schedule_constants(schedule: StepSchedule) -> tuple[float, ...]:
+    """dt_min, dt_max, t1, t2, s1, s2, log1p(cone) as the kernels take them."""
+    c = schedule.cone_angle
+    if c == 0:
+        return schedule.dt_min, schedule.dt_max, 0.0, 0.0, 0.0, 0.0, 1.0
+    t1, t2, s1, s2 = schedule._knots()
+    return schedule.dt_min, schedule.dt_max, t1, t2, s1, s2, math.log1p(c)
+
+
+BLOCK = 64
+SEGMENT = 64
+
+
+def _launch_args(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
+                 jitter: Tensor | None) -> tuple:
+    """The tensors and constants both passes of ``_march`` take."""
+    R = origins.shape[0]
+    o, d = origins.float().contiguous(), directions.float().contiguous()
+    j = (jitter if jitter is not None else torch.full((R,), 0.5, device=origins.device)).float().contiguous()
+    bits = grid.occupied.view(-1).to(torch.uint8)
+    lo, hi = aabb[0].tolist(), aabb[1].tolist()
+    center, half0 = grid.center.tolist(), grid.half0.tolist()
+    cell0 = 2 * max(half0) / grid.resolution
+    nseg = triton.cdiv(schedule.max_steps, SEGMENT)
+    common = dict(RES=grid.resolution, K=grid.n_cascades, CONE=schedule.cone_angle > 0, BLOCK=BLOCK,
+                  SEGMENT=SEGMENT, NSEG=nseg)
+    consts = (*lo, *hi, *center, *half0, cell0, *schedule_constants(schedule), schedule.near, schedule.max_steps)
+    return o, d, j, bits, (triton.cdiv(max(R, 1), BLOCK), nseg), consts, common
+
+
+def segments(schedule: StepSchedule) -> int:
+    """Segments of ``SEGMENT`` steps per ray: the columns of ``march_counts``."""
+    return triton.cdiv(schedule.max_steps, SEGMENT)
+
+
+def march_counts(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
+                 jitter: Tensor | None) -> Tensor:
+    """The count pass: candidates per ray and segment ``[R, segments(schedule)]`` int32."""
+    R = origins.shape[0]
+    o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter)
+    seg_count = torch.zeros(R, common["NSEG"], device=origins.device, dtype=torch.int32)
+    if R:
+        _march[grid_fn](o, d, j, bits, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, R, *consts, 0,
+                        WRITE=False, **common)
+    return seg_count
+
+
+def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
+                jitter: Tensor | None, seg_count: Tensor, capacity: int,
+                out: tuple[Tensor, Tensor, Tensor] | None = None) -> PackedSamples:
+    """The write pass: the candidates ``seg_count`` (from ``march_counts``) counted, packed into ``capacity``
+    slots; ``out``: (t, dt, ray) workspace buffers of at least ``capacity`` slots to write into (reused
+    across calls), else new ones."""
+    R = origins.shape[0]
+    dev = origins.device
+    o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter)
+    seg_ends = torch.cumsum(seg_count.view(-1), 0, dtype=torch.int64).view(R, common["NSEG"])
+    seg_start = (seg_ends - seg_count).to(torch.int32)
+    count = seg_count.sum(1, dtype=torch.int32)
+    ends = seg_ends[:, -1] if R else torch.zeros(0, dtype=torch.int64, device=dev)
+    if out is None:
+        t = torch.empty(capacity, device=dev, dtype=torch.float32)
+        dt = torch.empty(capacity, device=dev, dtype=torch.float32)
+        ray = torch.empty(capacity, device=dev, dtype=torch.int32)
+    else:
+        t, dt, ray = (buf[:capacity] for buf in out)
+    ray.fill_(R)
+    start = (ends - count).to(torch.int32)
+    fits = ends <= capacity
+    count = torch.where(fits, count, torch.zeros_like(count))
+    if R and capacity:
+        _march[grid_fn](o, d, j, bits, seg_count, seg_start, fits.to(torch.int8), t, dt, ray, R, *consts, capacity,
+                        WRITE=True, **common)
+    total = (count.to(torch.int64)).sum()
+    return PackedSamples(t, dt, ray, start, count, fits, total)
+
+
+def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
+                 jitter: Tensor | None, capacity: int | None) -> PackedSamples:
+    """March R rays (``[R, 3]`` each) into at most ``capacity`` packed samples (see the module docstring).
+    ``capacity=None`` sizes the buffers exactly, at the cost of one host synchronisation."""
+    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter)
+    if capacity is None:
+        capacity = int(seg_count.sum())
+    return march_write(origins, directions, aabb, grid, schedule, jitter, seg_count, capacity)

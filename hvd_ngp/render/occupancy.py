@@ -1,0 +1,157 @@
+"""Occupancy grid: which cells of the scene may hold density, so ray marching skips empty space.
+
+instant-ngp's scheme: ``n_cascades`` nested grids of ``resolution^3`` cells around the scene centre,
+cascade k covering half-extent ``h0 * 2^k``; every update decays the stored optical thickness
+(``sigma * dt``) by ``decay`` and takes the max with fresh density samples at jittered points of
+chosen cells (all cells during warm-up, then a quarter uniformly and a quarter among occupied
+cells); a cell is occupied when its value exceeds ``min(threshold, mean)``.
+
+Across ranks: the cells to refresh are drawn from a generator seeded by (seed, step) — the same
+on every rank — each rank evaluates its 1/size share, and the fresh values are reduced with Max,
+so every rank ends with a bit-identical grid. The field is only reached through ``density_fn``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from ..cluster import dist
+
+DensityFn = Callable[[Tensor], Tensor]  # positions [M, 3] -> sigma [M]
+
+
+class OccupancyGrid(nn.Module):
+    """Buffers: ``density`` ``[K, R^3]`` float (optical thickness), ``occupied`` ``[K, R^3]`` bool."""
+
+    def __init__(self, aabb: Tensor, resolution: int = 128, n_cascades: int = 1, threshold: float = 0.01,
+                 decay: float = 0.95) -> None:
+        super().__init__()
+        if resolution < 1 or n_cascades < 1:
+            raise ValueError(f"occupancy grid needs resolution >= 1 and n_cascades >= 1, got {resolution}, {n_cascades}")
+        self.resolution, self.n_cascades = int(resolution), int(n_cascades)
+        self.threshold, self.decay = float(threshold), float(decay)
+        aabb = aabb.float()
+        center = (aabb[0] + aabb[1]) / 2
+        half = (aabb[1] - aabb[0]) / 2 / 2 ** (n_cascades - 1)  # half-extent of cascade 0
+        self.register_buffer("center", center)
+        self.register_buffer("half0", half)
+        n = self.resolution ** 3
+        self.register_buffer("density", torch.zeros(n_cascades, n))
+        self.register_buffer("occupied", torch.ones(n_cascades, n, dtype=torch.bool))
+        # cells no training camera sees: never occupied, never refreshed (instant-ngp's "untrained" cells)
+        self.register_buffer("visible", torch.ones(n_cascades, n, dtype=torch.bool))
+
+    @property
+    def n_cells(self) -> int:
+        return self.n_cascades * self.resolution ** 3
+
+    def cascade_of(self, x: Tensor, dt: Tensor | None = None) -> Tensor:
+        """Cascade used for points ``[M, 3]`` -> ``[M]`` long: the smallest that contains the point and,
+        given step sizes ``dt`` ``[M]``, whose cells are at least ``dt`` wide (instant-ngp's mip rule)."""
+        if self.n_cascades == 1:
+            return torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        r = ((x - self.center).abs() / self.half0).amax(dim=-1)
+        k = torch.ceil(torch.log2(r.clamp(min=1e-12)))
+        if dt is not None:
+            cell0 = (2 * self.half0.max() / self.resolution)
+            k = torch.maximum(k, torch.ceil(torch.log2((dt / cell0).clamp(min=1e-12))))
+        return k.clamp(min=0, max=self.n_cascades - 1).long()
+
+    def cell_index(self, x: Tensor, dt: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Flat cell index ``[M]`` and an in-bounds mask ``[M]`` for points ``[M, 3]`` (see ``cascade_of``)."""
+        k = self.cascade_of(x, dt)
+        extent = self.half0 * torch.pow(2.0, k.float())[:, None]
+        u = (x - self.center) / (2 * extent) + 0.5
+        inside = ((u >= 0) & (u <= 1)).all(dim=-1)
+        R = self.resolution
+        c = (u * R).long().clamp(0, R - 1)
+        return k * R ** 3 + (c[:, 0] * R + c[:, 1]) * R + c[:, 2], inside
+
+    def is_occupied(self, x: Tensor, dt: Tensor | None = None) -> Tensor:
+        idx, inside = self.cell_index(x, dt)
+        return self.occupied.view(-1)[idx] & inside
+
+    def cell_positions(self, index: Tensor, offset: Tensor) -> Tensor:
+        """World positions of cells ``[M]`` at fractional ``offset`` ``[M, 3]`` inside each cell."""
+        R = self.resolution
+        k, rem = index // R ** 3, index % R ** 3
+        c = torch.stack([rem // (R * R), (rem // R) % R, rem % R], dim=-1).float()
+        u = (c + offset) / R
+        extent = self.half0 * torch.pow(2.0, k.float())[:, None]
+        return self.center + (u - 0.5) * 2 * extent
+
+    @torch.no_grad()
+    def update(self, density_fn: DensityFn, step_size: float, step: int, warmup_steps: int, seed: int,
+               chunk: int = 1 << 18) -> None:
+        """Refresh the grid (collective: every rank calls it at the same step).
+
+        Stored values are optical thicknesses ``sigma * step_size * 2^k`` for cascade k (the step size
+        rays use at that scale), compared with ``min(threshold, mean)``.
+        """
+        rt = dist.runtime()
+        dev = self.density.device
+        g = torch.Generator(device=dev)
+        g.manual_seed((seed * 1_000_003 + step) % (2 ** 63))
+        n = self.n_cells
+        if step < warmup_steps:
+            cells = torch.arange(n, device=dev)
+        else:
+            quarter = max(n // 4, 1)
+            uniform = torch.randint(0, n, (quarter,), generator=g, device=dev)
+            occ = self.occupied.view(-1).nonzero().squeeze(1)
+            if occ.numel():
+                pick = occ[torch.randint(0, occ.numel(), (quarter,), generator=g, device=dev)]
+            else:
+                pick = occ
+            cells = torch.cat([uniform, pick])
+        offset = torch.rand((cells.numel(), 3), generator=g, device=dev)
+        mine, my_offset = cells[rt.rank::rt.size], offset[rt.rank::rt.size]
+        fresh = torch.zeros(n, device=dev)
+        for start in range(0, mine.numel(), chunk):
+            idx = mine[start:start + chunk]
+            sigma = density_fn(self.cell_positions(idx, my_offset[start:start + chunk])).float()
+            scale = torch.pow(2.0, (idx // self.resolution ** 3).float()) * step_size
+            fresh.scatter_reduce_(0, idx, sigma * scale, reduce="amax")
+        fresh = dist.allreduce(fresh, "max", name="occupancy.update")
+        decayed = torch.maximum(self.density * self.decay, fresh.view_as(self.density))
+        self.density.copy_(torch.where(self.visible, decayed, torch.zeros_like(decayed)))
+        self.refresh_occupied()
+
+    def refresh_occupied(self) -> None:
+        """occupied = visible and above min(threshold, mean over visible cells)."""
+        mean = float(self.density[self.visible].mean()) if bool(self.visible.any()) else 0.0
+        self.occupied.copy_(self.visible & (self.density > min(self.threshold, mean)))
+
+    @torch.no_grad()
+    def mark_unseen(self, c2w: Tensor, intrinsics: Tensor, sizes: Tensor, near: float = 0.0) -> float:
+        """Mark cells whose centre no camera sees (in front of it, inside its image) as never occupied.
+
+        c2w ``[N, 3, 4]`` ngp convention, intrinsics ``[N, 4]``, sizes ``[N, 2]`` (width, height).
+        Deterministic, so every rank computes the same mask. Returns the visible fraction.
+        """
+        dev = self.density.device
+        cells = torch.arange(self.n_cells, device=dev)
+        centres = self.cell_positions(cells, torch.full((self.n_cells, 3), 0.5, device=dev))
+        seen = torch.zeros(self.n_cells, dtype=torch.bool, device=dev)
+        c2w, intr, sizes = c2w.to(dev).float(), intrinsics.to(dev).float(), sizes.to(dev).float()
+        for i in range(c2w.shape[0]):
+            rel = (centres - c2w[i, :, 3]) @ c2w[i, :, :3]            # camera coordinates (x right, y down, z fwd)
+            z = rel[:, 2]
+            u = intr[i, 0] * rel[:, 0] / z.clamp(min=1e-6) + intr[i, 2]
+            v = intr[i, 1] * rel[:, 1] / z.clamp(min=1e-6) + intr[i, 3]
+            seen |= (z > near) & (u >= 0) & (u <= sizes[i, 0]) & (v >= 0) & (v <= sizes[i, 1])
+        self.visible.copy_(seen.view_as(self.visible))
+        self.refresh_occupied()
+        return float(seen.float().mean())
+
+    def occupancy_fraction(self) -> float:
+        return float(self.occupied.float().mean())
+
+
+def n_cascades_for(aabb_scale: int) -> int:
+    """instant-ngp: one cascade per doubling of the scene's extent beyond the unit cube."""
+    return int(math.log2(max(1, aabb_scale))) + 1

@@ -1,0 +1,205 @@
+"""Ray marching through the occupancy grid and volume rendering of packed samples.
+
+The sample spacing along a ray is ``schedule.StepSchedule``.
+
+Layout: a batch of R rays is marched into a dense lane of S candidate steps per ray; candidates
+in free cells are dropped, and the survivors are *packed* (ray-major, so each ray's samples are
+contiguous and in order). Transmittance is computed by a cumulative sum along the dense lane,
+which is exact per ray.
+
+Training renders in two passes, like instant-ngp: densities of all packed samples without
+gradients give the transmittance, samples behind an opaque surface (T < ``early_termination``)
+are dropped, and only the survivors go through the network with gradients. The packing is the
+one host synchronisation of a step (the number of samples must be known to size the tensors).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..data.cameras import intersect_aabb
+from ..observe.memory import RENDER_HEADROOM, MemoryBudget, MemoryBudgetError, human_gib, plan_render
+from .occupancy import OccupancyGrid
+from .schedule import StepSchedule
+from ..observe.profiling import NULL_TIMER, StageTimer
+
+RGBSigmaFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # x [M,3], d [M,3] -> rgb [M,3], sigma [M]
+SigmaFn = Callable[[Tensor], Tensor]                            # x [M,3] -> sigma [M]
+
+
+@dataclass
+class Samples:
+    """Packed samples of R rays. mask ``[R, S]`` marks the dense-lane slots that hold a sample;
+    ray ``[M]``, t ``[M]`` (midpoint), dt ``[M]`` follow the mask's row-major order."""
+
+    mask: Tensor
+    ray: Tensor
+    t: Tensor
+    dt: Tensor
+
+    def __len__(self) -> int:
+        return int(self.ray.shape[0])
+
+    def select(self, keep: Tensor) -> "Samples":
+        """The samples where ``keep`` ``[M]`` is true (mask updated accordingly)."""
+        mask = self.mask.clone()
+        mask[self.mask] = keep
+        return Samples(mask, self.ray[keep], self.t[keep], self.dt[keep])
+
+    def positions(self, origins: Tensor, directions: Tensor) -> Tensor:
+        return origins[self.ray] + directions[self.ray] * self.t[:, None]
+
+
+def march(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid | None, schedule: StepSchedule,
+          jitter: Tensor | None = None) -> Samples:
+    """Candidate samples at ``T(F(t_near) + k + jitter)`` inside the aabb and in occupied cells.
+
+    origins, directions ``[R, 3]`` (unit); jitter ``[R]`` in [0, 1) or None (0.5: midpoints).
+    Reference implementation: one host sync to size the dense lanes.
+    """
+    R = origins.shape[0]
+    t_near, t_far = intersect_aabb(origins, directions, aabb)
+    t_near = t_near.clamp(min=schedule.near)
+    hit = t_far > t_near
+    s_near = schedule.coord(t_near)
+    span = torch.where(hit, schedule.coord(t_far) - s_near, torch.zeros_like(s_near))
+    n_steps = min(int(span.max().ceil()) + 1 if R else 1, schedule.max_steps)
+    j = jitter if jitter is not None else torch.full((R,), 0.5, device=origins.device)
+    k = torch.arange(n_steps, device=origins.device, dtype=origins.dtype)
+    s = s_near[:, None] + k[None, :] + j[:, None]                           # [R, S]
+    t = schedule.time(s)
+    dt = schedule.time(s + 1.0) - t
+    valid = (t < t_far[:, None]) & hit[:, None]
+    if grid is not None:
+        x = origins[:, None, :] + directions[:, None, :] * t[..., None]
+        valid = valid & grid.is_occupied(x.view(-1, 3), dt.reshape(-1)).view(R, n_steps)
+    ray = torch.arange(R, device=origins.device)[:, None].expand(R, n_steps)[valid]
+    return Samples(valid, ray, t[valid], dt[valid])
+
+
+def transmittance_weights(sigma: Tensor, samples: Samples) -> tuple[Tensor, Tensor]:
+    """Volume-rendering weights and the transmittance before each sample, both ``[M]``.
+
+    w_i = T_i (1 - exp(-sigma_i dt_i)), T_i = exp(-sum_{j<i} sigma_j dt_j) along each ray.
+    """
+    tau = torch.zeros(samples.mask.shape, dtype=sigma.dtype, device=sigma.device)
+    tau = tau.masked_scatter(samples.mask, sigma * samples.dt)
+    cum = torch.cumsum(tau, dim=1)
+    t_before = torch.exp(-(cum - tau))
+    w = t_before * (1.0 - torch.exp(-tau))
+    return w[samples.mask], t_before[samples.mask]
+
+
+def accumulate(weights: Tensor, values: Tensor | None, ray: Tensor, n_rays: int) -> Tensor:
+    """Per-ray sums: weights ``[M]`` times values ``[M, C]`` (or 1) -> ``[R, C]`` (or ``[R]``)."""
+    if values is None:
+        return torch.zeros(n_rays, dtype=weights.dtype, device=weights.device).index_add(0, ray, weights)
+    out = torch.zeros(n_rays, values.shape[-1], dtype=values.dtype, device=values.device)
+    return out.index_add(0, ray, weights[:, None] * values)
+
+
+@dataclass
+class RenderResult:
+    """rgb ``[R, 3]`` (premultiplied: no background), opacity ``[R]``, depth ``[R]``; n_samples: the
+    samples that went through the full network, n_candidates: the samples marched."""
+
+    rgb: Tensor
+    opacity: Tensor
+    depth: Tensor
+    n_samples: int
+    n_candidates: int
+
+
+def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
+                grid: OccupancyGrid | None, schedule: StepSchedule, early_termination: float = 1e-4,
+                jitter: Tensor | None = None, timer: StageTimer = NULL_TIMER) -> RenderResult:
+    """Two-pass rendering of R rays (see the module docstring). Differentiable in the second pass."""
+    R = origins.shape[0]
+    samples = march(origins, directions, aabb, grid, schedule, jitter)
+    timer.mark("march")
+    n_candidates = len(samples)
+    if early_termination > 0 and n_candidates:
+        with torch.no_grad():
+            sigma0 = sigma_fn(samples.positions(origins, directions))
+            _, t_before = transmittance_weights(sigma0, samples)
+        samples = samples.select(t_before > early_termination)
+    timer.mark("density pass")
+    x = samples.positions(origins, directions)
+    rgb, sigma = rgb_sigma_fn(x, directions[samples.ray])
+    timer.mark("network fwd")
+    w, _ = transmittance_weights(sigma, samples)
+    out = RenderResult(accumulate(w, rgb, samples.ray, R), accumulate(w, None, samples.ray, R),
+                       accumulate(w, samples.t[:, None], samples.ray, R)[:, 0], len(samples), n_candidates)
+    timer.mark("composite")
+    return out
+
+
+#: bytes per dense-lane slot of the reference renderer (positions, times, masks, densities, weights)
+#: plus its network row, when the row cannot be measured
+REFERENCE_LANE_BYTES = 256 + 2048
+REFERENCE_MAX_CHUNK = 1 << 14
+
+
+def reference_chunk(available: int | None, lanes_per_ray: int, lane_bytes: int = REFERENCE_LANE_BYTES) -> int:
+    """Rays per chunk of the reference renderer within ``available`` bytes (None: the default chunk);
+    ``MemoryBudgetError`` when one ray's dense lanes do not fit."""
+    if available is None:
+        return REFERENCE_MAX_CHUNK
+    rays = int(available * RENDER_HEADROOM) // (lanes_per_ray * lane_bytes)
+    if rays < 1:
+        raise MemoryBudgetError(f"rendering one ray needs {human_gib(lanes_per_ray * lane_bytes / RENDER_HEADROOM)} "
+                                f"of GPU memory ({lanes_per_ray} steps), but only {human_gib(available)} are free "
+                                f"under the budget: raise --gpu_memory_gb or lower marching.max_steps")
+    return min(rays, REFERENCE_MAX_CHUNK)
+
+
+def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
+                 grid: OccupancyGrid | None, schedule: StepSchedule, background: Tensor,
+                 early_termination: float = 1e-4, fast: bool = False, budget: MemoryBudget | None = None,
+                 workspace=None, row_bytes: int | None = None, step_offset: float = 0.5) -> tuple[Tensor, Tensor]:
+    """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``.
+
+    ``fast``: the Triton kernels (``render.fast``) instead of the reference. Chunks are planned from
+    ``budget`` (None: the default sizes): the fast path takes a ``workspace``
+    (``render.fast.RenderWorkspace``, reused across calls) or plans one here; ``row_bytes``: measured
+    bytes per network row (see ``observe.memory.bytes_per_row``); ``step_offset`` in [0, 1): where samples sit
+    inside their steps (the ``jitter`` of every ray)."""
+    available = budget.available() if budget is not None else None
+    if fast:
+        from .fast import DEFAULT_ROW_BYTES, RenderWorkspace, inference_costs, render_rays_fast
+
+        if workspace is None:
+            costs = inference_costs(schedule, row_bytes or DEFAULT_ROW_BYTES)
+            workspace = RenderWorkspace(plan_render(available, costs, max_lanes(schedule, aabb)), origins.device)
+        chunk = workspace.plan.rays
+    else:
+        lanes = max_lanes(schedule, aabb)
+        chunk = reference_chunk(available, lanes, 256 + (row_bytes or 2048))
+    rgbs, depths = [], []
+    with torch.no_grad():
+        for s in range(0, origins.shape[0], chunk):
+            o, d = origins[s:s + chunk], directions[s:s + chunk]
+            j = None if step_offset == 0.5 else torch.full((o.shape[0],), step_offset, device=o.device)
+            if fast:
+                rgb, opacity, depth = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule,
+                                                       early_termination, workspace, j)
+            else:
+                out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, j)
+                rgb, opacity, depth = out.rgb, out.opacity, out.depth
+            rgbs.append(rgb.float() + background * (1.0 - opacity.float()[:, None]))
+            depths.append(depth)
+    return torch.cat(rgbs), torch.cat(depths)
+
+
+def max_lanes(schedule: StepSchedule, aabb: Tensor) -> int:
+    """The most steps a ray can take through ``aabb`` (its diagonal, from the near distance), capped
+    by ``schedule.max_steps``: the worst case of a ray's dense lanes and candidates."""
+    diagonal = float((aabb[1] - aabb[0]).norm())
+    t = torch.tensor([schedule.near, schedule.near + diagonal], dtype=torch.float64)
+    span = schedule.coord(t)
+    return int(min(schedule.max_steps, math.ceil(float(span[1] - span[0])) + 2))

@@ -1,0 +1,209 @@
+"""Failure handling: agreed skipping of non-finite steps, a progress watchdog, and fast, named exits.
+
+What the launchers already do (measured, 2 ranks on one machine, a rank killed or raising mid-run):
+horovodrun (Gloo or MPI controller) and plain ``mpirun`` end the whole job within about 10 s once
+any rank *exits* non-zero, and print which process did. What they cannot do, and this module adds:
+
+- a rank whose Python raised may hang in interpreter shutdown (Horovod's exit handler waits for
+  its background thread): ``report_and_exit`` prints one line naming the rank and leaves at once;
+- a rank that is alive but stuck leaves the others blocked in a collective forever: the
+  ``Watchdog`` ends its own rank when no step finished for ``timeout_s`` seconds;
+- a NaN/Inf loss or gradient on one rank would poison every rank's parameters through the
+  allreduce: ``NonFiniteGuard`` makes all ranks skip that step together and stops the run after
+  ``limit`` non-finite steps in a row.
+
+Exit codes: 2 user-facing error (``HvdNgpError``), 1 unexpected exception or a collective aborted
+because another rank failed, 3 watchdog timeout, 75 stopped by a signal with a checkpoint and steps
+left (``preempt.EXIT_PREEMPTED``: resume with ``--resume auto``), 128 + N a second signal N during
+that stop (e.g. 143: SIGTERM), 130 interrupted (SIGINT when ``--stop_signals`` leaves INT out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Callable, Iterator
+
+import torch
+
+from ..cluster import dist
+from ..errors import HvdNgpError
+from ..launcher_env import launcher_rank_label
+
+EXIT_CRASH = 1
+EXIT_WATCHDOG = 3
+EXIT_INTERRUPTED = 130
+
+
+class NonFiniteError(HvdNgpError):
+    """Too many consecutive steps with a non-finite loss or gradients."""
+
+
+# ------------------------------------------------------------------------------------ NaN / Inf
+
+
+class NonFiniteGuard:
+    """Agree on every rank whether this step's loss or gradients are non-finite; skip such steps.
+
+    Per step: ``submit(loss)`` before backward starts one tiny allreduce of "my loss is not
+    finite" (Horovod fuses it with the gradients); ``should_skip(optimizer)`` after the gradient
+    allreduce reads that flag and checks the *reduced* gradients, which are the same bits on every
+    rank, so every rank reaches the same verdict with no further communication. After ``limit``
+    non-finite steps in a row it raises ``NonFiniteError`` (on every rank at the same step).
+    With an fp16 gradient scaler, non-finite gradients are the scaler's business (it skips the
+    step and lowers the scale); only a non-finite loss counts here.
+    """
+
+    def __init__(self, limit: int, stop_requested: Callable[[], bool] | None = None) -> None:
+        if limit < 1:
+            raise ValueError(f"the non-finite step limit must be >= 1, got {limit}")
+        self.limit = limit
+        self.consecutive = 0
+        self.skipped: list[int] = []
+        self._handle = None
+        # the preemption flag (``preempt``) rides along: [loss not finite, stop requested], one message
+        self._stop_requested = stop_requested
+        self.stop_agreed = False
+
+    @property
+    def carries_stop(self) -> bool:
+        return self._stop_requested is not None
+
+    def submit(self, loss: torch.Tensor) -> None:
+        if self._stop_requested is None:
+            flag = (~torch.isfinite(loss.detach())).float().reshape(1)
+        else:
+            flag = torch.empty(2, device=loss.device)
+            flag[0] = (~torch.isfinite(loss.detach())).float()
+            flag[1] = float(self._stop_requested())
+        self._handle = dist.allreduce_async(flag, "max", name="failures.nonfinite_loss")
+
+    def should_skip(self, optimizer: torch.optim.Optimizer, step: int, check_gradients: bool = True) -> bool:
+        """Call after the gradient allreduce (``optimizer.synchronize()``); identical on every rank."""
+        flags = dist.synchronize(self._handle).tolist()  # one host sync, as before
+        self._handle = None
+        loss_bad = flags[0] > 0
+        self.stop_agreed = len(flags) > 1 and flags[1] > 0
+        grads_bad = check_gradients and not loss_bad and not all_finite(optimizer)
+        if not (loss_bad or grads_bad):
+            self.consecutive = 0
+            return False
+        self.consecutive += 1
+        self.skipped.append(step)
+        what = "loss" if loss_bad else "gradients"
+        dist.log(f"[step {step}] warning: non-finite {what} on at least one rank: step skipped on every rank "
+                 f"({self.consecutive} in a row, limit {self.limit})")
+        if self.consecutive >= self.limit:
+            first = step - self.consecutive + 1
+            raise NonFiniteError(f"non-finite loss or gradients in {self.consecutive} consecutive steps "
+                                 f"({first}-{step}); stopping. Lower the learning rate, check the scene's images and "
+                                 f"poses, or raise --nonfinite_limit")
+        return True
+
+
+def all_finite(optimizer: torch.optim.Optimizer) -> bool:
+    """True when every gradient held by ``optimizer`` is finite (one host sync)."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not grads:
+        return True
+    return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+
+# ------------------------------------------------------------------------------------ watchdog
+
+
+class Watchdog:
+    """Ends this process when, while armed, no ``kick()`` came for ``timeout_s`` seconds (0: off).
+
+    The training loop runs inside ``armed()`` and kicks it every step; phases inside the loop that
+    may legitimately take long (evaluation, writing a checkpoint) run inside ``paused()``. Outside
+    the loop (start-up, an elastic re-rendezvous, the final evaluation) it never fires. On timeout
+    it prints one line naming the rank and the last step, dumps the Python stack (where it was
+    stuck), and exits with status 3, so the launcher ends the other ranks too.
+    """
+
+    def __init__(self, timeout_s: float, rank: int) -> None:
+        self.timeout_s, self.rank = float(timeout_s), rank
+        self._last = time.monotonic()
+        self._step = 0
+        self._armed = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Watchdog":
+        if self.timeout_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="hvd_ngp-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def kick(self, step: int) -> None:
+        self._step, self._last = step, time.monotonic()
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[None]:
+        self._armed += 1
+        self._last = time.monotonic()
+        try:
+            yield
+        finally:
+            self._armed -= 1
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self._armed -= 1
+        try:
+            yield
+        finally:
+            self._armed += 1
+            self._last = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(5.0, max(self.timeout_s / 4, 0.2))):
+            if self._armed <= 0 or time.monotonic() - self._last < self.timeout_s:
+                continue
+            print(f"[rank {self.rank}] hvd_ngp: error: no training step finished for {self.timeout_s:g} s "
+                  f"(last finished: step {self._step}); another rank has probably died or hung, or this one is "
+                  f"stuck (stack below). Stopping this rank; raise --watchdog_s if steps are this slow.",
+                  file=sys.stderr, flush=True)
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            sys.stderr.flush()
+            os._exit(EXIT_WATCHDOG)
+
+
+# ------------------------------------------------------------------------------------ exits
+
+
+def rank_label() -> str:
+    """``"[rank N] "`` from the runtime or the launcher's environment; empty for a size-1 run."""
+    try:
+        rt = dist.runtime()
+        return f"[rank {rt.rank}] " if rt.size > 1 or dist.launched() else ""
+    except RuntimeError:
+        return launcher_rank_label()
+
+
+def report(exc: BaseException) -> int:
+    """Print one clear message for ``exc`` on stderr and return the exit status to use."""
+    where = rank_label()
+    if isinstance(exc, HvdNgpError):
+        print(f"{where}hvd_ngp: error: {exc}", file=sys.stderr, flush=True)
+        return getattr(exc, "exit_code", 2)
+    if isinstance(exc, KeyboardInterrupt):
+        print(f"{where}hvd_ngp: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    if dist.is_collective_failure(exc):
+        print(f"{where}hvd_ngp: error: stopping because another rank failed (a collective was aborted: "
+              f"{str(exc).splitlines()[0][:160]}); that rank's own message is above", file=sys.stderr, flush=True)
+        return EXIT_CRASH
+    frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-6))
+    print(f"{where}hvd_ngp: fatal: unexpected {type(exc).__name__} (a bug, or a failure of the machine): {exc}\n"
+          f"{frames}", file=sys.stderr, flush=True)
+    return EXIT_CRASH

@@ -1,0 +1,88 @@
+"""The ray budget: the one owner of this rank's ray count, its sample target and the fast renderer's capacities.
+
+Per step, ``update`` adapts the ray count to the samples the last step carried; per log interval,
+``follow`` takes the load balancer's decision (``data.balance``: equal rays, or a sample target and
+a sample capacity per rank). The fast renderer reads its buffer sizes from here
+(``render.fast.FastRenderer.following``), so nothing else sets them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from .step import StepResult
+
+if TYPE_CHECKING:
+    from ..data.balance import Balancer
+
+
+class RayBudget:
+    """Rays per step, adapted so a step carries about ``target`` samples through the network
+    (instant-ngp's rule) and, on the fast path, its marched samples fit ``candidate_capacity``.
+
+    Fast-path counts are device scalars: they are copied to pinned host memory without blocking
+    and used once the copy has landed (a step or two later), so the host never waits for the GPU.
+    """
+
+    def __init__(self, n_rays: int, target: int, max_rays: int, candidate_factor: float | None = None) -> None:
+        """``candidate_factor``: marched samples per network sample that the fast renderer's buffers hold
+        (``marching.candidate_factor``); None on the reference path, which has no fixed buffers."""
+        self.n_rays, self.target, self.max_rays = n_rays, target, max_rays
+        self.candidate_factor = candidate_factor
+        # the fast renderer's buffers: samples through the network, marched samples (None: reference path)
+        self.sample_capacity: int | None = None if candidate_factor is None else int(target)
+        self.candidate_capacity: int | None = None if candidate_factor is None else int(candidate_factor * target)
+        self.fixed: int | None = None  # set: always this many rays (--balance off)
+        self._pending: list[tuple[torch.cuda.Event | None, Tensor]] = []
+
+    def follow(self, balancer: Balancer) -> None:
+        """After the balancer's update (every log interval, every rank): equal rays (``--balance off``) or
+        this rank's sample target; on the fast path, buffers for the samples this rank's rays give."""
+        if balancer.mode == "off":
+            self.fixed = self.n_rays = balancer.equal_rays or self.n_rays
+        else:
+            self.target = balancer.target_samples
+        if self.candidate_factor is not None:
+            # equal rays (off) carry unequal samples: each rank's buffers fit what its rays give
+            self.sample_capacity = balancer.sample_capacity
+            self.candidate_capacity = int(self.candidate_factor * self.sample_capacity)
+
+    def _adapt(self, samples: float, candidates: float, valid: float) -> None:
+        per_ray = max(samples, 1.0) / max(valid, 1.0)
+        n = self.target / per_ray
+        if self.candidate_capacity:
+            n = min(0.95 * n, 0.95 * self.candidate_capacity / (max(candidates, 1.0) / max(valid, 1.0)))
+        self.n_rays = int(min(max(n, 64), self.max_rays)) // 64 * 64
+        if self.fixed is not None:
+            self.n_rays = self.fixed
+
+    def update(self, res: StepResult) -> int:
+        if not isinstance(res.n_samples, Tensor):
+            self._adapt(res.n_samples, res.n_candidates, res.n_valid)
+            return self.n_rays
+        counts = torch.stack([torch.as_tensor(v, device=res.loss.device).float()
+                              for v in (res.n_samples, res.n_candidates, res.n_valid)])
+        host = torch.empty(3, pin_memory=counts.is_cuda)
+        host.copy_(counts, non_blocking=counts.is_cuda)
+        event = None
+        if counts.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._pending.append((event, host))
+        while self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):
+            _, ready = self._pending.pop(0)
+            self._adapt(*ready.tolist())
+        return self.n_rays
+
+    def settle(self) -> int:
+        """Apply every pending count now (waiting for its copy). A checkpoint calls this, so the ray
+        count it records is the one the next step uses, in the saved run and in the resumed one."""
+        for event, ready in self._pending:
+            if event is not None:
+                event.synchronize()
+            self._adapt(*ready.tolist())
+        self._pending.clear()
+        return self.n_rays

@@ -1,0 +1,148 @@
+"""Test-view evaluation: PSNR and SSIM over a split, rendered rank-parallel; rank 0 writes PNGs.
+
+Two protocols. ``std``, the NeRF-synthetic standard: one ray per pixel centre, render and reference
+composited on ``--eval_background`` in sRGB values. ``ngp``, instant-ngp's ``scripts/run.py``
+(commit abe236e): an opaque black background, ``NGP_SPP`` renders through the pixel centres
+(``snap_to_pixel_centers``) that differ in their step offset along the rays (its fused render
+kernel offsets each sample index), averaged in linear light and encoded back to sRGB; the reference
+is composited on black in linear light (``lin(c) * alpha``); both clipped to [0, 1].
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..cluster import dist
+from ..data import Frames
+from ..data.sampler import image_pixels, image_rays
+from ..model.field import NGPField
+from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
+from ..render.occupancy import OccupancyGrid
+from ..observe.memory import MemoryBudget, bytes_per_row, plan_render
+from ..render import StepSchedule, max_lanes, render_image
+
+BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
+PROTOCOLS = ("std", "ngp")
+NGP_SPP = 8  # instant-ngp's scripts/run.py
+
+
+def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
+    """RGBA ``[R, 4]`` over background ``[R, 3]`` or ``[3]`` -> RGB ``[R, 3]``."""
+    return rgba[:, :3] * rgba[:, 3:4] + background * (1.0 - rgba[:, 3:4])
+
+
+class ViewRenderer:
+    """Renders whole views of ``field`` without gradients within a memory ``budget`` (None: default
+    chunks): the bytes per network row are measured and the plan and workspace made once, then
+    reused by every view (``fast``: the Triton kernels)."""
+
+    def __init__(self, field: NGPField, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,
+                 fast: bool = False, budget: MemoryBudget | None = None) -> None:
+        self.field, self.grid, self.schedule, self.early_termination = field, grid, schedule, early_termination
+        self.fast, self.budget = fast, budget
+        device = field.aabb.device
+        self.row_bytes = bytes_per_row(self._probe, 1 << 16, device, 2048)
+        self.workspace = None
+        if fast:
+            from ..render.fast import RenderWorkspace, inference_costs
+
+            available = budget.available() if budget is not None else None
+            plan = plan_render(available, inference_costs(schedule, self.row_bytes), max_lanes(schedule, field.aabb))
+            self.workspace = RenderWorkspace(plan, device)
+
+    def _probe(self, n: int) -> None:
+        """The field's colour query on ``n`` points, as a render calls it (for ``bytes_per_row``)."""
+        lo, hi = self.field.aabb[0], self.field.aabb[1]
+        gen = torch.Generator(device=lo.device).manual_seed(0)
+        x = lo + torch.rand((n, 3), generator=gen, device=lo.device) * (hi - lo)
+        d = torch.nn.functional.normalize(torch.randn((n, 3), generator=gen, device=lo.device), dim=-1)
+        with torch.no_grad():
+            self.field(x, d)
+
+    def describe(self) -> str:
+        plan = self.workspace.plan.describe() if self.workspace is not None else "reference chunks"
+        return f"{plan}, {self.row_bytes} B/network row"
+
+    def view(self, frames: Frames, index: int, background: Tensor, step_offset: float = 0.5) -> Tensor:
+        """One image of ``frames`` over ``background`` ``[3]`` -> ``[H, W, 3]`` in [0, 1] (``step_offset``:
+        see ``render.render_image``)."""
+        o, d = image_rays(frames, index, background.device)
+        field = self.field
+        rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, self.grid, self.schedule,
+                              background, self.early_termination, fast=self.fast, budget=self.budget,
+                              workspace=self.workspace, row_bytes=self.row_bytes, step_offset=step_offset)
+        w, h = frames.image_size(index)
+        return rgb.clamp(0, 1).view(h, w, 3)
+
+    def view_ngp(self, frames: Frames, index: int, spp: int = NGP_SPP) -> Tensor:
+        """The ``ngp`` protocol's render of one view ``[H, W, 3]``: ``spp`` renders on black with step offsets
+        ``(k + 0.5) / spp``, averaged in linear light, back to sRGB (spp 1: ``view`` on black)."""
+        black = torch.zeros(3, device=self.field.aabb.device)
+        linear = sum(srgb_to_linear(self.view(frames, index, black, (k + 0.5) / spp)) for k in range(spp))
+        return linear_to_srgb(linear / spp).clamp(0, 1)
+
+
+def reference_view(frames: Frames, index: int, protocol: str, background: Tensor) -> Tensor:
+    """The reference pixels of one view ``[H*W, 3]`` under ``protocol`` (``background`` ``[3]``: std's)."""
+    rgba = image_pixels(frames, index).to(background.device).float() / 255.0
+    if protocol == "ngp":
+        return linear_to_srgb(srgb_to_linear(rgba[:, :3]) * rgba[:, 3:4]).clamp(0, 1)
+    return composite_background(rgba, background)
+
+
+def to_uint8(img: Tensor) -> np.ndarray:
+    return (img * 255 + 0.5).byte().cpu().numpy()
+
+
+def write_png(path: Path, rgb: np.ndarray) -> None:
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+
+
+def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,
+             background: str, n_views: int = 0, save_dir: Path | None = None, n_save: int = 0,
+             writer: str = "root", fast: bool = False, protocol: str = "std", budget: MemoryBudget | None = None
+             ) -> dict:
+    """PSNR (mean over views) and SSIM over the first ``n_views`` views (0: all) under ``protocol`` (see
+    the module docstring; ``ngp`` ignores ``background``). Collective: every rank renders views
+    ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
+
+    The first ``n_save`` renders go to ``save_dir`` as PNG: gathered and written by rank 0
+    (``writer="root"``, the trainer's rule), or written by the rank that rendered them
+    (``writer="each_rank"``, for the render tool on a shared filesystem). Views are rendered within
+    ``budget`` (see ``ViewRenderer``)."""
+    rt = dist.runtime()
+    n = len(frames) if n_views <= 0 else min(n_views, len(frames))
+    if n == 0:
+        return {"psnr": float("nan"), "ssim": float("nan"), "views": 0}
+    bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
+    scores = torch.zeros(n, 2, dtype=torch.float64)  # mse, ssim
+    keep: list[tuple[int, np.ndarray]] = []
+    was_training = field.training
+    field.eval()
+    renderer = ViewRenderer(field, grid, schedule, early_termination, fast, budget)
+    for i in range(rt.rank, n, rt.size):
+        img = renderer.view_ngp(frames, i) if protocol == "ngp" else renderer.view(frames, i, bg)
+        gt = reference_view(frames, i, protocol, bg).view_as(img)
+        scores[i, 0] = float(torch.mean((img - gt) ** 2))
+        scores[i, 1] = ssim(img, gt)
+        if i < n_save:
+            keep.append((i, to_uint8(img)))
+            if writer == "each_rank" and save_dir is not None:
+                write_png(save_dir / f"test_{i:03d}.png", keep.pop()[1])
+    field.train(was_training)
+    scores = dist.allreduce(scores, "sum", name="eval.scores")
+    gathered = dist.allgather_object(keep, name="eval.images") if n_save > 0 and writer == "root" else []
+    if rt.is_root and save_dir is not None:
+        for per_rank in gathered:
+            for i, img in per_rank:
+                write_png(save_dir / f"test_{i:03d}.png", img)
+    psnrs = [mse_to_psnr(float(m)) for m in scores[:, 0]]
+    return {"psnr": float(np.mean(psnrs)), "ssim": float(scores[:, 1].mean()), "views": n,
+            "psnr_per_view": [round(p, 3) for p in psnrs]}

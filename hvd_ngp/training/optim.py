@@ -1,0 +1,181 @@
+"""tiny-cuda-nn's optimizer chain in torch: ``Ema`` > ``ExponentialDecay`` > ``Adam``.
+
+- ``OptimizerChain.parse``: the config's nested blocks, in any order; an ``otype`` we do not
+  implement is a ``ConfigError`` naming the config file.
+- ``exponential_decay``: tiny-cuda-nn's learning-rate rule (``optimizers/exponential_decay.h``).
+- ``Adam``: torch's Adam, plus tiny-cuda-nn's sparse rule for the groups marked ``sparse``
+  (``"sparse_hash_updates": true`` in the Adam block; the hash table): an entry whose gradient is
+  exactly zero is not touched (its moments do not decay) and counts its own steps for the bias
+  correction (``optimizers/adam.h``).
+- ``ParameterEma``: tiny-cuda-nn's ``Ema`` (``optimizers/ema.h``), a bias-corrected exponential
+  average of the parameters, swapped in for evaluation and rendering.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import ConfigError
+
+WRAPPERS = ("Ema", "ExponentialDecay")
+#: tiny-cuda-nn's defaults of an ExponentialDecay block
+DECAY_DEFAULTS = {"decay_start": 10000, "decay_interval": 10000, "decay_base": 0.1, "decay_end": 10_000_000}
+EMA_DEFAULT_DECAY = 0.99  # tiny-cuda-nn's default; instant-ngp's base config sets 0.95
+
+
+@dataclass(frozen=True)
+class OptimizerChain:
+    """The ``optimizer`` block unwrapped: the Adam block and the wrappers around it (None: absent)."""
+
+    adam: dict
+    decay: dict | None
+    ema: dict | None
+
+    @staticmethod
+    def parse(block: dict, source: str) -> "OptimizerChain":
+        found: dict[str, dict] = {}
+        while isinstance(block, dict) and block.get("otype") in WRAPPERS:
+            if block["otype"] in found:
+                raise ConfigError(f"{source}: optimizer chain has two {block['otype']} blocks")
+            found[block["otype"]] = block
+            block = block.get("nested", {})
+        otype = block.get("otype") if isinstance(block, dict) else block
+        if otype != "Adam":
+            raise ConfigError(f"{source}: optimizer otype {otype!r} is not implemented (the chain may hold "
+                              f"{', '.join(WRAPPERS)} around Adam)")
+        ema = found.get("Ema")
+        if ema is not None and not 0.0 <= float(ema.get("decay", EMA_DEFAULT_DECAY)) < 1.0:
+            raise ConfigError(f"{source}: optimizer Ema.decay must be in [0, 1), got {ema.get('decay')}")
+        return OptimizerChain(block, found.get("ExponentialDecay"), ema)
+
+
+def exponential_decay(step: int, block: dict | None) -> float:
+    """Learning-rate factor of 0-based step ``step`` under tiny-cuda-nn's ExponentialDecay ``block``.
+
+    tiny-cuda-nn multiplies by ``decay_base`` before the steps ``decay_start``, ``decay_start +
+    decay_interval``, ... up to ``decay_end``: the first factor applies at ``decay_start`` itself."""
+    if block is None:
+        return 1.0
+    p = {**DECAY_DEFAULTS, **block}
+    start, interval, end = int(p["decay_start"]), max(int(p["decay_interval"]), 1), int(p["decay_end"])
+    if step < start:
+        return 1.0
+    return float(p["decay_base"]) ** ((min(step, end) - start) // interval + 1)
+
+
+class Adam(torch.optim.Adam):
+    """torch's Adam; groups with ``sparse=True`` follow tiny-cuda-nn's rule for non-matrix parameters.
+
+    Per sparse parameter the state holds ``exp_avg``, ``exp_avg_sq`` and ``entry_steps`` (float32,
+    the parameter's shape: exact to 2^24 steps). tiny-cuda-nn's bias correction multiplies the
+    learning rate by ``sqrt(1 - beta2^t) / (1 - beta1^t)`` and adds epsilon to ``sqrt(v)`` (torch
+    adds it to the corrected ``sqrt(v_hat)``; equal up to epsilon's scale). No weight decay there,
+    as in tiny-cuda-nn (L2 applies to matrix weights only).
+    """
+
+    def step(self, closure=None):
+        sparse = [g for g in self.param_groups if g.get("sparse")]
+        held = [(p, p.grad) for g in sparse for p in g["params"]]
+        for p, _ in held:  # torch's Adam skips parameters without a gradient
+            p.grad = None
+        try:
+            loss = super().step(closure)
+        finally:
+            for p, grad in held:
+                p.grad = grad
+        with torch.no_grad():
+            for group in sparse:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self._sparse_update(p, p.grad, group)
+        return loss
+
+    def _sparse_update(self, p: Tensor, grad: Tensor, group: dict) -> None:
+        """One tiny-cuda-nn Adam step on the entries of ``p`` whose gradient is not exactly zero."""
+        state = self.state[p]
+        if not state:
+            state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+            state["entry_steps"] = torch.zeros_like(p, dtype=torch.float32)
+        beta1, beta2 = group["betas"]
+        m, v, t = state["exp_avg"], state["exp_avg_sq"], state["entry_steps"]
+        touched = grad != 0
+        g = grad.to(m.dtype)
+        m.copy_(torch.where(touched, beta1 * m + (1 - beta1) * g, m))
+        v.copy_(torch.where(touched, beta2 * v + (1 - beta2) * g * g, v))
+        t.add_(touched.to(t.dtype))
+        tc = t.clamp(min=1.0)
+        lr = group["lr"] * torch.sqrt(1 - beta2 ** tc) / (1 - beta1 ** tc)
+        p.sub_(torch.where(touched, lr * m / (v.sqrt() + group["eps"]), torch.zeros_like(p)))
+
+
+class ParameterEma:
+    """Bias-corrected exponential average of ``params`` (tiny-cuda-nn's Ema optimizer).
+
+    After update t (1-based): ``avg_t = (d * (1 - d^(t-1)) * avg_(t-1) + (1 - d) * w_t) / (1 - d^t)``,
+    i.e. a lerp towards ``w_t`` by ``(1 - d) / (1 - d^t)`` (1 at t = 1: the first average is the
+    weights). Kept in fp32 (tiny-cuda-nn's ``full_precision``). ``count`` is a host int, the same on
+    every rank, so an update costs no host sync.
+    """
+
+    def __init__(self, named_params: list[tuple[str, nn.Parameter]], decay: float) -> None:
+        self.names = [n for n, _ in named_params]
+        self.params = [p for _, p in named_params]
+        self.decay = float(decay)
+        self.average = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+        self.count = 0
+        self._backup: list[Tensor] | None = None
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """After an optimizer step that every rank took."""
+        self.count += 1
+        weight = (1.0 - self.decay) / (1.0 - self.decay ** self.count)
+        torch._foreach_lerp_(self.average, [p.detach().float() for p in self.params], weight)
+
+    @contextmanager
+    def swapped(self) -> Iterator[None]:
+        """The averaged weights in the parameters inside the block, the raw ones after it (no-op before
+        the first update)."""
+        if self.count == 0:
+            yield
+            return
+        with torch.no_grad():
+            if self._backup is None:
+                self._backup = [torch.empty_like(p) for p in self.params]
+            torch._foreach_copy_(self._backup, self.params)
+            torch._foreach_copy_(self.params, self.average)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, self._backup)
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "count": self.count, "average": dict(zip(self.names, self.average))}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A checkpoint's average; an empty ``state`` (written without one) restarts the average."""
+        if not state:
+            self.count = 0
+            return
+        self.count = int(state["count"])
+        for name, avg in zip(self.names, self.average):
+            avg.copy_(state["average"][name])
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The averages by name (for broadcasts and elastic state)."""
+        return {f"ema.{n}": a for n, a in zip(self.names, self.average)}
+
+
+def make_ema(field: nn.Module, chain: OptimizerChain) -> ParameterEma | None:
+    if chain.ema is None:
+        return None
+    return ParameterEma(list(field.named_parameters()), float(chain.ema.get("decay", EMA_DEFAULT_DECAY)))
+
+
+__all__ = ["Adam", "OptimizerChain", "ParameterEma", "exponential_decay", "make_ema"]

@@ -1,0 +1,142 @@
+"""The recipe: training's parts built from the model config (``configs/nerf/*.json``) and the scene.
+
+``Marching`` (the marching block -> step schedule and occupancy settings), ``make_grid``,
+``make_optimizer`` (Adam + ExponentialDecay, see ``optim``), ``make_loss``, ``make_scaler``,
+``budget_lr_factor`` (the learning-rate steps of a time budget) and ``model_footprint`` (training's
+memory from the config alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..cluster.comm import CommSettings
+from ..data import Scene
+from ..errors import ConfigError
+from ..model.encoding.hashgrid import HashGridSpec
+from ..model.field import NGPField
+from ..observe.memory import STEP_COSTS, TrainingFootprint, training_footprint
+from ..render import StepSchedule
+from ..render.occupancy import OccupancyGrid, n_cascades_for
+from .optim import Adam, OptimizerChain, exponential_decay
+
+
+@dataclass(frozen=True)
+class Marching:
+    """Ray-marching settings derived from the ``marching`` block and the scene."""
+
+    schedule: StepSchedule
+    early_termination: float
+    update_interval: int
+    warmup_steps: int
+
+    @staticmethod
+    def from_config(block: dict, scene_aabb_scale: int, source: str = "config") -> "Marching":
+        """instant-ngp's constants: ``dt_min = sqrt(3) / steps_per_diagonal`` (the unit cube's diagonal),
+        cone angle 1/256 for scenes larger than the unit cube ("auto"), and at most
+        ``dt_min * 2^(cascades-1) * steps_per_diagonal / grid_resolution``."""
+        steps = int(block["steps_per_diagonal"])
+        res = int(block["grid_resolution"])
+        if steps <= 0 or res <= 0:
+            raise ConfigError(f"{source}: marching.steps_per_diagonal and grid_resolution must be positive")
+        cone = block.get("cone_angle", "auto")
+        if cone == "auto":
+            cone = 0.0 if scene_aabb_scale <= 1 else 1.0 / 256
+        if not isinstance(cone, (int, float)) or cone < 0:
+            raise ConfigError(f"{source}: marching.cone_angle must be 'auto' or a number >= 0, got {cone!r}")
+        dt_min = math.sqrt(3.0) / steps
+        dt_max = dt_min * 2 ** (n_cascades_for(scene_aabb_scale) - 1) * max(steps / res, 1.0)
+        near = float(block.get("near_distance", 0.1))
+        if near < 0:
+            raise ConfigError(f"{source}: marching.near_distance must be >= 0, got {near}")
+        schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)), near)
+        return Marching(schedule, float(block["early_termination"]), int(block["update_interval"]),
+                        int(block["warmup_steps"]))
+
+
+def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
+    return OccupancyGrid(scene.aabb, int(block["grid_resolution"]), n_cascades_for(scene.aabb_scale),
+                         float(block["threshold"]), float(block["decay"]))
+
+
+def make_optimizer(field: NGPField, block: dict, source: str) -> tuple[torch.optim.Adam, callable]:
+    """Adam (L2 on the MLP weights only; the hash table sparse with ``sparse_hash_updates``) and
+    ``lr_at(step)`` for the ExponentialDecay schedule (see ``optim``)."""
+    chain = OptimizerChain.parse(block, source)
+    adam = chain.adam
+    lr = float(adam.get("learning_rate", 1e-2))
+    opt = Adam(
+        [{"params": field.encoding_parameters(), "weight_decay": 0.0,
+          "sparse": bool(adam.get("sparse_hash_updates", False))},
+         {"params": field.mlp_parameters(), "weight_decay": float(adam.get("l2_reg", 1e-6))}],
+        lr=lr, betas=(float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.99))),
+        eps=float(adam.get("epsilon", 1e-15)))
+
+    def lr_at(step: int) -> float:
+        return lr * exponential_decay(step, chain.decay)
+
+    return opt, lr_at
+
+
+def make_loss(block: dict, source: str):
+    """The ``loss`` block -> an element-wise loss ``(pred, target) -> [R, 3]`` (reduced by ``masked_mean``)."""
+    otype = block.get("otype", "L2")
+    if otype == "L2":
+        return lambda pred, target: (pred - target) ** 2
+    if otype == "Huber":
+        delta = float(block.get("delta", 0.1))
+        return lambda pred, target: F.huber_loss(pred, target, delta=delta, reduction="none") / delta
+    if otype == "L1":
+        return lambda pred, target: (pred - target).abs()
+    raise ConfigError(f"{source}: loss.otype {otype!r} is unknown (L2, Huber, L1)")
+
+
+
+def make_scaler(precision: str, comm: CommSettings, device: torch.device, size: int) -> torch.amp.GradScaler | None:
+    """A gradient scaler for fp16 autocast, or for fp16-compressed gradients when ranks average them.
+
+    Half precision flushes gradients below 6e-8 to zero and keeps little precision below 6e-5, where
+    most hash-grid and density-MLP gradients live (median 1e-6 and 3e-8 on the tiny CPU config), so
+    fp16 compression runs under dynamic loss scaling (initial scale 2^16): an overflow gives inf
+    after the allreduce, the same on every rank, and every rank skips that step and halves the scale.
+    """
+    if precision == "fp16" or (comm.loss_scaled_compression and size > 1):
+        return torch.amp.GradScaler(device.type)
+    return None
+
+
+
+BUDGET_LR_MILESTONES = (0.5, 0.75, 0.9)  # fractions of --time_budget_s (nerfacc's step schedule, on time)
+BUDGET_LR_GAMMA = 0.33
+
+
+def budget_lr_factor(elapsed_s: float, budget_s: float, mode: str = "on") -> float:
+    """Learning-rate factor after ``elapsed_s`` seconds of a ``budget_s`` training budget (1 without one).
+
+    Every rank passes the same shared clock reading, so every rank applies the same factor."""
+    if mode != "on" or not budget_s:
+        return 1.0
+    return BUDGET_LR_GAMMA ** sum(elapsed_s >= m * budget_s for m in BUDGET_LR_MILESTONES)
+
+
+
+def model_footprint(args: argparse.Namespace, scene: Scene) -> TrainingFootprint:
+    """Training's memory from the config alone, before anything is built (``observe.memory.check_fit``)."""
+    model = args.model
+    n_params = HashGridSpec.from_config(model["encoding"], model["_source"]).n_params + MLP_PARAMS_ALLOWANCE
+    block = model["marching"]
+    cells = int(block["grid_resolution"]) ** 3 * n_cascades_for(scene.aabb_scale)
+    factor = float(block.get("candidate_factor", 4))
+    return training_footprint(n_params, PARAMETER_COPIES, cells, int(factor * args.target_samples), args.target_samples,
+                              STEP_COSTS)
+
+
+MLP_PARAMS_ALLOWANCE = 1 << 16  # the two MLPs hold about 10k parameters
+PARAMETER_COPIES = 5  # value, gradient, Adam's two moments, the average (Ema)
+
+

@@ -1,0 +1,139 @@
+"""One training step as a function of (rays, field, grid, optimizer): render, loss, backward, allreduce, update.
+
+``train_step`` is what every rank calls every step; ``StepResult`` is what it returns;
+``masked_mean`` reduces per-ray losses ``[R, C]`` without a host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from .. import faultpoints
+from ..data.sampler import RayBatch
+from ..model.field import NGPField
+from ..observe.profiling import NULL_TIMER, StageTimer
+from ..render import render_rays
+from ..render.occupancy import OccupancyGrid
+from ..state.failures import NonFiniteGuard
+from .evaluate import composite_background
+from .recipe import Marching
+
+if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
+    from ..render.fast import FastRenderer
+
+
+def masked_mean(values: Tensor, valid: Tensor | None, weight: Tensor | None = None) -> Tensor:
+    """Mean of ``[R, C]`` values over the rays where ``valid`` ``[R]`` holds (all when None), each ray's
+    values multiplied by its importance ``weight`` ``[R]`` (None: 1); no host sync."""
+    if valid is None and weight is None:
+        return values.mean()
+    count = values.new_tensor(float(values.shape[0])) if valid is None else valid.to(values.dtype).sum()
+    w = torch.ones_like(values[:, 0]) if valid is None else valid.to(values.dtype)
+    if weight is not None:
+        w = w * weight.to(values.dtype)
+    return (values * w[:, None]).sum() / (count * values.shape[1]).clamp(min=1.0)
+
+
+
+@dataclass
+class StepResult:
+    """loss, mse: device scalars; n_samples (through the network), n_candidates (marched): ints on the
+    reference path, device scalars on the fast path (read them without blocking: see ``RayBudget``)."""
+
+    loss: Tensor
+    mse: Tensor
+    n_samples: int | Tensor
+    n_candidates: int | Tensor
+    n_valid: int | Tensor
+    skipped: bool = False  # a non-finite loss or gradients on some rank: no rank took the optimizer step
+    ray_loss: Tensor | None = None
+    valid: Tensor | None = None
+
+
+AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
+               background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
+               scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None,
+               timer: StageTimer = NULL_TIMER, backward_passes: int = 1, guard: NonFiniteGuard | None = None,
+               step: int = 0, weight_gradient: bool = True, loss_scale: float = 1.0) -> StepResult:
+    """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
+
+    ``rays.weight`` (importance weights of non-uniform sampling) always weight the reported loss and
+    MSE; they weight the gradient when ``weight_gradient``. ``loss_scale`` multiplies the loss that is
+    back-propagated (a rank's share of the step's rays, see ``data.balance``).
+
+    ``renderer``: the fast GPU renderer, or None for the reference (``render.render_rays``).
+    ``backward_passes`` > 1 splits the rays into that many chunks with one backward pass each
+    (gradient accumulation, Horovod's ``backward_passes_per_step``); each chunk's loss is weighted
+    by its share of the rays, so on the reference path the summed gradient is the whole batch's.
+    Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
+    must see every rank. With a gradient scaler (fp16 autocast or fp16 compression), Horovod's
+    pattern: synchronize (allreduce), unscale, then step without a second synchronisation. With a
+    ``guard``, every rank skips the optimizer step when the loss or the reduced gradients are
+    non-finite on any rank (``step``: the 1-based step number, for messages and test faults).
+    """
+    device_type = rays.origins.device.type
+    render = renderer or render_rays
+    target = composite_background(rays.rgba, background)
+    n = len(rays)
+    bounds = [round(i * n / backward_passes) for i in range(backward_passes + 1)]
+    loss = mse = torch.zeros((), device=rays.origins.device)
+    n_samples = n_candidates = n_valid = 0
+    ray_loss: list[Tensor] = []
+    valids: list[Tensor | None] = []
+    optimizer.zero_grad()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if a == b:
+            continue
+        part, share = slice(a, b), (b - a) / n
+        with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
+            out = render(field, lambda x: field.query_density(x)[0], rays.origins[part], rays.directions[part],
+                         field.aabb, grid, march.schedule, march.early_termination,
+                         None if jitter is None else jitter[part], timer=timer)
+        valid = getattr(out, "valid", None)
+        weight = None if rays.weight is None else rays.weight[part]
+        pred = out.rgb.float() + background[part] * (1.0 - out.opacity.float()[:, None])
+        per_channel = loss_fn(pred, target[part])
+        part_loss = faultpoints.poison_loss(masked_mean(per_channel, valid, weight), step) * share  # test hook
+        trained = part_loss if weight_gradient or weight is None else \
+            faultpoints.poison_loss(masked_mean(per_channel, valid), step) * share
+        if loss_scale != 1.0:
+            trained = trained * loss_scale
+        (trained if scaler is None else scaler.scale(trained)).backward()
+        loss = loss + part_loss.detach()
+        mse = mse + masked_mean((pred.detach() - target[part]) ** 2, valid, weight) * share
+        n_samples, n_candidates = n_samples + out.n_samples, n_candidates + out.n_candidates
+        n_valid = n_valid + ((b - a) if valid is None else valid.sum())
+        ray_loss.append(per_channel.detach().float().mean(dim=1))
+        valids.append(valid)
+    timer.mark("backward")
+    if guard is not None:
+        guard.submit(loss)
+    distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
+    if distributed:
+        optimizer.synchronize()  # waits for the gradient allreduce started during backward
+        timer.mark("allreduce")
+    skipped = guard is not None and guard.should_skip(optimizer, step, check_gradients=scaler is None)
+    if not skipped:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        if distributed:
+            with optimizer.skip_synchronize():
+                optimizer.step() if scaler is None else scaler.step(optimizer)
+        else:
+            optimizer.step() if scaler is None else scaler.step(optimizer)
+        if scaler is not None:
+            scaler.update()
+    timer.mark("optimizer")
+    all_valid = None if all(v is None for v in valids) else torch.cat(
+        [torch.ones(len(r), dtype=torch.bool, device=r.device) if v is None else v for r, v in zip(ray_loss, valids)])
+    return StepResult(loss, mse, n_samples, n_candidates, n_valid, skipped,
+                      torch.cat(ray_loss) if ray_loss else None, all_valid)
+
+

@@ -1,0 +1,446 @@
+"""The trainer: one rank's training, built from the arguments, and the run loop with its schedule.
+
+``Trainer.build`` (collective) sets up the runtime, scene, data pipeline, field, grid, optimizer,
+ray budget, checkpoints and stop signals; ``Trainer.step`` is one training step (occupancy refresh
+when due, rays, ``step.train_step``); ``run`` loops over steps and, between them, logs intervals,
+evaluates, writes checkpoints and obeys stops and the time budget, with the clocks, watchdog and
+monitor paused around each evaluation and checkpoint (``paused``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import tempfile
+from dataclasses import dataclass, replace
+from dataclasses import field as dc_field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import torch
+
+from .. import faultpoints
+from ..cluster import dist, elastic, preempt
+from ..cluster.comm import CommSettings
+from ..cluster.hvdtools import apply as apply_horovod_tools
+from ..data import Scene, load_scene
+from ..data.pipeline import DataPipeline
+from ..data.sampler import RaySampler
+from ..errors import ConfigError
+from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
+from ..model.field import NGPField
+from ..observe.clock import TrainClock
+from ..observe.memory import (EVAL_RESERVE, GIB, MemoryBudget, MemoryMeter, check_fit, human_gib, out_of_memory_as_error,
+                              ranks_on_device)
+from ..observe.monitor import Monitor, MonitorSettings
+from ..observe.metrics import UNLIMITED_STEPS
+from ..observe.profiling import NULL_TIMER, StageTimer
+from ..render.occupancy import OccupancyGrid
+from ..state import checkpoint
+from ..state.checkpoint import CheckpointManager, resume
+from ..state.failures import NonFiniteGuard, Watchdog
+from ..state.trainstate import TrainState, make_rank_streams
+from .budget import RayBudget
+from .evaluate import BACKGROUNDS, evaluate
+from .optim import OptimizerChain, make_ema
+from .recipe import Marching, budget_lr_factor, make_grid, make_loss, make_optimizer, make_scaler, model_footprint
+from .step import StepResult, train_step
+
+if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
+    from ..render.fast import FastRenderer
+
+
+STEP_HINT = "lower --target_samples (or marching.candidate_factor), or raise --gpu_memory_gb"
+EVAL_HINT = ("evaluation chunks are planned from --gpu_memory_gb: when other processes share this GPU, set it to this "
+             "process's share")
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+@dataclass
+class RunResult:
+    """What a training run leaves behind (for tests and benchmarks that drive ``run`` in-process)."""
+
+    field: NGPField
+    grid: OccupancyGrid
+    step: int
+    metrics: dict
+    stopped: str | None = None  # "SIGTERM on rank 1", ...: stopped early by a signal (exit EXIT_PREEMPTED)
+
+
+@dataclass
+class Trainer:
+    """Everything one rank's training steps need, built by ``Trainer.build`` (collective).
+
+    ``state`` holds what a checkpoint saves (see ``trainstate``); ``sampler``, ``generator`` and
+    ``start_step`` read through to it, because an elastic reset or a resume replaces them.
+    """
+
+    args: argparse.Namespace
+    rt: dist.Runtime
+    backend: str
+    scene: Scene
+    field: NGPField
+    grid: OccupancyGrid
+    march: Marching
+    optimizer: torch.optim.Optimizer
+    lr_at: object
+    loss_fn: object
+    scaler: torch.amp.GradScaler | None
+    renderer: "FastRenderer | None"
+    budget: RayBudget
+    state: TrainState
+    ckpts: CheckpointManager
+    guard: NonFiniteGuard | None
+    data: DataPipeline  # placement, sampling strategy, balance; its sampler is ``state.sampler``
+    memory: MemoryBudget  # what this process may hold on its device (--gpu_memory_gb)
+    meter: MemoryMeter    # peak torch memory of the training step and of evaluation
+    budget_lr_factor: float = 1.0  # set by the run loop from the shared training clock (budget_lr_factor())
+    stops: preempt.StopVote = dc_field(default_factory=lambda: preempt.StopVote(None))  # agreed stop on signals
+
+    @property
+    def sampler(self) -> RaySampler:
+        return self.state.sampler
+
+    @property
+    def generator(self) -> torch.Generator:  # backgrounds and jitter, seeded by global rank
+        return self.state.bg_gen
+
+    @property
+    def start_step(self) -> int:
+        return self.state.step
+
+    @staticmethod
+    def build(args: argparse.Namespace) -> "Trainer":
+        comm: CommSettings = args.comm
+        apply_horovod_tools(args)  # timeline/autotune/stall-check variables must precede Horovod's init
+        rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
+        use_cuda = rt.device.type == "cuda"
+        notes = comm.check_runtime(rt.size, rt.local_size, rt.controller, use_cuda, os.environ)
+        elastic.startup_agree(lambda: comm.block.check_host(rt.is_root), "checking the distributed block")
+        torch.manual_seed(args.seed)  # identical model init everywhere (and broadcast from rank 0 anyway)
+        source = args.model["_source"]
+        backend = resolve_backend(args.backend, rt.device)
+        dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}{', elastic' if dist.elastic() else ''}], "
+                 f"device {device_name(rt.device)}, config {source}, backend {backend}, host {socket.gethostname()}")
+        if rt.size > 1 or comm.backward_passes_per_step > 1:
+            dist.log(comm.describe(os.environ, comm.lr_multiplier(rt.size, rt.local_size, use_cuda), rt.cross_size,
+                                   notes))
+        scene: Scene = elastic.startup_agree(lambda: load_scene(
+            args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
+            test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale,
+            sharpness_threshold=args.sharpness_threshold, lazy_train=True),
+            "loading the scene")
+        dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
+                 f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
+                 + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
+        memory = elastic.startup_agree(lambda: MemoryBudget.for_device(rt.device, args.gpu_memory_gb, ranks_on_device(
+            rt.local_rank, rt.local_size, torch.cuda.device_count() if use_cuda else 0)), "planning GPU memory")
+        footprint = model_footprint(args, scene)
+        elastic.startup_agree(lambda: check_fit(memory, footprint, EVAL_RESERVE), "checking the GPU memory budget")
+        image_room = None if memory.bytes is None else memory.bytes - footprint.total - EVAL_RESERVE
+        data = DataPipeline.build(scene.train, args, rt, args.scene_cache, device_budget=image_room)
+        dist.log(data.describe())
+        if memory.bytes is not None:
+            images = data.placement.nbytes if data.placement.mode == "device" else 0
+            dist.log(f"{'GPU memory' if use_cuda else 'memory'}: budget {human_gib(memory.bytes)} ({memory.source}); training needs about "
+                     f"{human_gib(footprint.total + images)} ({replace(footprint, images=images).describe()})")
+
+        def build_model() -> tuple:
+            model = args.model
+            field = NGPField(model, scene.aabb, backend).to(rt.device)
+            optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
+            return (field, make_grid(model["marching"], scene).to(rt.device),
+                    Marching.from_config(model["marching"], scene.aabb_scale, source), optimizer, lr_at,
+                    make_loss(model["loss"], source), make_ema(field, OptimizerChain.parse(model["optimizer"], source)))
+
+        field, grid, march, optimizer, lr_at, loss_fn, ema = elastic.startup_agree(build_model, "building the model")
+        seen = grid.mark_unseen(scene.train.c2w, scene.train.intrinsics, scene.train.sizes, march.schedule.near)
+        dist.log(f"occupancy grid: {100 * seen:.1f}% of the cells are seen by a training camera")
+        # wrapped before any state is loaded into it
+        optimizer = dist.distributed_optimizer(optimizer, field.named_parameters(), comm.compression,
+                                               comm.backward_passes_per_step, comm.reduce_op)
+
+        fast = backend in FAST_RENDERER_BACKENDS
+        budget = RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
+                           float(args.model["marching"].get("candidate_factor", 4)) if fast else None)
+        renderer = None
+        if fast:
+            from ..render.fast import FastRenderer
+
+            renderer = FastRenderer.following(budget)  # its buffer sizes are the budget's
+        scaler = make_scaler(args.precision, comm, rt.device, rt.size)
+        state = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size,
+                                                                               rt.device, new_sampler=data.new_sampler),
+                           budget, ema=ema)
+        ckpts = CheckpointManager(args.ckpt_dir or Path(args.out_dir) / "checkpoints", args.ckpt_every, args.ckpt_keep)
+        # stop signals (preempt): installed before the first collective of the resume, agreed in the loop
+        stops = preempt.install(getattr(args, "stop_signal_names", ()), dist.elastic())
+        guard = NonFiniteGuard(args.nonfinite_limit, stops.local if stops.signals else None) \
+            if args.nonfinite_limit else None
+        tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
+                     state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops)
+        resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
+        if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
+            data.load_state_dict(state.progress["data"])
+        return tr
+
+    def lr_multiplier(self) -> float:
+        """The learning-rate rule (``--lr_scaling``) for the current world (an elastic one changes size)."""
+        rt = dist.runtime()
+        return self.args.comm.lr_multiplier(rt.size, rt.local_size, rt.device.type == "cuda")
+
+    def reseed(self) -> None:
+        """This rank's shard and fresh random streams for the current world and step (the world changed)."""
+        rt = dist.runtime()
+        self.state.reseed(self.scene.train, self.args.seed, rt.rank, rt.size, self.data.new_sampler)
+
+    def step(self, step: int, timer: StageTimer = NULL_TIMER) -> tuple[StepResult, int]:
+        """Training step number ``step`` (0-based, collective): occupancy refresh when due, rays, render,
+        update. Returns the result and the number of rays it used."""
+        args, rt = self.args, self.rt
+        timer.start()
+        faultpoints.at_step(step + 1)  # test-only fault injection (HVD_NGP_FAULTS); a no-op otherwise
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(step) * self.lr_multiplier() * self.budget_lr_factor
+        if step % self.march.update_interval == 0:
+            self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
+                             self.march.warmup_steps, args.seed)
+            timer.mark("occupancy update")
+        n_rays = self.budget.n_rays * self.args.comm.backward_passes_per_step  # the budget is per backward pass
+        rays = self.data.sample(n_rays)
+        if args.train_background == "random":  # also for opaque scenes: it teaches full opacity
+            background = torch.rand((n_rays, 3), generator=self.generator, device=rt.device)
+        else:
+            background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
+            background = background.expand(n_rays, 3)
+        jitter = torch.rand(n_rays, generator=self.generator, device=rt.device)
+        timer.mark("sampling")
+        with out_of_memory_as_error(f"training step (step {step + 1})", self.memory, STEP_HINT):
+            res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn,
+                             jitter, args.precision, self.scaler, self.renderer, timer,
+                             args.comm.backward_passes_per_step, self.guard, step + 1,
+                             self.data.settings.importance_weights, self.data.loss_scale)
+        faultpoints.slow_down(step + 1, res.n_samples)  # test hook, like faultpoints.at_step
+        self.budget.update(res)
+        if self.state.ema is not None and not res.skipped:  # every rank took this step (or none did)
+            self.state.ema.update()
+        # the error map (a collective every N steps, on every rank; a skipped step's loss is not recorded)
+        self.data.observe(step, rays, None if res.skipped else res.ray_loss, res.valid)
+        return res, n_rays
+
+    def end_interval(self, table) -> None:
+        """After the monitor's reduction (every rank): epoch, load balance and resolution for the next interval;
+        the ray budget follows the balancer."""
+        for note in self.data.end_interval(table):
+            dist.log(note)
+        self.budget.follow(self.data.balancer)  # ray counts and the fast renderer's capacities
+
+    def averaged_weights(self):
+        """Context: the field holds its averaged weights (the ``Ema`` block) inside, the raw ones after."""
+        return self.state.ema.swapped() if self.state.ema is not None else contextlib.nullcontext()
+
+    def evaluate(self, n_views: int | None = None, save_dir: Path | None = None, n_save: int = 0) -> dict:
+        """Test-split metrics with the averaged weights (collective), rendered within the memory budget; its
+        peak memory is recorded as the "eval" phase and the cached blocks are released afterwards."""
+        with self.averaged_weights(), self.meter.phase("eval"), \
+                out_of_memory_as_error("evaluation", self.memory, EVAL_HINT):
+            return evaluate(self.field, self.grid, self.scene.test, self.march.schedule, self.march.early_termination,
+                            self.args.eval_background, self.args.n_eval_views if n_views is None else n_views,
+                            save_dir, n_save, fast=self.backend in FAST_RENDERER_BACKENDS,
+                            protocol=self.args.eval_protocol, budget=self.memory)
+
+
+def run(args: argparse.Namespace) -> RunResult:
+    """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
+    tr = Trainer.build(args)
+    rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
+    ckpt_dir = tr.ckpts.directory if checkpointing(args) or tr.stops.signals else None  # a stop always checkpoints
+    elastic.startup_agree(lambda: prepare_outputs(args, ckpt_dir), "preparing the output folders")
+    source = args.model["_source"]
+    out_dir = Path(args.out_dir)
+    config = {"args": vars_for_json(args)}
+
+    length = (f"{args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
+              if args.n_steps < UNLIMITED_STEPS else f"for {args.time_budget_s:g} s")
+    dist.log(f"training {length}"
+             + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
+               f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
+
+    # ts.progress, saved in checkpoints: "history" (one entry per log interval), "curve" (test PSNR/SSIM
+    # against training time), "total_samples", "train_seconds" (training time before this process)
+    progress = ts.progress
+    for key, empty in (("history", []), ("curve", []), ("total_samples", 0.0), ("train_seconds", 0.0)):
+        progress.setdefault(key, empty)
+    monitor = elastic.startup_agree(lambda: Monitor(MonitorSettings.from_args(args), args.n_steps, tr.start_step,
+                                                    memory=tr.meter), "starting the monitor")
+    clock = TrainClock(rt.device, already=progress["train_seconds"])
+    watchdog = Watchdog(args.watchdog_s, rt.rank).start()
+    last_timed_ckpt = [progress["train_seconds"]]  # a shared clock reading: the same on every rank
+
+    def write_checkpoint(step: int) -> Path:
+        with paused(clock, watchdog, monitor):
+            progress["train_seconds"] = clock.shared_seconds()
+            progress["data"] = tr.data.state_dict()
+            path = tr.ckpts.write(ts, config)
+        dist.log(f"[step {step}] checkpoint {path}")
+        return path
+
+    stopped: list[str] = []  # set when a stop signal was agreed (preempt)
+
+    def train_loop(commit: Callable[[], None] | None = None) -> None:
+        """Steps from ``ts.step`` to the end; re-entered after an elastic reset."""
+        eval_at = sorted(t for t in args.eval_at_s if t > progress["train_seconds"])
+        tr.budget_lr_factor = budget_lr_factor(progress["train_seconds"], args.time_budget_s, args.budget_lr_decay)
+        stats = monitor.new_interval()
+        with watchdog.armed():
+            while ts.step < args.n_steps:
+                res, n_rays = tr.step(ts.step)
+                if not res.skipped:
+                    stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
+                ts.step = step = ts.step + 1
+                watchdog.kick(step)
+                monitor.tick()
+                # a stop signal on any rank (preempt): agreed through this step's non-finite-guard allreduce
+                # (or a tiny allreduce every 8 steps), so every rank stops after the same step
+                if tr.stops.decide(step, tr.guard) and step < args.n_steps:
+                    who = tr.stops.who()
+                    dist.log(f"[step {step}] stop requested ({who}): writing a checkpoint, then exiting with status "
+                             f"{preempt.EXIT_PREEMPTED} (resume with --resume auto)")
+                    path = write_checkpoint(step)
+                    dist.agree(lambda: preempt.write_marker(out_dir, step, args.n_steps, who, path),
+                               "writing the stop marker")
+                    stopped.append(who)
+                    break
+
+                if step % args.log_every == 0 or step == args.n_steps:
+                    seconds = clock.seconds()
+                    r = monitor.end_interval(step, stats, seconds, grid.occupancy_fraction())  # collective; rank 0 prints
+                    tr.end_interval(monitor.table)
+                    progress["total_samples"] += r["samples"]
+                    progress["history"].append({
+                        "step": step, "seconds": round(seconds, 3), "loss": r["loss"], "train_psnr": r["train_psnr"],
+                        "samples_per_sec": r["samples_per_s"], "rays_per_step": r["rays_per_step"],
+                        "step_time_spread": r["step_time_spread"], "gpu_util_spread": r["gpu_util_spread"],
+                        **{k: r[k] for k in ("interval_s", "comm_fraction", "gpu_util", "energy_j")}})
+                    stats = monitor.new_interval()
+                # Evaluation points, the time budget and timed checkpoints, decided from one shared clock
+                # reading every 8 steps.
+                due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
+                ckpt_due = tr.ckpts.due_by_steps(step)
+                stop = False
+                if (eval_at or args.time_budget_s or args.ckpt_every_minutes) and step % 8 == 0:
+                    elapsed = clock.shared_seconds()
+                    due = due or bool(eval_at and elapsed >= eval_at[0])
+                    eval_at = [t for t in eval_at if t > elapsed]
+                    stop = bool(args.time_budget_s and elapsed >= args.time_budget_s)
+                    tr.budget_lr_factor = budget_lr_factor(elapsed, args.time_budget_s, args.budget_lr_decay)
+                    if args.ckpt_every_minutes and elapsed - last_timed_ckpt[0] >= 60 * args.ckpt_every_minutes:
+                        ckpt_due, last_timed_ckpt[0] = True, elapsed
+                if due and not stop:
+                    seconds = clock.seconds()
+                    with paused(clock, watchdog, monitor):
+                        ev = tr.evaluate()
+                    stats.started += clock.last_pause
+                    progress["curve"].append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"],
+                                              "ssim": ev["ssim"]})
+                    dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
+                             f"views at {seconds:.1f} s")
+                if ckpt_due or (stop and checkpointing(args)):
+                    write_checkpoint(step)
+                    stats.started += clock.last_pause
+                if commit is not None:
+                    commit()
+                if stop:
+                    break
+        if stats.steps and not stopped:  # the partial interval before a time-budget stop
+            progress["total_samples"] += monitor.end_interval(ts.step, stats, clock.seconds(),
+                                                              grid.occupancy_fraction())["samples"]
+
+    if dist.elastic():
+        elastic.run(train_loop, tr.reseed, ts, args.commit_every)
+    else:
+        train_loop()
+    watchdog.stop()
+    monitor.close()
+    tr.stops.uninstall()  # the default actions again (an in-process caller keeps its own handlers)
+    rt, step = dist.runtime(), ts.step
+    if stopped:  # a stop signal: the checkpoint is written; no final evaluation, exit EXIT_PREEMPTED now
+        tr.data.close()
+        dist.log(f"stopped at step {step} of {args.n_steps} on a signal ({stopped[0]}); checkpoint in "
+                 f"{tr.ckpts.directory}; exit status {preempt.EXIT_PREEMPTED}")
+        return RunResult(field, grid, step, {"steps": step, "stopped": stopped[0]}, stopped[0])
+    train_seconds = progress["train_seconds"] = clock.seconds()
+    if checkpointing(args) and step not in [s for s, _ in tr.ckpts.existing()]:
+        write_checkpoint(step)  # a restartable run always ends with a checkpoint
+    stream = tr.data.stream_report()
+    tr.data.close()
+    if stream:
+        dist.log(stream)
+
+    ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
+    progress["curve"].append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
+    samples_per_sec = progress["total_samples"] / max(train_seconds, 1e-9)
+    dist.log(f"done: {step} steps in {train_seconds:.1f} s, {samples_per_sec / 1e6:.3f} M samples/s, "
+             f"test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views")
+    if args.save_snapshot:
+        checkpoint.save(ts, args.save_snapshot, config)
+    metrics = {"world_size": rt.size, "steps": step, "train_seconds": round(train_seconds, 3),
+               "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_ssim": ev["ssim"],
+               "test_views": ev["views"], "psnr_per_view": ev.get("psnr_per_view", []), "curve": progress["curve"],
+               "device": device_name(rt.device), "backend": backend, "precision": args.precision,
+               "controller": rt.controller, "scene": scene.source, "config": source,
+               "nonfinite_skipped_steps": tr.guard.skipped if tr.guard else None, "history": progress["history"],
+               "communication": args.comm.summary(os.environ, tr.lr_multiplier()), "data": tr.data.summary(),
+               "memory": {"budget_gib": None if tr.memory.bytes is None else round(tr.memory.bytes / GIB, 3),
+                          "budget_source": tr.memory.source, "peak": tr.meter.summary()}}
+    if rt.is_root:
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        if args.metrics_json:
+            Path(args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
+    return RunResult(field, grid, step, metrics)
+
+
+@contextlib.contextmanager
+def paused(clock: TrainClock, watchdog: Watchdog, monitor: Monitor) -> Iterator[None]:
+    """Around an evaluation or a checkpoint: the training clock stops (``clock.last_pause`` holds how long
+    afterwards), the watchdog waits, and the monitor leaves the block's collectives and GPU samples out."""
+    with clock.paused(), watchdog.paused(), monitor.paused():
+        yield
+
+
+def checkpointing(args: argparse.Namespace) -> bool:
+    """Periodic checkpoints are on (then a run also ends, or stops on its time budget, with one)."""
+    return args.ckpt_every > 0 or args.ckpt_every_minutes > 0
+
+
+def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> None:
+    """Rank 0: create the output folders and prove they are writable now, not after hours of training."""
+    if not dist.runtime().is_root:
+        return
+    folders = [("output folder (--out_dir)", Path(args.out_dir))]
+    if ckpt_dir is not None:
+        folders.append(("checkpoint folder (--ckpt_dir)", ckpt_dir))
+    for option in ("save_snapshot", "metrics_json"):
+        if getattr(args, option):
+            folders.append((f"folder of --{option}", Path(getattr(args, option)).parent))
+    for what, folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{folder}: cannot write to the {what}: {exc.strerror}") from None
+    preempt.clear_marker(Path(args.out_dir))  # a previous stop's marker: this run decides anew
+
+
+def vars_for_json(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, dict, list, type(None)))}
+
+
