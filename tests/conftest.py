@@ -26,6 +26,26 @@ TINY_ARGS = ["--encoding", TINY_ENCODING, "--density_network", '{"n_neurons": 16
              "--target_samples", "1024", "--n_rays_init", "128", "--save_renders", "1", "--n_eval_views", "2"]
 
 
+def tiny_cpu_args(scene_cache: Path, out_dir: Path, *more: str) -> list[str]:
+    """Trainer flags for the tiny model on the built-in scene on the CPU, writing to ``out_dir``."""
+    from hvd_ngp.config import CPU_CONFIG
+
+    return ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
+            "--out_dir", str(out_dir), *more]
+
+
+def tiny_trainer(scene_cache: Path, out_dir: Path, steps: int):
+    """A ``Trainer`` of the tiny model after ``steps`` training steps (in this process, size 1)."""
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, out_dir, "--n_steps", str(steps))))
+    for step in range(steps):
+        tr.step(step)
+        tr.state.step = step + 1
+    return tr
+
+
 def gpu_or_skip() -> None:
     """Skip without a GPU, unless HVD_NGP_REQUIRE_GPU=1 (GPU machines), where that is a failure."""
     if not torch.cuda.is_available():

@@ -23,7 +23,7 @@ from hvd_ngp.training.recipe import make_optimizer
 from hvd_ngp.training.trainer import run
 from hvd_ngp.state.trainstate import TrainState, make_rank_streams
 
-from conftest import TINY_ARGS
+from conftest import TINY_ARGS, tiny_cpu_args
 
 AABB = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
 FRAMES = Frames(torch.zeros(2, 4, 4, 4, dtype=torch.uint8), torch.eye(4)[:3].expand(2, 3, 4).clone(),
@@ -209,8 +209,7 @@ def test_resume_continues_the_same_trajectory_bitwise(tmp_path, scene_cache):
 
 def test_v1_snapshot_still_loads_with_fresh_streams(tmp_path, scene_cache):
     dist.shutdown()
-    common = ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-              "--log_every", "4", "--save_renders", "0", "--n_eval_views", "1", "--out_dir", str(tmp_path / "o")]
+    common = tiny_cpu_args(scene_cache, tmp_path / "o", "--log_every", "4", "--save_renders", "0", "--n_eval_views", "1")
     run(parse_args([*common, "--n_steps", "4", "--save_snapshot", str(tmp_path / "v2.pt")]))
     dist.shutdown()
     v2 = read_snapshot(tmp_path / "v2.pt")
@@ -223,8 +222,7 @@ def test_v1_snapshot_still_loads_with_fresh_streams(tmp_path, scene_cache):
 
 def test_snapshot_without_an_average_loads_and_restarts_it(tmp_path, scene_cache):
     dist.shutdown()
-    common = ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-              "--log_every", "4", "--save_renders", "0", "--n_eval_views", "1", "--out_dir", str(tmp_path / "o")]
+    common = tiny_cpu_args(scene_cache, tmp_path / "o", "--log_every", "4", "--save_renders", "0", "--n_eval_views", "1")
     run(parse_args([*common, "--n_steps", "4", "--save_snapshot", str(tmp_path / "new.pt")]))
     dist.shutdown()
     snap = read_snapshot(tmp_path / "new.pt")

@@ -16,7 +16,7 @@ from hvd_ngp.observe.memory import (GIB, MAX_CANDIDATES, MAX_CHUNK_RAYS, MAX_ROW
                                     MemoryBudgetError, RenderCosts, StepCosts, check_fit, plan_render,
                                     ranks_on_device, split_by_capacity, training_footprint)
 
-from conftest import ROOT, SHARED_DATA, TINY_ARGS, gpu_or_skip
+from conftest import ROOT, SHARED_DATA, TINY_ARGS, gpu_or_skip, tiny_trainer
 
 COSTS = RenderCosts(per_ray=1100, per_candidate=96, per_row=1500)
 
@@ -90,13 +90,8 @@ def test_evaluation_does_not_depend_on_the_chunk_size(tmp_path, scene_cache):
     """Evaluation of one trained model under budgets that give very different chunks: the same PSNR."""
     from hvd_ngp import render
     from hvd_ngp.training.evaluate import evaluate
-    from hvd_ngp.training.trainer import Trainer
 
-    args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-                       "--n_steps", "30", "--out_dir", str(tmp_path / "o")])
-    tr = Trainer.build(args)
-    for step in range(30):
-        tr.step(step)
+    tr = tiny_trainer(scene_cache, tmp_path / "o", 30)
     lanes = render.max_lanes(tr.march.schedule, tr.field.aabb)
     results = []
     for budget in (None, MemoryBudget(int(lanes * (256 + 2048) * 37 / RENDER_HEADROOM) + 1, "tiny", tr.rt.device)):

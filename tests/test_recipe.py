@@ -11,7 +11,7 @@ from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.training.optim import Adam, OptimizerChain, ParameterEma, exponential_decay
 
-from conftest import TINY_ARGS
+from conftest import tiny_trainer
 
 ADAM = {"otype": "Adam", "learning_rate": 1e-2}
 
@@ -97,14 +97,7 @@ def test_training_rays_go_through_pixel_centres_unless_jitter_is_on():
 
 @pytest.fixture
 def trained(tmp_path, scene_cache):
-    from hvd_ngp.training.trainer import Trainer
-
-    args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-                       "--n_steps", "8", "--out_dir", str(tmp_path / "o")])
-    tr = Trainer.build(args)
-    for step in range(8):
-        tr.step(step)
-        tr.state.step = step + 1
+    tr = tiny_trainer(scene_cache, tmp_path / "o", 8)
     yield tr
     tr.data.close()
     dist.shutdown()
