@@ -27,8 +27,11 @@ import configargparse
 
 from .cluster.comm import CommSettings
 from .cluster.comm import add_options as add_comm_options
+from .cluster.hvdtools import add_options as add_horovod_tool_options
+from .data.pipeline import DataSettings
 from .errors import ConfigError, read_json_object
 from .observe.metrics import UNLIMITED_STEPS
+from .observe.monitor import MonitorSettings
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
 DEFAULT_STEPS = 2000
@@ -227,8 +230,9 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--save_snapshot", default=None, help="write a snapshot here at the end (rank 0)")
     g.add_argument("--load_snapshot", default=None, help="start from this snapshot (model, grid, optimizer, step)")
 
-    add_monitoring_options(p)
-    add_data_options(p)
+    MonitorSettings.add_options(p)
+    add_horovod_tool_options(p)
+    DataSettings.add_options(p)
     g = p.add_argument_group("checkpoints, failures and elastic training")
     g.add_argument("--ckpt_dir", default=None, help="checkpoint folder (default: <out_dir>/checkpoints)")
     g.add_argument("--ckpt_every", type=int, default=0, help="write a checkpoint every N steps (0: off)")
@@ -255,87 +259,6 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                        help=f"patch for the '{block}' block")
     file_parser.known = {a.dest for a in p._actions if a.dest not in BLOCK_OPTION.values()} - {"config", "help"}
     return p
-
-
-def add_monitoring_options(p: configargparse.ArgumentParser) -> None:
-    """Live metrics (hvd_ngp.observe.monitor) and Horovod's own tools (hvd_ngp.cluster.hvdtools)."""
-    g = p.add_argument_group("monitoring and Horovod tools")
-    g.add_argument("--metrics_jsonl", default=None, metavar="PATH",
-                   help="one JSON object per log interval (rank 0); default OUT_DIR/metrics.jsonl, 'none' to switch off")
-    g.add_argument("--tensorboard", default=None, metavar="DIR",
-                   help="also write TensorBoard scalars here (rank 0; needs the tensorboard package)")
-    g.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
-                   help="tqdm progress bar on rank 0 (auto: only when stderr is a terminal)")
-    g.add_argument("--comm_timing", choices=("on", "off"), default="on",
-                   help="measure the time blocked in collectives (the 'comm' share; syncs the compute stream "
-                        "just before each blocking collective, where the host waits anyway)")
-    g.add_argument("--gpu_sample_period_s", type=float, default=0.5,
-                   help="seconds between NVML samples of GPU utilisation, memory and power (background thread)")
-    g.add_argument("--timeline_file", dest="timeline", default=None, metavar="PATH",
-                   help="Horovod timeline (Chrome trace, written by rank 0). Not '--timeline': horovodrun "
-                        "rejects that as an ambiguous prefix of its own options")
-    g.add_argument("--timeline_mark_cycles", action="store_true", help="mark Horovod's cycles in the timeline")
-    g.add_argument("--autotune", action="store_true",
-                   help="let Horovod's autotuner search fusion threshold, cycle time and hierarchical allreduce")
-    g.add_argument("--autotune_log", default=None, metavar="PATH",
-                   help="CSV of every setting the autotuner tried and its score (rank 0; implies --autotune)")
-    g.add_argument("--stall_check_s", type=int, default=None, metavar="N",
-                   help="warn when ranks wait more than N s for each other in a collective (Horovod default 60; 0: off)")
-    g.add_argument("--stall_shutdown_s", type=int, default=None, metavar="N",
-                   help="stop the job after a stall of N s (Horovod default 0: never)")
-
-
-def add_data_options(p: configargparse.ArgumentParser) -> None:
-    """Shards, sampling strategies, load balance and image placement (hvd_ngp.data.pipeline)."""
-    g = p.add_argument_group("data: shards, sampling, load balance, image memory")
-    g.add_argument("--sampling", choices=("uniform", "complexity", "error_map"), default="uniform",
-                   help="how rays are drawn: uniformly over this rank's pixels, by image complexity (OpenCV edges + "
-                        "Laplacian), or by the training loss (instant-ngp error map)")
-    g.add_argument("--train_ray_jitter", choices=("on", "off"), default="off",
-                   help="off: training rays through pixel centres (instant-ngp's snap_to_pixel_centers, and how "
-                        "evaluation renders); on: a random position inside the pixel")
-    g.add_argument("--sampling_floor", type=float, default=0.25,
-                   help="share of rays drawn uniformly whatever the strategy, so no pixel starves (bounds importance "
-                        "weights by 1/floor)")
-    g.add_argument("--importance_weights", choices=("on", "off"), default="on",
-                   help="on: weight each ray's loss by uniform/sampling probability, so the gradient is that of the "
-                        "mean over all pixels; off: the strategy reweights the objective (instant-ngp); the reported "
-                        "loss and PSNR are weighted either way")
-    g.add_argument("--complexity_weights", default="0.3,0.7", metavar="EDGES,LAPLACIAN",
-                   help="weights of the edge-density and Laplacian terms of the complexity score")
-    g.add_argument("--error_map_interval", type=int, default=128,
-                   help="steps between error-map reductions across ranks (and new sampling distributions)")
-    g.add_argument("--error_map_decay", type=float, default=0.5,
-                   help="weight of a tile's previous error when a new interval's mean loss arrives")
-    g.add_argument("--tile_size", type=int, default=0,
-                   help="pixels per side of the tiles that shards, complexity and error map are made of (0: 32, "
-                        "larger for very large scenes)")
-    g.add_argument("--shard_by", choices=("tile", "image"), default="tile",
-                   help="unit dealt to ranks (streamed scenes always shard whole images)")
-    g.add_argument("--epoch_passes", type=float, default=1.0,
-                   help="an epoch ends (and shards are dealt again) when the ranks together have drawn this many "
-                        "rays per training pixel")
-    g.add_argument("--balance", choices=("off", "samples", "time"), default="samples",
-                   help="off: equal rays per rank; samples: each rank sizes its batch to --target_samples "
-                        "(deterministic); time: samples, and ranks whose step times drift apart get sample targets "
-                        "by their throughput (follows measured times, so runs are not bit-reproducible)")
-    g.add_argument("--balance_threshold", type=float, default=0.05,
-                   help="rebalance when (max - min) / max of the per-rank step times exceeds this")
-    g.add_argument("--preload", choices=("auto", "device", "gpu", "host", "stream"), default="auto",
-                   help="training images on the device (gpu), in pinned host memory (copied per batch), or streamed "
-                        "from disk by shard; auto: the first that fits its budget")
-    g.add_argument("--image_dtype", choices=("uint8", "fp16"), default="uint8",
-                   help="storage of preloaded images (fp16 doubles the memory)")
-    g.add_argument("--device_image_budget_gb", type=float, default=0.0,
-                   help="device memory the training images may use (0: a quarter of the GPU)")
-    g.add_argument("--host_image_budget_gb", type=float, default=0.0,
-                   help="host memory per rank the training images may use (0: half the available memory / local ranks)")
-    g.add_argument("--num_workers", type=int, default=4, help="threads decoding images (at load and when streaming)")
-    g.add_argument("--dynamic_resolution", type=int, default=0, metavar="F",
-                   help="start training at 1/F resolution (F a power of two) and double it whenever the loss stops "
-                        "falling (0: off)")
-    g.add_argument("--dynamic_resolution_plateau", type=float, default=0.05,
-                   help="raise the resolution when a log interval lowers the loss by less than this fraction")
 
 
 def parse_args(argv: Sequence[str] | None = None, default_config: Path | None = None) -> argparse.Namespace:
@@ -406,11 +329,8 @@ def validate(args: argparse.Namespace) -> None:
         args.stop_signal_names = parse_signals(args.stop_signals)
     except ValueError as exc:
         raise ConfigError(f"--stop_signals: {exc}") from None
-    if args.gpu_sample_period_s <= 0:
-        raise ConfigError(f"--gpu_sample_period_s must be positive, got {args.gpu_sample_period_s}")
     if args.n_rays_init > args.max_rays:
         raise ConfigError(f"--n_rays_init ({args.n_rays_init}) exceeds --max_rays ({args.max_rays})")
     args.comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated
-    from .data.pipeline import DataSettings
-
     args.data = DataSettings.from_args(args)  # the data options, validated once (DataPipeline.build reads them)
+    args.monitor = MonitorSettings.from_args(args)  # the monitoring options, validated once (the trainer's Monitor)

@@ -79,3 +79,20 @@ def apply(args: argparse.Namespace) -> dict[str, str]:
         dist.log(f"hvd_ngp: note: {', '.join(sorted(env))} set, but a size-1 run without a launcher does not "
                  "start Horovod: nothing will be written (run under horovodrun/mpirun)")
     return env
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """Declare the Horovod tools option group (turned into variables by ``apply``)."""
+    g = p.add_argument_group("Horovod's tools: timeline, autotuner, stall check")
+    g.add_argument("--timeline_file", dest="timeline", default=None, metavar="PATH",
+                   help="Horovod timeline (Chrome trace, written by rank 0). Not '--timeline': horovodrun "
+                        "rejects that as an ambiguous prefix of its own options")
+    g.add_argument("--timeline_mark_cycles", action="store_true", help="mark Horovod's cycles in the timeline")
+    g.add_argument("--autotune", action="store_true",
+                   help="let Horovod's autotuner search fusion threshold, cycle time and hierarchical allreduce")
+    g.add_argument("--autotune_log", default=None, metavar="PATH",
+                   help="CSV of every setting the autotuner tried and its score (rank 0; implies --autotune)")
+    g.add_argument("--stall_check_s", type=int, default=None, metavar="N",
+                   help="warn when ranks wait more than N s for each other in a collective (Horovod default 60; 0: off)")
+    g.add_argument("--stall_shutdown_s", type=int, default=None, metavar="N",
+                   help="stop the job after a stall of N s (Horovod default 0: never)")

@@ -57,6 +57,59 @@ class DataSettings:
     train_ray_jitter: bool = False
 
     @staticmethod
+    def add_options(p: argparse.ArgumentParser) -> None:
+        """Declare the data option group (validated by ``from_args``)."""
+        g = p.add_argument_group("data: shards, sampling, load balance, image memory")
+        g.add_argument("--sampling", choices=("uniform", "complexity", "error_map"), default="uniform",
+                       help="how rays are drawn: uniformly over this rank's pixels, by image complexity (OpenCV edges + "
+                            "Laplacian), or by the training loss (instant-ngp error map)")
+        g.add_argument("--train_ray_jitter", choices=("on", "off"), default="off",
+                       help="off: training rays through pixel centres (instant-ngp's snap_to_pixel_centers, and how "
+                            "evaluation renders); on: a random position inside the pixel")
+        g.add_argument("--sampling_floor", type=float, default=0.25,
+                       help="share of rays drawn uniformly whatever the strategy, so no pixel starves (bounds importance "
+                            "weights by 1/floor)")
+        g.add_argument("--importance_weights", choices=("on", "off"), default="on",
+                       help="on: weight each ray's loss by uniform/sampling probability, so the gradient is that of the "
+                            "mean over all pixels; off: the strategy reweights the objective (instant-ngp); the reported "
+                            "loss and PSNR are weighted either way")
+        g.add_argument("--complexity_weights", default="0.3,0.7", metavar="EDGES,LAPLACIAN",
+                       help="weights of the edge-density and Laplacian terms of the complexity score")
+        g.add_argument("--error_map_interval", type=int, default=128,
+                       help="steps between error-map reductions across ranks (and new sampling distributions)")
+        g.add_argument("--error_map_decay", type=float, default=0.5,
+                       help="weight of a tile's previous error when a new interval's mean loss arrives")
+        g.add_argument("--tile_size", type=int, default=0,
+                       help="pixels per side of the tiles that shards, complexity and error map are made of (0: 32, "
+                            "larger for very large scenes)")
+        g.add_argument("--shard_by", choices=("tile", "image"), default="tile",
+                       help="unit dealt to ranks (streamed scenes always shard whole images)")
+        g.add_argument("--epoch_passes", type=float, default=1.0,
+                       help="an epoch ends (and shards are dealt again) when the ranks together have drawn this many "
+                            "rays per training pixel")
+        g.add_argument("--balance", choices=("off", "samples", "time"), default="samples",
+                       help="off: equal rays per rank; samples: each rank sizes its batch to --target_samples "
+                            "(deterministic); time: samples, and ranks whose step times drift apart get sample targets "
+                            "by their throughput (follows measured times, so runs are not bit-reproducible)")
+        g.add_argument("--balance_threshold", type=float, default=0.05,
+                       help="rebalance when (max - min) / max of the per-rank step times exceeds this")
+        g.add_argument("--preload", choices=("auto", "device", "gpu", "host", "stream"), default="auto",
+                       help="training images on the device (gpu), in pinned host memory (copied per batch), or streamed "
+                            "from disk by shard; auto: the first that fits its budget")
+        g.add_argument("--image_dtype", choices=("uint8", "fp16"), default="uint8",
+                       help="storage of preloaded images (fp16 doubles the memory)")
+        g.add_argument("--device_image_budget_gb", type=float, default=0.0,
+                       help="device memory the training images may use (0: a quarter of the GPU)")
+        g.add_argument("--host_image_budget_gb", type=float, default=0.0,
+                       help="host memory per rank the training images may use (0: half the available memory / local ranks)")
+        g.add_argument("--num_workers", type=int, default=4, help="threads decoding images (at load and when streaming)")
+        g.add_argument("--dynamic_resolution", type=int, default=0, metavar="F",
+                       help="start training at 1/F resolution (F a power of two) and double it whenever the loss stops "
+                            "falling (0: off)")
+        g.add_argument("--dynamic_resolution_plateau", type=float, default=0.05,
+                       help="raise the resolution when a log interval lowers the loss by less than this fraction")
+
+    @staticmethod
     def from_args(args: argparse.Namespace) -> "DataSettings":
         """Validate the options; raises ``ConfigError`` saying what was expected."""
         if args.sampling not in STRATEGIES:

@@ -259,8 +259,26 @@ class MonitorSettings:
     append: bool  # a resumed run appends to its metrics.jsonl
 
     @staticmethod
+    def add_options(p: argparse.ArgumentParser) -> None:
+        """Declare the monitoring option group (validated by ``from_args``)."""
+        g = p.add_argument_group("monitoring")
+        g.add_argument("--metrics_jsonl", default=None, metavar="PATH",
+                       help="one JSON object per log interval (rank 0); default OUT_DIR/metrics.jsonl, 'none' to switch off")
+        g.add_argument("--tensorboard", default=None, metavar="DIR",
+                       help="also write TensorBoard scalars here (rank 0; needs the tensorboard package)")
+        g.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                       help="tqdm progress bar on rank 0 (auto: only when stderr is a terminal)")
+        g.add_argument("--comm_timing", choices=("on", "off"), default="on",
+                       help="measure the time blocked in collectives (the 'comm' share; syncs the compute stream "
+                            "just before each blocking collective, where the host waits anyway)")
+        g.add_argument("--gpu_sample_period_s", type=float, default=0.5,
+                       help="seconds between NVML samples of GPU utilisation, memory and power (background thread)")
+
+    @staticmethod
     def from_args(args: argparse.Namespace) -> "MonitorSettings":
         """Validate the monitoring options (the same on every rank: call through ``dist.agree``)."""
+        if args.gpu_sample_period_s <= 0:
+            raise ConfigError(f"--gpu_sample_period_s must be positive, got {args.gpu_sample_period_s}")
         if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("--tensorboard needs the 'tensorboard' package: pip install tensorboard "
                               "(or pip install 'hvd_ngp[monitor]'); metrics.jsonl holds the same numbers")

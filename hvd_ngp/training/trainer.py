@@ -35,7 +35,7 @@ from ..model.field import NGPField
 from ..observe.clock import TrainClock
 from ..observe.memory import (EVAL_RESERVE, GIB, MemoryBudget, MemoryMeter, check_fit, human_gib, out_of_memory_as_error,
                               ranks_on_device)
-from ..observe.monitor import Monitor, MonitorSettings
+from ..observe.monitor import Monitor
 from ..observe.metrics import UNLIMITED_STEPS
 from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render.occupancy import OccupancyGrid
@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> RunResult:
     progress = ts.progress
     for key, empty in (("history", []), ("curve", []), ("total_samples", 0.0), ("train_seconds", 0.0)):
         progress.setdefault(key, empty)
-    monitor = elastic.startup_agree(lambda: Monitor(MonitorSettings.from_args(args), args.n_steps, tr.start_step,
+    monitor = elastic.startup_agree(lambda: Monitor(args.monitor, args.n_steps, tr.start_step,
                                                     memory=tr.meter), "starting the monitor")
     clock = TrainClock(rt.device, already=progress["train_seconds"])
     watchdog = Watchdog(args.watchdog_s, rt.rank).start()
