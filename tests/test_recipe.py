@@ -145,3 +145,18 @@ def test_ngp_protocol_runs_and_one_sample_at_midpoints_renders_like_std_on_black
     torch.testing.assert_close(ref[opaque], ref_std[opaque], atol=2e-5, rtol=0)
     ev = evaluate(tr.field, tr.grid, test, tr.march.schedule, tr.march.early_termination, "white", 1, protocol="ngp")
     assert ev["views"] == 1 and 0 < ev["psnr"] < 100
+
+
+def test_occupancy_update_cadence_fixed_and_instant_ngp_ramp():
+    from hvd_ngp.training.recipe import Marching
+
+    block = {"steps_per_diagonal": 1024, "grid_resolution": 128, "early_termination": 1e-4, "update_interval": 16,
+             "warmup_steps": 256}
+    fixed = Marching.from_config(block, 1)
+    ramp = Marching.from_config({**block, "update_schedule": "ramp"}, 1)
+    assert [s for s in range(64) if fixed.update_due(s)] == [0, 16, 32, 48]
+    due = [s for s in range(300) if ramp.update_due(s)]
+    assert due[:32] == list(range(32)) and 33 not in due and {32, 34, 36, 48, 51, 256, 272} <= set(due)
+    assert [s for s in due if s >= 256] == [256, 272, 288]  # every 16 from step 256, as fixed
+    with pytest.raises(ConfigError, match="update_schedule must be"):
+        Marching.from_config({**block, "update_schedule": "often"}, 1, "my.json")

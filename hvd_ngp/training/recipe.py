@@ -34,6 +34,14 @@ class Marching:
     early_termination: float
     update_interval: int
     warmup_steps: int
+    update_ramp: bool = False  # instant-ngp's cadence in the first steps (``update_due``)
+
+    def update_due(self, step: int) -> bool:
+        """Whether 0-based ``step`` refreshes the occupancy grid: every ``update_interval`` steps, or with
+        ``marching.update_schedule: "ramp"`` instant-ngp's cadence (testbed.cu: every
+        ``clamp(step // 16, 1, update_interval)`` steps, so every step for the first 32, every 16 from 256)."""
+        interval = min(max(step // 16, 1), self.update_interval) if self.update_ramp else self.update_interval
+        return step % interval == 0
 
     @staticmethod
     def from_config(block: dict, scene_aabb_scale: int, source: str = "config") -> "Marching":
@@ -54,9 +62,12 @@ class Marching:
         near = float(block.get("near_distance", 0.1))
         if near < 0:
             raise ConfigError(f"{source}: marching.near_distance must be >= 0, got {near}")
+        update = block.get("update_schedule", "fixed")
+        if update not in ("fixed", "ramp"):
+            raise ConfigError(f"{source}: marching.update_schedule must be 'fixed' or 'ramp', got {update!r}")
         schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)), near)
         return Marching(schedule, float(block["early_termination"]), int(block["update_interval"]),
-                        int(block["warmup_steps"]))
+                        int(block["warmup_steps"]), update == "ramp")
 
 
 def make_grid(block: dict, scene: Scene) -> OccupancyGrid:

@@ -208,7 +208,7 @@ class Trainer:
         faultpoints.at_step(step + 1)  # test-only fault injection (HVD_NGP_FAULTS); a no-op otherwise
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(step) * self.lr_multiplier() * self.budget_lr_factor
-        if step % self.march.update_interval == 0:
+        if self.march.update_due(step):
             self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
                              self.march.warmup_steps, args.seed)
             timer.mark("occupancy update")
