@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Measurements on the lent GPU machine (no network there), in steps that fit one call each:
+# Measurements on the lent GPU machine (no network there), in steps that fit one call each.
+# Here, on the development machine, once: bash scripts/gpu/session.sh prepare   (fills .stage/ from ../shared,
+# or from HVD_NGP_SHARED)
 #   bash scripts/gpu/session.sh stage          # copy the carried .stage/* pieces to /tmp/stage (lego, fox, wheels)
 #   bash scripts/gpu/session.sh tests OUT      # the GPU test files, one pytest process each, HVD_NGP_REQUIRE_GPU=1
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
@@ -13,6 +15,26 @@ S=/tmp/stage
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 step=$1; out=${2:-/tmp/out}; mkdir -p "$out"
 case $step in
+  prepare)  # development machine: lego as lossless WebP (pixels with alpha 0 zeroed), fox, instant-ngp, a wheel
+    py=.venv/bin/python; src=${HVD_NGP_SHARED:-../shared}
+    $py - "$src" <<'PY'
+import os, shutil, sys, cv2
+src, dst = os.path.join(sys.argv[1], "data/nerf_synthetic/lego"), ".stage/lego"
+for split, parts in (("train", ("train",)), ("test", ("test_a", "test_b"))):
+    names = sorted(n for n in os.listdir(f"{src}/{split}") if n.endswith(".png"))
+    for k, part in enumerate(parts):
+        os.makedirs(f"{dst}/{part}", exist_ok=True)
+        for name in names[k::len(parts)]:
+            img = cv2.imread(f"{src}/{split}/{name}", cv2.IMREAD_UNCHANGED)
+            img[img[..., 3] == 0, :3] = 0
+            cv2.imwrite(f"{dst}/{part}/{name[:-4]}.webp", img, [cv2.IMWRITE_WEBP_QUALITY, 101])
+    shutil.copy(f"{src}/transforms_{split}.json", f"{dst}/transforms_{split}.json")
+PY
+    rm -rf .stage/fox .stage/ingp && cp -r "$src/data/fox" .stage/fox && cp -r "$src/anchors/instant-ngp" .stage/ingp
+    mkdir -p .whl && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --implementation cp --platform manylinux_2_28_x86_64 -d .whl configargparse
+    du -sh .stage/* .stage/lego/*
+    ;;
   stage)
     mkdir -p $S/lego/test /tmp/site
     [ -d .stage/lego/train ] && cp -r .stage/lego/train .stage/lego/transforms_*.json $S/lego/
