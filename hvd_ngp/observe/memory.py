@@ -15,6 +15,7 @@ evaluation), resetting the peaks at each phase's start.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ RENDER_HEADROOM = 0.8
 MAX_CHUNK_RAYS = 1 << 18
 MAX_CANDIDATES = 1 << 25
 MAX_ROWS = 1 << 21
+DEFAULT_ROW_BYTES = 2048  # a network row without gradients, where it cannot be measured (CPU)
 
 
 class MemoryBudgetError(HvdNgpError):
@@ -112,9 +114,6 @@ class RenderPlan:
     candidates: int
     rows: int
 
-    def describe(self) -> str:
-        return f"{self.rays} rays/chunk, {self.candidates} candidate slots, {self.rows} network rows/call"
-
 
 def plan_render(available: int | None, costs: RenderCosts, max_candidates_per_ray: int,
                 what: str = "rendering") -> RenderPlan:
@@ -142,18 +141,9 @@ def split_by_capacity(ends: list[int], capacity: int) -> list[tuple[int, int]]:
     """Consecutive ray ranges ``[a, b)`` whose candidates fit ``capacity``; ``ends`` ``[R]``: the running
     total of candidates per ray (a cumulative sum). Every range holds at least one ray."""
     groups, a, base = [], 0, 0
-    R = len(ends)
-    while a < R:
-        b = a + 1
+    while a < len(ends):
         # the largest b with ends[b-1] - base <= capacity (one ray always goes, the plan guarantees it fits)
-        lo, hi = b, R
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if ends[mid - 1] - base <= capacity:
-                lo = mid
-            else:
-                hi = mid - 1
-        b = max(lo, a + 1)
+        b = max(bisect.bisect_right(ends, base + capacity, lo=a), a + 1)
         groups.append((a, b))
         base, a = ends[b - 1], b
     return groups

@@ -130,7 +130,6 @@ class FastRenderer:
 #: per-segment int32 counts, int64 ends and int32 starts plus rays and results; per candidate slot,
 #: t, dt, ray and its density (16), the compaction's int64 plans (48) and the kept t, dt (8), rounded up
 CANDIDATE_BYTES = 96
-DEFAULT_ROW_BYTES = 2048  # a network row without gradients, when it cannot be measured (CPU)
 
 
 def inference_costs(schedule: StepSchedule, row_bytes: int) -> RenderCosts:
@@ -167,8 +166,8 @@ def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tenso
     seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter)
     ends = torch.cumsum(seg_count.sum(1, dtype=torch.int64), 0).tolist()
     if workspace is None:
-        workspace = RenderWorkspace(RenderPlan(R, max(ends[-1] if R else 0, 1), max(ends[-1] if R else 0, 1)),
-                                    origins.device)
+        total = max(ends[-1] if R else 0, 1)
+        workspace = RenderWorkspace(RenderPlan(R, total, total), origins.device)
     rows = workspace.plan.rows
     rgb = torch.zeros(R, 3, device=origins.device)
     opacity, depth = torch.zeros(R, device=origins.device), torch.zeros(R, device=origins.device)

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from ..data.cameras import intersect_aabb
-from ..observe.memory import RENDER_HEADROOM, MemoryBudget, MemoryBudgetError, human_gib, plan_render
+from ..observe.memory import (DEFAULT_ROW_BYTES, RENDER_HEADROOM, MemoryBudget, MemoryBudgetError, human_gib,
+                              plan_render)
 from .occupancy import OccupancyGrid
 from .schedule import StepSchedule
 from ..observe.profiling import NULL_TIMER, StageTimer
@@ -139,17 +140,19 @@ def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, di
     return out
 
 
-#: bytes per dense-lane slot of the reference renderer (positions, times, masks, densities, weights)
-#: plus its network row, when the row cannot be measured
-REFERENCE_LANE_BYTES = 256 + 2048
+#: bytes per dense-lane slot of the reference renderer (positions, times, masks, densities, weights),
+#: besides its network row
+REFERENCE_LANE_BYTES = 256
 REFERENCE_MAX_CHUNK = 1 << 14
 
 
-def reference_chunk(available: int | None, lanes_per_ray: int, lane_bytes: int = REFERENCE_LANE_BYTES) -> int:
-    """Rays per chunk of the reference renderer within ``available`` bytes (None: the default chunk);
-    ``MemoryBudgetError`` when one ray's dense lanes do not fit."""
+def reference_chunk(available: int | None, lanes_per_ray: int, row_bytes: int = DEFAULT_ROW_BYTES) -> int:
+    """Rays per chunk of the reference renderer within ``available`` bytes (None: the default chunk), each
+    lane holding ``REFERENCE_LANE_BYTES`` and a network row of ``row_bytes``; ``MemoryBudgetError`` when one
+    ray's dense lanes do not fit."""
     if available is None:
         return REFERENCE_MAX_CHUNK
+    lane_bytes = REFERENCE_LANE_BYTES + row_bytes
     rays = int(available * RENDER_HEADROOM) // (lanes_per_ray * lane_bytes)
     if rays < 1:
         raise MemoryBudgetError(f"rendering one ray needs {human_gib(lanes_per_ray * lane_bytes / RENDER_HEADROOM)} "
@@ -171,15 +174,14 @@ def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, d
     inside their steps (the ``jitter`` of every ray)."""
     available = budget.available() if budget is not None else None
     if fast:
-        from .fast import DEFAULT_ROW_BYTES, RenderWorkspace, inference_costs, render_rays_fast
+        from .fast import RenderWorkspace, inference_costs, render_rays_fast
 
         if workspace is None:
             costs = inference_costs(schedule, row_bytes or DEFAULT_ROW_BYTES)
             workspace = RenderWorkspace(plan_render(available, costs, max_lanes(schedule, aabb)), origins.device)
         chunk = workspace.plan.rays
     else:
-        lanes = max_lanes(schedule, aabb)
-        chunk = reference_chunk(available, lanes, 256 + (row_bytes or 2048))
+        chunk = reference_chunk(available, max_lanes(schedule, aabb), row_bytes or DEFAULT_ROW_BYTES)
     rgbs, depths = [], []
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):

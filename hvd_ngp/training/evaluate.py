@@ -22,7 +22,7 @@ from ..data.sampler import image_pixels, image_rays
 from ..model.field import NGPField
 from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from ..render.occupancy import OccupancyGrid
-from ..observe.memory import MemoryBudget, bytes_per_row, plan_render
+from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudget, bytes_per_row, plan_render
 from ..render import StepSchedule, max_lanes, render_image
 
 BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
@@ -45,7 +45,7 @@ class ViewRenderer:
         self.field, self.grid, self.schedule, self.early_termination = field, grid, schedule, early_termination
         self.fast, self.budget = fast, budget
         device = field.aabb.device
-        self.row_bytes = bytes_per_row(self._probe, 1 << 16, device, 2048)
+        self.row_bytes = bytes_per_row(self._probe, 1 << 16, device, DEFAULT_ROW_BYTES)
         self.workspace = None
         if fast:
             from ..render.fast import RenderWorkspace, inference_costs
@@ -62,10 +62,6 @@ class ViewRenderer:
         d = torch.nn.functional.normalize(torch.randn((n, 3), generator=gen, device=lo.device), dim=-1)
         with torch.no_grad():
             self.field(x, d)
-
-    def describe(self) -> str:
-        plan = self.workspace.plan.describe() if self.workspace is not None else "reference chunks"
-        return f"{plan}, {self.row_bytes} B/network row"
 
     def view(self, frames: Frames, index: int, background: Tensor, step_offset: float = 0.5) -> Tensor:
         """One image of ``frames`` over ``background`` ``[3]`` -> ``[H, W, 3]`` in [0, 1] (``step_offset``:
