@@ -93,8 +93,15 @@ fi
 # Triton: the GPU kernels; on CPU-only machines its interpreter runs their parity tests.
 have triton || "${PIP[@]}" "triton>=3.2,<4"
 # the rest (scripts/requirements.txt: also what scripts/wheelhouse.sh downloads)
+# An OpenCV the node already has (a site opencv-python, reused with HVD_NGP_SYSTEM_SITE=1) stays: a second
+# distribution of cv2 beside it would shadow it half-way.
+REQS="$ROOT/scripts/requirements.txt"
+if "$PY" -c 'import cv2' >/dev/null 2>&1; then
+  REQS="$(mktemp)"; grep -v '^opencv' "$ROOT/scripts/requirements.txt" >"$REQS"
+  log "OpenCV $("$PY" -c 'import cv2; print(cv2.__version__)') is already installed: keeping it"
+fi
 # shellcheck disable=SC2086  # HVD_NGP_EXTRAS is a space-separated list: split on purpose
-"${PIP[@]}" -r "$ROOT/scripts/requirements.txt" ${HVD_NGP_EXTRAS:-}
+"${PIP[@]}" -r "$REQS" ${HVD_NGP_EXTRAS:-}
 
 # ---------------------------------------------------------------- Horovod (patched 0.28.1, cached wheel)
 read -r PYV TORCHV CUDAV < <("$PY" -c 'import sys, torch; print(f"{sys.version_info[0]}{sys.version_info[1]}", torch.__version__.replace("+", "_"), torch.version.cuda or "cpu")')

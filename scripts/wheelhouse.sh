@@ -39,7 +39,15 @@ run() {
 mkdir -p "$DIR"
 target=()
 [[ -n $PYTHON_VERSION ]] && target+=(--python-version "$PYTHON_VERSION")
-[[ -n $PLATFORM ]] && target+=(--platform "$PLATFORM")
+if [[ -n $PLATFORM ]]; then
+  target+=(--platform "$PLATFORM")
+  # pip takes --platform literally: manylinux_2_28 also runs every older manylinux wheel (2_27 ... 2_5,
+  # manylinux2014/2010/1), so list those tags too (mpi4py, for one, ships manylinux1 wheels only)
+  if [[ $PLATFORM =~ ^manylinux_2_([0-9]+)_(.+)$ ]]; then
+    for ((minor = BASH_REMATCH[1] - 1; minor >= 5; minor--)); do target+=(--platform "manylinux_2_${minor}_${BASH_REMATCH[2]}"); done
+    target+=(--platform "manylinux2014_${BASH_REMATCH[2]}" --platform "manylinux2010_${BASH_REMATCH[2]}" --platform "manylinux1_${BASH_REMATCH[2]}")
+  fi
+fi
 # pip download for another Python or platform accepts binary wheels only
 ((${#target[@]})) && target+=(--only-binary :all:)
 dl=("$PY" -m pip download -q --disable-pip-version-check -d "$DIR" "${target[@]}")

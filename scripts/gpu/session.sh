@@ -41,6 +41,8 @@ PY
     for part in test_a test_b; do [ -d .stage/lego/$part ] && cp .stage/lego/$part/* $S/lego/test/; done
     [ -d .stage/fox ] && cp -r .stage/fox $S/
     [ -d .stage/ingp ] && cp -r .stage/ingp $S/
+    for part in .stage/wh .stage/wh2; do [ -d $part ] && mkdir -p $S/wh && cp $part/* $S/wh/; done
+    [ -d .stage/old ] && rm -rf $S/old && cp -r .stage/old $S/old
     ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
     echo "staged: lego train $(ls $S/lego/train 2>/dev/null | wc -l), test $(ls $S/lego/test | wc -l); fox $(ls $S/fox/images 2>/dev/null | wc -l)"
     ;;
@@ -57,6 +59,71 @@ PY
       --markdown $out/BENCH_memory.md 2>&1 | tail -8
     python3 -m hvd_ngp.train --scene $S/fox --holdout_every 8 --gpu_memory_gb 16 --time_budget_s 60 --eval_at_s 15,30 \
       --log_every 2000 --save_renders 0 --out_dir $out/fox_cap16 2>&1 | grep -E "GPU memory|test PSNR|done|error|step [0-9]*000\]"
+    ;;
+  probe)  # what the image has (for the wheelhouse) and the machine
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader; nproc
+    python3 -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)'
+    python3 -m pip list 2>/dev/null | grep -i -E "^(numpy|opencv|mpi4py|configarg|pytest|import.linter|psutil|nvidia.ml|tensorboard|pyroute2|cffi|ninja|horovod|tinycudann) " 
+    command -v cmake mpicc g++ nvcc; /usr/bin/g++ --version | head -1; g++ --version | head -1
+    ;;
+  restructure)  # issue 15: bench throughput of the tree before the move ($S/old) and of this one, alternating
+    for round in 1 2; do
+      for tree in old new; do
+        dir=$PWD; [ $tree = old ] && dir=$S/old
+        (cd "$dir" && PYTHONPATH=/tmp/site:$dir python3 -m hvd_ngp.bench throughput --scene $S/lego --backends triton \
+          --warmup_steps 400 --steps 60 --repeat 5 --no_compile --eval_views 0 --json $out/throughput_${tree}_$round.json \
+          --markdown '' >$out/throughput_${tree}_$round.log 2>&1)
+      done
+    done
+    python3 - "$out" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("throughput_*.json")):
+    r = json.load(open(f))["training"][0]
+    print(f.stem, f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step, {r['samples_per_step']:.0f} samples/step,",
+          {k: round(v, 2) for k, v in r["stages_ms"].items()})
+PY
+    ;;
+  memory13)  # issue 13: equal-step PSNR capped vs uncapped (two runs each, side by side), 60 s capped, one snapshot rendered both ways
+    T="python3 -m hvd_ngp.train --scene $S/lego --n_steps 2000 --log_every 1000 --save_renders 0 --seed 1337"
+    for r in free_a free_b cap8_a cap8_b; do
+      cap=""; [[ $r == cap8* ]] && cap="--gpu_memory_gb 8"
+      $T $cap --out_dir $out/$r --save_snapshot $out/$r/snap.pt >$out/$r.log 2>&1 &
+    done
+    wait
+    python3 -m hvd_ngp.train --scene $S/lego --gpu_memory_gb 8 --time_budget_s 60 --eval_at_s 15,30 --log_every 4000 \
+      --save_renders 0 --out_dir $out/cap8_60s >$out/cap8_60s.log 2>&1
+    for cap in 8 0; do
+      python3 -m hvd_ngp.render --load_snapshot $out/free_a/snap.pt --scene $S/lego --video none --gpu_memory_gb $cap \
+        --out_dir $out/render_cap$cap 2>&1 | grep -E "PSNR|views/s|error" | tail -2
+    done
+    python3 - "$out" <<'PY'
+import json, pathlib, sys
+for d in sorted(pathlib.Path(sys.argv[1]).glob("*/metrics.json")):
+    m = json.load(open(d)); mem = m["memory"]
+    print(f"{d.parent.name}: steps {m['steps']} train {m['train_seconds']} s, PSNR {m['test_psnr']:.4f} over {m['test_views']} views, "
+          f"curve {[(c['seconds'], round(c['psnr'], 2)) for c in m['curve']]}, budget {mem['budget_gib']} GiB, peak {mem['peak']}")
+for d in sorted(pathlib.Path(sys.argv[1]).glob("render_cap*/render.json")):
+    r = json.load(open(d)); print(d.parent.name, {k: v for k, v in r.items() if not isinstance(v, (list, dict))})
+PY
+    ;;
+  setup18)  # issue 18: scripts/setup.sh on this machine with no network: wheelhouse, Horovod sdist and tinycudann source builds
+    export HVD_NGP_SKIP_APT=1 HVD_NGP_SYSTEM_SITE=1 HVD_NGP_WHEELHOUSE=$S/wh HVD_NGP_TCNN_SRC=$S/wh/tiny-cuda-nn-6ee3546-src.tar.gz
+    unset PYTHONPATH
+    start=$(date +%s); bash scripts/setup.sh >$out/setup_1.log 2>&1; rc=$?
+    echo "setup.sh first run: rc $rc, $(( $(date +%s) - start )) s"; grep "^\[setup\]" $out/setup_1.log | cut -c1-220; tail -5 $out/setup_1.log
+    ;;
+  setup18b)
+    export HVD_NGP_SKIP_APT=1 HVD_NGP_SYSTEM_SITE=1 HVD_NGP_WHEELHOUSE=$S/wh HVD_NGP_TCNN_SRC=$S/wh/tiny-cuda-nn-6ee3546-src.tar.gz
+    unset PYTHONPATH
+    start=$(date +%s); bash scripts/setup.sh >$out/setup_2.log 2>&1; rc=$?
+    echo "setup.sh second run: rc $rc, $(( $(date +%s) - start )) s"; tail -3 $out/setup_2.log
+    for b in tcnn triton; do
+      start=$(date +%s)
+      .venv/bin/horovodrun -np 1 -H localhost:1 .venv/bin/python -m hvd_ngp.train --scene $S/lego --backend $b --n_steps 2000 \
+        --log_every 1000 --save_renders 0 --out_dir $out/hvd_$b 2>&1 | grep -E "backend|step 2000|test PSNR|error|Error" | cut -c1-200 | tail -4
+      echo "horovodrun $b: $(( $(date +%s) - start )) s"
+    done
+    .venv/bin/hvd-ngp-doctor 2>&1 | tail -12
     ;;
   quality)
     seed=${3:-1337}; secs=${4:-60}
