@@ -49,7 +49,7 @@ def in_buffer(flat: FlatGradients, m: torch.nn.Module) -> bool:
 
 
 @pytest.mark.parametrize("make_opt", [lambda ps: torch.optim.SGD(ps, lr=0.0),
-                                      lambda ps: torch.optim.Adam(ps, lr=0.0, eps=1e-3, foreach=True)],  # fp16-safe eps,
+                                      lambda ps: torch.optim.Adam(ps, lr=0.0, eps=1e-3, foreach=True)],  # eps: fp16-safe
                          ids=["sgd", "adam_foreach"])
 def test_views_survive_backward_step_and_zeroing(make_opt):
     m = Mixed()
