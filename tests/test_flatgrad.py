@@ -49,7 +49,7 @@ def in_buffer(flat: FlatGradients, m: torch.nn.Module) -> bool:
 
 
 @pytest.mark.parametrize("make_opt", [lambda ps: torch.optim.SGD(ps, lr=0.0),
-                                      lambda ps: torch.optim.Adam(ps, lr=0.0, eps=1e-3, foreach=True)],  # eps: fp16-safe
+                                      lambda ps: torch.optim.Adam(ps, lr=0.0, eps=1e-3, foreach=True)],  # fp16 eps
                          ids=["sgd", "adam_foreach"])
 def test_views_survive_backward_step_and_zeroing(make_opt):
     m = Mixed()
@@ -189,8 +189,9 @@ def test_one_call_per_dtype_with_compression_and_factors(monkeypatch):
     loss_of(m, 1).backward()
     f32 = flat.buffers[torch.float32].clone()
     flat.allreduce_(prescale_factor=0.5, postscale_factor=2.0)
-    assert [(c["name"], c["dtype"], c["op"], c["prescale"], c["postscale"], c["synchronized"]) for c in fake.calls] == [
-        ("step.float16", torch.float16, "Average", 0.5, 2.0, True), ("step.float32", torch.float32, "Average", 0.5, 2.0, True)]
+    calls = [(c["name"], c["dtype"], c["op"], c["prescale"], c["postscale"], c["synchronized"]) for c in fake.calls]
+    assert calls == [("step.float16", torch.float16, "Average", 0.5, 2.0, True),
+                     ("step.float32", torch.float32, "Average", 0.5, 2.0, True)]
     assert fake.calls[1]["numel"] == flat.buffers[torch.float32].numel()  # the tail travels with the gradients
     fake.calls.clear()
     flat.allreduce_(average=False, compression="fp16")

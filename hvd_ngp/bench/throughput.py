@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import re
 import time
 from collections import defaultdict
 from typing import Callable, Iterable, NamedTuple
@@ -60,6 +61,7 @@ LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunch
                           "cudaLaunchCooperativeKernelMultiDevice", "cuLaunchKernel", "cuLaunchKernelEx",
                           "cuLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch"})
 WINDOW = "hvd_ngp.bench.profiled_steps"  # the record_function around the measured steps
+_VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's raw names: cudaLaunchKernel_v7000
 
 
 class ProfEvent(NamedTuple):
@@ -117,7 +119,7 @@ def step_profile(events: list[ProfEvent], n_steps: int, cuda: bool) -> dict:
     start, end = windows[0].start_ns, windows[0].end_ns
     inside = [e for e in events if start <= e.start_ns < end and e.name != WINDOW]
     kernels = [(e.start_ns, e.end_ns) for e in inside if e.activity == "kernel"]
-    launches = sum(e.name in LAUNCH_CALLS for e in inside)
+    launches = sum(_VERSION_SUFFIX.sub("", e.name) in LAUNCH_CALLS for e in inside)
     return {"profiled_steps": n_steps, "profiled_step_ms": (end - start) / 1e6 / n_steps,
             "launches_per_step": launches / n_steps if cuda else None,
             "kernels_per_step": len(kernels) / n_steps if cuda else None,
