@@ -13,6 +13,7 @@ from conftest import ROOT, TINY_ARGS
 from hvd_ngp.bench.__main__ import available
 from hvd_ngp.bench._scaling_rank import interval_mean, steady_throughput
 from hvd_ngp.bench.scaling import rank_counts, summarize, time_to
+from hvd_ngp.bench.throughput import WINDOW, ProfEvent, busy_share, outermost_aten_ops, step_profile
 
 
 def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -89,3 +90,46 @@ def test_memory_bench_gives_the_same_psnr_under_every_budget(tmp_path, scene_cac
     runs = json.loads(out.read_text())["runs"]
     assert [r["budget_gb"] for r in runs] == [0.0, 0.05] and runs[1]["budget_gib"] == pytest.approx(0.05)
     assert runs[0]["psnr"] == pytest.approx(runs[1]["psnr"], abs=1e-6) and "| views/s |" in proc.stdout
+
+
+def test_launch_and_busy_arithmetic():
+    assert busy_share([(0, 10), (5, 20), (30, 40)], 0, 100) == pytest.approx(0.30)  # union, not sum
+    assert busy_share([(-5, 5), (95, 150)], 0, 100) == pytest.approx(0.10)  # clipped to the window
+    assert busy_share([], 0, 100) == 0.0
+    ev = lambda name, act, t0, t1, thread=1: ProfEvent(name, act, thread, t0, t1)  # noqa: E731
+    # aten::add nests aten::empty (not counted); autograd's MmBackward0 dispatches aten::mm on another thread
+    ops = [ev("aten::add", "cpu_op", 0, 10), ev("aten::empty", "cpu_op", 2, 3), ev("aten::mul", "cpu_op", 10, 12),
+           ev("MmBackward0", "cpu_op", 0, 9, thread=2), ev("aten::mm", "cpu_op", 1, 8, thread=2)]
+    assert outermost_aten_ops(ops) == 3
+    cuda = [ev(WINDOW, "user_annotation", 100, 200),
+            ev("cudaLaunchKernel", "cuda_runtime", 110, 111), ev("cuLaunchKernel_v7000", "cuda_driver", 120, 121),
+            ev("cudaGraphLaunch", "cuda_runtime", 130, 131), ev("cudaLaunchKernel", "cuda_runtime", 50, 51),
+            ev("cudaMemcpyAsync", "cuda_runtime", 140, 141),
+            ev("k1", "kernel", 112, 150), ev("k2", "kernel", 140, 160), ev("Memcpy HtoD", "gpu_memcpy", 160, 190),
+            ev("k0", "kernel", 60, 70), *[e._replace(start_ns=e.start_ns + 100, end_ns=e.end_ns + 100) for e in ops]]
+    prof = step_profile(cuda, 2, cuda=True)
+    assert prof["launches_per_step"] == 1.5 and prof["kernels_per_step"] == 1.0  # only inside the window
+    assert prof["gpu_busy_share"] == pytest.approx(0.48) and prof["aten_ops_per_step"] == 1.5
+    assert prof["profiled_step_ms"] == pytest.approx(50e-6)
+    on_cpu = step_profile(cuda, 2, cuda=False)
+    assert on_cpu["launches_per_step"] is None and on_cpu["gpu_busy_share"] is None and on_cpu["aten_ops_per_step"] == 1.5
+    with pytest.raises(RuntimeError, match="expected one"):
+        step_profile(cuda[1:], 2, cuda=True)
+
+
+def test_throughput_bench_reports_launches_and_busy_share_on_cpu(tmp_path, scene_cache):
+    out = tmp_path / "throughput.json"
+    proc = bench("throughput", "--device", "cpu", "--backends", "torch", "--warmup_steps", "2", "--steps", "1",
+                 "--profile_steps", "2", "--points", "256", "--repeat", "1", "--json", str(out), "--markdown", "",
+                 "--", *TINY_ARGS, "--scene_cache", str(scene_cache), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["training"]
+    assert run["profiled_steps"] == 2 and run["profiled_step_ms"] > 0
+    assert run["launches_per_step"] is None and run["kernels_per_step"] is None and run["gpu_busy_share"] is None
+    assert run["aten_ops_per_step"] > 50  # a NeRF step dispatches hundreds of operators
+    assert run["samples_per_sec"] > 0 and "backward" in run["stages_ms"]  # the existing fields stay
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("| backend"))
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "backend", "M samples/s", "vs torch", "step ms", "samples/step", "rays/step", "peak GiB", "launches/step",
+        "GPU busy", "aten ops/step"]
+    assert re.search(r"^\| torch .*\| n/a +\| n/a +\| n/a +\| \d+ +\|$", proc.stdout, re.M), proc.stdout

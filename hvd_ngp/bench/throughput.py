@@ -7,13 +7,24 @@ Micro-benchmarks at ``--points`` points: the hash grid forward and forward+backw
 torch.compile, Triton fp32 and fp16 tables, tiny-cuda-nn when installed) and the two MLPs
 forward+backward+Adam (torch, torch.compile, tiny-cuda-nn). Reports samples/s
 (samples through the network with gradients), ratios to the torch reference, peak GPU memory.
+
+Then ``--profile_steps`` more steps under torch.profiler (after one unmeasured step under it, so
+the profiler's start-up is not counted): host-side kernel launches per step (the CUDA launch calls
+in ``LAUNCH_CALLS``; a CUDA-graph replay is one ``cudaGraphLaunch``), device kernels per step, the
+GPU busy share (union of the kernels' device intervals / wall time of the profiled steps; the
+profiler slows the host, so on a launch-bound step this is a lower bound) and outermost aten
+operators per step. On the CPU there are no launches: launches and GPU busy print "n/a" and the
+aten operator count is the stand-in.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import re
 import time
+from collections import defaultdict
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 
@@ -45,9 +56,99 @@ def timed(fn, device: torch.device, repeat: int = 20, warmup: int = 3) -> float:
     return (time.perf_counter() - t0) / repeat * 1e3
 
 
+#: host-side calls that put work on the GPU: runtime and driver kernel launches, CUDA-graph replays
+LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
+                          "cudaLaunchCooperativeKernelMultiDevice", "cuLaunchKernel", "cuLaunchKernelEx",
+                          "cuLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch"})
+WINDOW = "hvd_ngp.bench.profiled_steps"  # the record_function around the measured steps
+_VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's raw names: cudaLaunchKernel_v7000
+
+
+class ProfEvent(NamedTuple):
+    """One profiler event: ``activity`` as kineto names it (cpu_op, cuda_runtime, cuda_driver, kernel, ...)."""
+
+    name: str
+    activity: str
+    thread: int
+    start_ns: int
+    end_ns: int
+
+
+def busy_share(intervals: Iterable[tuple[int, int]], start: int, end: int) -> float:
+    """Length of the union of ``[s, e)`` intervals clipped to ``[start, end)``, over ``end - start``."""
+    clipped = sorted((max(s, start), min(e, end)) for s, e in intervals if e > start and s < end)
+    busy, cur_s, cur_e = 0, None, None
+    for s, e in clipped:
+        if cur_e is None or s > cur_e:
+            busy += 0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += 0 if cur_e is None else cur_e - cur_s
+    return busy / (end - start) if end > start else 0.0
+
+
+def outermost_aten_ops(events: Iterable[ProfEvent]) -> int:
+    """``aten::`` operators not nested in another ``aten::`` operator of the same thread (what Python or
+    autograd dispatched, not their decompositions)."""
+    by_thread: dict[int, list[ProfEvent]] = defaultdict(list)
+    for e in events:
+        if e.activity == "cpu_op" and e.name.startswith("aten::"):
+            by_thread[e.thread].append(e)
+    count = 0
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e.start_ns, -e.end_ns))
+        open_ends: list[int] = []  # end times of the aten ops enclosing the current one
+        for e in evs:
+            while open_ends and open_ends[-1] <= e.start_ns:
+                open_ends.pop()
+            count += not open_ends
+            open_ends.append(e.end_ns)
+    return count
+
+
+def step_profile(events: list[ProfEvent], n_steps: int, cuda: bool) -> dict:
+    """Per-step launch and busy figures from the events of ``n_steps`` steps inside the ``WINDOW`` annotation.
+
+    -> launches_per_step, kernels_per_step, gpu_busy_share (None without CUDA), aten_ops_per_step,
+    profiled_step_ms, profiled_steps.
+    """
+    windows = [e for e in events if e.name == WINDOW]
+    if len(windows) != 1:
+        raise RuntimeError(f"expected one {WINDOW!r} profiler range, found {len(windows)}")
+    start, end = windows[0].start_ns, windows[0].end_ns
+    inside = [e for e in events if start <= e.start_ns < end and e.name != WINDOW]
+    kernels = [(e.start_ns, e.end_ns) for e in inside if e.activity == "kernel"]
+    launches = sum(_VERSION_SUFFIX.sub("", e.name) in LAUNCH_CALLS for e in inside)
+    return {"profiled_steps": n_steps, "profiled_step_ms": (end - start) / 1e6 / n_steps,
+            "launches_per_step": launches / n_steps if cuda else None,
+            "kernels_per_step": len(kernels) / n_steps if cuda else None,
+            "gpu_busy_share": busy_share(kernels, start, end) if cuda else None,
+            "aten_ops_per_step": outermost_aten_ops(inside) / n_steps}
+
+
+def profile_steps(step: Callable[[int], object], n_steps: int, device: torch.device) -> dict:
+    """Run ``step(0)`` then ``step(1..n_steps)`` under torch.profiler; ``step_profile`` of the latter."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step(0)  # the profiler's own start-up (CUPTI buffers, first callbacks) lands here
+        sync(device)
+        with record_function(WINDOW):
+            for i in range(1, n_steps + 1):
+                step(i)
+            sync(device)  # the window's end waits for its kernels
+    events = [ProfEvent(e.name(), e.activity_type(), e.start_thread_id(), e.start_ns(), e.end_ns())
+              for e in prof.profiler.kineto_results.events()]
+    return step_profile(events, n_steps, device.type == "cuda")
+
+
 def trainer_args(opts: argparse.Namespace, backend: str) -> argparse.Namespace:
+    profiled = opts.profile_steps + 1 if opts.profile_steps else 0
     argv = ["--scene", opts.scene, "--backend", backend, "--precision", opts.precision, "--device", opts.device,
-            "--target_samples", str(opts.target_samples), "--n_steps", str(opts.warmup_steps + 2 * opts.steps),
+            "--target_samples", str(opts.target_samples),
+            "--n_steps", str(opts.warmup_steps + 2 * opts.steps + profiled),
             "--seed", str(opts.seed)]
     if opts.config:
         argv = ["--config", opts.config, *argv]
@@ -79,18 +180,27 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
     for i in range(opts.steps):
         tr.step(opts.warmup_steps + opts.steps + i, timer)
         timer.collect()
+    first = opts.warmup_steps + 2 * opts.steps
+    launches = profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev) if opts.profile_steps else \
+        {"profiled_steps": 0, "profiled_step_ms": None, "launches_per_step": None, "kernels_per_step": None,
+         "gpu_busy_share": None, "aten_ops_per_step": None}
     ev = tr.evaluate(n_views=opts.eval_views) if opts.eval_views else {"psnr": float("nan")}
     result = {
         "backend": backend, "samples_per_sec": float(samples) / seconds, "step_ms": seconds / opts.steps * 1e3,
         "samples_per_step": float(samples) / opts.steps, "rays_per_step": rays / opts.steps,
         "warmup_seconds": warm_s, "stages_ms": timer.mean_ms(), "test_psnr_after": ev["psnr"],
         "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else None,
+        **launches,
     }
     del tr
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def na(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)
 
 
 def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.device) -> list[dict]:
@@ -183,6 +293,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--target_samples", type=int, default=1 << 18)
     p.add_argument("--warmup_steps", type=int, default=500)
     p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--profile_steps", type=int, default=3,
+                   help="steps under torch.profiler for launches/step and GPU busy (0: skip)")
     p.add_argument("--eval_views", type=int, default=0, help="test views for a PSNR sanity check after training")
     p.add_argument("--points", type=int, default=1 << 18, help="points for the micro-benchmarks")
     p.add_argument("--repeat", type=int, default=20)
@@ -193,6 +305,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags")
     opts = p.parse_args(argv)
     opts.extra = [a for a in opts.extra if a != "--"]
+    if opts.profile_steps < 0:
+        p.error(f"--profile_steps must be >= 0, got {opts.profile_steps}")
     dev = dist.init(opts.device).device
     if opts.backends == "all":
         fast = triton_available(dev.type) and dev.type == "cuda"
@@ -218,7 +332,9 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [{"backend": r["backend"], "M samples/s": f"{r['samples_per_sec'] / 1e6:.2f}",
              "vs torch": f"{r['vs_torch']:.2f}x" if r["vs_torch"] else "", "step ms": f"{r['step_ms']:.2f}",
              "samples/step": f"{r['samples_per_step']:.0f}", "rays/step": f"{r['rays_per_step']:.0f}",
-             "peak GiB": f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "n/a"} for r in training]
+             "peak GiB": f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "n/a",
+             "launches/step": na(r["launches_per_step"], "{:.0f}"), "GPU busy": na(r["gpu_busy_share"], "{:.0%}"),
+             "aten ops/step": na(r["aten_ops_per_step"], "{:.0f}")} for r in training]
     stage_rows = [{"stage (ms/step)": s, **{r["backend"]: f"{r['stages_ms'].get(s, 0.0):.3f}" for r in training}}
                   for s in stages]
     grid_table = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in grid_rows]
@@ -227,6 +343,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"Device: {device}; scene {opts.scene}; {opts.target_samples} samples/step target; precision {opts.precision}; "
         f"{opts.warmup_steps} warm-up steps, {opts.steps} timed steps.",
         table(rows, list(rows[0])),
+        f"launches/step: CUDA kernel and graph launch calls per step; GPU busy: union of the kernels' device time "
+        f"/ wall time; aten ops/step: outermost aten operators (the CPU's stand-in for launches); over "
+        f"{opts.profile_steps} steps under torch.profiler (its overhead makes GPU busy a lower bound).",
         table(stage_rows, ["stage (ms/step)", *[r["backend"] for r in training]]),
         f"Hash grid ({spec.n_levels} levels x {spec.n_features_per_level}, 2^{spec.log2_hashmap_size} table), "
         f"{opts.points} points:",

@@ -128,6 +128,11 @@ def horovod_info() -> dict[str, str]:
     return {"version": horovod.__version__, "built": ", ".join(built) or "nothing", "controller": controller}
 
 
+def communicating() -> bool:
+    """True when collectives reach other ranks (Horovod initialised, more than one rank); False at size 1."""
+    return _hvd is not None and _runtime is not None and _runtime.size > 1
+
+
 def shutdown() -> None:
     global _hvd, _runtime
     if _hvd is not None:
@@ -230,6 +235,26 @@ def allreduce_many_(tensors: Sequence[torch.Tensor], op: str = "avg", name: str 
     handles = [_hvd.allreduce_async_(t, op=getattr(_hvd, _OPS[op]), name=f"{name}.{i}") for i, t in enumerate(tensors)]
     for h in handles:
         _hvd.synchronize(h)
+
+
+def allreduce_buffers_(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str = "avg",
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> None:
+    """In-place allreduce of each of ``tensors`` (named ``names``: the same on every rank), then wait for all.
+
+    All are submitted before the first wait, so Horovod negotiates them in one cycle; tensors of
+    different dtypes still travel as separate collectives (Horovod fuses only equal dtypes). The
+    factors multiply before and after the sum (Horovod applies ``1 / size`` on top of
+    ``postscale_factor`` for ``avg``). Timed by ``COMM_CLOCK``. No Horovod call at size 1.
+    """
+    if len(tensors) != len(names):
+        raise ValueError(f"{len(tensors)} tensors but {len(names)} names")
+    if _hvd is None or _runtime.size == 1:
+        return
+    with COMM_CLOCK.blocking(*tensors):
+        handles = [_hvd.allreduce_async_(t, name=n, op=getattr(_hvd, _OPS[op]), prescale_factor=prescale_factor,
+                                         postscale_factor=postscale_factor) for t, n in zip(tensors, names)]
+        for h in handles:
+            _hvd.synchronize(h)
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.nn.Parameter]],

@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..cluster import dist
+from ..cluster.flatgrad import FlatGradients
 from ..errors import HvdNgpError
 from ..launcher_env import launcher_rank_label
 
@@ -51,8 +52,9 @@ class NonFiniteGuard:
     """Agree on every rank whether this step's loss or gradients are non-finite; skip such steps.
 
     Per step: ``submit(loss)`` before backward starts one tiny allreduce of "my loss is not
-    finite" (Horovod fuses it with the gradients); ``should_skip(optimizer)`` after the gradient
-    allreduce reads that flag and checks the *reduced* gradients, which are the same bits on every
+    finite" (Horovod fuses it with the gradients), or ``fold(loss, flat.tail)`` writes the flag
+    into the flat gradient buffer's tail (``cluster.flatgrad``), reduced with it; ``should_skip``
+    after the gradient allreduce reads that flag and checks the *reduced* gradients, the same bits on every
     rank, so every rank reaches the same verdict with no further communication. After ``limit``
     non-finite steps in a row it raises ``NonFiniteError`` (on every rank at the same step).
     With an fp16 gradient scaler, non-finite gradients are the scaler's business (it skips the
@@ -66,6 +68,7 @@ class NonFiniteGuard:
         self.consecutive = 0
         self.skipped: list[int] = []
         self._handle = None
+        self._folded: torch.Tensor | None = None  # the tail holding this step's flags (``fold``)
         # the preemption flag (``preempt``) rides along: [loss not finite, stop requested], one message
         self._stop_requested = stop_requested
         self.stop_agreed = False
@@ -74,22 +77,55 @@ class NonFiniteGuard:
     def carries_stop(self) -> bool:
         return self._stop_requested is not None
 
-    def submit(self, loss: torch.Tensor) -> None:
-        if self._stop_requested is None:
-            flag = (~torch.isfinite(loss.detach())).float().reshape(1)
-        else:
-            flag = torch.empty(2, device=loss.device)
-            flag[0] = (~torch.isfinite(loss.detach())).float()
-            flag[1] = float(self._stop_requested())
-        self._handle = dist.allreduce_async(flag, "max", name="failures.nonfinite_loss")
+    @property
+    def width(self) -> int:
+        """Floats reduced per step: ``[loss not finite]``, or ``[loss not finite, stop requested]``."""
+        return 1 if self._stop_requested is None else 2
 
-    def should_skip(self, optimizer: torch.optim.Optimizer, step: int, check_gradients: bool = True) -> bool:
-        """Call after the gradient allreduce (``optimizer.synchronize()``); identical on every rank."""
-        flags = dist.synchronize(self._handle).tolist()  # one host sync, as before
+    def flags(self, loss: torch.Tensor) -> torch.Tensor:
+        """This rank's flags ``[width]`` float32 on ``loss``'s device (0 or 1 each); no collective."""
+        flag = torch.empty(self.width, device=loss.device)
+        self._write(loss, flag)
+        return flag
+
+    def _write(self, loss: torch.Tensor, out: torch.Tensor) -> None:
+        out[0] = (~torch.isfinite(loss.detach())).float()
+        if self._stop_requested is not None:
+            out[1] = float(self._stop_requested())
+
+    def submit(self, loss: torch.Tensor) -> None:
+        """Start this step's Max-allreduce of the flags (Horovod fuses it with the gradients)."""
+        self._folded = None
+        self._handle = dist.allreduce_async(self.flags(loss), "max", name="failures.nonfinite_loss")
+
+    def fold(self, loss: torch.Tensor, tail: torch.Tensor) -> None:
+        """Write this rank's flags into ``tail`` ``[width]`` instead of submitting them.
+
+        ``tail`` is reduced with the gradients (``cluster.flatgrad.FlatGradients.tail``: one
+        collective per step, flags included). Averaged or summed, any rank's 1 stays > 0, which
+        is all ``should_skip`` reads. Call after backward and before the gradient allreduce.
+        """
+        if tail.shape != (self.width,) or tail.dtype != torch.float32:
+            raise ValueError(f"the guard's tail must be float32 [{self.width}], got {tail.dtype} {list(tail.shape)}")
         self._handle = None
+        self._write(loss, tail)
+        self._folded = tail
+
+    def should_skip(self, optimizer: torch.optim.Optimizer, step: int, check_gradients: bool = True,
+                    grads: FlatGradients | None = None) -> bool:
+        """Call after the gradient allreduce (``optimizer.synchronize()`` or ``FlatGradients.allreduce_``);
+        identical on every rank. ``grads``: check these flat buffers instead of the optimizer's gradients."""
+        if self._folded is not None:
+            flags = self._folded.tolist()  # reduced with the gradients; one host sync
+        elif self._handle is not None:
+            flags = dist.synchronize(self._handle).tolist()  # one host sync, as before
+        else:
+            raise RuntimeError("NonFiniteGuard.should_skip before submit() or fold() this step")
+        self._handle = self._folded = None
         loss_bad = flags[0] > 0
         self.stop_agreed = len(flags) > 1 and flags[1] > 0
-        grads_bad = check_gradients and not loss_bad and not all_finite(optimizer)
+        grads_bad = check_gradients and not loss_bad and not (grads.all_finite() if grads is not None
+                                                               else all_finite(optimizer))
         if not (loss_bad or grads_bad):
             self.consecutive = 0
             return False
