@@ -158,7 +158,8 @@ def test_make_mlp_fused_switch():
     assert type(make_mlp({**block, "fused": False}, 32, 3, "rgb_network", backend="triton")) is torch.nn.Sequential
     assert type(make_mlp(block, 32, 3, "rgb_network", backend="torch")) is torch.nn.Sequential
     # shapes the kernels do not take stay on nn.Linear
-    for unfused in ({"n_neurons": 48}, {"n_neurons": 64, "n_hidden_layers": 4}, {"n_neurons": 64, "n_hidden_layers": 0}):
+    for unfused in ({"n_neurons": 48}, {"n_neurons": 64, "n_hidden_layers": 4},
+                    {"n_neurons": 64, "n_hidden_layers": 0}):
         assert type(make_mlp(unfused, 32, 3, "rgb_network", backend="triton")) is torch.nn.Sequential
     with pytest.raises(ConfigError, match="fused must be true or false"):
         make_mlp({**block, "fused": "no"}, 32, 3, "rgb_network", backend="triton")
@@ -278,3 +279,28 @@ def test_fast_renderer_density_pass_reads_only_filled_slots():
     assert bool(out.valid.all()) and int(out.n_samples) == ref.n_samples
     torch.testing.assert_close(out.rgb, ref.rgb, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.opacity, ref.opacity, rtol=1e-4, atol=1e-5)
+
+
+def test_training_step_with_fused_mlps_matches_nn_linear(scene_cache, tmp_path):
+    """One training step on the triton backend (fast renderer, density pass with the filled-slot count,
+    fused MLPs) against the same step with both MLPs on nn.Linear ("fused": false): the same loss and
+    MLP gradients (the hash-grid atomics and the kernels' summation order aside)."""
+    if DEV.type != "cpu":
+        pytest.skip("the tiny CPU trainer; on a GPU the parity tests above cover the kernels")
+    from conftest import tiny_cpu_args
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    off = '{"n_neurons": 16, "fused": false}'
+    unfused = ["--density_network", off, "--rgb_network", off]
+    results = []
+    for extra in ([], unfused):
+        tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(len(results)), "--n_steps", "1",
+                                                    "--backend", "triton", *extra)))
+        assert isinstance(tr.field.density_mlp, FusedMLP) == (not extra)
+        res, _ = tr.step(0)
+        results.append((float(res.loss), int(res.n_samples), [p.grad.clone() for p in tr.field.mlp_parameters()]))
+    (loss, n, grads), (loss_ref, n_ref, grads_ref) = results
+    assert n == n_ref > 0 and loss == pytest.approx(loss_ref, rel=1e-5)
+    for a, b in zip(grads, grads_ref):
+        assert rel_err(a, b) < 1e-4

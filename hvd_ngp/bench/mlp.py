@@ -47,14 +47,17 @@ def bench_one(name: str, block: dict, n_in: int, n_out: int, opts: argparse.Name
         torch.backends.cuda.matmul.allow_tf32 = dot == "tf32"
         net = ref if dot is None else fused
 
+        def context():
+            return torch.autocast(dev.type, dtype=autocast or torch.float32, enabled=autocast is not None)
+
         def fwd():
-            with torch.no_grad(), torch.autocast(dev.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            with torch.no_grad(), context():
                 net(x)
 
         def fwd_bwd():
             x.grad = None
             net.zero_grad(set_to_none=True)
-            with torch.autocast(dev.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            with context():
                 y = net(x)
             y.backward(g.to(y.dtype))
 

@@ -112,8 +112,9 @@ class _HashGridTritonFunction(torch.autograd.Function):
         table = params if enc.table_dtype == torch.float32 else params.detach().to(enc.table_dtype)
         out = (torch.empty if n_rows is None else torch.zeros)(n, L * F, device=x.device, dtype=torch.float32)
         if n:
-            _hashgrid_fwd[(triton.cdiv(n, BLOCK), L)](x, table, out, *enc.level_tensors(), x if n_rows is None else n_rows,
-                                                      n, L=L, F=F, HAS_COUNT=n_rows is not None, BLOCK=BLOCK)
+            count = x if n_rows is None else n_rows  # a placeholder pointer without a count (never read)
+            _hashgrid_fwd[(triton.cdiv(n, BLOCK), L)](x, table, out, *enc.level_tensors(), count, n, L=L, F=F,
+                                                      HAS_COUNT=n_rows is not None, BLOCK=BLOCK)
         ctx.save_for_backward(x)
         ctx.enc, ctx.n_rows = enc, n_rows
         return out
