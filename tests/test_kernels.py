@@ -6,6 +6,7 @@ TRITON_INTERPRET=1). With HVD_NGP_REQUIRE_GPU=1 a missing GPU or Triton is a fai
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -193,7 +194,7 @@ def test_fast_renderer_matches_reference_rendering():
     o, d, j = random_rays(24, torch.tensor([0.5] * 3), 2.0, 10)
     centre = torch.tensor([0.5, 0.5, 0.5], device=DEV)
 
-    def sigma_fn(x):  # a soft ball
+    def sigma_fn(x, n_rows=None):  # a soft ball (computes every row)
         return 40.0 * torch.sigmoid(20 * (0.3 - (x - centre).norm(dim=-1)))
 
     def rgb_sigma_fn(x, dirs):
@@ -279,6 +280,20 @@ def exercise_kernels() -> None:
     for dtype in (torch.float32, torch.float16):
         enc = HashGridTriton(HashGridSpec(4, 2, 10, 8, 2.0), dtype)
         enc(torch.rand(64, 3)).sum().backward()
+        enc(torch.rand(64, 3), torch.tensor(40)).sum().backward()  # the density pass's device count
+    from hvd_ngp.model.mlp_triton import fused_mlp
+
+    # the fused MLPs of the default config (density 32-64-16, colour 32-64-64-3) in every math, a generic
+    # one (padded input and output, three hidden layers, no ReLU), the count, no input gradient; bf16 runs
+    # wrong under the interpreter (raw bits) but records its launch all the same
+    shapes = ((32, 64, 1, 16, True), (32, 64, 2, 3, True), (8, 16, 3, 5, False), (16, 128, 1, 16, True))
+    for (n_in, width, depth, n_out, relu), dot in itertools.product(shapes, ("ieee", "tf32", "fp16", "bf16")):
+        w = [torch.randn(b, a, requires_grad=True) for a, b in zip([n_in] + [width] * depth, [width] * depth + [n_out])]
+        x = torch.randn(70, n_in, requires_grad=True)
+        fused_mlp(x, w, relu, dot).float().sum().backward()
+        if (n_in, dot) == (32, "fp16"):
+            fused_mlp(x.detach(), w, relu, dot, n_rows=torch.tensor(50)).float().sum().backward()
+            fused_mlp(x, w, relu, dot, n_rows=torch.tensor(50, dtype=torch.int32)).float().sum().backward()
     for aabb, cascades, sch in ((torch.tensor([[0.0] * 3, [1.0] * 3]), 1, StepSchedule.uniform(3 ** 0.5 / 32)),
                                 (torch.tensor([[-1.5] * 3, [2.5] * 3]), 2, StepSchedule(0.03, 0.24, 1 / 64))):
         o, d, j = random_rays(8, torch.tensor([0.5] * 3), 3.0, 11)
@@ -313,7 +328,7 @@ def test_every_kernel_compiles_for_hopper(tmp_path, monkeypatch):
     exercise_kernels()
     names = {r["kernel"] for r in launches.values()}
     assert names == {"_hashgrid_fwd", "_hashgrid_bwd", "_march", "_composite_fwd", "_composite_bwd",
-                     "_count_until_opaque"}, names
+                     "_count_until_opaque", "_mlp_fwd", "_mlp_bwd"}, names
     path = tmp_path / "launches.json"
     path.write_text(json.dumps(list(launches.values()), indent=1))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -5,7 +5,8 @@ occupancy grid and the ray budget settle, then time ``--steps`` steps end to end
 synchronisation) and again with a per-stage breakdown (CUDA events; synchronises once per step).
 Micro-benchmarks at ``--points`` points: the hash grid forward and forward+backward (torch eager,
 torch.compile, Triton fp32 and fp16 tables, tiny-cuda-nn when installed) and the two MLPs
-forward+backward+Adam (torch, torch.compile, tiny-cuda-nn). Reports samples/s
+forward+backward+Adam (torch, torch.compile, the fused Triton MLPs, tiny-cuda-nn; ``python -m
+hvd_ngp.bench mlp`` times the MLPs alone, per precision). Reports samples/s
 (samples through the network with gradients), ratios to the torch reference, peak GPU memory.
 
 Then ``--profile_steps`` more steps under torch.profiler (after one unmeasured step under it, so
@@ -247,7 +248,8 @@ def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[
     from ..model.field import NGPField
 
     aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=dev)
-    backends = ["torch"] + (["tcnn"] if dev.type == "cuda" and tcnn_available() else [])
+    backends = ["torch"] + (["triton"] if dev.type == "cuda" and triton_available(dev.type) else []) + \
+        (["tcnn"] if dev.type == "cuda" and tcnn_available() else [])
     fields = {b: NGPField(model, aabb, b).to(dev) for b in backends}
     n_in = fields["torch"].encoding.n_output_dims
     feats = torch.randn(opts.points, n_in, device=dev)
@@ -266,6 +268,10 @@ def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[
     variants = [("torch eager fp32", net, None, "torch"), ("torch eager fp16 autocast", net, torch.float16, "torch")]
     if dev.type == "cuda" and not opts.no_compile:
         variants.append(("torch.compile fp16 autocast", torch.compile(net), torch.float16, "torch"))
+    if "triton" in fields:
+        fused = network(fields["triton"])
+        variants += [("triton fused fp32", fused, None, "triton"),
+                     ("triton fused fp16 autocast", fused, torch.float16, "triton")]
     if "tcnn" in fields:
         variants.append(("tiny-cuda-nn", network(fields["tcnn"]), None, "tcnn"))
     for name, fn, dtype, backend in variants:

@@ -36,8 +36,11 @@ def trunc_exp(x: Tensor) -> Tensor:
 
 def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = "config",
              backend: str = "torch") -> nn.Module:
-    """An instant-ngp style MLP (no biases, like tiny-cuda-nn's fused MLPs) from a network block:
-    ``nn.Linear`` layers, or tiny-cuda-nn's network with ``backend="tcnn"``."""
+    """An instant-ngp style MLP (no biases, like tiny-cuda-nn's fused MLPs) from a network block: an
+    ``nn.Sequential`` of ``nn.Linear`` layers (the reference, and the CPU path), tiny-cuda-nn's network
+    with ``backend="tcnn"``, or with ``backend="triton"`` the same ``nn.Sequential`` computed by the fused
+    Triton kernels (``mlp_triton.FusedMLP``: same parameters and state-dict keys) when the block's width
+    and depth suit them (widths 16/32/64/128, 1..3 hidden layers) and ``"fused"`` is not false."""
     otype = block.get("otype", "FullyFusedMLP")
     if otype not in MLP_TYPES:
         raise ConfigError(f"{source}: {name}.otype {otype!r} is unknown (expected one of {', '.join(MLP_TYPES)})")
@@ -49,6 +52,9 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
     act = block.get("activation", "ReLU")
     if act not in ("ReLU", "None"):
         raise ConfigError(f"{source}: {name}.activation {act!r} is not supported (ReLU, None)")
+    fused = block.get("fused", True)
+    if not isinstance(fused, bool):
+        raise ConfigError(f"{source}: {name}.fused must be true or false, got {fused!r}")
     if backend == "tcnn":
         from .encoding.tcnn import TcnnMLP, network_config
 
@@ -58,7 +64,19 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
     for a, b in zip(dims[:-1], dims[1:]):
         layers += [nn.Linear(a, b, bias=False), nn.ReLU() if act == "ReLU" else nn.Identity()]
     layers.append(nn.Linear(dims[-1], n_output, bias=False))
+    if backend == "triton" and fused:
+        from .mlp_triton import FusedMLP
+
+        if FusedMLP.supports(width, depth):
+            return FusedMLP(*layers)
     return nn.Sequential(*layers)
+
+
+def _call(module: nn.Module, x: Tensor, n_rows: Tensor | None) -> Tensor:
+    """``module(x)``, passing ``n_rows`` on to the modules that can skip rows (``skips_rows``)."""
+    if n_rows is not None and getattr(module, "skips_rows", False):
+        return module(x, n_rows)
+    return module(x)
 
 
 class NGPField(nn.Module):
@@ -66,6 +84,10 @@ class NGPField(nn.Module):
 
     query_density: x ``[N, 3]`` -> (sigma ``[N]``, geo_feat ``[N, G]``)
     forward:       x ``[N, 3]``, d ``[N, 3]`` -> (rgb ``[N, 3]`` in [0, 1], sigma ``[N]``)
+
+    ``query_density(x, n_rows)``: only rows ``< n_rows`` (a device scalar) are needed. The Triton kernels
+    (hash grid, fused MLP) skip the others, whose values are then those of zero features (sigma = 1);
+    the other backends compute every row.
     """
 
     def __init__(self, model: dict, aabb: Tensor, backend: str = "torch") -> None:
@@ -90,8 +112,8 @@ class NGPField(nn.Module):
         lo, hi = self.aabb[0], self.aabb[1]
         return ((x - lo) / (hi - lo).max()).clamp(0.0, 1.0)
 
-    def query_density(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        h = self.density_mlp(self.encoding(self.normalize(x)).to(x.dtype))
+    def query_density(self, x: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        h = _call(self.density_mlp, _call(self.encoding, self.normalize(x), n_rows).to(x.dtype), n_rows)
         return trunc_exp(h[:, 0].float()), h
 
     def forward(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:

@@ -2,8 +2,10 @@
 
 Per training step (instant-ngp's scheme):
 1. march the rays into at most ``candidate_capacity`` packed samples (``march_triton``);
-2. densities of all candidates without gradients; per ray, keep the samples in front of the
-   point where transmittance drops below ``early_termination`` (``composite_triton``);
+2. densities of the filled candidate slots without gradients (``sigma_fn(x, n_rows=packed.total)``:
+   the grid stays sized for ``candidate_capacity``, the Triton kernels skip the slots past the device
+   count); per ray, keep the samples in front of the point where transmittance drops below
+   ``early_termination`` (``composite_triton``, which reads each ray's filled slots only);
 3. compact the kept samples into exactly ``sample_capacity`` rows (rays that do not fit are
    marked invalid and left out of the loss), with ``searchsorted`` instead of a host-side count;
 4. the network with gradients on those rows, and differentiable compositing (``composite_triton``).
@@ -79,7 +81,8 @@ class FixedCapacities:
 
 class FastRenderer:
     """Training-time renderer with fixed buffers: ``candidate_capacity`` marched samples and
-    ``sample_capacity`` samples through the network with gradients.
+    ``sample_capacity`` samples through the network with gradients. ``sigma_fn`` is called as
+    ``sigma_fn(x, n_rows=count)``: only the first ``count`` (a device scalar) rows are read back.
 
     ``FastRenderer(c, s)`` keeps fixed sizes; ``FastRenderer.following(budget)`` reads them at every
     call from ``budget`` (the trainer's ``training.budget.RayBudget``, the one owner of those numbers)."""
@@ -110,7 +113,7 @@ class FastRenderer:
         ray_c = packed.ray.long().clamp(max=R - 1)
         with torch.no_grad():
             x = origins[ray_c] + directions[ray_c] * packed.t[:, None]
-            sigma0 = sigma_fn(x)
+            sigma0 = sigma_fn(x, n_rows=packed.total)  # slots >= total are not read below
             keep = count_until_opaque(sigma0, packed.dt, packed.start, packed.count, early_termination)
         timer.mark("density pass")
         src, ray, start, count, fits = compact(keep, packed.start, self.sample_capacity)

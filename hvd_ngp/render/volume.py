@@ -30,7 +30,7 @@ from .schedule import StepSchedule
 from ..observe.profiling import NULL_TIMER, StageTimer
 
 RGBSigmaFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # x [M,3], d [M,3] -> rgb [M,3], sigma [M]
-SigmaFn = Callable[[Tensor], Tensor]                            # x [M,3] -> sigma [M]
+SigmaFn = Callable[..., Tensor]  # x [M,3] -> sigma [M]; the fast renderer adds n_rows=count (rows >= count unused)
 
 
 @dataclass

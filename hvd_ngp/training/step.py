@@ -88,14 +88,17 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     ray_loss: list[Tensor] = []
     valids: list[Tensor | None] = []
     optimizer.zero_grad()
+
+    def density(x: Tensor, n_rows: Tensor | None = None) -> Tensor:  # the fast renderer passes its sample count
+        return field.query_density(x, n_rows)[0]
+
     for a, b in zip(bounds[:-1], bounds[1:]):
         if a == b:
             continue
         part, share = slice(a, b), (b - a) / n
         with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
-            out = render(field, lambda x: field.query_density(x)[0], rays.origins[part], rays.directions[part],
-                         field.aabb, grid, march.schedule, march.early_termination,
-                         None if jitter is None else jitter[part], timer=timer)
+            out = render(field, density, rays.origins[part], rays.directions[part], field.aabb, grid, march.schedule,
+                         march.early_termination, None if jitter is None else jitter[part], timer=timer)
         valid = getattr(out, "valid", None)
         weight = None if rays.weight is None else rays.weight[part]
         pred = out.rgb.float() + background[part] * (1.0 - out.opacity.float()[:, None])

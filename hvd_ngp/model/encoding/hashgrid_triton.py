@@ -37,6 +37,14 @@ def _corner(cx, cy, cz, fx, fy, fz, C: tl.constexpr, res, size, hashed):
 
 
 @triton.jit
+def _rows(count_ptr, N, HAS_COUNT: tl.constexpr):
+    """The points to compute: ``N``, or ``min(N, *count_ptr)`` (a device scalar)."""
+    if HAS_COUNT:
+        N = tl.minimum(N, tl.load(count_ptr).to(tl.int32))
+    return N
+
+
+@triton.jit
 def _point_cells(x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK: tl.constexpr):
     """This program's points (indices ``i``, mask ``m``) at its level: the level's constants, the cell
     corner ``c*`` (int32) and the fractions ``f*`` of each point within its cell."""
@@ -59,8 +67,11 @@ def _point_cells(x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
 
 
 @triton.jit
-def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
-                  L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr):
+def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, count_ptr, N,
+                  L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    N = _rows(count_ptr, N, HAS_COUNT)
+    if tl.program_id(0) * BLOCK >= N:  # past the filled rows: nothing to do
+        return
     i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
         x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
     f = tl.arange(0, F)
@@ -75,8 +86,11 @@ def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offse
 
 
 @triton.jit
-def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
-                  L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr):
+def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, count_ptr,
+                  N, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    N = _rows(count_ptr, N, HAS_COUNT)
+    if tl.program_id(0) * BLOCK >= N:
+        return
     i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
         x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
     f = tl.arange(0, F)
@@ -93,14 +107,16 @@ BLOCK = 128
 
 class _HashGridTritonFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, params: Tensor, enc: "HashGridTriton") -> Tensor:
+    def forward(ctx, x: Tensor, params: Tensor, enc: "HashGridTriton", n_rows: Tensor | None) -> Tensor:
         n, L, F = x.shape[0], enc.spec.n_levels, enc.spec.n_features_per_level
         table = params if enc.table_dtype == torch.float32 else params.detach().to(enc.table_dtype)
-        out = torch.empty(n, L * F, device=x.device, dtype=torch.float32)
+        out = (torch.empty if n_rows is None else torch.zeros)(n, L * F, device=x.device, dtype=torch.float32)
         if n:
-            _hashgrid_fwd[(triton.cdiv(n, BLOCK), L)](x, table, out, *enc.level_tensors(), n, L=L, F=F, BLOCK=BLOCK)
+            count = x if n_rows is None else n_rows  # a placeholder pointer without a count (never read)
+            _hashgrid_fwd[(triton.cdiv(n, BLOCK), L)](x, table, out, *enc.level_tensors(), count, n, L=L, F=F,
+                                                      HAS_COUNT=n_rows is not None, BLOCK=BLOCK)
         ctx.save_for_backward(x)
-        ctx.enc = enc
+        ctx.enc, ctx.n_rows = enc, n_rows
         return out
 
     @staticmethod
@@ -110,16 +126,22 @@ class _HashGridTritonFunction(torch.autograd.Function):
         n, L, F = x.shape[0], enc.spec.n_levels, enc.spec.n_features_per_level
         grad_table = torch.zeros(enc.params.shape, device=x.device, dtype=torch.float32)
         if n:
-            _hashgrid_bwd[(triton.cdiv(n, BLOCK), L)](x, grad.contiguous(), grad_table, *enc.level_tensors(), n, L=L,
-                                                      F=F, BLOCK=BLOCK)
-        return None, grad_table.to(enc.params.dtype), None
+            _hashgrid_bwd[(triton.cdiv(n, BLOCK), L)](x, grad.contiguous(), grad_table, *enc.level_tensors(),
+                                                      x if ctx.n_rows is None else ctx.n_rows, n, L=L, F=F,
+                                                      HAS_COUNT=ctx.n_rows is not None, BLOCK=BLOCK)
+        return None, grad_table.to(enc.params.dtype), None, None
 
 
 class HashGridTriton(HashGridTorch):
     """``HashGridTorch`` with Triton forward/backward (CUDA, or the Triton interpreter on CPU).
 
-    ``forward(x)``: x ``[N, 3]`` in [0, 1] -> ``[N, L * F]`` float32.
+    ``forward(x, n_rows=None)``: x ``[N, 3]`` in [0, 1] -> ``[N, L * F]`` float32. ``n_rows`` (int32/int64
+    device scalar): only points ``< n_rows`` are encoded (and back-propagated); the grid stays sized for
+    all N (static sizes for CUDA-graph replay), programs past the count return at once, and output rows
+    ``>= n_rows`` are zeros.
     """
+
+    skips_rows = True  # forward takes n_rows (the field passes the count through)
 
     def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32) -> None:
         super().__init__(spec)
@@ -136,5 +158,5 @@ class HashGridTriton(HashGridTorch):
                             self.offsets.int().to(dev), self.hashed_mask.int().to(dev))
         return self._levels
 
-    def forward(self, x: Tensor) -> Tensor:
-        return _HashGridTritonFunction.apply(x.float().contiguous(), self.params, self)
+    def forward(self, x: Tensor, n_rows: Tensor | None = None) -> Tensor:
+        return _HashGridTritonFunction.apply(x.float().contiguous(), self.params, self, n_rows)
