@@ -63,6 +63,17 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   fi
 fi
 PY="$VENV/bin/python"
+if [[ "${HVD_NGP_SYSTEM_SITE:-0}" == "1" ]]; then
+  # python3 may itself run in an environment (a site torch in /opt/torch/.venv, a conda env): then
+  # --system-site-packages reaches only the base interpreter's packages. Chain that environment's
+  # site-packages behind the venv's own with a .pth file.
+  PARENT_SITE="$(python3 -c 'import site, sys; print("\n".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")')"
+  if [[ -n "$PARENT_SITE" ]]; then
+    CHILD_SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    printf '%s\n' "$PARENT_SITE" >"$CHILD_SITE/_hvd_ngp_parent_site.pth"
+    log "python3 runs in the environment $(python3 -c 'import sys; print(sys.prefix)'): its packages are reused ($CHILD_SITE/_hvd_ngp_parent_site.pth)"
+  fi
+fi
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
 WHEELHOUSE="${HVD_NGP_WHEELHOUSE:-}"
 if [[ -n "$WHEELHOUSE" ]]; then

@@ -109,7 +109,7 @@ PY
   setup18)  # issue 18: scripts/setup.sh on this machine with no network: wheelhouse, Horovod sdist and tinycudann source builds
     export HVD_NGP_SKIP_APT=1 HVD_NGP_SYSTEM_SITE=1 HVD_NGP_WHEELHOUSE=$S/wh HVD_NGP_TCNN_SRC=$S/wh/tiny-cuda-nn-6ee3546-src.tar.gz
     unset PYTHONPATH
-    start=$(date +%s); bash scripts/setup.sh >$out/setup_1.log 2>&1; rc=$?
+    rm -rf .venv; start=$(date +%s); bash scripts/setup.sh >$out/setup_1.log 2>&1; rc=$?
     echo "setup.sh first run: rc $rc, $(( $(date +%s) - start )) s"; grep "^\[setup\]" $out/setup_1.log | cut -c1-220; tail -5 $out/setup_1.log
     ;;
   setup18b)
