@@ -207,6 +207,10 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                    help="compute path: torch (reference), cpp (C++ CPU hash grid), triton (GPU kernels for the hash "
                         "grid, marching and compositing), tcnn (tiny-cuda-nn hash grid and MLPs, Triton marching and "
                         "compositing; optional, not on PyPI); auto picks the fastest available")
+    g.add_argument("--cuda_graphs", choices=("auto", "on", "off"), default="auto",
+                   help="replay the training step as CUDA graphs (auto: where it can be, i.e. a CUDA GPU, the triton "
+                        "or tcnn backend, fp32 or bf16, no gradient accumulation, not elastic; on: an error where it "
+                        "cannot; off: the eager step, the reference)")
     g.add_argument("--gpu_memory_gb", type=float, default=0.0,
                    help="GPU memory this process may use, in GiB: step buffers, evaluation and rendering chunks are "
                         "planned from it, and the process is capped to it (0: the GPU's free memory at start minus a "

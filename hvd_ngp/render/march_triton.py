@@ -149,6 +149,17 @@ BLOCK = 64
 SEGMENT = 64
 
 
+def host_values(t: Tensor) -> list:
+    """``t.tolist()``, read from the device once and cached on ``t`` until ``t`` changes in place: the
+    scene box and grid geometry are constants, and a per-call read would synchronise the host with
+    the device in every step (and cannot happen inside a CUDA-graph capture)."""
+    cached = getattr(t, "_hvd_ngp_host", None)
+    if cached is None or cached[0] != t._version:
+        cached = (t._version, t.tolist())
+        t._hvd_ngp_host = cached
+    return cached[1]
+
+
 def _launch_args(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
                  jitter: Tensor | None) -> tuple:
     """The tensors and constants both passes of ``_march`` take."""
@@ -156,8 +167,8 @@ def _launch_args(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupa
     o, d = origins.float().contiguous(), directions.float().contiguous()
     j = (jitter if jitter is not None else torch.full((R,), 0.5, device=origins.device)).float().contiguous()
     bits = grid.occupied.view(-1).to(torch.uint8)
-    lo, hi = aabb[0].tolist(), aabb[1].tolist()
-    center, half0 = grid.center.tolist(), grid.half0.tolist()
+    lo, hi = host_values(aabb)
+    center, half0 = host_values(grid.center), host_values(grid.half0)
     cell0 = 2 * max(half0) / grid.resolution
     nseg = triton.cdiv(schedule.max_steps, SEGMENT)
     common = dict(RES=grid.resolution, K=grid.n_cascades, CONE=schedule.cone_angle > 0, BLOCK=BLOCK,

@@ -111,6 +111,20 @@ class NonFiniteGuard:
         self._write(loss, tail)
         self._folded = tail
 
+    def fold_stop(self, tail: torch.Tensor) -> None:
+        """Write only the stop flag into ``tail[1]`` (the loss flag is already there: a graphed step writes
+        it on the device, ``training.graphed``)."""
+        if self._stop_requested is not None:
+            tail[1] = float(self._stop_requested())
+
+    def adopt(self, tail: torch.Tensor) -> None:
+        """This step's flags are in ``tail`` ``[width]`` already (written on the device and reduced with the
+        gradients): ``should_skip`` reads them from there."""
+        if tail.shape != (self.width,) or tail.dtype != torch.float32:
+            raise ValueError(f"the guard's tail must be float32 [{self.width}], got {tail.dtype} {list(tail.shape)}")
+        self._handle = None
+        self._folded = tail
+
     def should_skip(self, optimizer: torch.optim.Optimizer, step: int, check_gradients: bool = True,
                     grads: FlatGradients | None = None) -> bool:
         """Call after the gradient allreduce (``optimizer.synchronize()`` or ``FlatGradients.allreduce_``);

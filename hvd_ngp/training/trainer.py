@@ -44,6 +44,7 @@ from ..state.checkpoint import CheckpointManager, resume
 from ..state.failures import NonFiniteGuard, Watchdog
 from ..state.trainstate import TrainState, make_rank_streams
 from .budget import RayBudget
+from .graphed import GraphedStep, eligibility, set_learning_rate
 from .evaluate import BACKGROUNDS, evaluate
 from .optim import OptimizerChain, make_ema
 from .recipe import Marching, budget_lr_factor, make_grid, make_loss, make_optimizer, make_scaler, model_footprint
@@ -102,6 +103,7 @@ class Trainer:
     meter: MemoryMeter    # peak torch memory of the training step and of evaluation
     budget_lr_factor: float = 1.0  # set by the run loop from the shared training clock (budget_lr_factor())
     stops: preempt.StopVote = dc_field(default_factory=lambda: preempt.StopVote(None))  # agreed stop on signals
+    graphed: GraphedStep | None = None  # the step as CUDA graphs (--cuda_graphs), else train_step
 
     @property
     def sampler(self) -> RaySampler:
@@ -151,10 +153,21 @@ class Trainer:
             dist.log(f"{'GPU memory' if use_cuda else 'memory'}: budget {human_gib(memory.bytes)} ({memory.source}); training needs about "
                      f"{human_gib(footprint.total + images)} ({replace(footprint, images=images).describe()})")
 
+        fast = backend in FAST_RENDERER_BACKENDS
+        scaler = make_scaler(args.precision, comm, rt.device, rt.size)
+        adam_block = OptimizerChain.parse(args.model["optimizer"], source).adam
+        not_graphed = eligibility(rt.device, fast, args.precision, comm.backward_passes_per_step, dist.elastic(),
+                                  bool(adam_block.get("sparse_hash_updates", False)), scaler is not None)
+        if args.cuda_graphs == "on" and not_graphed:
+            raise ConfigError(f"--cuda_graphs on: the training step cannot be graphed here: {not_graphed}")
+        graphs = args.cuda_graphs != "off" and not_graphed is None
+        if args.cuda_graphs == "auto" and not_graphed and rt.device.type == "cuda":
+            dist.log(f"CUDA graphs: off ({not_graphed})")
+
         def build_model() -> tuple:
             model = args.model
             field = NGPField(model, scene.aabb, backend).to(rt.device)
-            optimizer, lr_at = make_optimizer(field, model["optimizer"], source)
+            optimizer, lr_at = make_optimizer(field, model["optimizer"], source, capturable=graphs)
             return (field, make_grid(model["marching"], scene).to(rt.device),
                     Marching.from_config(model["marching"], scene.aabb_scale, source), optimizer, lr_at,
                     make_loss(model["loss"], source), make_ema(field, OptimizerChain.parse(model["optimizer"], source)))
@@ -162,11 +175,9 @@ class Trainer:
         field, grid, march, optimizer, lr_at, loss_fn, ema = elastic.startup_agree(build_model, "building the model")
         seen = grid.mark_unseen(scene.train.c2w, scene.train.intrinsics, scene.train.sizes, march.schedule.near)
         dist.log(f"occupancy grid: {100 * seen:.1f}% of the cells are seen by a training camera")
-        # wrapped before any state is loaded into it
-        optimizer = dist.distributed_optimizer(optimizer, field.named_parameters(), comm.compression,
-                                               comm.backward_passes_per_step, comm.reduce_op)
-
-        fast = backend in FAST_RENDERER_BACKENDS
+        if not graphs:  # wrapped before any state is loaded into it (a graphed step reduces flat gradients)
+            optimizer = dist.distributed_optimizer(optimizer, field.named_parameters(), comm.compression,
+                                                   comm.backward_passes_per_step, comm.reduce_op)
         budget = RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
                            float(args.model["marching"].get("candidate_factor", 4)) if fast else None)
         renderer = None
@@ -174,7 +185,6 @@ class Trainer:
             from ..render.fast import FastRenderer
 
             renderer = FastRenderer.following(budget)  # its buffer sizes are the budget's
-        scaler = make_scaler(args.precision, comm, rt.device, rt.size)
         state = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size,
                                                                                rt.device, new_sampler=data.new_sampler),
                            budget, ema=ema)
@@ -183,8 +193,17 @@ class Trainer:
         stops = preempt.install(getattr(args, "stop_signal_names", ()), dist.elastic())
         guard = NonFiniteGuard(args.nonfinite_limit, stops.local if stops.signals else None) \
             if args.nonfinite_limit else None
+        graphed = None
+        if graphs:  # before the resume: its optimizer hooks keep loaded states capturable
+            from ..cluster.flatgrad import FlatGradients
+
+            grads = FlatGradients(field.named_parameters(), tail=guard.width if guard else 0)
+            graphed = GraphedStep(field, grid, optimizer, march, loss_fn, renderer, grads, guard, args.precision,
+                                  data.settings.importance_weights, comm.compression, args.max_rays)
+            dist.log(f"CUDA graphs: on (the step is captured after {graphed.eager_steps} eager steps; "
+                     f"gradients in flat buffers, {grads.describe()})")
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
-                     state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops)
+                     state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed)
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
         if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
             data.load_state_dict(state.progress["data"])
@@ -207,7 +226,7 @@ class Trainer:
         timer.start()
         faultpoints.at_step(step + 1)  # test-only fault injection (HVD_NGP_FAULTS); a no-op otherwise
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(step) * self.lr_multiplier() * self.budget_lr_factor
+            set_learning_rate(group, self.lr_at(step) * self.lr_multiplier() * self.budget_lr_factor)
         if self.march.update_due(step):
             self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
                              self.march.warmup_steps, args.seed)
@@ -222,10 +241,13 @@ class Trainer:
         jitter = torch.rand(n_rays, generator=self.generator, device=rt.device)
         timer.mark("sampling")
         with out_of_memory_as_error(f"training step (step {step + 1})", self.memory, STEP_HINT):
-            res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn,
-                             jitter, args.precision, self.scaler, self.renderer, timer,
-                             args.comm.backward_passes_per_step, self.guard, step + 1,
-                             self.data.settings.importance_weights, self.data.loss_scale)
+            if self.graphed is not None:
+                res = self.graphed(rays, background, jitter, step, self.data.loss_scale, timer)
+            else:
+                res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn,
+                                 jitter, args.precision, self.scaler, self.renderer, timer,
+                                 args.comm.backward_passes_per_step, self.guard, step + 1,
+                                 self.data.settings.importance_weights, self.data.loss_scale)
         faultpoints.slow_down(step + 1, res.n_samples)  # test hook, like faultpoints.at_step
         self.budget.update(res)
         if self.state.ema is not None and not res.skipped:  # every rank took this step (or none did)

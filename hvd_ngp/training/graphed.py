@@ -1,0 +1,295 @@
+"""The training step replayed as CUDA graphs (``--cuda_graphs``): the same step as ``step.train_step``
+with a few host calls instead of hundreds of kernel launches.
+
+Per step, on the host: rays and random numbers drawn as before (eager), copied into the first ``n``
+rows of fixed input buffers of ``rays`` rows; graph A replayed (zero the flat gradients, march,
+network, compositing, loss, backward, the non-finite flags); then, outside any graph, the one
+Horovod allreduce of the flat gradients (``cluster.flatgrad``; none at size 1) and the guard's
+verdict (one host read of its two flags); then graph B replayed (the optimizer step, Adam with
+``capturable=True`` and its learning rate in a device tensor). Rows past ``n`` are parked outside
+the scene box: they march no sample and are left out of the loss, so the loss is the eager one.
+
+A capture is specialised to a ``CaptureKey``: the input rows, the fast renderer's two buffer sizes,
+and whether the rays carry importance weights. The ray budget changes the ray count every step,
+so the rows are planned with headroom (``ray_capacity``) and a new capture happens only when the
+count outgrows them or the budget's buffer sizes change (once per log interval at most). The
+first ``EAGER_STEPS`` steps run the same code without capture (Adam's state, the kernels'
+compilation and the ray count settle first).
+
+Not graphed (``eligibility`` says why): the CPU, the reference path, fp16 autocast (its gradient
+scaler reads the device every step), gradient accumulation, elastic jobs, tiny-cuda-nn's sparse
+Adam rule, armed test faults.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..cluster.flatgrad import FlatGradients
+from ..data.sampler import RayBatch
+from ..faultpoints import ENV as FAULTS_ENV
+from ..model.field import NGPField
+from ..observe.profiling import NULL_TIMER, StageTimer
+from ..render.occupancy import OccupancyGrid
+from ..state.failures import NonFiniteGuard
+from .evaluate import composite_background
+from .recipe import Marching
+from .step import AUTOCAST, StepResult, masked_mean
+
+#: steps run eagerly (same code, no capture) before the first capture
+EAGER_STEPS = 16
+#: input rows are planned in multiples of this many rays, with this much headroom over the count
+RAY_QUANTUM = 4096
+RAY_HEADROOM = 1.25
+MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class CaptureKey:
+    """What a capture is specialised to: input rows, marched-sample and network-sample buffer sizes,
+    importance weights present."""
+
+    rays: int
+    candidate_capacity: int
+    sample_capacity: int
+    weighted: bool
+
+
+def ray_capacity(n_rays: int, current: int | None, max_rays: int, quantum: int = RAY_QUANTUM) -> int:
+    """Input rows for ``n_rays`` rays: ``current`` while they fit, else ``n_rays`` x ``RAY_HEADROOM``
+    rounded up to ``quantum`` (no more than ``max_rays`` rounded up; never below ``n_rays``)."""
+    if n_rays < 1:
+        raise ValueError(f"a step needs at least one ray, got {n_rays}")
+    if current is not None and n_rays <= current:
+        return current
+    ceiling = math.ceil(max(max_rays, n_rays) / quantum) * quantum
+    return max(min(math.ceil(n_rays * RAY_HEADROOM / quantum) * quantum, ceiling), n_rays)
+
+
+def eligibility(device: torch.device, fast_renderer: bool, precision: str, backward_passes: int, elastic: bool,
+                sparse_hash_updates: bool, scaled: bool = False) -> str | None:
+    """None when the step can be graphed, else the reason it cannot (for the log and ``--cuda_graphs on``)."""
+    reasons = [
+        (device.type != "cuda", "the device is not a CUDA GPU"),
+        (not fast_renderer, "the backend has no fixed-size renderer (use --backend triton or tcnn)"),
+        (precision == "fp16", "--precision fp16 needs a gradient scaler, which reads the device every step "
+                              "(use bf16 or fp32)"),
+        (backward_passes > 1, "gradient accumulation (backward_passes_per_step > 1)"),
+        (elastic, "an elastic job (its world, and with it the optimizer, can change)"),
+        (sparse_hash_updates, "sparse hash-table updates (optimizer.sparse_hash_updates)"),
+        (scaled and precision != "fp16", "a gradient scaler (--compression fp16 across ranks) reads the device "
+                                         "every step"),
+        (FAULTS_ENV in os.environ, f"test faults are armed ({FAULTS_ENV})"),
+    ]
+    found = [why for bad, why in reasons if bad]
+    return "; ".join(found) if found else None
+
+
+def set_learning_rate(group: dict, value: float) -> None:
+    """Set a parameter group's learning rate; a device tensor (graphed Adam) is filled in place, and only
+    when the value changes (one small kernel)."""
+    lr = group["lr"]
+    if isinstance(lr, Tensor):
+        if group.get("_lr_value") != value:
+            lr.fill_(value)
+            group["_lr_value"] = value
+    else:
+        group["lr"] = value
+
+
+def portable_state(optimizer: torch.optim.Optimizer, state: dict) -> dict:
+    """``optimizer.state_dict()`` as a plain (non-capturable) Adam writes it: learning rates as floats,
+    step counts on the host, so checkpoints of graphed and eager runs load into either."""
+    groups = []
+    for group in state["param_groups"]:
+        group = {k: v for k, v in group.items() if k != "_lr_value"}
+        if isinstance(group["lr"], Tensor):
+            live = next((g for g in optimizer.param_groups if g["lr"] is group["lr"]), {})
+            group["lr"] = float(live.get("_lr_value", group["lr"]))
+        group["capturable"] = False
+        groups.append(group)
+    entries = {}
+    for key, entry in state["state"].items():
+        entry = dict(entry)  # the live state's dict: copied, not changed
+        if isinstance(entry.get("step"), Tensor) and entry["step"].is_cuda:
+            entry["step"] = entry["step"].detach().to("cpu", torch.float32)
+        entries[key] = entry
+    return {"state": entries, "param_groups": groups}
+
+
+class GraphedStep:
+    """``step.train_step`` as two CUDA graphs per ``CaptureKey`` (see the module docstring).
+
+    ``optimizer``: Adam built with ``capturable=True`` and not wrapped by Horovod; ``grads``: the flat
+    gradient buffers of ``field``'s parameters, with a tail of ``guard.width`` floats when a guard is
+    given. ``renderer``: the fast renderer (its capacities are read at every call).
+    """
+
+    def __init__(self, field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, march: Marching,
+                 loss_fn, renderer, grads: FlatGradients, guard: NonFiniteGuard | None, precision: str = "fp32",
+                 weight_gradient: bool = True, compression: str = "none", max_rays: int = 1 << 20,
+                 eager_steps: int = EAGER_STEPS) -> None:
+        if guard is not None and (grads.tail is None or grads.tail.numel() != guard.width):
+            raise ValueError("the flat gradients need a tail of guard.width floats for the guard's flags")
+        self.field, self.grid, self.optimizer, self.march = field, grid, optimizer, march
+        self.loss_fn, self.renderer, self.grads, self.guard = loss_fn, renderer, grads, guard
+        self.precision, self.weight_gradient, self.compression = precision, weight_gradient, compression
+        self.max_rays, self.eager_steps, self.ray_quantum = max_rays, eager_steps, RAY_QUANTUM
+        self.device = field.aabb.device
+        for group in optimizer.param_groups:  # capturable Adam reads its learning rate from the device
+            if not isinstance(group["lr"], Tensor):
+                group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
+        self.key: CaptureKey | None = None
+        self.captures = 0  # how many times the step was captured (a new key each time)
+        self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
+        self.inputs: dict[str, Tensor] = {}
+        self.outputs: tuple[Tensor, Tensor, Tensor] | None = None
+        self._loss_scale = None
+        self.lr = [group["lr"] for group in optimizer.param_groups]
+        optimizer.register_state_dict_post_hook(portable_state)
+        optimizer.register_load_state_dict_post_hook(self._after_load)
+
+    def _after_load(self, optimizer: torch.optim.Optimizer) -> None:
+        """A loaded state (a resume, a broadcast): back to capturable form; the new state tensors need a
+        new capture."""
+        for group, lr in zip(optimizer.param_groups, self.lr):
+            value = float(group["lr"])
+            group["lr"], group["capturable"] = lr, True
+            lr.fill_(value)
+            group["_lr_value"] = value
+            for p in group["params"]:
+                st = optimizer.state.get(p, {})
+                if isinstance(st.get("step"), Tensor) and st["step"].device != p.device:
+                    st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
+        self.graphs = None
+        self.key = None
+
+    # ----------------------------------------------------------------------------------- inputs
+
+    def _allocate(self, rows: int, weighted: bool) -> None:
+        """Input buffers of ``rows`` rows (zeros: finite where parked)."""
+        dev = self.device
+        self.inputs = {"origins": torch.zeros(rows, 3, device=dev), "directions": torch.ones(rows, 3, device=dev),
+                       "rgba": torch.zeros(rows, 4, device=dev), "background": torch.zeros(rows, 3, device=dev),
+                       "jitter": torch.zeros(rows, device=dev), "n": torch.zeros((), dtype=torch.int64, device=dev),
+                       "loss_scale": torch.ones((), device=dev), "rows": torch.arange(rows, device=dev)}
+        if weighted:
+            self.inputs["weight"] = torch.ones(rows, device=dev)
+        lo, hi = self.field.aabb[0], self.field.aabb[1]
+        # parked rows start beyond the box's far corner and look away from it: no sample, no gradient
+        self.inputs["parked_origin"] = hi + (hi - lo)
+        self.inputs["parked_direction"] = torch.full((3,), 3 ** -0.5, device=dev)
+        self._loss_scale = None
+
+    def _load(self, rays: RayBatch, background: Tensor, jitter: Tensor, loss_scale: float) -> None:
+        n, inp = len(rays), self.inputs
+        inp["origins"][:n].copy_(rays.origins)
+        inp["directions"][:n].copy_(rays.directions)
+        inp["rgba"][:n].copy_(rays.rgba)
+        inp["background"][:n].copy_(background)
+        inp["jitter"][:n].copy_(jitter)
+        if rays.weight is not None:
+            inp["weight"][:n].copy_(rays.weight)
+        inp["n"].fill_(n)
+        if loss_scale != self._loss_scale:
+            inp["loss_scale"].fill_(loss_scale)
+            self._loss_scale = loss_scale
+
+    # ----------------------------------------------------------------------------------- the step body
+
+    def _forward_backward(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Graph A's body: -> (stats ``[5]`` = loss, mse, samples, candidates, valid rays; ray loss ``[rows]``;
+        valid ``[rows]``). No host synchronisation and no collective."""
+        inp, field = self.inputs, self.field
+        self.grads.zero_()
+        active = inp["rows"] < inp["n"]
+        origins = torch.where(active[:, None], inp["origins"], inp["parked_origin"])
+        directions = torch.where(active[:, None], inp["directions"], inp["parked_direction"])
+        background = inp["background"]
+        target = composite_background(inp["rgba"], background)
+        weight = inp.get("weight")
+        autocast = self.precision in AUTOCAST
+        with torch.autocast("cuda", dtype=AUTOCAST.get(self.precision, torch.float32), enabled=autocast,
+                            cache_enabled=False):  # a cast cache would outlive the capture
+            out = self.renderer(field, lambda x, n_rows=None: field.query_density(x, n_rows=n_rows)[0], origins,
+                                directions, field.aabb, self.grid, self.march.schedule, self.march.early_termination,
+                                inp["jitter"])
+        valid = out.valid & active
+        pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
+        per_channel = self.loss_fn(pred, target)
+        loss = masked_mean(per_channel, valid, weight)
+        trained = loss if self.weight_gradient or weight is None else masked_mean(per_channel, valid)
+        (trained * inp["loss_scale"]).backward()
+        mse = masked_mean((pred.detach() - target) ** 2, valid, weight)
+        if self.guard is not None:  # loss or local gradients not finite (reduced with the gradients)
+            total = torch.stack([b.float().sum() for b in self.grads.buffers.values()]).sum()
+            self.grads.tail[0] = (~(torch.isfinite(loss.detach()) & torch.isfinite(total))).float()
+        stats = torch.stack([loss.detach().float(), mse.float(), out.n_samples.float(), out.n_candidates.float(),
+                             valid.sum().float()])
+        return stats, per_channel.detach().float().mean(dim=1), valid
+
+    def _capture(self, key: CaptureKey) -> None:
+        """Capture graphs A (forward and backward) and B (optimizer step) for ``key``; the inputs hold this
+        step's rays. A warm-up pass on a side stream first (its gradients are discarded)."""
+        self.graphs = self.outputs = None
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._forward_backward()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()
+        forward_backward, update = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(forward_backward, pool=pool):
+            outputs = self._forward_backward()
+        with torch.cuda.graph(update, pool=pool):
+            self.optimizer.step()
+        self.graphs, self.outputs, self.key = (forward_backward, update), outputs, key
+        self.captures += 1
+
+    # ----------------------------------------------------------------------------------- one step
+
+    def __call__(self, rays: RayBatch, background: Tensor, jitter: Tensor, step: int, loss_scale: float = 1.0,
+                 timer: StageTimer = NULL_TIMER) -> StepResult:
+        """One training step (``step``: 0-based) on ``rays`` (background ``[R, 3]``, jitter ``[R]``)."""
+        n = len(rays)
+        current = self.inputs["origins"].shape[0] if self.inputs else None
+        rows = ray_capacity(n, current, self.max_rays, self.ray_quantum)
+        key = CaptureKey(rows, self.renderer.candidate_capacity, self.renderer.sample_capacity,
+                         rays.weight is not None)
+        if not self.inputs or self.inputs["origins"].shape[0] != rows or ("weight" in self.inputs) != key.weighted:
+            self.graphs = None
+            self._allocate(rows, key.weighted)
+        self._load(rays, background.expand(n, 3), jitter, loss_scale)
+        timer.mark("sampling")
+        eager = step < self.eager_steps
+        if eager:
+            stats, ray_loss, valid = self._forward_backward()
+        else:
+            if self.graphs is None or key != self.key:
+                self._capture(key)
+            self.graphs[0].replay()
+            stats, ray_loss, valid = self.outputs
+        timer.mark("graph: forward and backward" if not eager else "backward")
+        if self.guard is not None and self.guard.carries_stop:
+            self.guard.fold_stop(self.grads.tail)
+        self.grads.allreduce_(compression=self.compression)  # no call at size 1
+        timer.mark("allreduce")
+        skipped = False
+        if self.guard is not None:
+            self.guard.adopt(self.grads.tail)
+            skipped = self.guard.should_skip(self.optimizer, step + 1, check_gradients=False)
+        if not skipped:
+            self.optimizer.step() if eager else self.graphs[1].replay()
+        timer.mark("optimizer")
+        stats = stats.clone()  # the next replay overwrites the graph's outputs
+        return StepResult(stats[0], stats[1], stats[2], stats[3], stats[4], skipped, ray_loss[:n].clone(),
+                          valid[:n].clone())
+
+
+__all__ = ["CaptureKey", "EAGER_STEPS", "GraphedStep", "MODES", "eligibility", "portable_state", "ray_capacity",
+           "set_learning_rate"]

@@ -1,0 +1,186 @@
+"""The CUDA-graph training step (training.graphed): capacity planning, eligibility, checkpoint portability,
+and its step body against train_step (on the CPU it runs eagerly under Triton's interpreter; on a GPU,
+captured and replayed against --cuda_graphs off)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import gpu_or_skip, tiny_cpu_args
+from hvd_ngp.training.graphed import (RAY_QUANTUM, CaptureKey, GraphedStep, eligibility, ray_capacity,
+                                      set_learning_rate)
+from hvd_ngp.triton_support import triton_available
+
+
+def test_ray_capacity_keeps_rows_while_the_count_fits_and_grows_with_headroom():
+    assert ray_capacity(1000, None, 1 << 20) == RAY_QUANTUM
+    assert ray_capacity(5000, None, 1 << 20) == 2 * RAY_QUANTUM  # 5000 x 1.25 = 6250 -> 8192
+    assert ray_capacity(8000, 8192, 1 << 20) == 8192            # fits: no new capture
+    assert ray_capacity(9000, 8192, 1 << 20) == 3 * RAY_QUANTUM  # outgrown: 11250 -> 12288
+    assert ray_capacity(1 << 20, None, 1 << 20) == 1 << 20      # capped at max_rays (rounded up)
+    assert ray_capacity(5000, None, 4096) >= 5000               # never below the count
+    assert ray_capacity(100, None, 1 << 20, quantum=64) == 128
+    with pytest.raises(ValueError):
+        ray_capacity(0, None, 1 << 20)
+
+
+def test_capture_key_changes_with_buffers_and_weights():
+    a = CaptureKey(8192, 1 << 20, 1 << 18, False)
+    assert a == CaptureKey(8192, 1 << 20, 1 << 18, False)
+    assert a != CaptureKey(8192, 1 << 20, 1 << 17, False) and a != CaptureKey(8192, 1 << 20, 1 << 18, True)
+
+
+def test_eligibility_names_every_reason():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert eligibility(cuda, True, "fp32", 1, False, False) is None
+    assert eligibility(cuda, True, "bf16", 1, False, False) is None
+    assert "CUDA" in eligibility(cpu, True, "fp32", 1, False, False)
+    assert "renderer" in eligibility(cuda, False, "fp32", 1, False, False)
+    assert "fp16" in eligibility(cuda, True, "fp16", 1, False, False)
+    assert "accumulation" in eligibility(cuda, True, "fp32", 2, False, False)
+    assert "elastic" in eligibility(cuda, True, "fp32", 1, True, False)
+    assert "sparse" in eligibility(cuda, True, "fp32", 1, False, True)
+    assert "scaler" in eligibility(cuda, True, "fp32", 1, False, False, scaled=True)
+    both = eligibility(cpu, True, "fp32", 2, False, False)
+    assert "CUDA" in both and "accumulation" in both
+
+
+def test_learning_rate_tensor_is_filled_in_place_only_on_change():
+    lr = torch.tensor(1e-2)
+    group = {"lr": lr}
+    set_learning_rate(group, 5e-3)
+    assert group["lr"] is lr and float(lr) == pytest.approx(5e-3)
+    version = lr._version
+    set_learning_rate(group, 5e-3)
+    assert lr._version == version  # unchanged value: no kernel
+    plain = {"lr": 1e-2}
+    set_learning_rate(plain, 2e-3)
+    assert plain["lr"] == 2e-3
+
+
+def _graphed(tr, eager_steps: int = 10 ** 9) -> GraphedStep:
+    from hvd_ngp.cluster.flatgrad import FlatGradients
+
+    grads = FlatGradients(tr.field.named_parameters(), tail=tr.guard.width if tr.guard else 0)
+    step = GraphedStep(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, tr.renderer, grads, tr.guard,
+                       tr.args.precision, tr.data.settings.importance_weights, eager_steps=eager_steps)
+    step.ray_quantum = 64  # the interpreter marches every row: keep the padding small
+    return step
+
+
+needs_interpreter = pytest.mark.skipif(torch.cuda.is_available() or not triton_available("cpu"),
+                                       reason="the step body under Triton's CPU interpreter (a GPU runs the replay test)")
+
+
+@needs_interpreter
+def test_step_body_equals_train_step(scene_cache, tmp_path):
+    """The graphed step's body, run eagerly: padded rows parked outside the box, flat gradients, device-side
+    guard flags; the same losses, sample counts, ray losses and parameters as train_step for 3 steps."""
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    runs = []
+    for graphed in (False, True):
+        tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(graphed), "--n_steps", "3",
+                                                    "--backend", "triton", "--n_rays_init", "100")))
+        assert tr.graphed is None  # auto on a CPU: eager
+        if graphed:
+            tr.graphed = _graphed(tr)
+            # rows past each step's rays hold real camera rays through the object: unless parked, they march
+            from hvd_ngp.data.sampler import image_rays
+
+            tr.graphed._allocate(128, False)
+            o, d = image_rays(tr.scene.train, 0, torch.device("cpu"))
+            middle = o.shape[0] // 2 + tr.scene.train.image_size(0)[0] // 2
+            tr.graphed.inputs["origins"].copy_(o[middle - 64:middle + 64])
+            tr.graphed.inputs["directions"].copy_(d[middle - 64:middle + 64])
+        out = []
+        for i in range(3):
+            res, n_rays = tr.step(i)
+            out.append((float(res.loss), float(res.mse), (int(res.n_samples), int(res.n_candidates)), int(res.n_valid),
+                        res.ray_loss.clone(), res.valid.clone(), n_rays))
+        if graphed:
+            assert tr.graphed.inputs["origins"].shape[0] == 128 > out[0][6]  # padded rows were there, and parked
+        runs.append((out, [p.detach().clone() for p in tr.field.parameters()]))
+    (ref, ref_params), (got, got_params) = runs
+    for (l0, m0, s0, v0, rl0, va0, n0), (l1, m1, s1, v1, rl1, va1, n1) in zip(ref, got):
+        assert n0 == n1 and s0 == s1 and min(s0) > 0 and v0 == v1
+        assert l1 == pytest.approx(l0, rel=1e-5) and m1 == pytest.approx(m0, rel=1e-5)
+        assert torch.equal(va0, va1) and torch.allclose(rl0, rl1, rtol=1e-5, atol=1e-8)
+    for a, b in zip(ref_params, got_params):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@needs_interpreter
+def test_non_finite_step_is_skipped_from_the_device_flag(scene_cache, tmp_path):
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "2", "--backend", "triton")))
+    tr.graphed = _graphed(tr)
+    with torch.no_grad():
+        tr.field.mlp_parameters()[0][0, 0] = math.nan
+    before = [p.detach().clone() for p in tr.field.parameters()]
+    res, _ = tr.step(0)
+    assert res.skipped and tr.guard.skipped == [1]
+    for a, b in zip(before, tr.field.parameters()):
+        assert torch.equal(torch.nan_to_num(a, nan=7.0), torch.nan_to_num(b.detach(), nan=7.0))  # untouched
+
+
+@needs_interpreter
+def test_checkpoints_of_a_graphed_optimizer_load_anywhere(scene_cache, tmp_path):
+    """state_dict() writes what a plain Adam writes (float learning rates, host step counts); loading it
+    back keeps the learning-rate tensors the graph reads and asks for a new capture."""
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    trs = [Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(i), "--n_steps", "2",
+                                                  "--backend", "triton"))) for i in range(2)]
+    graphed = _graphed(trs[1])
+    trs[1].graphed = graphed
+    trs[1].step(0)
+    lr = [g["lr"] for g in trs[1].optimizer.param_groups]
+    state = trs[1].optimizer.state_dict()
+    assert all(isinstance(g["lr"], float) and g["capturable"] is False and "_lr_value" not in g
+               for g in state["param_groups"])
+    assert all(not v["step"].is_cuda for v in state["state"].values())
+    trs[0].optimizer.load_state_dict(state)  # an eager optimizer takes it
+    graphed.key = CaptureKey(1, 1, 1, False)
+    trs[1].optimizer.load_state_dict(state)
+    assert [g["lr"] for g in trs[1].optimizer.param_groups] == lr and all(g["lr"] is t for g, t in
+                                                                         zip(trs[1].optimizer.param_groups, lr))
+    assert graphed.key is None and graphed.graphs is None
+
+
+def test_graph_replay_follows_the_eager_step_on_a_gpu(scene_cache, tmp_path):
+    """200 steps of the built-in scene with --cuda_graphs on against off, same seed, with a change of the
+    renderer's buffer sizes at step 100 (a new capture): the loss curves agree to float tolerance."""
+    gpu_or_skip()
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    curves, captures = [], []
+    for mode in ("off", "on"):
+        args = parse_args(["--scene_cache", str(scene_cache), "--device", "cuda", "--backend", "triton",
+                           "--n_steps", "200", "--cuda_graphs", mode, "--out_dir", str(tmp_path / mode)])
+        tr = Trainer.build(args)
+        assert (tr.graphed is not None) == (mode == "on")
+        losses = []
+        for i in range(200):
+            if i == 100:  # the budget's buffers shrink: the graphed step must capture again
+                tr.budget.sample_capacity = tr.budget.sample_capacity // 2
+                tr.budget.candidate_capacity = tr.budget.candidate_capacity // 2
+            res, _ = tr.step(i)
+            tr.budget.settle()
+            losses.append(float(res.loss))
+        curves.append(torch.tensor(losses))
+        captures.append(tr.graphed.captures if tr.graphed else 0)
+    eager, graph = curves
+    assert captures[1] >= 2  # the first capture and the one after the change
+    assert torch.isfinite(graph).all()
+    rel = ((graph - eager).abs() / eager.abs()).max()
+    assert rel < 0.05, f"graphed losses differ from eager by up to {rel:.3g} (relative)"
+    assert abs(float(graph[-50:].mean() / eager[-50:].mean()) - 1) < 0.01
