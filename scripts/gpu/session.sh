@@ -125,6 +125,28 @@ PY
     done
     .venv/bin/hvd-ngp-doctor 2>&1 | tail -12
     ;;
+  speed16)  # issue 16: GPU tests of the graphed step and fused MLPs, then bench throughput: graphs x fused MLPs
+    for f in tests/test_graphed.py tests/test_mlp_kernels.py tests/test_kernels.py; do
+      HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | tail -3
+    done
+    timeout 90 python3 -m hvd_ngp.bench mlp --json $out/mlp.json --markdown "" 2>&1 | tail -16
+    off='{"fused": false}'
+    for v in "off on" "off off" "on on" "on off"; do
+      set -- $v
+      extra=(--cuda_graphs "$1"); [ "$2" = off ] && extra+=(--density_network "$off" --rgb_network "$off")
+      timeout 150 python3 -m hvd_ngp.bench throughput --scene $S/lego --backends triton --warmup_steps 300 --steps 60 \
+        --repeat 3 --no_compile --profile_steps 3 --json $out/tp_graphs$1_fused$2.json --markdown '' -- "${extra[@]}" \
+        >$out/tp_graphs$1_fused$2.log 2>&1 || tail -5 $out/tp_graphs$1_fused$2.log
+    done
+    python3 - "$out" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_*.json")):
+    r = json.load(open(f))["training"][0]
+    print(f.stem, f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step, {r['samples_per_step']:.0f} samples/step,",
+          f"launches/step {r.get('launches_per_step')}, GPU busy {r.get('gpu_busy_share')},",
+          {k: round(v, 2) for k, v in r["stages_ms"].items()})
+PY
+    ;;
   quality)
     seed=${3:-1337}; secs=${4:-60}
     python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --seed "$seed" \
