@@ -86,11 +86,17 @@ class OccupancyGrid(nn.Module):
 
     @torch.no_grad()
     def update(self, density_fn: DensityFn, step_size: float, step: int, warmup_steps: int, seed: int,
-               chunk: int = 1 << 18) -> None:
+               chunk: int = 1 << 18, box: Tensor | None = None, share: tuple[int, int] | None = None) -> None:
         """Refresh the grid (collective: every rank calls it at the same step).
 
         Stored values are optical thicknesses ``sigma * step_size * 2^k`` for cascade k (the step size
         rays use at that scale), compared with ``min(threshold, mean)``.
+
+        Model parallel: ``density_fn`` is this rank's region field, ``box`` ``[2, 3]`` its region and
+        ``share`` (index, count) its part among the region's copies. The rank refreshes only the chosen
+        cells that overlap its box, at points clamped into the box; the Max reduction over all ranks
+        then gives every cell the densest of its overlapping regions, so every rank holds the same grid
+        (the union of the region grids, each region's cascades clipped to its box).
         """
         rt = dist.runtime()
         dev = self.density.device
@@ -109,11 +115,21 @@ class OccupancyGrid(nn.Module):
                 pick = occ
             cells = torch.cat([uniform, pick])
         offset = torch.rand((cells.numel(), 3), generator=g, device=dev)
-        mine, my_offset = cells[rt.rank::rt.size], offset[rt.rank::rt.size]
+        if box is None:
+            mine, my_offset = cells[rt.rank::rt.size], offset[rt.rank::rt.size]
+        else:
+            box = box.to(dev)
+            lo, hi = self.cell_positions(cells, torch.zeros_like(offset)), self.cell_positions(cells, torch.ones_like(offset))
+            overlaps = ((hi > box[0]) & (lo < box[1])).all(dim=-1)
+            index, count = share or (0, 1)
+            mine, my_offset = cells[overlaps][index::count], offset[overlaps][index::count]
         fresh = torch.zeros(n, device=dev)
         for start in range(0, mine.numel(), chunk):
             idx = mine[start:start + chunk]
-            sigma = density_fn(self.cell_positions(idx, my_offset[start:start + chunk])).float()
+            x = self.cell_positions(idx, my_offset[start:start + chunk])
+            if box is not None:
+                x = torch.minimum(torch.maximum(x, box[0]), box[1])
+            sigma = density_fn(x).float()
             scale = torch.pow(2.0, (idx // self.resolution ** 3).float()) * step_size
             fresh.scatter_reduce_(0, idx, sigma * scale, reduce="amax")
         fresh = dist.allreduce(fresh, "max", name="occupancy.update")

@@ -136,9 +136,10 @@ def budget_lr_factor(elapsed_s: float, budget_s: float, mode: str = "on") -> flo
 
 
 
-def model_footprint(args: argparse.Namespace, scene: Scene) -> TrainingFootprint:
-    """Training's memory from the config alone, before anything is built (``observe.memory.check_fit``)."""
-    model = args.model
+def model_footprint(args: argparse.Namespace, scene: Scene, model: dict | None = None) -> TrainingFootprint:
+    """Training's memory from the config alone, before anything is built (``observe.memory.check_fit``);
+    ``model``: the config this rank builds (model parallel: one region's, ``model_parallel.region_model``)."""
+    model = model or args.model
     n_params = HashGridSpec.from_config(model["encoding"], model["_source"]).n_params + MLP_PARAMS_ALLOWANCE
     block = model["marching"]
     cells = int(block["grid_resolution"]) ** 3 * n_cascades_for(scene.aabb_scale)
