@@ -202,3 +202,40 @@ def merge(parts: Tensor, order: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     t_before = torch.exp(-before)                              # [R, K]
     total = (t_before[..., None] * ordered[..., :5]).sum(dim=1)
     return total[:, :3], total[:, 3], total[:, 4]
+
+
+class PiecewiseField(torch.nn.Module):
+    """K region fields (each over its box of ``partition``) as one field over the scene box: every point
+    goes to its owner's field (``Partition.owner``). The render tool renders a model-parallel snapshot
+    on one rank with it; with ``early_termination = 0`` its render equals the merged segments.
+
+    query_density: x ``[M, 3]`` -> (sigma ``[M]``, geo_feat ``[M, G]``); forward: x, d -> (rgb ``[M, 3]``, sigma ``[M]``)
+    """
+
+    def __init__(self, fields: list[torch.nn.Module], partition: Partition) -> None:
+        super().__init__()
+        if len(fields) != partition.k:
+            raise ValueError(f"{len(fields)} fields for {partition.k} regions")
+        self.fields = torch.nn.ModuleList(fields)
+        self.partition = partition
+        self.register_buffer("aabb", partition.aabb.float().clone())
+
+    def _dispatch(self, x: Tensor, call) -> tuple[Tensor, Tensor]:
+        owner = self.partition.owner(x)
+        outs = [None] * len(self.fields)
+        for k, f in enumerate(self.fields):
+            sel = (owner == k).nonzero().squeeze(1)
+            outs[k] = (sel, call(f, sel))
+        first = next(out for _, out in outs)
+        a = first[0].new_zeros((x.shape[0], *first[0].shape[1:]))
+        b = first[1].new_zeros((x.shape[0], *first[1].shape[1:]))
+        for sel, (u, v) in outs:
+            a = a.index_copy(0, sel, u.to(a.dtype))
+            b = b.index_copy(0, sel, v.to(b.dtype))
+        return a, b
+
+    def query_density(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return self._dispatch(x, lambda f, sel: f.query_density(x[sel]))
+
+    def forward(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
+        return self._dispatch(x, lambda f, sel: f(x[sel], d[sel]))
