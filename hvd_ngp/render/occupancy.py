@@ -152,20 +152,29 @@ class OccupancyGrid(nn.Module):
         dev = self.density.device
         cells = torch.arange(self.n_cells, device=dev)
         centres = self.cell_positions(cells, torch.full((self.n_cells, 3), 0.5, device=dev))
-        seen = torch.zeros(self.n_cells, dtype=torch.bool, device=dev)
-        c2w, intr, sizes = c2w.to(dev).float(), intrinsics.to(dev).float(), sizes.to(dev).float()
-        for i in range(c2w.shape[0]):
-            rel = (centres - c2w[i, :, 3]) @ c2w[i, :, :3]            # camera coordinates (x right, y down, z fwd)
-            z = rel[:, 2]
-            u = intr[i, 0] * rel[:, 0] / z.clamp(min=1e-6) + intr[i, 2]
-            v = intr[i, 1] * rel[:, 1] / z.clamp(min=1e-6) + intr[i, 3]
-            seen |= (z > near) & (u >= 0) & (u <= sizes[i, 0]) & (v >= 0) & (v <= sizes[i, 1])
+        seen = camera_coverage(centres, c2w, intrinsics, sizes, near) > 0
         self.visible.copy_(seen.view_as(self.visible))
         self.refresh_occupied()
         return float(seen.float().mean())
 
     def occupancy_fraction(self) -> float:
         return float(self.occupied.float().mean())
+
+
+def camera_coverage(points: Tensor, c2w: Tensor, intrinsics: Tensor, sizes: Tensor, near: float = 0.0) -> Tensor:
+    """How many cameras see each point ``[M, 3]`` (in front of the camera, inside its image) -> ``[M]`` int.
+
+    c2w ``[N, 3, 4]`` ngp convention, intrinsics ``[N, 4]``, sizes ``[N, 2]`` (width, height)."""
+    dev = points.device
+    count = torch.zeros(points.shape[0], dtype=torch.int32, device=dev)
+    c2w, intr, sizes = c2w.to(dev).float(), intrinsics.to(dev).float(), sizes.to(dev).float()
+    for i in range(c2w.shape[0]):
+        rel = (points - c2w[i, :, 3]) @ c2w[i, :, :3]            # camera coordinates (x right, y down, z fwd)
+        z = rel[:, 2]
+        u = intr[i, 0] * rel[:, 0] / z.clamp(min=1e-6) + intr[i, 2]
+        v = intr[i, 1] * rel[:, 1] / z.clamp(min=1e-6) + intr[i, 3]
+        count += ((z > near) & (u >= 0) & (u <= sizes[i, 0]) & (v >= 0) & (v <= sizes[i, 1])).int()
+    return count
 
 
 def n_cascades_for(aabb_scale: int) -> int:

@@ -86,7 +86,7 @@ def split_space(aabb: Tensor, k: int, work: Tensor, cells: int, source: str = "-
     """``aabb`` cut into ``k`` boxes of about equal expected ``work`` ``[cells, cells, cells]`` (a per-cell
     weight over a ``cells^3`` lattice of the box, e.g. the cells a training camera sees): recursive
     bisection of the longest side, each cut on a lattice plane at the weighted quantile that gives
-    the two halves work in proportion to the regions they will hold. Deterministic."""
+    the two halves work in proportion to the regions they will hold (the nearest plane). Deterministic."""
     if k < 1:
         raise ConfigError(f"{source}: the number of regions must be >= 1, got {k}")
     aabb = aabb.float().cpu()
@@ -109,7 +109,7 @@ def split_space(aabb: Tensor, k: int, work: Tensor, cells: int, source: str = "-
         profile = block.sum(dim=tuple(a for a in range(3) if a != axis))
         cum = torch.cumsum(profile, 0) / profile.sum()
         want = left / parts
-        c = int(torch.searchsorted(cum, torch.tensor(want)).item()) + 1  # cells on the left
+        c = int((cum - want).abs().argmin().item()) + 1  # cells on the left: the lattice plane nearest the quantile
         c = max(left, min(n - (parts - left), c))  # every part keeps a cell per region it holds
         mid = lo[axis] + c
         cut(lo, [mid if a == axis else hi[a] for a in range(3)], left)

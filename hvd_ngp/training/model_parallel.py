@@ -2,7 +2,7 @@
 
 N ranks form D = N / K replicas x K regions (``cluster.dist.Groups``; rank = replica * K + region).
 The scene box is cut once into K boxes of about equal expected work (``render.regions.split_space``
-over the cells a training camera sees), agreed from rank 0 and recorded in checkpoints. Each rank
+weighted by camera coverage: how many training cameras see each cell), agreed from rank 0 and recorded in checkpoints. Each rank
 holds one region's field (hash grid of 2^(log2_hashmap_size - ceil(log2 K)) entries per level, so the
 K regions together hold the configured table, and its own MLPs); every rank keeps the same
 occupancy grid, each region refreshing the cells that overlap its box.
@@ -31,7 +31,7 @@ from ..cluster import dist
 from ..errors import ConfigError
 from ..observe.metrics import COL
 from ..observe.profiling import NULL_TIMER, StageTimer
-from ..render.occupancy import OccupancyGrid
+from ..render.occupancy import OccupancyGrid, camera_coverage
 from ..render.regions import SEGMENT_COLUMNS, Partition, merge, render_segment, split_space
 from ..render.schedule import StepSchedule
 from ..render.volume import RenderResult
@@ -55,18 +55,17 @@ def region_model(model: dict, k: int) -> dict:
     return out
 
 
-def plan_partition(grid: OccupancyGrid, aabb: Tensor, k: int, source: str = "--model_parallel") -> Partition:
-    """Rank 0 cuts the box by the cells a training camera sees (``grid.mark_unseen`` ran before), on a
-    ``grid.resolution^3`` lattice over ``aabb``; every rank receives rank 0's partition (collective)."""
+def plan_partition(frames, aabb: Tensor, k: int, cells: int, near: float = 0.0,
+                   source: str = "--model_parallel") -> Partition:
+    """Rank 0 cuts the box by camera coverage (how many training cameras see each cell of a ``cells^3``
+    lattice over ``aabb``: the rays, and so the samples, a region will carry); every rank receives rank
+    0's partition (collective). ``frames``: the training ``Frames`` (c2w, intrinsics, sizes)."""
     def decide() -> str:
-        n = grid.resolution
-        u = (torch.arange(n, dtype=torch.float32) + 0.5) / n
+        u = (torch.arange(cells, dtype=torch.float32) + 0.5) / cells
         lattice = torch.stack(torch.meshgrid(u, u, u, indexing="ij"), dim=-1).view(-1, 3)
         lo, hi = aabb[0].float().cpu(), aabb[1].float().cpu()
-        centres = (lo + lattice * (hi - lo)).to(grid.visible.device)
-        idx, inside = grid.cell_index(centres)
-        work = (grid.visible.view(-1)[idx] & inside).float().view(n, n, n)
-        return split_space(aabb, k, work, n, source).to_json()
+        work = camera_coverage(lo + lattice * (hi - lo), frames.c2w, frames.intrinsics, frames.sizes, near)
+        return split_space(aabb, k, work.float().view(cells, cells, cells), cells, source).to_json()
 
     text = dist.agree(lambda: decide() if dist.runtime().is_root else None, "splitting the scene into regions")
     return Partition.from_json(dist.broadcast_object(text, name="model_parallel.partition"))

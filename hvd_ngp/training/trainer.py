@@ -161,10 +161,9 @@ class Trainer:
 
         mp = None
         if groups.enabled:
-            probe = make_grid(args.model["marching"], scene)
-            probe.mark_unseen(scene.train.c2w, scene.train.intrinsics, scene.train.sizes,
-                              Marching.from_config(args.model["marching"], scene.aabb_scale, source).schedule.near)
-            mp = ModelParallel(groups, plan_partition(probe, scene.aabb, groups.model_parallel,
+            near = Marching.from_config(args.model["marching"], scene.aabb_scale, source).schedule.near
+            mp = ModelParallel(groups, plan_partition(scene.train, scene.aabb, groups.model_parallel,
+                                                      int(args.model["marching"]["grid_resolution"]), near,
                                                       f"{source}: --model_parallel {groups.model_parallel}"))
             dist.log(f"model parallel: {groups.replicas} replica(s) x {groups.model_parallel} regions "
                      f"(rank = replica * {groups.model_parallel} + region); {mp.partition.describe()}")

@@ -61,9 +61,7 @@ def check_exact(args, scene, k: int) -> None:
     with torch.no_grad():  # a denser field than the initial one: most rays cross several regions with weight
         for p in field.parameters():
             p.mul_(4.0)
-    probe = make_grid(args.model["marching"], scene)  # the trainer's partition: by the cells cameras see
-    probe.mark_unseen(scene.train.c2w, scene.train.intrinsics, scene.train.sizes, march.schedule.near)
-    mp = ModelParallel(dist.groups(), plan_partition(probe, scene.aabb, k))
+    mp = ModelParallel(dist.groups(), plan_partition(scene.train, scene.aabb, k, 16, march.schedule.near))
     grid = make_grid(args.model["marching"], scene)  # every cell occupied: samples all along the rays
     rays = RaySampler(scene.train, 0, 1, 7, torch.device("cpu")).sample(512)  # the same rays on every rank
     jitter = torch.rand(512, generator=torch.Generator().manual_seed(3))
