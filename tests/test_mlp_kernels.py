@@ -153,9 +153,10 @@ def test_state_dict_is_the_torch_twins():
 
 
 def test_make_mlp_fused_switch():
-    block = {"n_neurons": 64, "n_hidden_layers": 2}
+    block = {"n_neurons": 64, "n_hidden_layers": 2, "fused": True}
     assert isinstance(make_mlp(block, 32, 3, "rgb_network", backend="triton"), FusedMLP)
     assert type(make_mlp({**block, "fused": False}, 32, 3, "rgb_network", backend="triton")) is torch.nn.Sequential
+    assert type(make_mlp({"n_neurons": 64}, 32, 3, "rgb_network", backend="triton")) is torch.nn.Sequential  # opt-in
     assert type(make_mlp(block, 32, 3, "rgb_network", backend="torch")) is torch.nn.Sequential
     # shapes the kernels do not take stay on nn.Linear
     for unfused in ({"n_neurons": 48}, {"n_neurons": 64, "n_hidden_layers": 4},
@@ -291,13 +292,14 @@ def test_training_step_with_fused_mlps_matches_nn_linear(scene_cache, tmp_path):
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
-    off = '{"n_neurons": 16, "fused": false}'
+    off, on = '{"n_neurons": 16, "fused": false}', '{"n_neurons": 16, "fused": true}'
     unfused = ["--density_network", off, "--rgb_network", off]
+    fused = ["--density_network", on, "--rgb_network", on]
     results = []
-    for extra in ([], unfused):
+    for extra in (fused, unfused):
         tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(len(results)), "--n_steps", "1",
                                                     "--backend", "triton", *extra)))
-        assert isinstance(tr.field.density_mlp, FusedMLP) == (not extra)
+        assert isinstance(tr.field.density_mlp, FusedMLP) == (extra is fused)
         res, _ = tr.step(0)
         results.append((float(res.loss), int(res.n_samples), [p.grad.clone() for p in tr.field.mlp_parameters()]))
     (loss, n, grads), (loss_ref, n_ref, grads_ref) = results

@@ -128,6 +128,18 @@ def step_profile(events: list[ProfEvent], n_steps: int, cuda: bool) -> dict:
             "aten_ops_per_step": outermost_aten_ops(inside) / n_steps}
 
 
+def activity_of(event) -> str:
+    """A kineto event's activity name; torch builds without ``activity_type()`` (2.11) classify by device and
+    name: GPU events are kernels (memcpy/memset apart), host events named cuda*/cu* runtime calls."""
+    get = getattr(event, "activity_type", None)
+    if get is not None:
+        return str(get())
+    name = event.name()
+    if event.device_type() == torch.autograd.DeviceType.CUDA:
+        return "gpu_memcpy" if name.startswith(("Memcpy", "Memset")) else "kernel"
+    return "cuda_runtime" if name.startswith(("cuda", "cu")) else "cpu_op"
+
+
 def profile_steps(step: Callable[[int], object], n_steps: int, device: torch.device) -> dict:
     """Run ``step(0)`` then ``step(1..n_steps)`` under torch.profiler; ``step_profile`` of the latter."""
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -140,7 +152,7 @@ def profile_steps(step: Callable[[int], object], n_steps: int, device: torch.dev
             for i in range(1, n_steps + 1):
                 step(i)
             sync(device)  # the window's end waits for its kernels
-    events = [ProfEvent(e.name(), e.activity_type(), e.start_thread_id(), e.start_ns(), e.end_ns())
+    events = [ProfEvent(e.name(), activity_of(e), e.start_thread_id(), e.start_ns(), e.end_ns())
               for e in prof.profiler.kineto_results.events()]
     return step_profile(events, n_steps, device.type == "cuda")
 

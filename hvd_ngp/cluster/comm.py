@@ -61,6 +61,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                    help="gradient accumulation: backward passes (each of --target_samples) per optimizer step")
     g.add_argument("--reduce_op", choices=REDUCE_OPS, default="average",
                    help="how gradients are combined across ranks (adasum: MPI controller, power-of-2 ranks)")
+    g.add_argument("--model_parallel", type=int, default=None, metavar="K",
+                   help="split the scene's hash grid by space over K ranks (hybrid data x model parallelism: "
+                        "ranks / K replicas of K regions; see README 'Model parallel'); unset: the config's "
+                        "distributed.model_parallel, else 1 (data parallelism only)")
     g.add_argument("--lr_scaling", choices=LR_SCALINGS, default="auto",
                    help="learning rate for a batch m = ranks x backward passes larger than one rank's: "
                         "auto (sqrt(m) with average, Adasum's rule with adasum), none, linear (x m), sqrt")
@@ -82,6 +86,7 @@ class DistributedBlock:
     nccl_algorithm: str | None = None
     topology: str = "auto"
     allreduce_algorithm: str = "auto"
+    model_parallel: int = 1
 
     @staticmethod
     def parse(block: Mapping[str, Any] | None, source: str) -> "DistributedBlock":
@@ -127,7 +132,11 @@ class DistributedBlock:
         allreduce = block.get("allreduce_algorithm", "auto")
         if allreduce not in ALLREDUCE_ALGORITHMS:
             raise bad("allreduce_algorithm", " | ".join(ALLREDUCE_ALGORITHMS))
-        return DistributedBlock(source, enable, world_size, master_addr, master_port, topo_file, algo, topology, allreduce)
+        model_parallel = block.get("model_parallel", 1)
+        if isinstance(model_parallel, bool) or not isinstance(model_parallel, int) or model_parallel < 1:
+            raise bad("model_parallel", "a positive integer (regions per replica)")
+        return DistributedBlock(source, enable, world_size, master_addr, master_port, topo_file, algo, topology, allreduce,
+                                model_parallel)
 
     def check(self, world_size: int, nodes: int, controller: str | None, how: str) -> None:
         """What the launcher or runtime decided vs what the block asks for. ``how``: e.g. "horovodrun -np 4"."""
@@ -199,6 +208,7 @@ class CommSettings:
     reduce_op: str
     lr_scaling: str
     block: DistributedBlock
+    model_parallel: int = 1  # K regions per replica (``--model_parallel`` or distributed.model_parallel)
 
     @staticmethod
     def from_args(args: argparse.Namespace) -> "CommSettings":
@@ -220,8 +230,23 @@ class CommSettings:
         elif from_block != "auto" and from_block != hierarchical:
             raise ConfigError(f"{source}: distributed.allreduce_algorithm is {block.allreduce_algorithm} but "
                               f"--hierarchical_allreduce is {hierarchical}; remove one")
+        k = getattr(args, "model_parallel", None)
+        if k is None:
+            k = block.model_parallel
+        elif k < 1:
+            raise ConfigError(f"--model_parallel must be >= 1, got {k}")
+        elif block.model_parallel not in (1, k):
+            raise ConfigError(f"{source}: distributed.model_parallel is {block.model_parallel} but --model_parallel is "
+                              f"{k}; remove one")
+        if k > 1 and args.compression == "fp16":
+            raise ConfigError(f"--model_parallel {k} with --compression fp16: the fp16 loss scaler decides overflows "
+                              "per region group, so regions would skip different steps, and the segment exchange "
+                              "stays fp32; use --compression none")
+        if k > 1 and args.reduce_op == "adasum":
+            raise ConfigError(f"--model_parallel {k} with --reduce_op adasum: Adasum reduces over all ranks, not "
+                              "within a region's process set; use --reduce_op average")
         return CommSettings(args.fusion_threshold_mb, args.cycle_time_ms, args.compression, hierarchical,
-                            args.backward_passes_per_step, args.reduce_op, args.lr_scaling, block)
+                            args.backward_passes_per_step, args.reduce_op, args.lr_scaling, block, k)
 
     @property
     def loss_scaled_compression(self) -> bool:
@@ -232,6 +257,9 @@ class CommSettings:
         """Variables to set before ``hvd.init()`` (Horovod and NCCL read them there)."""
         env = self.block.nccl_env(environ)
         elastic = environ.get("HOROVOD_ELASTIC") == "1"
+        if elastic and self.model_parallel > 1:
+            raise ConfigError(f"--model_parallel {self.model_parallel} cannot run elastic: the regions are fixed "
+                              "process sets, and a world that changes size breaks the replica x region layout")
         if elastic and (self.fusion_threshold_mb is not None or "HOROVOD_FUSION_THRESHOLD" in environ
                         or environ.get("HOROVOD_AUTOTUNE") == "1"):
             # Measured with Horovod 0.28.1 (Gloo, CPU): with HOROVOD_FUSION_THRESHOLD set, the surviving
@@ -282,8 +310,9 @@ class CommSettings:
             raise ConfigError(f"--reduce_op adasum needs a power-of-2 number of ranks; this job runs {size}")
 
     def lr_multiplier(self, size: int, local_size: int, use_cuda: bool) -> float:
-        """Factor on the configured learning rate for ``size`` ranks (see the module docstring)."""
-        m = size * self.backward_passes_per_step
+        """Factor on the configured learning rate for ``size`` ranks (see the module docstring). With
+        ``model_parallel`` K the batch grows with the D = size / K replicas only."""
+        m = max(size // self.model_parallel, 1) * self.backward_passes_per_step
         rule = self.lr_scaling
         if rule == "auto":
             if self.reduce_op == "adasum":
@@ -302,6 +331,7 @@ class CommSettings:
                 "hierarchical_allreduce": environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1",
                 "backward_passes_per_step": self.backward_passes_per_step,
                 "reduce_op": self.reduce_op,
+                "model_parallel": self.model_parallel,
                 "lr_multiplier": lr_multiplier,
                 "nccl_algo": environ.get("NCCL_ALGO"),
                 "nccl_topo_file": environ.get("NCCL_TOPO_FILE")}

@@ -21,7 +21,7 @@ import torch
 
 from .commclock import COMM_CLOCK
 from .. import launcher_env
-from ..errors import BackendError, HvdNgpError
+from ..errors import BackendError, ConfigError, HvdNgpError
 
 T = TypeVar("T")
 
@@ -42,8 +42,76 @@ class Runtime:
         return self.rank == 0
 
 
+@dataclass(frozen=True)
+class Groups:
+    """Hybrid data x model parallelism: ``replicas`` (D) copies of the model, each split over
+    ``model_parallel`` (K) regions. Global rank = replica * K + region, so the K ranks of a replica
+    are neighbours (one node when K divides the ranks per node).
+
+    The region group (the D ranks that hold this rank's region) averages gradients; the replica group
+    (the K ranks of this rank's replica) exchanges ray segments. A group of one rank has no process
+    set (``None``): its collectives are no-ops."""
+
+    model_parallel: int = 1
+    replicas: int = 1
+    region: int = 0
+    replica: int = 0
+    region_set: Any = None
+    replica_set: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.model_parallel > 1
+
+    def replica_ranks(self) -> list[int]:
+        """Global ranks of this rank's replica group, in region order."""
+        return [self.replica * self.model_parallel + k for k in range(self.model_parallel)]
+
+    def region_ranks(self) -> list[int]:
+        """Global ranks of this rank's region group, in replica order (the first is the region's leader)."""
+        return [d * self.model_parallel + self.region for d in range(self.replicas)]
+
+
 _hvd = None  # horovod.torch, once initialised
 _runtime: Runtime | None = None
+_groups = Groups()
+
+
+def _declare_groups(k: int, environ: Mapping[str, str]) -> dict:
+    """The process sets of a K-region layout, keyed ("region", k) / ("replica", d), before ``hvd.init``
+    (Horovod needs static sets at init). Checks the layout on every rank (each raises the same error)."""
+    if k <= 1:
+        return {}
+    size, _ = launcher_env.launcher_sizes(environ)
+    if size % k:
+        raise ConfigError(f"--model_parallel {k} must divide the number of ranks, but the job runs {size} "
+                          f"(D = ranks / K replicas of K regions each)")
+    import horovod.torch as hvd
+
+    d = size // k
+    sets: dict = {}
+    for region in range(k):
+        ranks = [r * k + region for r in range(d)]
+        sets[("region", region)] = hvd.ProcessSet(ranks) if 1 < len(ranks) < size else None
+    for replica in range(d):
+        ranks = [replica * k + region for region in range(k)]
+        sets[("replica", replica)] = hvd.ProcessSet(ranks) if len(ranks) < size else None  # all ranks: the global set
+    return sets
+
+
+def _make_groups(k: int, rank: int, size: int, sets: dict) -> Groups:
+    if size % k:
+        raise ConfigError(f"--model_parallel {k} must divide the number of ranks ({size})")
+    region, replica = rank % k, rank // k
+    replica_set = sets.get(("replica", replica))
+    if replica_set is None and size == k:
+        replica_set = _hvd.global_process_set
+    return Groups(k, size // k, region, replica, sets.get(("region", region)), replica_set)
+
+
+def groups() -> Groups:
+    """This rank's place in the hybrid layout (``Groups()``: plain data parallelism)."""
+    return _groups
 
 
 def launched() -> bool:
@@ -56,15 +124,23 @@ def wants_cuda(device: str) -> bool:
     return torch.cuda.is_available() if device == "auto" else device == "cuda"
 
 
-def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None = None) -> Runtime:
+def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None = None,
+         model_parallel: int = 1) -> Runtime:
     """Initialise Horovod (or the size-1 fallback), pin the device and size the CPU thread pool.
 
     ``env``: variables Horovod and NCCL read inside ``hvd.init()`` (``HOROVOD_CYCLE_TIME``,
     ``NCCL_ALGO``, ...; see ``comm.CommSettings.init_env``), set just before it.
+    ``model_parallel`` K > 1: the ranks form D = size / K replicas x K regions, and the process sets
+    of ``groups()`` are declared to Horovod at init (static process sets, the same list on every rank).
+    K = 1 declares none: today's data parallelism.
     """
-    global _hvd, _runtime
+    global _hvd, _runtime, _groups
     if _runtime is not None:
         return _runtime
+    if model_parallel > 1 and not launched():
+        raise ConfigError(f"--model_parallel {model_parallel} needs {model_parallel} ranks or a multiple, but this "
+                          "process runs alone (start it with horovodrun -np N or mpirun)")
+    sets: dict = {}
     if launched():
         want_cuda = wants_cuda(device)
         os.environ.update(env or {})
@@ -77,7 +153,8 @@ def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None =
         except ImportError as exc:
             raise BackendError(f"started by a launcher but Horovod cannot be imported ({exc}); "
                                "run scripts/setup.sh to build it") from None
-        hvd.init()
+        sets = _declare_groups(model_parallel, environ=os.environ)
+        hvd.init(process_sets=[ps for ps in sets.values() if ps is not None] or None)
         _hvd = hvd
         rank, size = hvd.rank(), hvd.size()
         local_rank, local_size, cross_size = hvd.local_rank(), hvd.local_size(), hvd.cross_size()
@@ -97,6 +174,8 @@ def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None =
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         torch.set_num_threads(threads or max(1, cores // local_size))
     _runtime = Runtime(rank, size, local_rank, local_size, cross_size, dev, controller)
+    if model_parallel > 1:
+        _groups = _make_groups(model_parallel, rank, size, sets)
     return _runtime
 
 
@@ -134,10 +213,10 @@ def communicating() -> bool:
 
 
 def shutdown() -> None:
-    global _hvd, _runtime
+    global _hvd, _runtime, _groups
     if _hvd is not None:
         _hvd.shutdown()
-    _hvd, _runtime = None, None
+    _hvd, _runtime, _groups = None, None, Groups()
 
 
 # ------------------------------------------------------------------------------ collectives
@@ -259,7 +338,7 @@ def allreduce_buffers_(tensors: Sequence[torch.Tensor], names: Sequence[str], op
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
                           compression: str = "none", backward_passes_per_step: int = 1,
-                          op: str = "average") -> torch.optim.Optimizer:
+                          op: str = "average", group: str | None = None) -> torch.optim.Optimizer:
     """Wrap an optimizer so gradients are averaged across ranks (Horovod tensor fusion + NCCL/MPI/Gloo).
 
     compression: none | fp16; op: average | adasum; ``backward_passes_per_step`` backward passes
@@ -268,11 +347,98 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: It
     """
     if _hvd is None or (_runtime.size == 1 and not elastic()):
         return optimizer
+    extra = {}
+    if group == "region":  # model parallel: average among the D copies of this rank's region only
+        if _groups.region_set is None:
+            return optimizer  # one replica: the region's gradient is already complete on this rank
+        extra["process_set"] = _groups.region_set
     comp = _hvd.Compression.fp16 if compression == "fp16" else _hvd.Compression.none
     reduce_op = _hvd.Adasum if op == "adasum" else _hvd.Average
     wrapped = _hvd.DistributedOptimizer(optimizer, named_parameters=list(named_parameters), compression=comp,
-                                        backward_passes_per_step=backward_passes_per_step, op=reduce_op)
+                                        backward_passes_per_step=backward_passes_per_step, op=reduce_op, **extra)
     return COMM_CLOCK.wrap_synchronize(wrapped)
+
+
+# ------------------------------------------------------------------------------ process-set collectives
+# (model parallelism, see ``Groups``): every rank of the group calls them in the same order; a group of
+# one rank makes each a no-op.
+
+
+def _set_of(group: str) -> Any:
+    if group not in ("region", "replica"):
+        raise ValueError(f"group must be 'region' or 'replica', got {group!r}")
+    return _groups.region_set if group == "region" else _groups.replica_set
+
+
+def _leader(group: str) -> int:
+    return (_groups.region_ranks() if group == "region" else _groups.replica_ranks())[0]
+
+
+class _SegmentGather(torch.autograd.Function):
+    """Allgather within the replica group whose backward returns this rank's slice of the incoming gradient.
+
+    Valid because every rank of the replica group computes the same function of the gathered tensor
+    (the same merged loss on the same rays): each rank's gradient of its own slice is already the whole
+    gradient. Horovod's own ``allgather`` backward would allreduce-average the ``[K * n, C]`` gradient
+    over the group first (horovod/torch/mpi_ops.py, HorovodAllgather.backward): the same values, one
+    collective more per backward pass."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
+        ctx.rows, ctx.index = tensor.shape[0], _groups.region
+        with COMM_CLOCK.blocking(tensor):
+            return _hvd.allgather(tensor.contiguous(), name=name, process_set=_groups.replica_set)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.narrow(0, ctx.index * ctx.rows, ctx.rows), None
+
+
+def replica_allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    """The replica group's ``tensor`` ``[n, C]`` (the same n on every rank) concatenated in region order ->
+    ``[K * n, C]``, differentiable (see ``_SegmentGather``). Identity with one region."""
+    if _hvd is None or _groups.replica_set is None:
+        return tensor
+    return _SegmentGather.apply(tensor, name)
+
+
+def group_allreduce(tensor: torch.Tensor, group: str, op: str = "sum", name: str | None = None) -> torch.Tensor:
+    """Allreduce within this rank's ``group`` ("region" | "replica"); a copy when the group is one rank."""
+    ps = _set_of(group)
+    if _hvd is None or ps is None:
+        return tensor.clone()
+    with COMM_CLOCK.blocking(tensor):
+        return _hvd.allreduce(tensor, op=getattr(_hvd, _OPS[op]), name=name, process_set=ps)
+
+
+def group_broadcast_(tensor: torch.Tensor, group: str, name: str | None = None) -> torch.Tensor:
+    """In-place broadcast from the group's first rank (a region group: its leader, replica 0)."""
+    ps = _set_of(group)
+    if _hvd is None or ps is None:
+        return tensor
+    with COMM_CLOCK.blocking(tensor):
+        return _hvd.broadcast_(tensor, root_rank=_leader(group), name=name, process_set=ps)
+
+
+def group_broadcast_object(obj: T, group: str, name: str | None = None) -> T:
+    """``obj`` of the group's first rank on every rank of the group."""
+    ps = _set_of(group)
+    if _hvd is None or ps is None:
+        return obj
+    with COMM_CLOCK.blocking():
+        return _hvd.broadcast_object(obj, root_rank=_leader(group), name=name, process_set=ps)
+
+
+def broadcast_region_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """``broadcast_state`` within the region group: every copy of a region starts from its leader's
+    parameters, buffers and (if given) optimizer state (loaded and re-applied, so no zero-gradient step)."""
+    if _hvd is None or _groups.region_set is None:
+        return
+    if optimizer is not None:
+        state = group_broadcast_object(optimizer.state_dict(), "region", name="region.optimizer")
+        optimizer.load_state_dict(state)
+    for key, t in model.state_dict().items():
+        group_broadcast_(t, "region", name=f"region.{key}")
 
 
 # ------------------------------------------------------------------------------ elastic training

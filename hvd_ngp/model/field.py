@@ -40,7 +40,8 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
     ``nn.Sequential`` of ``nn.Linear`` layers (the reference, and the CPU path), tiny-cuda-nn's network
     with ``backend="tcnn"``, or with ``backend="triton"`` the same ``nn.Sequential`` computed by the fused
     Triton kernels (``mlp_triton.FusedMLP``: same parameters and state-dict keys) when the block's width
-    and depth suit them (widths 16/32/64/128, 1..3 hidden layers) and ``"fused"`` is not false."""
+    and depth suit them (widths 16/32/64/128, 1..3 hidden layers) and the block says ``"fused": true`` (off by
+    default: on one H200 the fp32 kernels are several times slower than cuBLAS, bf16 ones 1.6x faster)."""
     otype = block.get("otype", "FullyFusedMLP")
     if otype not in MLP_TYPES:
         raise ConfigError(f"{source}: {name}.otype {otype!r} is unknown (expected one of {', '.join(MLP_TYPES)})")
@@ -52,7 +53,7 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
     act = block.get("activation", "ReLU")
     if act not in ("ReLU", "None"):
         raise ConfigError(f"{source}: {name}.activation {act!r} is not supported (ReLU, None)")
-    fused = block.get("fused", True)
+    fused = block.get("fused", False)  # opt-in: faster only under bf16/fp16 autocast (docs/BENCHMARKS.md)
     if not isinstance(fused, bool):
         raise ConfigError(f"{source}: {name}.fused must be true or false, got {fused!r}")
     if backend == "tcnn":

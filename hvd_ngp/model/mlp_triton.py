@@ -32,6 +32,8 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
+from .encoding.hashgrid_triton import _rows  # the row count a launch computes: N, or min(N, *count)
+
 WIDTHS = (16, 32, 64, 128)
 MAX_HIDDEN_LAYERS = 3
 FWD_BLOCK, FWD_WARPS = 128, 4
@@ -84,14 +86,6 @@ def _load_w(w_ptr, J: tl.constexpr, K: tl.constexpr, J_P: tl.constexpr, K_P: tl.
         k = tl.arange(0, K_P)[None, :]
     w = tl.load(w_ptr + j * K + k, mask=(j < J) & (k < K), other=0.0)
     return _cast(w, DOT)
-
-
-@triton.jit
-def _rows(count_ptr, N, HAS_COUNT: tl.constexpr):
-    """The rows to compute: ``N``, or ``min(N, *count_ptr)``."""
-    if HAS_COUNT:
-        N = tl.minimum(N, tl.load(count_ptr).to(tl.int32))
-    return N
 
 
 @triton.jit

@@ -198,7 +198,8 @@ def check_fit(budget: MemoryBudget, footprint: TrainingFootprint, eval_reserve: 
     """Refuse, before training, a run whose footprint plus the smallest evaluation does not fit."""
     if budget.bytes is None or footprint.total + eval_reserve <= budget.bytes:
         return
-    biggest = max((("the hash table (lower encoding.log2_hashmap_size or n_levels)", footprint.parameters),
+    biggest = max((("the hash table (lower encoding.log2_hashmap_size or n_levels, or split it by space over "
+                     "ranks with --model_parallel K)", footprint.parameters),
                    ("the step buffers (lower --target_samples or marching.candidate_factor)", footprint.step),
                    ("the training images (--preload host or stream, or --downscale)", footprint.images)),
                   key=lambda kv: kv[1])[0]

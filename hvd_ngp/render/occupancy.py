@@ -86,11 +86,17 @@ class OccupancyGrid(nn.Module):
 
     @torch.no_grad()
     def update(self, density_fn: DensityFn, step_size: float, step: int, warmup_steps: int, seed: int,
-               chunk: int = 1 << 18) -> None:
+               chunk: int = 1 << 18, box: Tensor | None = None, share: tuple[int, int] | None = None) -> None:
         """Refresh the grid (collective: every rank calls it at the same step).
 
         Stored values are optical thicknesses ``sigma * step_size * 2^k`` for cascade k (the step size
         rays use at that scale), compared with ``min(threshold, mean)``.
+
+        Model parallel: ``density_fn`` is this rank's region field, ``box`` ``[2, 3]`` its region and
+        ``share`` (index, count) its part among the region's copies. The rank refreshes only the chosen
+        cells that overlap its box, at points clamped into the box; the Max reduction over all ranks
+        then gives every cell the densest of its overlapping regions, so every rank holds the same grid
+        (the union of the region grids, each region's cascades clipped to its box).
         """
         rt = dist.runtime()
         dev = self.density.device
@@ -109,11 +115,21 @@ class OccupancyGrid(nn.Module):
                 pick = occ
             cells = torch.cat([uniform, pick])
         offset = torch.rand((cells.numel(), 3), generator=g, device=dev)
-        mine, my_offset = cells[rt.rank::rt.size], offset[rt.rank::rt.size]
+        if box is None:
+            mine, my_offset = cells[rt.rank::rt.size], offset[rt.rank::rt.size]
+        else:
+            box = box.to(dev)
+            lo, hi = self.cell_positions(cells, torch.zeros_like(offset)), self.cell_positions(cells, torch.ones_like(offset))
+            overlaps = ((hi > box[0]) & (lo < box[1])).all(dim=-1)
+            index, count = share or (0, 1)
+            mine, my_offset = cells[overlaps][index::count], offset[overlaps][index::count]
         fresh = torch.zeros(n, device=dev)
         for start in range(0, mine.numel(), chunk):
             idx = mine[start:start + chunk]
-            sigma = density_fn(self.cell_positions(idx, my_offset[start:start + chunk])).float()
+            x = self.cell_positions(idx, my_offset[start:start + chunk])
+            if box is not None:
+                x = torch.minimum(torch.maximum(x, box[0]), box[1])
+            sigma = density_fn(x).float()
             scale = torch.pow(2.0, (idx // self.resolution ** 3).float()) * step_size
             fresh.scatter_reduce_(0, idx, sigma * scale, reduce="amax")
         fresh = dist.allreduce(fresh, "max", name="occupancy.update")
@@ -136,20 +152,29 @@ class OccupancyGrid(nn.Module):
         dev = self.density.device
         cells = torch.arange(self.n_cells, device=dev)
         centres = self.cell_positions(cells, torch.full((self.n_cells, 3), 0.5, device=dev))
-        seen = torch.zeros(self.n_cells, dtype=torch.bool, device=dev)
-        c2w, intr, sizes = c2w.to(dev).float(), intrinsics.to(dev).float(), sizes.to(dev).float()
-        for i in range(c2w.shape[0]):
-            rel = (centres - c2w[i, :, 3]) @ c2w[i, :, :3]            # camera coordinates (x right, y down, z fwd)
-            z = rel[:, 2]
-            u = intr[i, 0] * rel[:, 0] / z.clamp(min=1e-6) + intr[i, 2]
-            v = intr[i, 1] * rel[:, 1] / z.clamp(min=1e-6) + intr[i, 3]
-            seen |= (z > near) & (u >= 0) & (u <= sizes[i, 0]) & (v >= 0) & (v <= sizes[i, 1])
+        seen = camera_coverage(centres, c2w, intrinsics, sizes, near) > 0
         self.visible.copy_(seen.view_as(self.visible))
         self.refresh_occupied()
         return float(seen.float().mean())
 
     def occupancy_fraction(self) -> float:
         return float(self.occupied.float().mean())
+
+
+def camera_coverage(points: Tensor, c2w: Tensor, intrinsics: Tensor, sizes: Tensor, near: float = 0.0) -> Tensor:
+    """How many cameras see each point ``[M, 3]`` (in front of the camera, inside its image) -> ``[M]`` int.
+
+    c2w ``[N, 3, 4]`` ngp convention, intrinsics ``[N, 4]``, sizes ``[N, 2]`` (width, height)."""
+    dev = points.device
+    count = torch.zeros(points.shape[0], dtype=torch.int32, device=dev)
+    c2w, intr, sizes = c2w.to(dev).float(), intrinsics.to(dev).float(), sizes.to(dev).float()
+    for i in range(c2w.shape[0]):
+        rel = (points - c2w[i, :, 3]) @ c2w[i, :, :3]            # camera coordinates (x right, y down, z fwd)
+        z = rel[:, 2]
+        u = intr[i, 0] * rel[:, 0] / z.clamp(min=1e-6) + intr[i, 2]
+        v = intr[i, 1] * rel[:, 1] / z.clamp(min=1e-6) + intr[i, 3]
+        count += ((z > near) & (u >= 0) & (u <= sizes[i, 0]) & (v >= 0) & (v <= sizes[i, 1])).int()
+    return count
 
 
 def n_cascades_for(aabb_scale: int) -> int:

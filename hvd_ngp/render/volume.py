@@ -116,6 +116,18 @@ class RenderResult:
     n_candidates: int
 
 
+def drop_occluded(samples: Samples, origins: Tensor, directions: Tensor, sigma_fn: SigmaFn,
+                  early_termination: float) -> Samples:
+    """The density pass: densities of every sample without gradients, and the samples kept where the
+    transmittance before them is still above ``early_termination`` (all of them when it is 0)."""
+    if early_termination <= 0 or not len(samples):
+        return samples
+    with torch.no_grad():
+        sigma0 = sigma_fn(samples.positions(origins, directions))
+        _, t_before = transmittance_weights(sigma0, samples)
+    return samples.select(t_before > early_termination)
+
+
 def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
                 grid: OccupancyGrid | None, schedule: StepSchedule, early_termination: float = 1e-4,
                 jitter: Tensor | None = None, timer: StageTimer = NULL_TIMER) -> RenderResult:
@@ -124,11 +136,7 @@ def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, di
     samples = march(origins, directions, aabb, grid, schedule, jitter)
     timer.mark("march")
     n_candidates = len(samples)
-    if early_termination > 0 and n_candidates:
-        with torch.no_grad():
-            sigma0 = sigma_fn(samples.positions(origins, directions))
-            _, t_before = transmittance_weights(sigma0, samples)
-        samples = samples.select(t_before > early_termination)
+    samples = drop_occluded(samples, origins, directions, sigma_fn, early_termination)
     timer.mark("density pass")
     x = samples.positions(origins, directions)
     rgb, sigma = rgb_sigma_fn(x, directions[samples.ray])

@@ -12,6 +12,14 @@ read with ``torch.load(weights_only=True)``, which refuses arbitrary pickled obj
 holds only tensors, numbers, strings and containers of them; JSON strings for the rest), and a
 SHA-256 digest over the contents catches files damaged after they were written.
 
+Model parallel (``--model_parallel K``): the file ``ckpt-<step>.pt`` is the manifest. It holds the
+shared state and region 0's model, optimizer and average, the layout (K and the partition) and
+the name and digest of each other region's file ``ckpt-<step>.region<k>.pt`` (format
+``hvd_ngp.region.v1``), which that region's leader (replica 0) writes atomically before rank 0
+writes the manifest, so a manifest never names a region file that is not complete. A resume needs
+the same K and partition; each region's leader reads its own file and the region group gets it
+by broadcast.
+
 ``CheckpointManager`` names files ``ckpt-<step>.pt`` in one folder, keeps the newest K, and finds
 the newest *valid* one for ``--resume auto`` (invalid ones are skipped with a warning and renamed
 ``*.invalid`` so they never shadow a good one again).
@@ -36,6 +44,13 @@ from .trainstate import TrainState
 
 FORMAT_V1 = "hvd_ngp.snapshot.v1"  # model, grid, optimizer, step, config (read for compatibility)
 FORMAT = "hvd_ngp.snapshot.v2"
+REGION_FORMAT = "hvd_ngp.region.v1"
+
+
+def region_path(path: str | os.PathLike, region: int) -> Path:
+    """``ckpt-00000010.pt`` -> ``ckpt-00000010.region<region>.pt`` (beside the manifest)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.region{region}{path.suffix}")
 
 
 # ------------------------------------------------------------------------------------ files
@@ -158,8 +173,9 @@ def load_average(field: torch.nn.Module, state: dict) -> bool:
     return True
 
 
-def capture(ts: TrainState, config: dict) -> dict | None:
-    """The snapshot of ``ts`` on rank 0 (``None`` elsewhere). Collective: gathers every rank's streams."""
+def capture(ts: TrainState, config: dict, regions: list[dict] | None = None) -> dict | None:
+    """The snapshot of ``ts`` on rank 0 (``None`` elsewhere). Collective: gathers every rank's streams.
+    ``regions``: model parallel, the other regions' files (name, digest) the manifest lists."""
     rt = dist.runtime()
     streams = dist.allgather(ts.pack_streams()[None], name="checkpoint.streams")  # [size, L]
     if not rt.is_root:
@@ -178,15 +194,66 @@ def capture(ts: TrainState, config: dict) -> dict | None:
         "progress": json.dumps(ts.progress),
         "config": json.dumps(config, sort_keys=True, default=str),
     }
+    if ts.layout is not None:
+        snap["model_parallel"] = json.dumps({**json.loads(ts.layout), "regions": regions or []})
+    snap["digest"] = state_digest(snap)
+    return snap
+
+
+def region_snapshot(ts: TrainState, region: int) -> dict:
+    """One region's part of a model-parallel checkpoint (its leader's model, optimizer, average)."""
+    snap = {"format": REGION_FORMAT, "step": int(ts.step), "region": int(region), "model": ts.field.state_dict(),
+            "optimizer": ts.optimizer.state_dict(), "ema": ts.ema.state_dict() if ts.ema is not None else {}}
     snap["digest"] = state_digest(snap)
     return snap
 
 
 def save(ts: TrainState, path: str | os.PathLike, config: dict) -> Path:
-    """Collective: gather, then rank 0 writes ``path`` atomically; a failed write is an error on every rank."""
-    snap = capture(ts, config)
+    """Collective: gather, then rank 0 writes ``path`` atomically; a failed write is an error on every rank.
+    Model parallel: the region files first (each by its region's leader), then the manifest."""
+    regions = None
+    groups = dist.groups()
+    if groups.enabled:
+        def write_region() -> str | None:
+            if groups.replica != 0 or groups.region == 0:
+                return None
+            snap = region_snapshot(ts, groups.region)
+            atomic_torch_save(snap, region_path(path, groups.region))
+            return snap["digest"]
+
+        digests = dist.allgather_object(dist.agree(write_region, "writing a region checkpoint"),
+                                        name="checkpoint.regions")
+        regions = [{"region": k, "file": region_path(path, k).name, "digest": digests[k]}
+                   for k in range(1, groups.model_parallel)]
+    snap = capture(ts, config, regions)
     dist.agree(lambda: atomic_torch_save(snap, path) if snap is not None else None, "writing a checkpoint")
     return Path(path)
+
+
+def snapshot_layout(state: dict) -> dict | None:
+    """A model-parallel snapshot's layout {"model_parallel", "partition", "regions"}; None for K = 1."""
+    return json.loads(state["model_parallel"]) if "model_parallel" in state else None
+
+
+def read_region(manifest: str | os.PathLike, layout: dict, region: int, map_location: str | torch.device = "cpu") -> dict:
+    """Region ``region``'s state of a model-parallel snapshot (region 0: the manifest's own), digest checked
+    against the manifest's record."""
+    if region == 0:
+        state = read_snapshot(manifest, map_location)
+        return {"model": state["model"], "optimizer": state["optimizer"], "ema": state.get("ema") or {}}
+    entry = next((e for e in layout["regions"] if e["region"] == region), None)
+    path = Path(manifest).with_name(entry["file"]) if entry is not None else region_path(manifest, region)
+    if entry is None or not path.is_file():
+        raise SnapshotError(f"{path}: region {region}'s file of the model-parallel snapshot {manifest} is missing")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:
+        raise SnapshotError(f"{path}: not a readable hvd_ngp region file ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(state, dict) or state.get("format") != REGION_FORMAT or state.get("region") != region:
+        raise SnapshotError(f"{path}: not region {region} of an hvd_ngp model-parallel snapshot")
+    if state.get("digest") != state_digest(state) or state["digest"] != entry["digest"]:
+        raise SnapshotError(f"{path}: contents do not match the digest its manifest {Path(manifest).name} records")
+    return state
 
 
 def restore_snapshot(state: dict, field: torch.nn.Module, grid: torch.nn.Module,
@@ -218,6 +285,17 @@ def _load_shared(ts: TrainState, snap: dict, source: str) -> None:
         ts.ema.load_state_dict(snap.get("ema") or {})
 
 
+def _load_region(ts: TrainState, state: dict, source: str) -> None:
+    """A region leader: its region's model, optimizer and average into ``ts``."""
+    try:
+        ts.field.load_state_dict(state["model"])
+        ts.optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise SnapshotError(f"{source}: does not match this model/config: {str(exc).splitlines()[0]}") from None
+    if ts.ema is not None:
+        ts.ema.load_state_dict(state.get("ema") or {})
+
+
 def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[], None]) -> str:
     """Collective: rank 0 holds ``snap`` (the others ``None``); afterwards every rank holds the state.
 
@@ -227,7 +305,23 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
     fresh streams for its new shard, and the returned note says so (the trajectory then differs).
     """
     rt = dist.runtime()
+    groups = dist.groups()
+    layout = dist.broadcast_object(snapshot_layout(snap) if rt.is_root else None, name="checkpoint.layout")
+    want = json.loads(ts.layout) if ts.layout is not None else None
+    if (layout is None) != (want is None) or (layout is not None and (
+            layout["model_parallel"] != want["model_parallel"] or layout["partition"] != want["partition"])):
+        taken = f"--model_parallel {layout['model_parallel']}" if layout else "--model_parallel 1"
+        raise SnapshotError(f"{source}: taken with {taken} and this run has --model_parallel {groups.model_parallel}"
+                            + (" (another partition of the scene)" if layout and want and
+                               layout["model_parallel"] == want["model_parallel"] else "")
+                            + ": resume with the same --model_parallel and scene")
     dist.agree(lambda: _load_shared(ts, snap, source) if rt.is_root else None, "loading the checkpoint")
+    if groups.enabled:
+        def load_region() -> None:
+            if groups.replica == 0 and groups.region > 0:
+                _load_region(ts, read_region(source, layout, groups.region), source)
+
+        dist.agree(load_region, "loading the region checkpoints")
     meta = None
     if rt.is_root:
         meta = {"step": int(snap["step"]), "world_size": int(snap.get("world_size", 0)),
@@ -244,9 +338,15 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
     if ts.ema is not None:
         ts.ema.count = meta["ema_count"]
         for name, avg in ts.ema.tensors().items():
-            dist.broadcast_(avg, name=f"checkpoint.{name}")
+            if groups.enabled:
+                dist.group_broadcast_(avg, "region", name=f"checkpoint.{name}")
+            else:
+                dist.broadcast_(avg, name=f"checkpoint.{name}")
     ts.grid.refresh_occupied()
-    dist.broadcast_state(ts.field, ts.optimizer)  # optimizer state first, then parameters (see dist)
+    if groups.enabled:
+        dist.broadcast_region_state(ts.field, ts.optimizer)
+    else:
+        dist.broadcast_state(ts.field, ts.optimizer)  # optimizer state first, then parameters (see dist)
 
     same_world = meta["world_size"] == rt.size and [list(x) for x in meta["layout"]] == ts.stream_layout()
     if not same_world:
@@ -267,7 +367,8 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
 # ------------------------------------------------------------------------------------ folder of checkpoints
 
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
-_TEMP = re.compile(r"^\.ckpt-\d+\.pt\..*\.tmp$")
+_TEMP = re.compile(r"^\.ckpt-\d+(\.region\d+)?\.pt\..*\.tmp$")
+_REGION = re.compile(r"^ckpt-(\d+)\.region\d+\.pt$")
 
 
 class CheckpointManager:
@@ -322,6 +423,11 @@ class CheckpointManager:
     def prune(self) -> None:
         for _, old in self.existing()[self.keep:]:
             old.unlink(missing_ok=True)
+        kept = {step for step, _ in self.existing()}
+        newest = max(kept, default=-1)
+        for p in self.directory.iterdir():  # region files of pruned manifests (a newer one may be mid-write)
+            if (m := _REGION.match(p.name)) and int(m.group(1)) not in kept and int(m.group(1)) < newest:
+                p.unlink(missing_ok=True)
         for p in self.directory.iterdir():  # left by a writer that was killed mid-write
             if _TEMP.match(p.name):
                 p.unlink(missing_ok=True)
@@ -366,7 +472,10 @@ def resume(ts: TrainState, spec: str | None, manager: CheckpointManager, reseed:
     if name is None:
         if spec == "auto":
             dist.log(f"resume: no checkpoint in {manager.directory}, starting from step 0")
-        dist.broadcast_state(ts.field)
+        if dist.groups().enabled:
+            dist.broadcast_region_state(ts.field)  # each region's copies start from its leader's
+        else:
+            dist.broadcast_state(ts.field)
         return
     note = restore(ts, found[1] if found is not None else None, name, reseed)
     dist.log(f"resumed from {name} at step {ts.step}" + (f"; note: {note}" if note else ""))

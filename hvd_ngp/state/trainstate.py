@@ -73,6 +73,8 @@ class TrainState:
     step: int = 0
     progress: dict = field(default_factory=dict)
     ema: Any = None  # optim.ParameterEma | None
+    #: model parallel: JSON {"model_parallel": K, "partition": ...} (``render.regions.Partition``); None: K = 1
+    layout: str | None = None
 
     @property
     def n_rays(self) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..cluster import dist
-from ..state.checkpoint import read_snapshot, restore_snapshot, snapshot_config
+from ..state.checkpoint import load_average, read_region, read_snapshot, restore_snapshot, snapshot_config, snapshot_layout
 from ..data import Frames, load_scene
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.encoding.tcnn import uses_tcnn_layout
@@ -25,6 +25,8 @@ from ..model.field import NGPField
 from ..observe.memory import MemoryBudget, ranks_on_device
 from ..training.recipe import Marching, make_grid
 from ..render.camera_path import orbit
+from ..render.regions import Partition, PiecewiseField
+from ..training.model_parallel import region_model
 
 
 def path_frames(scene_frames: Frames, c2w: torch.Tensor, max_side: int) -> Frames:
@@ -86,9 +88,20 @@ def main(argv: list[str] | None = None) -> dict:
     model = cfg["model"]
     # tiny-cuda-nn keeps its own parameter layout: a snapshot trained with it renders with it
     backend = "tcnn" if uses_tcnn_layout(state["model"]) else resolve_backend("auto", rt.device)
-    field = NGPField(model, scene.aabb, backend)
     grid = make_grid(model["marching"], scene)
-    restore_snapshot(state, field, grid, None, args.load_snapshot, averaged=True)
+    layout = snapshot_layout(state)
+    if layout is None:
+        field = NGPField(model, scene.aabb, backend)
+        restore_snapshot(state, field, grid, None, args.load_snapshot, averaged=True)
+    else:  # model parallel: every region's file; each rank renders its views with all regions
+        field = dist.agree(lambda: load_regions(args.load_snapshot, state, layout, model, backend),
+                           "reading the region files of the snapshot")
+        try:
+            grid.load_state_dict(state["grid"])
+        except RuntimeError as exc:
+            raise SnapshotError(f"{args.load_snapshot}: the occupancy grid does not match the config: "
+                                f"{str(exc).splitlines()[0]}") from None
+        dist.log(f"model-parallel snapshot: {layout['model_parallel']} regions ({field.partition.describe()})")
     field, grid = field.to(rt.device), grid.to(rt.device)
     march = Marching.from_config(model["marching"], scene.aabb_scale)
     background = args.background or cfg.get("eval_background", "white")
@@ -125,6 +138,23 @@ def main(argv: list[str] | None = None) -> dict:
     if rt.is_root:
         (out / "render.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def load_regions(path: str, state: dict, layout: dict, model: dict, backend: str) -> PiecewiseField:
+    """The K region fields of a model-parallel snapshot (averaged weights where it holds them) as one field."""
+    partition = Partition.from_json(layout["partition"])
+    k = int(layout["model_parallel"])
+    fields = []
+    for region in range(k):
+        part = read_region(path, layout, region)
+        f = NGPField(region_model(model, k), partition.boxes[region], backend)
+        try:
+            f.load_state_dict(part["model"])
+        except RuntimeError as exc:
+            raise SnapshotError(f"{path}: region {region} does not match its config: {str(exc).splitlines()[0]}") from None
+        load_average(f, part.get("ema") or {})
+        fields.append(f)
+    return PiecewiseField(fields, partition)
 
 
 def cli(argv: list[str] | None = None) -> None:

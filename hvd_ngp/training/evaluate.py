@@ -24,6 +24,7 @@ from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from ..render.occupancy import OccupancyGrid
 from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudget, bytes_per_row, plan_render
 from ..render import StepSchedule, max_lanes, render_image
+from ..render.volume import reference_chunk
 
 BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
 PROTOCOLS = ("std", "ngp")
@@ -41,12 +42,20 @@ class ViewRenderer:
     reused by every view (``fast``: the Triton kernels)."""
 
     def __init__(self, field: NGPField, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,
-                 fast: bool = False, budget: MemoryBudget | None = None) -> None:
+                 fast: bool = False, budget: MemoryBudget | None = None, parallel=None) -> None:
+        """``parallel``: a ``model_parallel.ModelParallel``; views then render through its segment exchange
+        (the reference renderer, chunks agreed by all ranks: collective)."""
         self.field, self.grid, self.schedule, self.early_termination = field, grid, schedule, early_termination
-        self.fast, self.budget = fast, budget
+        self.fast, self.budget, self.parallel = fast, budget, parallel
         device = field.aabb.device
         self.row_bytes = bytes_per_row(self._probe, 1 << 16, device, DEFAULT_ROW_BYTES)
         self.workspace = None
+        if parallel is not None:
+            self.fast = False
+            chunk = reference_chunk(budget.available() if budget is not None else None,
+                                    max_lanes(schedule, parallel.partition.aabb), self.row_bytes)
+            self.chunk = int(dist.allreduce(torch.tensor([chunk]), "min", name="eval.chunk")[0])
+            return
         if fast:
             from ..render.fast import RenderWorkspace, inference_costs
 
@@ -68,6 +77,11 @@ class ViewRenderer:
         see ``render.render_image``)."""
         o, d = image_rays(frames, index, background.device)
         field = self.field
+        if self.parallel is not None:
+            rgb, _ = self.parallel.render_image(field, o, d, self.grid, self.schedule, background,
+                                                self.early_termination, self.chunk, step_offset)
+            w, h = frames.image_size(index)
+            return rgb.clamp(0, 1).view(h, w, 3)
         rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, self.grid, self.schedule,
                               background, self.early_termination, fast=self.fast, budget=self.budget,
                               workspace=self.workspace, row_bytes=self.row_bytes, step_offset=step_offset)
@@ -103,8 +117,8 @@ def write_png(path: Path, rgb: np.ndarray) -> None:
 
 def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,
              background: str, n_views: int = 0, save_dir: Path | None = None, n_save: int = 0,
-             writer: str = "root", fast: bool = False, protocol: str = "std", budget: MemoryBudget | None = None
-             ) -> dict:
+             writer: str = "root", fast: bool = False, protocol: str = "std", budget: MemoryBudget | None = None,
+             parallel=None) -> dict:
     """PSNR (mean over views) and SSIM over the first ``n_views`` views (0: all) under ``protocol`` (see
     the module docstring; ``ngp`` ignores ``background``). Collective: every rank renders views
     ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
@@ -112,7 +126,8 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
     The first ``n_save`` renders go to ``save_dir`` as PNG: gathered and written by rank 0
     (``writer="root"``, the trainer's rule), or written by the rank that rendered them
     (``writer="each_rank"``, for the render tool on a shared filesystem). Views are rendered within
-    ``budget`` (see ``ViewRenderer``)."""
+    ``budget`` (see ``ViewRenderer``). Model parallel (``parallel``): replica d's K ranks render views
+    ``d, d + D, ...`` together, and its region-0 rank reports them."""
     rt = dist.runtime()
     n = len(frames) if n_views <= 0 else min(n_views, len(frames))
     if n == 0:
@@ -122,9 +137,12 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
     keep: list[tuple[int, np.ndarray]] = []
     was_training = field.training
     field.eval()
-    renderer = ViewRenderer(field, grid, schedule, early_termination, fast, budget)
-    for i in range(rt.rank, n, rt.size):
+    renderer = ViewRenderer(field, grid, schedule, early_termination, fast, budget, parallel)
+    first, step = (rt.rank, rt.size) if parallel is None else parallel.view_share()
+    for i in range(first, n, step):
         img = renderer.view_ngp(frames, i) if protocol == "ngp" else renderer.view(frames, i, bg)
+        if parallel is not None and not parallel.reports:
+            continue
         gt = reference_view(frames, i, protocol, bg).view_as(img)
         scores[i, 0] = float(torch.mean((img - gt) ** 2))
         scores[i, 1] = ssim(img, gt)

@@ -76,7 +76,8 @@ def eligibility(device: torch.device, fast_renderer: bool, precision: str, backw
     """None when the step can be graphed, else the reason it cannot (for the log and ``--cuda_graphs on``)."""
     reasons = [
         (device.type != "cuda", "the device is not a CUDA GPU"),
-        (not fast_renderer, "the backend has no fixed-size renderer (use --backend triton or tcnn)"),
+        (not fast_renderer, "the step has no fixed-size renderer (the reference path: use --backend triton or "
+                            "tcnn; or --model_parallel > 1)"),
         (precision == "fp16", "--precision fp16 needs a gradient scaler, which reads the device every step "
                               "(use bf16 or fp32)"),
         (backward_passes > 1, "gradient accumulation (backward_passes_per_step > 1)"),

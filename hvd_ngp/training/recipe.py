@@ -138,10 +138,12 @@ def budget_lr_factor(elapsed_s: float, budget_s: float, mode: str = "on") -> flo
 
 
 
-def model_footprint(args: argparse.Namespace, scene: Scene) -> TrainingFootprint:
-    """Training's memory from the config alone, before anything is built (``observe.memory.check_fit``)."""
-    model = args.model
-    n_params = HashGridSpec.from_config(model["encoding"], model["_source"]).n_params + MLP_PARAMS_ALLOWANCE
+def model_footprint(args: argparse.Namespace, scene: Scene, model: dict | None = None) -> TrainingFootprint:
+    """Training's memory from the config alone, before anything is built (``observe.memory.check_fit``);
+    ``model``: the config this rank builds (model parallel: one region's, ``model_parallel.region_model``)."""
+    model = model or args.model
+    spec = HashGridSpec.from_config(model["encoding"], model["_source"])
+    n_params = spec.n_params * spec.n_features_per_level + MLP_PARAMS_ALLOWANCE  # table entries x features
     block = model["marching"]
     cells = int(block["grid_resolution"]) ** 3 * n_cascades_for(scene.aabb_scale)
     factor = float(block.get("candidate_factor", 4))

@@ -36,7 +36,7 @@ from ..observe.clock import TrainClock
 from ..observe.memory import (EVAL_RESERVE, GIB, MemoryBudget, MemoryMeter, check_fit, human_gib, out_of_memory_as_error,
                               ranks_on_device)
 from ..observe.monitor import Monitor
-from ..observe.metrics import UNLIMITED_STEPS
+from ..observe.metrics import COL, UNLIMITED_STEPS
 from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render.occupancy import OccupancyGrid
 from ..state import checkpoint
@@ -46,6 +46,7 @@ from ..state.trainstate import TrainState, make_rank_streams
 from .budget import RayBudget
 from .graphed import GraphedStep, eligibility, set_learning_rate
 from .evaluate import BACKGROUNDS, evaluate
+from .model_parallel import ModelParallel, hash_parameters, plan_partition, region_model
 from .optim import OptimizerChain, make_ema
 from .recipe import Marching, budget_lr_factor, make_grid, make_loss, make_optimizer, make_scaler, model_footprint
 from .step import StepResult, train_step
@@ -104,6 +105,8 @@ class Trainer:
     budget_lr_factor: float = 1.0  # set by the run loop from the shared training clock (budget_lr_factor())
     stops: preempt.StopVote = dc_field(default_factory=lambda: preempt.StopVote(None))  # agreed stop on signals
     graphed: GraphedStep | None = None  # the step as CUDA graphs (--cuda_graphs), else train_step
+    mp: ModelParallel | None = None  # --model_parallel K > 1: this rank's region and the segment exchange
+    mp_reports: list = dc_field(default_factory=list)  # per log interval (model parallel)
 
     @property
     def sampler(self) -> RaySampler:
@@ -121,7 +124,9 @@ class Trainer:
     def build(args: argparse.Namespace) -> "Trainer":
         comm: CommSettings = args.comm
         apply_horovod_tools(args)  # timeline/autotune/stall-check variables must precede Horovod's init
-        rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
+        rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)),
+                       model_parallel=comm.model_parallel)
+        groups = dist.groups()
         use_cuda = rt.device.type == "cuda"
         notes = comm.check_runtime(rt.size, rt.local_size, rt.controller, use_cuda, os.environ)
         elastic.startup_agree(lambda: comm.block.check_host(rt.is_root), "checking the distributed block")
@@ -143,17 +148,31 @@ class Trainer:
                  + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
         memory = elastic.startup_agree(lambda: MemoryBudget.for_device(rt.device, args.gpu_memory_gb, ranks_on_device(
             rt.local_rank, rt.local_size, torch.cuda.device_count() if use_cuda else 0)), "planning GPU memory")
-        footprint = model_footprint(args, scene)
+        model_k = region_model(args.model, groups.model_parallel)  # this rank's model (one region's when K > 1)
+        footprint = model_footprint(args, scene, model_k)
         elastic.startup_agree(lambda: check_fit(memory, footprint, EVAL_RESERVE), "checking the GPU memory budget")
         image_room = None if memory.bytes is None else memory.bytes - footprint.total - EVAL_RESERVE
-        data = DataPipeline.build(scene.train, args, rt, args.scene_cache, device_budget=image_room)
+        # model parallel: rays are dealt to the D replicas, and the K ranks of a replica draw the same ones
+        data_rt = replace(rt, rank=groups.replica, size=groups.replicas) if groups.enabled else rt
+        data = DataPipeline.build(scene.train, args, data_rt, args.scene_cache, device_budget=image_room)
         dist.log(data.describe())
         if memory.bytes is not None:
             images = data.placement.nbytes if data.placement.mode == "device" else 0
             dist.log(f"{'GPU memory' if use_cuda else 'memory'}: budget {human_gib(memory.bytes)} ({memory.source}); training needs about "
                      f"{human_gib(footprint.total + images)} ({replace(footprint, images=images).describe()})")
 
-        fast = backend in FAST_RENDERER_BACKENDS
+        mp = None
+        if groups.enabled:
+            near = Marching.from_config(args.model["marching"], scene.aabb_scale, source).schedule.near
+            mp = ModelParallel(groups, plan_partition(scene.train, scene.aabb, groups.model_parallel,
+                                                      int(args.model["marching"]["grid_resolution"]), near,
+                                                      f"{source}: --model_parallel {groups.model_parallel}"))
+            dist.log(f"model parallel: {groups.replicas} replica(s) x {groups.model_parallel} regions "
+                     f"(rank = replica * {groups.model_parallel} + region); {mp.partition.describe()}")
+            if backend in FAST_RENDERER_BACKENDS:
+                dist.log(f"model parallel: segments render with the reference marcher (the {backend} hash grid "
+                         "still encodes)")
+        fast = backend in FAST_RENDERER_BACKENDS and mp is None
         scaler = make_scaler(args.precision, comm, rt.device, rt.size)
         adam_block = OptimizerChain.parse(args.model["optimizer"], source).adam
         not_graphed = eligibility(rt.device, fast, args.precision, comm.backward_passes_per_step, dist.elastic(),
@@ -165,8 +184,8 @@ class Trainer:
             dist.log(f"CUDA graphs: off ({not_graphed})")
 
         def build_model() -> tuple:
-            model = args.model
-            field = NGPField(model, scene.aabb, backend).to(rt.device)
+            model = model_k
+            field = NGPField(model, scene.aabb if mp is None else mp.box, backend).to(rt.device)
             optimizer, lr_at = make_optimizer(field, model["optimizer"], source, capturable=graphs)
             return (field, make_grid(model["marching"], scene).to(rt.device),
                     Marching.from_config(model["marching"], scene.aabb_scale, source), optimizer, lr_at,
@@ -177,17 +196,28 @@ class Trainer:
         dist.log(f"occupancy grid: {100 * seen:.1f}% of the cells are seen by a training camera")
         if not graphs:  # wrapped before any state is loaded into it (a graphed step reduces flat gradients)
             optimizer = dist.distributed_optimizer(optimizer, field.named_parameters(), comm.compression,
-                                                   comm.backward_passes_per_step, comm.reduce_op)
+                                                   comm.backward_passes_per_step, comm.reduce_op,
+                                                   group="region" if mp is not None else None)
+        if mp is not None:
+            counts = dist.allgather_object(hash_parameters(field), name="model_parallel.params")
+            dist.log(f"model parallel: hash-grid parameters per rank {counts} ({human_gib(4 * counts[0])} fp32 on "
+                     f"rank 0; the configured table 2^{args.model['encoding'].get('log2_hashmap_size', 19)} split "
+                     f"over {groups.model_parallel} regions)")
+
         budget = RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
                            float(args.model["marching"].get("candidate_factor", 4)) if fast else None)
-        renderer = None
+        renderer = mp
         if fast:
             from ..render.fast import FastRenderer
 
             renderer = FastRenderer.following(budget)  # its buffer sizes are the budget's
-        state = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, rt.rank, rt.size,
-                                                                               rt.device, new_sampler=data.new_sampler),
+        stream_rank, stream_size = (groups.replica, groups.replicas) if mp is not None else (rt.rank, rt.size)
+        state = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, stream_rank,
+                                                                               stream_size, rt.device,
+                                                                               new_sampler=data.new_sampler),
                            budget, ema=ema)
+        if mp is not None:
+            state.layout = json.dumps({"model_parallel": groups.model_parallel, "partition": mp.partition.to_json()})
         ckpts = CheckpointManager(args.ckpt_dir or Path(args.out_dir) / "checkpoints", args.ckpt_every, args.ckpt_keep)
         # stop signals (preempt): installed before the first collective of the resume, agreed in the loop
         stops = preempt.install(getattr(args, "stop_signal_names", ()), dist.elastic())
@@ -203,7 +233,7 @@ class Trainer:
             dist.log(f"CUDA graphs: on (the step is captured after {graphed.eager_steps} eager steps; "
                      f"gradients in flat buffers, {grads.describe()})")
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
-                     state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed)
+                     state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed, mp=mp)
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
         if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
             data.load_state_dict(state.progress["data"])
@@ -217,6 +247,10 @@ class Trainer:
     def reseed(self) -> None:
         """This rank's shard and fresh random streams for the current world and step (the world changed)."""
         rt = dist.runtime()
+        if self.mp is not None:  # the replica's shard, the same on its K ranks
+            g = self.mp.groups
+            self.state.reseed(self.scene.train, self.args.seed, g.replica, g.replicas, self.data.new_sampler)
+            return
         self.state.reseed(self.scene.train, self.args.seed, rt.rank, rt.size, self.data.new_sampler)
 
     def step(self, step: int, timer: StageTimer = NULL_TIMER) -> tuple[StepResult, int]:
@@ -228,8 +262,13 @@ class Trainer:
         for group in self.optimizer.param_groups:
             set_learning_rate(group, self.lr_at(step) * self.lr_multiplier() * self.budget_lr_factor)
         if self.march.update_due(step):
-            self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
-                             self.march.warmup_steps, args.seed)
+            if self.mp is None:
+                self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
+                                 self.march.warmup_steps, args.seed)
+            else:  # each region refreshes the cells overlapping its box, shared among its copies
+                g = self.mp.groups
+                self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
+                                 self.march.warmup_steps, args.seed, box=self.mp.box, share=(g.replica, g.replicas))
             timer.mark("occupancy update")
         n_rays = self.budget.n_rays * self.args.comm.backward_passes_per_step  # the budget is per backward pass
         rays = self.data.sample(n_rays)
@@ -249,7 +288,10 @@ class Trainer:
                                  args.comm.backward_passes_per_step, self.guard, step + 1,
                                  self.data.settings.importance_weights, self.data.loss_scale)
         faultpoints.slow_down(step + 1, res.n_samples)  # test hook, like faultpoints.at_step
-        self.budget.update(res)
+        if self.mp is None:
+            self.budget.update(res)
+        else:  # the replica's K ranks adapt to the same count, so they keep drawing the same rays
+            self.budget.update(replace(res, n_samples=self.mp.take_step_samples()))
         if self.state.ema is not None and not res.skipped:  # every rank took this step (or none did)
             self.state.ema.update()
         # the error map (a collective every N steps, on every rank; a skipped step's loss is not recorded)
@@ -259,6 +301,11 @@ class Trainer:
     def end_interval(self, table) -> None:
         """After the monitor's reduction (every rank): epoch, load balance and resolution for the next interval;
         the ray budget follows the balancer."""
+        if self.mp is not None:  # collective: the exchange figures of every rank
+            report = self.mp.interval_report(table, int(table[:, COL["steps"]].max()))
+            self.mp_reports.append(report)
+            dist.log(ModelParallel.describe_report(report))
+            table = self.mp.replica_table(table)  # the pipeline deals rays to replicas
         for note in self.data.end_interval(table):
             dist.log(note)
         self.budget.follow(self.data.balancer)  # ray counts and the fast renderer's capacities
@@ -274,8 +321,8 @@ class Trainer:
                 out_of_memory_as_error("evaluation", self.memory, EVAL_HINT):
             return evaluate(self.field, self.grid, self.scene.test, self.march.schedule, self.march.early_termination,
                             self.args.eval_background, self.args.n_eval_views if n_views is None else n_views,
-                            save_dir, n_save, fast=self.backend in FAST_RENDERER_BACKENDS,
-                            protocol=self.args.eval_protocol, budget=self.memory)
+                            save_dir, n_save, fast=self.backend in FAST_RENDERER_BACKENDS and self.mp is None,
+                            protocol=self.args.eval_protocol, budget=self.memory, parallel=self.mp)
 
 
 def run(args: argparse.Namespace) -> RunResult:
@@ -421,12 +468,27 @@ def run(args: argparse.Namespace) -> RunResult:
                "communication": args.comm.summary(os.environ, tr.lr_multiplier()), "data": tr.data.summary(),
                "memory": {"budget_gib": None if tr.memory.bytes is None else round(tr.memory.bytes / GIB, 3),
                           "budget_source": tr.memory.source, "peak": tr.meter.summary()}}
+    if tr.mp is not None:
+        metrics["model_parallel"] = model_parallel_summary(tr)
     if rt.is_root:
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
         if args.metrics_json:
             Path(args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
     return RunResult(field, grid, step, metrics)
+
+
+def model_parallel_summary(tr: Trainer) -> dict:
+    """Collective: the layout, every rank's parameter bytes and peak memory, and the interval reports."""
+    g = tr.mp.groups
+    mine = {"hash_params": hash_parameters(tr.field), "param_bytes": sum(p.numel() * p.element_size()
+                                                                        for p in tr.field.parameters()),
+            "peak_memory": tr.meter.summary()}
+    ranks = dist.allgather_object(mine, name="model_parallel.summary")
+    return {"model_parallel": g.model_parallel, "replicas": g.replicas, "partition": json.loads(tr.mp.partition.to_json()),
+            "hash_params_per_rank": [r["hash_params"] for r in ranks],
+            "param_bytes_per_rank": [r["param_bytes"] for r in ranks],
+            "peak_memory_per_rank": [r["peak_memory"] for r in ranks], "intervals": tr.mp_reports}
 
 
 @contextlib.contextmanager
