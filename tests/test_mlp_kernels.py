@@ -40,7 +40,7 @@ ROWS = [0, 1, 70, 300] if SMALL else [0, 1, 1000, 1 << 16]  # several row blocks
 
 def mlp(n_in: int, block: dict, n_out: int, seed: int = 0) -> FusedMLP:
     torch.manual_seed(seed)
-    m = make_mlp(block, n_in, n_out, "network", backend="triton").to(DEV)
+    m = make_mlp({**block, "fused": True}, n_in, n_out, "network", backend="triton").to(DEV)
     assert isinstance(m, FusedMLP)
     return m
 
@@ -141,7 +141,7 @@ def test_state_dict_is_the_torch_twins():
         torch.manual_seed(3)
         ref = make_mlp(block, n_in, n_out, "network", backend="torch")
         torch.manual_seed(3)
-        fused = make_mlp(block, n_in, n_out, "network", backend="triton")
+        fused = make_mlp({**block, "fused": True}, n_in, n_out, "network", backend="triton")
         assert type(ref) is torch.nn.Sequential and isinstance(fused, FusedMLP)
         sd, sd_fused = ref.state_dict(), fused.state_dict()
         assert list(sd) == list(sd_fused) and all(torch.equal(sd[k], sd_fused[k]) for k in sd)
@@ -214,9 +214,9 @@ def test_hashgrid_skips_rows_past_the_count():
 
 TINY_MODEL = {"encoding": {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,
                            "base_resolution": 8, "desired_resolution": 64},
-              "network": {"n_neurons": 32, "n_hidden_layers": 1, "n_output_dims": 16},
+              "network": {"n_neurons": 32, "n_hidden_layers": 1, "n_output_dims": 16, "fused": True},
               "dir_encoding": {"otype": "SphericalHarmonics", "degree": 4},
-              "rgb_network": {"n_neurons": 32, "n_hidden_layers": 2}}
+              "rgb_network": {"n_neurons": 32, "n_hidden_layers": 2, "fused": True}}
 
 
 def test_field_on_triton_fuses_both_mlps_and_skips_rows():

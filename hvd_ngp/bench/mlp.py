@@ -33,7 +33,8 @@ VARIANTS = [("torch eager fp32", None, None), ("torch eager fp16 autocast", torc
 def bench_one(name: str, block: dict, n_in: int, n_out: int, opts: argparse.Namespace, dev: torch.device) -> list[dict]:
     """Forward and forward+backward ms of one MLP shape, per variant."""
     torch.manual_seed(0)
-    fused = make_mlp(block, n_in, n_out, name, backend="triton" if triton_available(dev.type) else "torch").to(dev)
+    backend = "triton" if triton_available(dev.type) else "torch"
+    fused = make_mlp({**block, "fused": True}, n_in, n_out, name, backend=backend).to(dev)
     ref = torch.nn.Sequential(*fused)  # the same modules, computed by nn.Linear
     x = torch.randn(opts.points, n_in, device=dev, requires_grad=True)
     g = torch.randn(opts.points, n_out, device=dev)
@@ -78,7 +79,7 @@ def bench_density_pass(model: dict, opts: argparse.Namespace, dev: torch.device)
     if not triton_available(dev.type):
         return []
     enc = make_position_encoding(model["encoding"], "triton").to(dev)
-    mlp = make_mlp(model["network"], enc.n_output_dims, int(model["network"].get("n_output_dims", 16)), "network",
+    mlp = make_mlp({**model["network"], "fused": True}, enc.n_output_dims, int(model["network"].get("n_output_dims", 16)), "network",
                    backend="triton").to(dev)
     x = torch.rand(opts.points, 3, device=dev)
     n_rows = torch.tensor(int(opts.fill * opts.points), device=dev)

@@ -262,7 +262,9 @@ def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[
     aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=dev)
     backends = ["torch"] + (["triton"] if dev.type == "cuda" and triton_available(dev.type) else []) + \
         (["tcnn"] if dev.type == "cuda" and tcnn_available() else [])
-    fields = {b: NGPField(model, aabb, b).to(dev) for b in backends}
+    fused_model = {**model, "network": {**model["network"], "fused": True},
+                   "rgb_network": {**model["rgb_network"], "fused": True}}  # the fused MLPs are opt-in
+    fields = {b: NGPField(fused_model if b == "triton" else model, aabb, b).to(dev) for b in backends}
     n_in = fields["torch"].encoding.n_output_dims
     feats = torch.randn(opts.points, n_in, device=dev)
     dirs = torch.nn.functional.normalize(torch.randn(opts.points, 3, device=dev), dim=-1)
