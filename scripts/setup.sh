@@ -16,7 +16,9 @@
 #   HVD_NGP_TCNN_SRC        GPU nodes: build tinycudann from this tiny-cuda-nn source tree or .tar.gz
 #                           (with its submodules), cached like Horovod
 #   HVD_NGP_CUDA_ARCHS      GPU architectures to build for, e.g. "90" or "80;90" (default: the GPUs present)
-#   HVD_NGP_DOCTOR=1        run hvd-ngp-doctor at the end on a CPU machine too (always on a GPU machine)
+#   HVD_NGP_DOCTOR=1        run hvd-ngp-doctor at the end on a CPU machine too (always on a GPU machine),
+#                           and on a run that finds everything already set up
+#   HVD_NGP_FORCE=1         run every step although a previous run's stamp says all is set up
 # On a GPU machine whose default compiler is not the system's (e.g. /opt/gcc), the GPU extensions are
 # built with CC=/usr/bin/gcc CXX=/usr/bin/g++ (a torch extension built with /opt/gcc segfaulted inside
 # its libstdc++ on our GPU image); set CC/CXX yourself to choose another.
@@ -74,6 +76,36 @@ if [[ "${HVD_NGP_SYSTEM_SITE:-0}" == "1" ]]; then
     log "python3 runs in the environment $(python3 -c 'import sys; print(sys.prefix)'): its packages are reused ($CHILD_SITE/_hvd_ngp_parent_site.pth)"
   fi
 fi
+# ---------------------------------------------------------------- already set up? (one check, seconds)
+# A run that got to the end leaves a stamp: a digest of this script, the requirements, setup.cfg and the
+# knobs above. When it matches, one Python process checks what the steps below would make sure of
+# (torch, mpi4py, triton, Horovod's version, this checkout installed, the CPU kernel, tinycudann when
+# asked) instead of a dozen processes importing torch; HVD_NGP_FORCE=1 runs every step anyway.
+STAMP="$VENV/.hvd_ngp_setup_stamp"
+STAMP_KEY="$({ cat "$ROOT/scripts/setup.sh" "$ROOT/scripts/requirements.txt" "$ROOT/setup.cfg"
+  env | grep -E '^(HVD_NGP_(TCNN_SRC|CUDA_ARCHS|EXTRAS|TORCH|SYSTEM_SITE|MPI4PY_SOURCE|HOROVOD_SDIST|ALLOW_NO_NCCL|WHEELHOUSE)|CC|CXX)=' | sort || true
+} | sha256sum | cut -c1-16)"
+if [[ "${HVD_NGP_FORCE:-0}" != "1" && -f "$STAMP" && "$(head -1 "$STAMP")" == "$STAMP_KEY" ]]; then
+  if "$PY" - "$ROOT" "$HOROVOD_VERSION" "${HVD_NGP_TCNN_SRC:+tcnn}" >/dev/null 2>&1 <<'PY'
+import sys
+root, version, tcnn = sys.argv[1], sys.argv[2], sys.argv[3]
+import torch, mpi4py, triton, horovod, horovod.torch, hvd_ngp  # noqa: F401,E401
+assert horovod.__version__ == version and hvd_ngp.__file__.startswith(root)
+from hvd_ngp.model.encoding import hashgrid_cpp
+hashgrid_cpp.load_extension()
+if tcnn:
+    import tinycudann  # noqa: F401
+PY
+  then
+    if [[ -x "$VENV/bin/hvd-ngp-train" && -x "$VENV/bin/hvd-ngp-doctor" && -x "$VENV/bin/horovodrun" ]]; then
+      [[ "${HVD_NGP_DOCTOR:-0}" == "1" ]] && { "$VENV/bin/hvd-ngp-doctor" || die "hvd-ngp-doctor found a problem (above)"; }
+      log "ready: $VENV ($(sed -n 2p "$STAMP"); already set up: checked in one process; HVD_NGP_FORCE=1 redoes every step, HVD_NGP_DOCTOR=1 runs hvd-ngp-doctor)"
+      exit 0
+    fi
+  fi
+  log "set up before, but a check failed: running every step"
+fi
+
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
 WHEELHOUSE="${HVD_NGP_WHEELHOUSE:-}"
 if [[ -n "$WHEELHOUSE" ]]; then
@@ -251,4 +283,5 @@ fi
 if [[ "$CUDAV" != "cpu" || "${HVD_NGP_DOCTOR:-0}" == "1" ]]; then
   "$VENV/bin/hvd-ngp-doctor" || die "hvd-ngp-doctor found a problem (above)"
 fi
+printf '%s\n%s\n' "$STAMP_KEY" "horovod $HOROVOD_VERSION, $KEY" >"$STAMP"
 log "ready: $VENV (horovod $HOROVOD_VERSION, $KEY)"
