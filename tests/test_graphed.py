@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from conftest import gpu_or_skip, tiny_cpu_args
+from hvd_ngp.errors import ConfigError
 from hvd_ngp.training.graphed import (RAY_QUANTUM, CaptureKey, GraphedStep, eligibility, ray_capacity,
-                                      set_learning_rate)
+                                      set_learning_rate, use_graphs)
 from hvd_ngp.triton_support import triton_available
 
 
@@ -46,6 +47,22 @@ def test_eligibility_names_every_reason():
     assert "scaler" in eligibility(cuda, True, "fp32", 1, False, False, scaled=True)
     both = eligibility(cpu, True, "fp32", 2, False, False)
     assert "CUDA" in both and "accumulation" in both
+
+
+def test_cuda_graphs_option():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert use_graphs("auto", None, cuda) and use_graphs("on", None, cuda)
+    assert not use_graphs("off", None, cuda) and not use_graphs("auto", "the device is not a CUDA GPU", cpu)
+    with pytest.raises(ConfigError, match="--cuda_graphs on: .*not a CUDA GPU"):
+        use_graphs("on", "the device is not a CUDA GPU", cpu)
+
+
+def test_cuda_graphs_on_refused_on_a_cpu(scene_cache, tmp_path):
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    with pytest.raises(ConfigError, match="cannot be graphed here: the device is not a CUDA GPU"):
+        Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--cuda_graphs", "on")))
 
 
 def test_learning_rate_tensor_is_filled_in_place_only_on_change():

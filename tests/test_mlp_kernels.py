@@ -155,8 +155,9 @@ def test_state_dict_is_the_torch_twins():
 def test_make_mlp_fused_switch():
     block = {"n_neurons": 64, "n_hidden_layers": 2, "fused": True}
     assert isinstance(make_mlp(block, 32, 3, "rgb_network", backend="triton"), FusedMLP)
-    assert type(make_mlp({**block, "fused": False}, 32, 3, "rgb_network", backend="triton")) is torch.nn.Sequential
-    assert type(make_mlp({"n_neurons": 64}, 32, 3, "rgb_network", backend="triton")) is torch.nn.Sequential  # opt-in
+    inference_only = make_mlp({"n_neurons": 64}, 32, 3, "rgb_network", backend="triton")  # training fused: opt-in
+    assert isinstance(inference_only, FusedMLP) and not inference_only.train_fused
+    assert make_mlp(block, 32, 3, "rgb_network", backend="triton").train_fused
     assert type(make_mlp(block, 32, 3, "rgb_network", backend="torch")) is torch.nn.Sequential
     # shapes the kernels do not take stay on nn.Linear
     for unfused in ({"n_neurons": 48}, {"n_neurons": 64, "n_hidden_layers": 4},
@@ -299,10 +300,25 @@ def test_training_step_with_fused_mlps_matches_nn_linear(scene_cache, tmp_path):
     for extra in (fused, unfused):
         tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(len(results)), "--n_steps", "1",
                                                     "--backend", "triton", *extra)))
-        assert isinstance(tr.field.density_mlp, FusedMLP) == (extra is fused)
+        assert tr.field.density_mlp.train_fused == (extra is fused)
         res, _ = tr.step(0)
         results.append((float(res.loss), int(res.n_samples), [p.grad.clone() for p in tr.field.mlp_parameters()]))
     (loss, n, grads), (loss_ref, n_ref, grads_ref) = results
     assert n == n_ref > 0 and loss == pytest.approx(loss_ref, rel=1e-5)
     for a, b in zip(grads, grads_ref):
         assert rel_err(a, b) < 1e-4
+
+
+def test_inference_only_fused_mlp_trains_on_the_torch_twin():
+    """Without "fused": true, passes that record gradients are the nn.Sequential's (bit for bit), passes
+    without gradients the fused forward kernel, which leaves rows past n_rows at zero."""
+    n_in, block, n_out = DENSITY
+    m = make_mlp(block, n_in, n_out, "network", backend="triton").to(DEV)
+    assert isinstance(m, FusedMLP) and not m.train_fused
+    x = torch.randn(70, n_in, device=DEV)
+    assert torch.equal(m(x), m.reference(x))
+    with torch.no_grad():
+        n = torch.tensor(40, device=DEV)
+        out = m(x, n)
+        ref = m.reference(x)
+    assert rel_err(out[:40], ref[:40]) < 1e-4 and torch.count_nonzero(out[40:]) == 0

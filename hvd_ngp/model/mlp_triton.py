@@ -289,12 +289,17 @@ def autocast_dot(device_type: str) -> str:
 class FusedMLP(nn.Sequential):
     """``make_mlp``'s ``nn.Sequential`` (the same modules, parameters and state-dict keys) computed by the
     fused Triton kernels. ``forward(x [N, n_in], n_rows=None) -> [N, n_out]``; ``reference(x)`` is the
-    torch twin on the same weights."""
+    torch twin on the same weights.
+
+    ``train_fused=False``: passes that record gradients run the torch twin (cuBLAS: on an H200 its fp32
+    backward beat the fused one 8-13x), passes without gradients (the density pass, occupancy updates,
+    evaluation) the fused forward kernel, which also skips rows past ``n_rows``."""
 
     skips_rows = True  # forward takes n_rows (the field passes the count through)
 
-    def __init__(self, *layers: nn.Module) -> None:
+    def __init__(self, *layers: nn.Module, train_fused: bool = True) -> None:
         super().__init__(*layers)
+        self.train_fused = train_fused
         linears = [m for m in self if isinstance(m, nn.Linear)]
         if any(m.bias is not None for m in linears) or not self.supports(linears[0].out_features, len(linears) - 1):
             raise ValueError("FusedMLP takes bias-free linear layers of one width in "
@@ -307,6 +312,8 @@ class FusedMLP(nn.Sequential):
         return width in WIDTHS and 1 <= n_hidden_layers <= MAX_HIDDEN_LAYERS
 
     def forward(self, x: Tensor, n_rows: Tensor | None = None) -> Tensor:
+        if not self.train_fused and torch.is_grad_enabled():
+            return super().forward(x)  # the torch twin; rows past n_rows are computed too, and unused
         w = tuple(m.weight for m in self._linears)
         return _FusedMLPFunction.apply(x.contiguous(), n_rows, self.relu, autocast_dot(x.device.type), *w)
 

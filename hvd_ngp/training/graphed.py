@@ -30,8 +30,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..cluster import dist
 from ..cluster.flatgrad import FlatGradients
 from ..data.sampler import RayBatch
+from ..errors import ConfigError
 from ..faultpoints import ENV as FAULTS_ENV
 from ..model.field import NGPField
 from ..observe.profiling import NULL_TIMER, StageTimer
@@ -89,6 +91,16 @@ def eligibility(device: torch.device, fast_renderer: bool, precision: str, backw
     ]
     found = [why for bad, why in reasons if bad]
     return "; ".join(found) if found else None
+
+
+def use_graphs(mode: str, reason: str | None, device: torch.device) -> bool:
+    """``--cuda_graphs`` ``mode`` with ``eligibility``'s ``reason`` -> graph the step? ``on`` where it cannot be
+    is a ``ConfigError``; ``auto`` on a GPU says in the log why not."""
+    if mode == "on" and reason:
+        raise ConfigError(f"--cuda_graphs on: the training step cannot be graphed here: {reason}")
+    if mode == "auto" and reason and device.type == "cuda":
+        dist.log(f"CUDA graphs: off ({reason})")
+    return mode != "off" and reason is None
 
 
 def set_learning_rate(group: dict, value: float) -> None:
@@ -154,6 +166,18 @@ class GraphedStep:
         self.lr = [group["lr"] for group in optimizer.param_groups]
         optimizer.register_state_dict_post_hook(portable_state)
         optimizer.register_load_state_dict_post_hook(self._after_load)
+
+    @staticmethod
+    def build(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, march: Marching, loss_fn,
+              renderer, guard: NonFiniteGuard | None, precision: str, weight_gradient: bool, compression: str,
+              max_rays: int) -> "GraphedStep":
+        """The trainer's graphed step: flat gradients (a tail for the guard's flags) and the step, logged."""
+        grads = FlatGradients(field.named_parameters(), tail=guard.width if guard else 0)
+        step = GraphedStep(field, grid, optimizer, march, loss_fn, renderer, grads, guard, precision, weight_gradient,
+                           compression, max_rays)
+        dist.log(f"CUDA graphs: on (the step is captured after {step.eager_steps} eager steps; gradients in flat "
+                 f"buffers, {grads.describe()})")
+        return step
 
     def _after_load(self, optimizer: torch.optim.Optimizer) -> None:
         """A loaded state (a resume, a broadcast): back to capturable form; the new state tensors need a
@@ -293,4 +317,4 @@ class GraphedStep:
 
 
 __all__ = ["CaptureKey", "EAGER_STEPS", "GraphedStep", "MODES", "eligibility", "portable_state", "ray_capacity",
-           "set_learning_rate"]
+           "set_learning_rate", "use_graphs"]

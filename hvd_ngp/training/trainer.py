@@ -44,7 +44,7 @@ from ..state.checkpoint import CheckpointManager, resume
 from ..state.failures import NonFiniteGuard, Watchdog
 from ..state.trainstate import TrainState, make_rank_streams
 from .budget import RayBudget
-from .graphed import GraphedStep, eligibility, set_learning_rate
+from .graphed import GraphedStep, eligibility, set_learning_rate, use_graphs
 from .evaluate import BACKGROUNDS, evaluate
 from .model_parallel import ModelParallel, hash_parameters, plan_partition, region_model
 from .optim import OptimizerChain, make_ema
@@ -174,14 +174,9 @@ class Trainer:
                          "still encodes)")
         fast = backend in FAST_RENDERER_BACKENDS and mp is None
         scaler = make_scaler(args.precision, comm, rt.device, rt.size)
-        adam_block = OptimizerChain.parse(args.model["optimizer"], source).adam
-        not_graphed = eligibility(rt.device, fast, args.precision, comm.backward_passes_per_step, dist.elastic(),
-                                  bool(adam_block.get("sparse_hash_updates", False)), scaler is not None)
-        if args.cuda_graphs == "on" and not_graphed:
-            raise ConfigError(f"--cuda_graphs on: the training step cannot be graphed here: {not_graphed}")
-        graphs = args.cuda_graphs != "off" and not_graphed is None
-        if args.cuda_graphs == "auto" and not_graphed and rt.device.type == "cuda":
-            dist.log(f"CUDA graphs: off ({not_graphed})")
+        sparse = bool(OptimizerChain.parse(args.model["optimizer"], source).adam.get("sparse_hash_updates", False))
+        graphs = use_graphs(args.cuda_graphs, eligibility(rt.device, fast, args.precision, comm.backward_passes_per_step,
+                                                          dist.elastic(), sparse, scaler is not None), rt.device)
 
         def build_model() -> tuple:
             model = model_k
@@ -223,15 +218,10 @@ class Trainer:
         stops = preempt.install(getattr(args, "stop_signal_names", ()), dist.elastic())
         guard = NonFiniteGuard(args.nonfinite_limit, stops.local if stops.signals else None) \
             if args.nonfinite_limit else None
-        graphed = None
-        if graphs:  # before the resume: its optimizer hooks keep loaded states capturable
-            from ..cluster.flatgrad import FlatGradients
-
-            grads = FlatGradients(field.named_parameters(), tail=guard.width if guard else 0)
-            graphed = GraphedStep(field, grid, optimizer, march, loss_fn, renderer, grads, guard, args.precision,
-                                  data.settings.importance_weights, comm.compression, args.max_rays)
-            dist.log(f"CUDA graphs: on (the step is captured after {graphed.eager_steps} eager steps; "
-                     f"gradients in flat buffers, {grads.describe()})")
+        graphed = None  # made before the resume: its optimizer hooks keep a loaded state capturable
+        if graphs:
+            graphed = GraphedStep.build(field, grid, optimizer, march, loss_fn, renderer, guard, args.precision,
+                                        data.settings.importance_weights, comm.compression, args.max_rays)
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
                      state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed, mp=mp)
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
