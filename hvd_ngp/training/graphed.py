@@ -269,9 +269,10 @@ class GraphedStep:
         torch.cuda.current_stream(self.device).wait_stream(side)
         pool = torch.cuda.graph_pool_handle()
         forward_backward, update = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(forward_backward, pool=pool):
+        # thread_local: the sampler's prefetch thread (images in host memory) may copy to the GPU meanwhile
+        with torch.cuda.graph(forward_backward, pool=pool, capture_error_mode="thread_local"):
             outputs = self._forward_backward()
-        with torch.cuda.graph(update, pool=pool):
+        with torch.cuda.graph(update, pool=pool, capture_error_mode="thread_local"):
             self.optimizer.step()
         self.graphs, self.outputs, self.key = (forward_backward, update), outputs, key
         self.captures += 1
