@@ -41,7 +41,7 @@ from ..render.occupancy import OccupancyGrid
 from ..state.failures import NonFiniteGuard
 from .evaluate import composite_background
 from .recipe import Marching
-from .step import AUTOCAST, StepResult, masked_mean
+from .step import AUTOCAST, StepResult, density_of, masked_mean, ray_losses
 
 #: steps run eagerly (same code, no capture) before the first capture
 EAGER_STEPS = 16
@@ -241,14 +241,11 @@ class GraphedStep:
         autocast = self.precision in AUTOCAST
         with torch.autocast("cuda", dtype=AUTOCAST.get(self.precision, torch.float32), enabled=autocast,
                             cache_enabled=False):  # a cast cache would outlive the capture
-            out = self.renderer(field, lambda x, n_rows=None: field.query_density(x, n_rows=n_rows)[0], origins,
-                                directions, field.aabb, self.grid, self.march.schedule, self.march.early_termination,
-                                inp["jitter"])
+            out = self.renderer(field, density_of(field), origins, directions, field.aabb, self.grid,
+                                self.march.schedule, self.march.early_termination, inp["jitter"])
         valid = out.valid & active
-        pred = out.rgb.float() + background * (1.0 - out.opacity.float()[:, None])
-        per_channel = self.loss_fn(pred, target)
-        loss = masked_mean(per_channel, valid, weight)
-        trained = loss if self.weight_gradient or weight is None else masked_mean(per_channel, valid)
+        pred, per_channel, loss, trained = ray_losses(out.rgb, out.opacity, background, target, self.loss_fn, valid,
+                                                      weight, self.weight_gradient)
         (trained * inp["loss_scale"]).backward()
         mse = masked_mean((pred.detach() - target) ** 2, valid, weight)
         if self.guard is not None:  # loss or local gradients not finite (reduced with the gradients)

@@ -39,6 +39,27 @@ def masked_mean(values: Tensor, valid: Tensor | None, weight: Tensor | None = No
 
 
 
+def density_of(field: NGPField):
+    """The renderers' density callback ``x [M, 3] (, n_rows) -> sigma [M]``: the fast renderer passes the
+    count of filled rows (``n_rows``), the reference one does not."""
+    def density(x: Tensor, n_rows: Tensor | None = None) -> Tensor:
+        return field.query_density(x, n_rows)[0]
+    return density
+
+
+def ray_losses(rgb: Tensor, opacity: Tensor, background: Tensor, target: Tensor, loss_fn, valid: Tensor | None,
+               weight: Tensor | None, weight_gradient: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The step's loss terms from rendered ``rgb`` ``[R, 3]`` and ``opacity`` ``[R]`` over ``background``
+    ``[R, 3]`` against ``target`` ``[R, 3]``: (pred ``[R, 3]``, per-channel loss ``[R, 3]``, the reported loss
+    (weighted by ``weight``), the loss to back-propagate (the same tensor unless ``weight_gradient`` is off
+    and there are weights)); means over the ``valid`` rays."""
+    pred = rgb.float() + background * (1.0 - opacity.float()[:, None])
+    per_channel = loss_fn(pred, target)
+    loss = masked_mean(per_channel, valid, weight)
+    trained = loss if weight_gradient or weight is None else masked_mean(per_channel, valid)
+    return pred, per_channel, loss, trained
+
+
 @dataclass
 class StepResult:
     """loss, mse: device scalars; n_samples (through the network), n_candidates (marched): ints on the
@@ -88,10 +109,7 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     ray_loss: list[Tensor] = []
     valids: list[Tensor | None] = []
     optimizer.zero_grad()
-
-    def density(x: Tensor, n_rows: Tensor | None = None) -> Tensor:  # the fast renderer passes its sample count
-        return field.query_density(x, n_rows)[0]
-
+    density = density_of(field)
     for a, b in zip(bounds[:-1], bounds[1:]):
         if a == b:
             continue
@@ -101,11 +119,10 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
                          march.early_termination, None if jitter is None else jitter[part], timer=timer)
         valid = getattr(out, "valid", None)
         weight = None if rays.weight is None else rays.weight[part]
-        pred = out.rgb.float() + background[part] * (1.0 - out.opacity.float()[:, None])
-        per_channel = loss_fn(pred, target[part])
-        part_loss = faultpoints.poison_loss(masked_mean(per_channel, valid, weight), step) * share  # test hook
-        trained = part_loss if weight_gradient or weight is None else \
-            faultpoints.poison_loss(masked_mean(per_channel, valid), step) * share
+        pred, per_channel, reported, backpropagated = ray_losses(out.rgb, out.opacity, background[part], target[part],
+                                                                 loss_fn, valid, weight, weight_gradient)
+        part_loss = faultpoints.poison_loss(reported, step) * share  # test hook
+        trained = part_loss if backpropagated is reported else faultpoints.poison_loss(backpropagated, step) * share
         if loss_scale != 1.0:
             trained = trained * loss_scale
         (trained if scaler is None else scaler.scale(trained)).backward()
