@@ -174,7 +174,8 @@ class Trainer:
                          "still encodes)")
         fast = backend in FAST_RENDERER_BACKENDS and mp is None
         scaler = make_scaler(args.precision, comm, rt.device, rt.size)
-        sparse = bool(OptimizerChain.parse(args.model["optimizer"], source).adam.get("sparse_hash_updates", False))
+        chain = OptimizerChain.parse(model_k["optimizer"], source)
+        sparse = bool(chain.adam.get("sparse_hash_updates", False))
         graphs = use_graphs(args.cuda_graphs, eligibility(rt.device, fast, args.precision, comm.backward_passes_per_step,
                                                           dist.elastic(), sparse, scaler is not None), rt.device)
 
@@ -184,7 +185,7 @@ class Trainer:
             optimizer, lr_at = make_optimizer(field, model["optimizer"], source, capturable=graphs)
             return (field, make_grid(model["marching"], scene).to(rt.device),
                     Marching.from_config(model["marching"], scene.aabb_scale, source), optimizer, lr_at,
-                    make_loss(model["loss"], source), make_ema(field, OptimizerChain.parse(model["optimizer"], source)))
+                    make_loss(model["loss"], source), make_ema(field, chain))
 
         field, grid, march, optimizer, lr_at, loss_fn, ema = elastic.startup_agree(build_model, "building the model")
         seen = grid.mark_unseen(scene.train.c2w, scene.train.intrinsics, scene.train.sizes, march.schedule.near)
