@@ -26,6 +26,16 @@ TINY_ARGS = ["--encoding", TINY_ENCODING, "--density_network", '{"n_neurons": 16
              "--target_samples", "1024", "--n_rays_init", "128", "--save_renders", "1", "--n_eval_views", "2"]
 
 
+def tensor_digest(tensors) -> str:
+    """SHA-256 of the tensors' raw bytes (any dtype, any device), in order: equal digests, bit-identical tensors."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def tiny_cpu_args(scene_cache: Path, out_dir: Path, *more: str) -> list[str]:
     """Trainer flags for the tiny model on the built-in scene on the CPU, writing to ``out_dir``."""
     from hvd_ngp.config import CPU_CONFIG

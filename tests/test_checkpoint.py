@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -23,7 +22,7 @@ from hvd_ngp.training.recipe import make_optimizer
 from hvd_ngp.training.trainer import run
 from hvd_ngp.state.trainstate import TrainState, make_rank_streams
 
-from conftest import TINY_ARGS, tiny_cpu_args
+from conftest import TINY_ARGS, tensor_digest as digest, tiny_cpu_args
 
 AABB = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
 FRAMES = Frames(torch.zeros(2, 4, 4, 4, dtype=torch.uint8), torch.eye(4)[:3].expand(2, 3, 4).clone(),
@@ -171,12 +170,6 @@ def test_manager_keeps_the_newest_and_resumes_from_the_newest_valid(tmp_path):
     assert (tmp_path / "ckpt-00000004.pt.invalid").is_file()
     assert CheckpointManager(tmp_path / "empty").newest_valid() is None
 
-
-def digest(tensors_) -> str:
-    h = hashlib.sha256()
-    for t in tensors_:
-        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def final_state(path) -> str:

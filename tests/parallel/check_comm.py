@@ -12,7 +12,6 @@ Prints ``CHECK <name> OK`` lines on rank 0; any failure raises (non-zero exit).
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from conftest import TINY_ARGS  # noqa: E402
+from conftest import TINY_ARGS, tensor_digest as digest  # noqa: E402
 
 from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
@@ -70,12 +69,6 @@ class Setup:
                 first_grads = [p.grad.clone() for p in field.parameters()]
         return field, first_grads, scaler
 
-
-def digest(tensors) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def assert_same_on_every_rank(field: torch.nn.Module, what: str) -> None:

@@ -18,7 +18,6 @@ every rank, each printed as ``CHECK <name> OK`` on rank 0:
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
@@ -26,6 +25,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from conftest import tensor_digest as digest  # noqa: E402
 
 from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.cluster.flatgrad import FlatGradientError, FlatGradients  # noqa: E402
@@ -60,12 +61,6 @@ def backward(m: Tiny, poison: float = 1.0) -> torch.Tensor:
     loss.backward()
     return loss.detach()
 
-
-def digest(tensors) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().float().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 class CountCalls:

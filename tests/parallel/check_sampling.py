@@ -14,7 +14,6 @@ Prints ``CHECK <name> OK`` lines on rank 0; any failure raises (non-zero exit).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from conftest import TINY_ARGS  # noqa: E402
+from conftest import TINY_ARGS, tensor_digest as digest  # noqa: E402
 
 from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
@@ -31,12 +30,6 @@ from hvd_ngp.training.trainer import RunResult, run  # noqa: E402
 
 SEED = 0
 
-
-def digest(tensors) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def train(argv: list[str]) -> RunResult:

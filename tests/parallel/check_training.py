@@ -10,7 +10,6 @@ Prints ``CHECK <name> OK`` lines on rank 0; any failure raises (non-zero exit).
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from conftest import TINY_ARGS  # noqa: E402
+from conftest import TINY_ARGS, tensor_digest as digest  # noqa: E402
 
 from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
@@ -30,12 +29,6 @@ from hvd_ngp.training.recipe import Marching, make_grid, make_loss, make_optimiz
 from hvd_ngp.training.trainer import run  # noqa: E402
 from hvd_ngp.training.step import train_step  # noqa: E402
 
-
-def digest(tensors) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def check_step_equivalence(args, scene) -> None:
