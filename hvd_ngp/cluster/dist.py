@@ -141,6 +141,7 @@ def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None =
         raise ConfigError(f"--model_parallel {model_parallel} needs {model_parallel} ranks or a multiple, but this "
                           "process runs alone (start it with horovodrun -np N or mpirun)")
     sets: dict = {}
+    layout_error: ConfigError | None = None
     if launched():
         want_cuda = wants_cuda(device)
         os.environ.update(env or {})
@@ -153,7 +154,10 @@ def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None =
         except ImportError as exc:
             raise BackendError(f"started by a launcher but Horovod cannot be imported ({exc}); "
                                "run scripts/setup.sh to build it") from None
-        sets = _declare_groups(model_parallel, environ=os.environ)
+        try:
+            sets = _declare_groups(model_parallel, environ=os.environ)
+        except ConfigError as exc:  # raised below, after init, by every rank together (see there)
+            sets, layout_error = {}, exc
         hvd.init(process_sets=[ps for ps in sets.values() if ps is not None] or None)
         _hvd = hvd
         rank, size = hvd.rank(), hvd.size()
@@ -174,6 +178,13 @@ def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None =
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         torch.set_num_threads(threads or max(1, cores // local_size))
     _runtime = Runtime(rank, size, local_rank, local_size, cross_size, dev, controller)
+    if layout_error is not None:
+        # a rank that exits alone before any collective races the launcher, which may kill the others
+        # before they print: agree first, so each rank says why
+        def refuse() -> None:
+            raise layout_error
+
+        agree(refuse, "checking the model-parallel layout")
     if model_parallel > 1:
         _groups = _make_groups(model_parallel, rank, size, sets)
     return _runtime
@@ -311,7 +322,14 @@ def allreduce_many_(tensors: Sequence[torch.Tensor], op: str = "avg", name: str 
     """In-place allreduce of several tensors, all in flight at once (Horovod fuses them like gradients)."""
     if _hvd is None or _runtime.size == 1:
         return
-    handles = [_hvd.allreduce_async_(t, op=getattr(_hvd, _OPS[op]), name=f"{name}.{i}") for i, t in enumerate(tensors)]
+    _allreduce_all_(tensors, [f"{name}.{i}" for i in range(len(tensors))], op)
+
+
+def _allreduce_all_(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0) -> None:
+    """Submit every in-place allreduce, then wait for all (Horovod negotiates them in one cycle)."""
+    handles = [_hvd.allreduce_async_(t, name=n, op=getattr(_hvd, _OPS[op]), prescale_factor=prescale_factor,
+                                     postscale_factor=postscale_factor) for t, n in zip(tensors, names)]
     for h in handles:
         _hvd.synchronize(h)
 
@@ -330,10 +348,7 @@ def allreduce_buffers_(tensors: Sequence[torch.Tensor], names: Sequence[str], op
     if _hvd is None or _runtime.size == 1:
         return
     with COMM_CLOCK.blocking(*tensors):
-        handles = [_hvd.allreduce_async_(t, name=n, op=getattr(_hvd, _OPS[op]), prescale_factor=prescale_factor,
-                                         postscale_factor=postscale_factor) for t, n in zip(tensors, names)]
-        for h in handles:
-            _hvd.synchronize(h)
+        _allreduce_all_(tensors, names, op, prescale_factor, postscale_factor)
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
