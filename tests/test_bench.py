@@ -111,8 +111,11 @@ def test_launch_and_busy_arithmetic():
     assert prof["launches_per_step"] == 1.5 and prof["kernels_per_step"] == 1.0  # only inside the window
     assert prof["gpu_busy_share"] == pytest.approx(0.48) and prof["aten_ops_per_step"] == 1.5
     assert prof["profiled_step_ms"] == pytest.approx(50e-6)
+    assert list(prof["kernel_ms"]) == ["k1", "k2"]  # k0 is outside the window; memcpys are not kernels
+    assert prof["kernel_ms"]["k1"] == pytest.approx(19e-6) and prof["kernel_ms"]["k2"] == pytest.approx(10e-6)
     on_cpu = step_profile(cuda, 2, cuda=False)
     assert on_cpu["launches_per_step"] is None and on_cpu["gpu_busy_share"] is None and on_cpu["aten_ops_per_step"] == 1.5
+    assert on_cpu["kernel_ms"] == {}
     with pytest.raises(RuntimeError, match="expected one"):
         step_profile(cuda[1:], 2, cuda=True)
 

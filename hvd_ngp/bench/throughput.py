@@ -112,7 +112,8 @@ def step_profile(events: list[ProfEvent], n_steps: int, cuda: bool) -> dict:
     """Per-step launch and busy figures from the events of ``n_steps`` steps inside the ``WINDOW`` annotation.
 
     -> launches_per_step, kernels_per_step, gpu_busy_share (None without CUDA), aten_ops_per_step,
-    profiled_step_ms, profiled_steps.
+    profiled_step_ms, profiled_steps, kernel_ms (device milliseconds per step by kernel name, the
+    ``TOP_KERNELS`` longest, longest first; empty without CUDA).
     """
     windows = [e for e in events if e.name == WINDOW]
     if len(windows) != 1:
@@ -125,7 +126,22 @@ def step_profile(events: list[ProfEvent], n_steps: int, cuda: bool) -> dict:
             "launches_per_step": launches / n_steps if cuda else None,
             "kernels_per_step": len(kernels) / n_steps if cuda else None,
             "gpu_busy_share": busy_share(kernels, start, end) if cuda else None,
-            "aten_ops_per_step": outermost_aten_ops(inside) / n_steps}
+            "aten_ops_per_step": outermost_aten_ops(inside) / n_steps,
+            "kernel_ms": kernel_times(inside, n_steps) if cuda else {}}
+
+
+TOP_KERNELS = 25  # kernels listed by name in the profile
+
+
+def kernel_times(events: Iterable[ProfEvent], n_steps: int) -> dict[str, float]:
+    """Device milliseconds per step of each kernel name (the ``TOP_KERNELS`` longest, longest first;
+    names cut to 90 characters, so template instances of one kernel may merge)."""
+    total: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.activity == "kernel":
+            total[e.name[:90]] += e.end_ns - e.start_ns
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]
+    return {name: ns / 1e6 / n_steps for name, ns in ranked}
 
 
 def activity_of(event) -> str:
@@ -359,6 +375,8 @@ def main(argv: list[str] | None = None) -> dict:
                   for s in stages]
     grid_table = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in grid_rows]
     mlp_table = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in mlp_rows]
+    kernels = [{"kernel (device ms/step)": name[:70], r["backend"]: f"{ms:.3f}"}
+               for r in training for name, ms in r["kernel_ms"].items()]
     text = "\n\n".join([
         f"Device: {device}; scene {opts.scene}; {opts.target_samples} samples/step target; precision {opts.precision}; "
         f"{opts.warmup_steps} warm-up steps, {opts.steps} timed steps.",
@@ -367,6 +385,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"/ wall time; aten ops/step: outermost aten operators (the CPU's stand-in for launches); over "
         f"{opts.profile_steps} steps under torch.profiler (its overhead makes GPU busy a lower bound).",
         table(stage_rows, ["stage (ms/step)", *[r["backend"] for r in training]]),
+        *([f"Longest kernels under the profiler (device time per step):",
+           table(kernels, ["kernel (device ms/step)", *[r["backend"] for r in training]])] if kernels else []),
         f"Hash grid ({spec.n_levels} levels x {spec.n_features_per_level}, 2^{spec.log2_hashmap_size} table), "
         f"{opts.points} points:",
         table(grid_table, list(grid_table[0])),

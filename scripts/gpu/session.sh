@@ -6,6 +6,7 @@
 #   bash scripts/gpu/session.sh tests OUT      # the GPU test files, one pytest process each, HVD_NGP_REQUIRE_GPU=1
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
 #   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60 s
+#   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: base vs sparse hash Adam vs occupancy ramp, equal steps, 2 seeds
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
 #   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off
@@ -142,21 +143,28 @@ PY
       HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | tail -3
     done
     timeout 90 python3 -m hvd_ngp.bench mlp --json $out/mlp.json --markdown "" 2>&1 | tail -16
-    off='{"fused": false}'
-    for v in "off on" "off off" "on on" "on off"; do
-      set -- $v
-      extra=(--cuda_graphs "$1"); [ "$2" = off ] && extra+=(--density_network "$off" --rgb_network "$off")
-      timeout 150 python3 -m hvd_ngp.bench throughput --scene $S/lego --backends triton --warmup_steps 300 --steps 60 \
-        --repeat 3 --no_compile --profile_steps 3 --json $out/tp_graphs$1_fused$2.json --markdown '' -- "${extra[@]}" \
-        >$out/tp_graphs$1_fused$2.log 2>&1 || tail -5 $out/tp_graphs$1_fused$2.log
+    # default (graphs auto = on; triton beside tcnn when the tinycudann wheel is staged), graphs off, bf16 + fused MLPs
+    fused='{"fused": true}'
+    for v in default graphs_off bf16_fused; do
+      extra=(); backends=triton
+      case $v in
+        default) python3 -c 'import tinycudann' 2>/dev/null && backends=triton,tcnn ;;
+        graphs_off) extra=(-- --cuda_graphs off) ;;
+        bf16_fused) extra=(--precision bf16 -- --density_network "$fused" --rgb_network "$fused") ;;
+      esac
+      timeout 170 python3 -m hvd_ngp.bench throughput --scene $S/lego --backends $backends --warmup_steps 300 --steps 60 \
+        --repeat 3 --no_compile --profile_steps 3 --json $out/tp_$v.json --markdown '' "${extra[@]}" \
+        >$out/tp_$v.log 2>&1 || tail -5 $out/tp_$v.log
     done
     python3 - "$out" <<'PY'
 import json, pathlib, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_*.json")):
-    r = json.load(open(f))["training"][0]
-    print(f.stem, f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step, {r['samples_per_step']:.0f} samples/step,",
+  for r in json.load(open(f))["training"]:
+    print(f.stem, r["backend"], f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step, {r['samples_per_step']:.0f} samples/step,",
           f"launches/step {r.get('launches_per_step')}, GPU busy {r.get('gpu_busy_share')},",
           {k: round(v, 2) for k, v in r["stages_ms"].items()})
+    for name, ms in list(r.get("kernel_ms", {}).items())[:14]:
+        print(f"    {ms:7.3f} ms  {name[:110]}")
 PY
     ;;
   psnr16)  # issue 16: lego PSNR at equal steps and seed, --cuda_graphs on vs off, two runs each side by side
@@ -171,6 +179,23 @@ for d in sorted(pathlib.Path(sys.argv[1]).glob("graphs_*/metrics.json")):
     m = json.load(open(d))
     print(f"{d.parent.name}: steps {m['steps']}, train {m['train_seconds']} s, PSNR {m['test_psnr']:.4f} over {m['test_views']} views")
 PY
+    ;;
+  recipe14)  # issue 14: one change at a time at equal steps (6000), two seeds, four runs side by side on the GPU
+    T="python3 -m hvd_ngp.train --scene $S/lego --n_steps ${3:-6000} --log_every 3000 --save_renders 0"
+    sparse='{"nested": {"nested": {"sparse_hash_updates": true}}}'
+    for seed in 1337 1; do
+      $T --seed $seed --out_dir $out/r14_base_$seed >$out/r14_base_$seed.log 2>&1 &
+      $T --seed $seed --optimizer "$sparse" --out_dir $out/r14_sparse_$seed >$out/r14_sparse_$seed.log 2>&1 &
+      $T --seed $seed --marching '{"update_schedule": "ramp"}' --out_dir $out/r14_ramp_$seed >$out/r14_ramp_$seed.log 2>&1 &
+    done
+    wait
+    python3 - "$out" <<'PY'
+import json, pathlib, sys
+for d in sorted(pathlib.Path(sys.argv[1]).glob("r14_*/metrics.json")):
+    m = json.load(open(d))
+    print(f"{d.parent.name}: steps {m['steps']}, train {m['train_seconds']} s, PSNR {m['test_psnr']:.4f} over {m['test_views']} views")
+PY
+    for f in $out/r14_*.log; do grep -l -E "Error|error" "$f" && tail -3 "$f"; done
     ;;
   quality)
     seed=${3:-1337}; secs=${4:-60}
