@@ -101,7 +101,7 @@ def test_launch_and_busy_arithmetic():
     ops = [ev("aten::add", "cpu_op", 0, 10), ev("aten::empty", "cpu_op", 2, 3), ev("aten::mul", "cpu_op", 10, 12),
            ev("MmBackward0", "cpu_op", 0, 9, thread=2), ev("aten::mm", "cpu_op", 1, 8, thread=2)]
     assert outermost_aten_ops(ops) == 3
-    cuda = [ev(WINDOW, "user_annotation", 100, 200),
+    cuda = [ev(WINDOW, "user_annotation", 100, 200), ev(WINDOW, "gpu_user_annotation", 105, 199),
             ev("cudaLaunchKernel", "cuda_runtime", 110, 111), ev("cuLaunchKernel_v7000", "cuda_driver", 120, 121),
             ev("cudaGraphLaunch", "cuda_runtime", 130, 131), ev("cudaLaunchKernel", "cuda_runtime", 50, 51),
             ev("cudaMemcpyAsync", "cuda_runtime", 140, 141),

@@ -115,7 +115,8 @@ def step_profile(events: list[ProfEvent], n_steps: int, cuda: bool) -> dict:
     profiled_step_ms, profiled_steps, kernel_ms (device milliseconds per step by kernel name, the
     ``TOP_KERNELS`` longest, longest first; empty without CUDA).
     """
-    windows = [e for e in events if e.name == WINDOW]
+    # the host-side range (a CUDA build also mirrors it on the GPU's timeline: gpu_user_annotation)
+    windows = [e for e in events if e.name == WINDOW and e.activity in ("user_annotation", "cpu_op")]
     if len(windows) != 1:
         raise RuntimeError(f"expected one {WINDOW!r} profiler range, found {len(windows)}")
     start, end = windows[0].start_ns, windows[0].end_ns
@@ -152,6 +153,8 @@ def activity_of(event) -> str:
         return str(get())
     name = event.name()
     if event.device_type() == torch.autograd.DeviceType.CUDA:
+        if name == WINDOW:
+            return "gpu_user_annotation"
         return "gpu_memcpy" if name.startswith(("Memcpy", "Memset")) else "kernel"
     return "cuda_runtime" if name.startswith(("cuda", "cu")) else "cpu_op"
 
