@@ -140,7 +140,7 @@ PY
     ;;
   speed16)  # issue 16: GPU tests of the graphed step and fused MLPs, then bench throughput: graphs x fused MLPs
     for f in tests/test_graphed.py tests/test_mlp_kernels.py tests/test_kernels.py; do
-      HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | tail -3
+      HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | tail -40 | grep -v "^tests/\|^  " | tail -25
     done
     timeout 90 python3 -m hvd_ngp.bench mlp --json $out/mlp.json --markdown "" 2>&1 | tail -16
     # default (graphs auto = on; triton beside tcnn when the tinycudann wheel is staged), graphs off, bf16 + fused MLPs
