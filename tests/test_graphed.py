@@ -45,6 +45,7 @@ def test_eligibility_names_every_reason():
     assert "elastic" in eligibility(cuda, True, "fp32", 1, True, False)
     assert "sparse" in eligibility(cuda, True, "fp32", 1, False, True)
     assert "scaler" in eligibility(cuda, True, "fp32", 1, False, False, scaled=True)
+    assert "tcnn" in eligibility(cuda, True, "fp32", 1, False, False, backend="tcnn")
     both = eligibility(cpu, True, "fp32", 2, False, False)
     assert "CUDA" in both and "accumulation" in both
 

@@ -74,12 +74,14 @@ def ray_capacity(n_rays: int, current: int | None, max_rays: int, quantum: int =
 
 
 def eligibility(device: torch.device, fast_renderer: bool, precision: str, backward_passes: int, elastic: bool,
-                sparse_hash_updates: bool, scaled: bool = False) -> str | None:
+                sparse_hash_updates: bool, scaled: bool = False, backend: str = "triton") -> str | None:
     """None when the step can be graphed, else the reason it cannot (for the log and ``--cuda_graphs on``)."""
     reasons = [
         (device.type != "cuda", "the device is not a CUDA GPU"),
-        (not fast_renderer, "the step has no fixed-size renderer (the reference path: use --backend triton or "
-                            "tcnn; or --model_parallel > 1)"),
+        (not fast_renderer, "the step has no fixed-size renderer (the reference path: use --backend triton; "
+                            "or --model_parallel > 1)"),
+        (backend == "tcnn", "the tcnn backend (tiny-cuda-nn records events on its own streams, which a capture "
+                            "refuses: 'operation failed due to a previous error during capture' on an H200)"),
         (precision == "fp16", "--precision fp16 needs a gradient scaler, which reads the device every step "
                               "(use bf16 or fp32)"),
         (backward_passes > 1, "gradient accumulation (backward_passes_per_step > 1)"),

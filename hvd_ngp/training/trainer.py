@@ -177,7 +177,8 @@ class Trainer:
         chain = OptimizerChain.parse(model_k["optimizer"], source)
         sparse = bool(chain.adam.get("sparse_hash_updates", False))
         graphs = use_graphs(args.cuda_graphs, eligibility(rt.device, fast, args.precision, comm.backward_passes_per_step,
-                                                          dist.elastic(), sparse, scaler is not None), rt.device)
+                                                          dist.elastic(), sparse, scaler is not None, backend),
+                            rt.device)
 
         def build_model() -> tuple:
             model = model_k

@@ -9,7 +9,7 @@
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: base vs sparse hash Adam vs occupancy ramp, equal steps, 2 seeds
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
-#   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off
+#   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off vs bf16 + fused MLPs
 #   bash scripts/gpu/session.sh setup18 OUT, then setup18b OUT   # setup.sh offline (.stage/wh, .stage/wh2 carried), twice
 # Data travel as git-ignored folders under .stage/ (each call carries at most 64 MiB): lego's PNGs
 # re-encoded as lossless WebP (identical pixels wherever alpha > 0), split into train, test_a, test_b.
@@ -84,7 +84,7 @@ PY
       for tree in old new; do
         dir=$PWD; [ $tree = old ] && dir=$S/old
         (cd "$dir" && PYTHONPATH=/tmp/site:$dir python3 -m hvd_ngp.bench throughput --scene $S/lego --backends triton \
-          --warmup_steps 400 --steps 60 --repeat 5 --no_compile --eval_views 0 --json $out/throughput_${tree}_$round.json \
+          --warmup_steps 400 --steps 60 --repeat 5 --no_compile --profile_steps 0 --eval_views 0 --json $out/throughput_${tree}_$round.json \
           --markdown '' >$out/throughput_${tree}_$round.log 2>&1)
       done
     done
@@ -168,9 +168,11 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_*.json")):
 PY
     ;;
   psnr16)  # issue 16: lego PSNR at equal steps and seed, --cuda_graphs on vs off, two runs each side by side
-    for r in on_a on_b off_a off_b; do
+    fused='{"fused": true}'
+    for r in on_a on_b off_a off_b bf16fused_a bf16fused_b; do
+      extra=(--cuda_graphs "${r%_*}"); [[ $r == bf16* ]] && extra=(--precision bf16 --density_network "$fused" --rgb_network "$fused")
       python3 -m hvd_ngp.train --scene $S/lego --n_steps 2000 --log_every 1000 --save_renders 0 --seed 1337 \
-        --cuda_graphs "${r%_*}" --out_dir "$out/graphs_$r" >"$out/graphs_$r.log" 2>&1 &
+        "${extra[@]}" --out_dir "$out/graphs_$r" >"$out/graphs_$r.log" 2>&1 &
     done
     wait
     python3 - "$out" <<'PY'
