@@ -215,7 +215,7 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
     first = opts.warmup_steps + 2 * opts.steps
     launches = profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev) if opts.profile_steps else \
         {"profiled_steps": 0, "profiled_step_ms": None, "launches_per_step": None, "kernels_per_step": None,
-         "gpu_busy_share": None, "aten_ops_per_step": None}
+         "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}}
     ev = tr.evaluate(n_views=opts.eval_views) if opts.eval_views else {"psnr": float("nan")}
     result = {
         "backend": backend, "samples_per_sec": float(samples) / seconds, "step_ms": seconds / opts.steps * 1e3,

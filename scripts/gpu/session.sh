@@ -82,10 +82,11 @@ PY
   restructure)  # issue 15: bench throughput of the tree before the move ($S/old) and of this one, alternating
     for round in 1 2; do
       for tree in old new; do
-        dir=$PWD; [ $tree = old ] && dir=$S/old
+        # the old tree (92a0115) trained through the fused fp32 MLPs by default: ask it for torch's (as main's default)
+        dir=$PWD; extra=(); [ $tree = old ] && dir=$S/old && extra=(-- --density_network '{"fused": false}' --rgb_network '{"fused": false}')
         (cd "$dir" && PYTHONPATH=/tmp/site:$dir python3 -m hvd_ngp.bench throughput --scene $S/lego --backends triton \
           --warmup_steps 400 --steps 60 --repeat 5 --no_compile --profile_steps 0 --eval_views 0 --json $out/throughput_${tree}_$round.json \
-          --markdown '' >$out/throughput_${tree}_$round.log 2>&1)
+          --markdown '' "${extra[@]}" >$out/throughput_${tree}_$round.log 2>&1)
       done
     done
     python3 - "$out" <<'PY'
