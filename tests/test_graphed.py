@@ -175,15 +175,16 @@ def test_checkpoints_of_a_graphed_optimizer_load_anywhere(scene_cache, tmp_path)
 
 def test_graph_replay_follows_the_eager_step_on_a_gpu(scene_cache, tmp_path):
     """200 steps of the built-in scene with --cuda_graphs on against off, same seed, with a change of the
-    renderer's buffer sizes at step 100 (a new capture): the loss curves agree to float tolerance."""
+    renderer's buffer sizes at step 100 (a new capture): the loss curves agree as closely as two eager
+    runs of the same seed agree with each other (the GPU's own run-to-run tolerance), or to 3%."""
     gpu_or_skip()
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
     curves, captures = [], []
-    for mode in ("off", "on"):
+    for run, mode in enumerate(("off", "off", "on")):
         args = parse_args(["--scene_cache", str(scene_cache), "--device", "cuda", "--backend", "triton",
-                           "--n_steps", "200", "--cuda_graphs", mode, "--out_dir", str(tmp_path / mode)])
+                           "--n_steps", "200", "--cuda_graphs", mode, "--out_dir", str(tmp_path / f"{mode}{run}")])
         tr = Trainer.build(args)
         assert (tr.graphed is not None) == (mode == "on")
         losses = []
@@ -196,11 +197,15 @@ def test_graph_replay_follows_the_eager_step_on_a_gpu(scene_cache, tmp_path):
             losses.append(float(res.loss))
         curves.append(torch.tensor(losses))
         captures.append(tr.graphed.captures if tr.graphed else 0)
-    eager, graph = curves
-    assert captures[1] >= 2  # the first capture and the one after the change
+    eager, eager_again, graph = curves
+    assert captures[2] >= 2  # the first capture and the one after the change
     assert torch.isfinite(graph).all()
-    # the hash grid's atomic adds make every GPU run drift apart step by step (an H200 run measured up to
-    # 5.2% on single steps): compare 20-step means, which sampling noise moves far less than a wrong step
+    # compare 20-step means; the hash grid's atomic adds make GPU runs of one seed drift apart (different
+    # sample counts, then different ray counts and draws): two eager runs measure how far
     windows = lambda c: c.view(10, 20).mean(dim=1)  # noqa: E731
-    rel = ((windows(graph) - windows(eager)).abs() / windows(eager)).max()
-    assert rel < 0.03, f"graphed 20-step mean losses differ from eager by up to {rel:.3g} (relative)"
+    rel = lambda a, b: float(((windows(a) - windows(b)).abs() / windows(b)).max())  # noqa: E731
+    spread, off = rel(eager_again, eager), rel(graph, eager)
+    assert windows(graph)[-1] < 0.5 * windows(graph)[0], f"the graphed run did not learn: {windows(graph).tolist()}"
+    assert off <= max(0.03, 2 * spread), (
+        f"graphed 20-step mean losses differ from eager by up to {off:.3g} (relative), two eager runs by {spread:.3g}; "
+        f"eager {windows(eager).tolist()}, eager again {windows(eager_again).tolist()}, graphed {windows(graph).tolist()}")

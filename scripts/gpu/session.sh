@@ -6,6 +6,7 @@
 #   bash scripts/gpu/session.sh tests OUT      # the GPU test files, one pytest process each, HVD_NGP_REQUIRE_GPU=1
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
 #   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60 s
+#   bash scripts/gpu/session.sh quality16 OUT [SECONDS]   # fp32 (default) vs bf16 + fused MLPs on a time budget, 2 seeds
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: base vs sparse hash Adam vs occupancy ramp, equal steps, 2 seeds
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -80,21 +81,25 @@ PY
     command -v cmake mpicc g++ nvcc; /usr/bin/g++ --version | head -1; g++ --version | head -1
     ;;
   restructure)  # issue 15: bench throughput of the tree before the move ($S/old) and of this one, alternating
-    for round in 1 2; do
+    for round in 1 2 3; do
       for tree in old new; do
         # the old tree (92a0115) trained through the fused fp32 MLPs by default: ask it for torch's (as main's default)
         dir=$PWD; extra=(); [ $tree = old ] && dir=$S/old && extra=(-- --density_network '{"fused": false}' --rgb_network '{"fused": false}')
         (cd "$dir" && PYTHONPATH=/tmp/site:$dir python3 -m hvd_ngp.bench throughput --scene $S/lego --backends triton \
-          --warmup_steps 400 --steps 60 --repeat 5 --no_compile --profile_steps 0 --eval_views 0 --json $out/throughput_${tree}_$round.json \
+          --warmup_steps 400 --steps 300 --repeat 5 --no_compile --profile_steps 0 --eval_views 0 --json $out/throughput_${tree}_$round.json \
           --markdown '' "${extra[@]}" >$out/throughput_${tree}_$round.log 2>&1)
       done
     done
     python3 - "$out" <<'PY'
 import json, pathlib, sys
+import statistics
+rates = {}
 for f in sorted(pathlib.Path(sys.argv[1]).glob("throughput_*.json")):
     r = json.load(open(f))["training"][0]
+    rates.setdefault(f.stem.split("_")[1], []).append(r["samples_per_sec"] / 1e6)
     print(f.stem, f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step, {r['samples_per_step']:.0f} samples/step,",
           {k: round(v, 2) for k, v in r["stages_ms"].items()})
+print({tree: f"median {statistics.median(v):.2f} M samples/s over {len(v)} rounds" for tree, v in rates.items()})
 PY
     ;;
   memory13)  # issue 13: equal-step PSNR capped vs uncapped (two runs each, side by side), 60 s capped, one snapshot rendered both ways
@@ -199,6 +204,22 @@ for d in sorted(pathlib.Path(sys.argv[1]).glob("r14_*/metrics.json")):
     print(f"{d.parent.name}: steps {m['steps']}, train {m['train_seconds']} s, PSNR {m['test_psnr']:.4f} over {m['test_views']} views")
 PY
     for f in $out/r14_*.log; do grep -l -E "Error|error" "$f" && tail -3 "$f"; done
+    ;;
+  quality16)  # issues 14/16: the default (fp32) against bf16 + fused MLPs on a 60 s budget, two seeds each, one at a time
+    fused='{"fused": true}'
+    for seed in 1337 1; do
+      for v in fp32 bf16fused; do
+        extra=(); [ $v = bf16fused ] && extra=(--precision bf16 --density_network "$fused" --rgb_network "$fused")
+        python3 -m hvd_ngp.train --scene $S/lego --time_budget_s ${3:-60} --eval_at_s 15,30 --seed $seed --log_every 4000 \
+          --save_renders 0 "${extra[@]}" --out_dir $out/q_${v}_$seed >$out/q_${v}_$seed.log 2>&1
+      done
+    done
+    python3 - "$out" <<'PY'
+import json, pathlib, sys
+for d in sorted(pathlib.Path(sys.argv[1]).glob("q_*/metrics.json")):
+    m = json.load(open(d))
+    print(f"{d.parent.name}: steps {m['steps']}, PSNR {m['test_psnr']:.3f}, curve {[(c['seconds'], round(c['psnr'], 2)) for c in m['curve']]}")
+PY
     ;;
   quality)
     seed=${3:-1337}; secs=${4:-60}
