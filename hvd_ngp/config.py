@@ -209,8 +209,11 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                         "compositing; optional, not on PyPI); auto picks the fastest available")
     g.add_argument("--cuda_graphs", choices=("auto", "on", "off"), default="auto",
                    help="replay the training step as CUDA graphs (auto: where it can be, i.e. a CUDA GPU, the triton "
-                        "or tcnn backend, fp32 or bf16, no gradient accumulation, not elastic; on: an error where it "
+                        "backend, fp32 or bf16, no gradient accumulation, not elastic; on: an error where it "
                         "cannot; off: the eager step, the reference)")
+    g.add_argument("--draw_ahead", choices=("on", "off"), default="off",
+                   help="graphed steps: draw the next step's rays while the GPU runs this one's forward and "
+                        "backward (the same rays as off; images on the device only)")
     g.add_argument("--gpu_memory_gb", type=float, default=0.0,
                    help="GPU memory this process may use, in GiB: step buffers, evaluation and rendering chunks are "
                         "planned from it, and the process is capped to it (0: the GPU's free memory at start minus a "

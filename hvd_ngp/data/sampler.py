@@ -128,6 +128,17 @@ class RaySampler:
         self.epoch = -1
         self.set_epoch(epoch)
 
+    @property
+    def version(self) -> int:
+        """Changes whenever what the next draw returns can change (shard, scores, resolution, resident images)."""
+        return self._version
+
+    @property
+    def draws_on_device(self) -> bool:
+        """Draws are device work only (images resident on the device; no background thread, no streaming),
+        so a batch can be drawn ahead and un-drawn by restoring ``generator``'s state."""
+        return self.store.on_device
+
     # -------------------------------------------------------------------------------- state changes
 
     def set_epoch(self, epoch: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -75,6 +75,8 @@ class TrainState:
     ema: Any = None  # optim.ParameterEma | None
     #: model parallel: JSON {"model_parallel": K, "partition": ...} (``render.regions.Partition``); None: K = 1
     layout: str | None = None
+    #: called before the random streams are read (the trainer un-draws rays it drew ahead: --draw_ahead)
+    before_pack: Callable[[], None] | None = None
 
     @property
     def n_rays(self) -> int:
@@ -101,6 +103,8 @@ class TrainState:
 
     def pack_streams(self) -> Tensor:
         """This rank's random-generator states and ray count as one byte vector ``[L]`` uint8 (CPU)."""
+        if self.before_pack is not None:
+            self.before_pack()
         if hasattr(self.budget, "settle"):
             self.budget.settle()
         return torch.cat([t.reshape(-1).to("cpu", torch.uint8) for _, t in self._streams()])

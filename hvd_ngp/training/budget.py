@@ -59,7 +59,10 @@ class RayBudget:
         if self.fixed is not None:
             self.n_rays = self.fixed
 
-    def update(self, res: StepResult) -> int:
+    def update(self, res: StepResult, apply: bool = True) -> int:
+        """Take the step's counts: applied now on the host path; on the device path copied without blocking
+        and applied once landed (``apply``), or only by the next ``settle`` (``apply=False``: the ray count
+        then changes only where the caller settles, as drawing rays ahead needs)."""
         if not isinstance(res.n_samples, Tensor):
             self._adapt(res.n_samples, res.n_candidates, res.n_valid)
             return self.n_rays
@@ -72,7 +75,7 @@ class RayBudget:
             event = torch.cuda.Event()
             event.record()
         self._pending.append((event, host))
-        while self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):
+        while apply and self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):
             _, ready = self._pending.pop(0)
             self._adapt(*ready.tolist())
         return self.n_rays

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -279,8 +280,11 @@ class GraphedStep:
     # ----------------------------------------------------------------------------------- one step
 
     def __call__(self, rays: RayBatch, background: Tensor, jitter: Tensor, step: int, loss_scale: float = 1.0,
-                 timer: StageTimer = NULL_TIMER) -> StepResult:
-        """One training step (``step``: 0-based) on ``rays`` (background ``[R, 3]``, jitter ``[R]``)."""
+                 timer: StageTimer = NULL_TIMER, meanwhile: Callable[[], None] | None = None) -> StepResult:
+        """One training step (``step``: 0-based) on ``rays`` (background ``[R, 3]``, jitter ``[R]``).
+
+        ``meanwhile``: host work to do while the GPU runs graph A, before the step waits for its flags
+        (the trainer draws the next step's rays: ``--draw_ahead``); it must not touch the parameters."""
         n = len(rays)
         current = self.inputs["origins"].shape[0] if self.inputs else None
         rows = ray_capacity(n, current, self.max_rays, self.ray_quantum)
@@ -300,6 +304,9 @@ class GraphedStep:
             self.graphs[0].replay()
             stats, ray_loss, valid = self.outputs
         timer.mark("graph: forward and backward" if not eager else "backward")
+        if meanwhile is not None:
+            meanwhile()
+            timer.mark("sampling ahead")
         if self.guard is not None and self.guard.carries_stop:
             self.guard.fold_stop(self.grads.tail)
         self.grads.allreduce_(compression=self.compression)  # no call at size 1

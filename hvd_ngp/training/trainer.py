@@ -43,6 +43,7 @@ from ..state import checkpoint
 from ..state.checkpoint import CheckpointManager, resume
 from ..state.failures import NonFiniteGuard, Watchdog
 from ..state.trainstate import TrainState, make_rank_streams
+from .ahead import Draw, DrawAhead
 from .budget import RayBudget
 from .graphed import GraphedStep, eligibility, set_learning_rate, use_graphs
 from .evaluate import BACKGROUNDS, evaluate
@@ -107,6 +108,7 @@ class Trainer:
     graphed: GraphedStep | None = None  # the step as CUDA graphs (--cuda_graphs), else train_step
     mp: ModelParallel | None = None  # --model_parallel K > 1: this rank's region and the segment exchange
     mp_reports: list = dc_field(default_factory=list)  # per log interval (model parallel)
+    ahead: DrawAhead | None = None  # --draw_ahead on (graphed steps): the next step's rays, drawn early
 
     @property
     def sampler(self) -> RaySampler:
@@ -226,10 +228,22 @@ class Trainer:
                                         data.settings.importance_weights, comm.compression, args.max_rays)
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
                      state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed, mp=mp)
+        tr.use_draw_ahead(args.draw_ahead == "on")
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
         if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
             data.load_state_dict(state.progress["data"])
         return tr
+
+    def use_draw_ahead(self, wanted: bool) -> None:
+        """``--draw_ahead on``: draw each step's rays during the previous graphed step (``training.ahead``);
+        only for a graphed step drawing from images on the device (the log says why not otherwise)."""
+        why_not = None if self.graphed is not None else "the step is not graphed (--cuda_graphs)"
+        if why_not is None and not self.sampler.draws_on_device:
+            why_not = "the images are not on the device (their batches are already prepared by a background thread)"
+        if wanted and why_not:
+            dist.log(f"draw ahead: off ({why_not})")
+        self.ahead = DrawAhead() if wanted and why_not is None else None
+        self.state.before_pack = None if self.ahead is None else self.ahead.rewind
 
     def lr_multiplier(self) -> float:
         """The learning-rate rule (``--lr_scaling``) for the current world (an elastic one changes size)."""
@@ -263,17 +277,14 @@ class Trainer:
                                  self.march.warmup_steps, args.seed, box=self.mp.box, share=(g.replica, g.replicas))
             timer.mark("occupancy update")
         n_rays = self.budget.n_rays * self.args.comm.backward_passes_per_step  # the budget is per backward pass
-        rays = self.data.sample(n_rays)
-        if args.train_background == "random":  # also for opaque scenes: it teaches full opacity
-            background = torch.rand((n_rays, 3), generator=self.generator, device=rt.device)
-        else:
-            background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=rt.device)
-            background = background.expand(n_rays, 3)
-        jitter = torch.rand(n_rays, generator=self.generator, device=rt.device)
+        draw = None if self.ahead is None else self.ahead.take(step, n_rays, self.sampler, self.generator)
+        draw = draw or self._draw(n_rays)
+        rays, background, jitter = draw.rays, draw.background, draw.jitter
         timer.mark("sampling")
         with out_of_memory_as_error(f"training step (step {step + 1})", self.memory, STEP_HINT):
             if self.graphed is not None:
-                res = self.graphed(rays, background, jitter, step, self.data.loss_scale, timer)
+                meanwhile = None if self.ahead is None else (lambda: self._draw_ahead(step + 1))
+                res = self.graphed(rays, background, jitter, step, self.data.loss_scale, timer, meanwhile)
             else:
                 res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn,
                                  jitter, args.precision, self.scaler, self.renderer, timer,
@@ -281,7 +292,7 @@ class Trainer:
                                  self.data.settings.importance_weights, self.data.loss_scale)
         faultpoints.slow_down(step + 1, res.n_samples)  # test hook, like faultpoints.at_step
         if self.mp is None:
-            self.budget.update(res)
+            self.budget.update(res, apply=self.ahead is None)  # drawing ahead: the count changes where it draws
         else:  # the replica's K ranks adapt to the same count, so they keep drawing the same rays
             self.budget.update(replace(res, n_samples=self.mp.take_step_samples()))
         if self.state.ema is not None and not res.skipped:  # every rank took this step (or none did)
@@ -289,6 +300,23 @@ class Trainer:
         # the error map (a collective every N steps, on every rank; a skipped step's loss is not recorded)
         self.data.observe(step, rays, None if res.skipped else res.ray_loss, res.valid)
         return res, n_rays
+
+    def _draw(self, n_rays: int) -> Draw:
+        """``n_rays`` training rays with their backgrounds and marching jitter (this rank's streams)."""
+        args, dev = self.args, self.rt.device
+        rays = self.data.sample(n_rays)
+        if args.train_background == "random":  # also for opaque scenes: it teaches full opacity
+            background = torch.rand((n_rays, 3), generator=self.generator, device=dev)
+        else:
+            background = torch.tensor(BACKGROUNDS.get(args.train_background, (0.0, 0.0, 0.0)), device=dev)
+            background = background.expand(n_rays, 3)
+        return Draw(rays, background, torch.rand(n_rays, generator=self.generator, device=dev))
+
+    def _draw_ahead(self, step: int) -> None:
+        """During the graphed step before ``step``: settle the ray count, then draw ``step``'s batch."""
+        self.budget.settle()
+        self.ahead.put(step, self.budget.n_rays * self.args.comm.backward_passes_per_step, self.sampler,
+                       self.generator, self._draw)
 
     def end_interval(self, table) -> None:
         """After the monitor's reduction (every rank): epoch, load balance and resolution for the next interval;

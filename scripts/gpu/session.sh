@@ -151,12 +151,14 @@ PY
     timeout 90 python3 -m hvd_ngp.bench mlp --json $out/mlp.json --markdown "" 2>&1 | tail -16
     # default (graphs auto = on; triton beside tcnn when the tinycudann wheel is staged), graphs off, bf16 + fused MLPs
     fused='{"fused": true}'
-    for v in default graphs_off bf16_fused; do
+    for v in default graphs_off draw_ahead bf16_fused bf16_fused_ahead; do
       extra=(); backends=triton
       case $v in
         default) python3 -c 'import tinycudann' 2>/dev/null && backends=triton,tcnn ;;
         graphs_off) extra=(-- --cuda_graphs off) ;;
+        draw_ahead) extra=(-- --draw_ahead on) ;;
         bf16_fused) extra=(--precision bf16 -- --density_network "$fused" --rgb_network "$fused") ;;
+        bf16_fused_ahead) extra=(--precision bf16 -- --density_network "$fused" --rgb_network "$fused" --draw_ahead on) ;;
       esac
       timeout 170 python3 -m hvd_ngp.bench throughput --scene $S/lego --backends $backends --warmup_steps 300 --steps 60 \
         --repeat 3 --no_compile --profile_steps 3 --json $out/tp_$v.json --markdown '' "${extra[@]}" \
