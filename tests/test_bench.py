@@ -11,8 +11,8 @@ import pytest
 
 from conftest import ROOT, TINY_ARGS
 from hvd_ngp.bench.__main__ import available
-from hvd_ngp.bench._scaling_rank import interval_mean, steady_throughput
-from hvd_ngp.bench.scaling import rank_counts, summarize, time_to
+from hvd_ngp.bench._scaling_rank import interval_mean, steady_step_seconds, steady_throughput
+from hvd_ngp.bench.scaling import BenchError, per_rank_samples, rank_counts, summarize, time_to
 from hvd_ngp.bench.throughput import WINDOW, ProfEvent, busy_share, outermost_aten_ops, step_profile
 
 
@@ -50,6 +50,30 @@ def test_summary_arithmetic():
     # without a 1-rank run, speedup is counted from the smallest run's per-rank rate
     rows = summarize([run(2, 200.0), run(4, 360.0)], [33.0])
     assert rows[0]["speedup"] == pytest.approx(2.0) and rows[1]["efficiency"] == pytest.approx(0.9)
+    assert [r["mode"] for r in rows] == ["weak", "weak"]
+
+
+def test_strong_scaling_arithmetic():
+    history = [{"step": 10, "seconds": 4.0}, {"step": 20, "seconds": 6.0}, {"step": 40, "seconds": 10.0}]
+    assert steady_step_seconds(history) == pytest.approx(0.2)  # after the first interval: 6 s / 30 steps
+    assert steady_step_seconds(history[:1]) == pytest.approx(0.4) and steady_step_seconds([]) is None
+    assert per_rank_samples("weak", 1024, 4) == 1024 and per_rank_samples("strong", 1024, 4) == 256
+    with pytest.raises(BenchError, match="--target_samples 1000 .* 3 rank"):
+        per_rank_samples("strong", 1000, 3)
+    run = lambda mode, n, step_s, rate: {"mode": mode, "ranks": n, "nodes": 1, "target_samples": 1024 // n,  # noqa: E731
+                                         "steady_step_s": step_s, "steady_samples_per_sec": rate,
+                                         "gpu_util_percent": None, "comm_share": 0.1, "samples_per_joule": None,
+                                         "test_psnr": 30.0, "psnr_curve": [(5.0, 33.1)], "ceiling": []}
+    # strong: speedup from seconds per step (0.4 s -> 0.25 s), not from throughput; weak rows keep theirs
+    rows = summarize([run("weak", 1, 0.4, 100.0), run("weak", 2, 0.5, 160.0),
+                      run("strong", 1, 0.4, 100.0), run("strong", 2, 0.25, 150.0)], [33.0])
+    assert [(r["mode"], r["ranks"]) for r in rows] == [("weak", 1), ("weak", 2), ("strong", 1), ("strong", 2)]
+    assert rows[1]["speedup"] == pytest.approx(1.6) and rows[2]["speedup"] == pytest.approx(1.0)
+    assert rows[3]["speedup"] == pytest.approx(1.6) and rows[3]["efficiency"] == pytest.approx(0.8)
+    assert rows[3]["samples_per_rank_step"] == 512 and rows[3]["time_to_psnr"] == {"33.0": 5.0}
+    # from 2 ranks: the smallest run counts as 2x
+    rows = summarize([run("strong", 2, 0.3, 1.0), run("strong", 4, 0.2, 1.0)], [])
+    assert rows[1]["speedup"] == pytest.approx(3.0) and rows[1]["efficiency"] == pytest.approx(0.75)
 
 
 @pytest.mark.parallel
@@ -74,12 +98,40 @@ def test_scaling_end_to_end_on_cpu(scene_cache, tmp_path):
     assert all(c["backend"] == "gloo" and c["horovod_s"] > 0 and c["raw_s"] > 0 for c in ceiling)
     assert summary["runs"][0]["ceiling"] == []  # nothing to reduce at 1 rank
     # the table printed, and the dated section with the command
-    assert re.search(r"^\| 2 +\| 1 +\| [\d.]+ +\| [\d.]+x +\| [\d.]+% +\| n/a +\| [\d.]+% +\| n/a", proc.stdout, re.M), \
-        proc.stdout
+    assert one["mode"] == two["mode"] == "weak" and one["samples_per_rank_step"] == two["samples_per_rank_step"] == 1024
+    assert re.search(r"^\| weak +\| 2 +\| 1 +\| 1024 +\| [\d.]+ +\| [\d.]+ +\| [\d.]+x +\| [\d.]+% +\| n/a +\| "
+                     r"[\d.]+% +\| n/a", proc.stdout, re.M), proc.stdout
     text = markdown.read_text()
     assert text.startswith("# Benchmarks") and re.search(r"^## Scaling \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\)$", text, re.M)
     assert "`python -m hvd_ngp.bench scaling --ranks 1,2" in text and "| not reached " in text
-    assert re.search(r"^\| 2 +\| hash grid \(encoding.params\) +\|", text, re.M), text
+    assert re.search(r"^\| weak +\| 2 +\| hash grid \(encoding.params\) +\|", text, re.M), text
+
+
+@pytest.mark.parallel
+def test_strong_scaling_halves_the_per_rank_samples_on_cpu(scene_cache, tmp_path):
+    proc = bench("scaling", "--mode", "strong", "--ranks", "1,2", "--ceiling_repeats", "1", "--psnr_targets", "10",
+                 "--out_dir", str(tmp_path / "runs"), "--markdown", "none", "--",
+                 *TINY_ARGS, "--scene_cache", str(scene_cache), "--n_steps", "20", "--log_every", "5",
+                 "--eval_every", "10", "--device", "cpu", timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((tmp_path / "runs" / "scaling.json").read_text())
+    # what each run parsed (its own result file), not what the bench meant to pass
+    used = {n: json.loads((tmp_path / "runs" / f"strong-ranks{n}" / "result.json").read_text())["target_samples"]
+            for n in (1, 2)}
+    assert used == {1: 1024, 2: 512}
+    assert [(r["mode"], r["ranks"], r["target_samples"]) for r in summary["runs"]] == [("strong", 1, 1024),
+                                                                                       ("strong", 2, 512)]
+    one, two = summary["rows"]
+    assert (one["mode"], two["mode"]) == ("strong", "strong") and one["speedup"] == pytest.approx(1.0)
+    assert two["speedup"] == pytest.approx(one["step_s"] / two["step_s"]) and two["step_s"] > 0
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+    assert set(two["time_to_psnr"]) == {"10.0"}
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("| mode"))
+    assert [c.strip() for c in header.strip("|").split("|")][:8] == [
+        "mode", "ranks", "nodes", "samples/rank/step", "ms/step", "M samples/s", "speedup", "efficiency"]
+    assert "time to 10 dB" in header
+    assert re.search(r"^\| strong +\| 2 +\| 1 +\| 512 +\|", proc.stdout, re.M), proc.stdout
 
 
 def test_memory_bench_gives_the_same_psnr_under_every_budget(tmp_path, scene_cache):

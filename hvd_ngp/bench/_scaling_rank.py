@@ -5,7 +5,7 @@
 1. the allreduce ceiling (Horovod vs raw torch.distributed) for this model's gradient sizes;
 2. training as ``hvd_ngp.train`` does it; its monitor measures, per log interval, the share of time
    blocked in collectives, GPU utilisation and energy (NVML);
-3. rank 0 writes {throughput, communication share, GPU utilization, energy, PSNR history, ceiling}.
+3. rank 0 writes {samples per rank and step, throughput, seconds per step, communication share, GPU utilization, energy, PSNR history, ceiling}.
 """
 
 from __future__ import annotations
@@ -49,6 +49,15 @@ def steady_throughput(history: list[dict]) -> float:
     return sum(rate * s for rate, s in intervals) / seconds if seconds > 0 else 0.0
 
 
+def steady_step_seconds(history: list[dict]) -> float | None:
+    """Seconds per step over the log intervals after the first (as ``steady_throughput``); None without steps."""
+    points = [(0, 0.0)] + [(h["step"], h["seconds"]) for h in history]
+    if len(points) > 2:
+        points = points[1:]
+    steps = points[-1][0] - points[0][0]
+    return (points[-1][1] - points[0][1]) / steps if steps > 0 else None
+
+
 def interval_mean(history: list[dict], key: str) -> float | None:
     """Time-weighted mean of a monitor field over the log intervals; None when any interval lacks it."""
     pairs = [(h.get(key), h.get("interval_s") or 0.0) for h in history]
@@ -75,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         out = {
             "ranks": rt.size, "nodes": rt.cross_size, "device": result.metrics["device"],
             "controller": rt.controller, "steps": result.step, "train_seconds": train_s,
+            "target_samples": args.target_samples,  # per rank and step, as this run parsed it
             "samples_per_sec": result.metrics["samples_per_sec"], "steady_samples_per_sec": steady_throughput(history),
+            "steady_step_s": steady_step_seconds(history),
             "comm_share": interval_mean(history, "comm_fraction") if rt.size > 1 else 0.0,
             "gpu_util_percent": interval_mean(history, "gpu_util"),
             "energy_j": energy, "samples_per_joule": samples / energy if energy else None,

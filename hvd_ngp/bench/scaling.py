@@ -3,9 +3,12 @@
     python -m hvd_ngp.bench scaling --ranks 1,2 -- --scene data/nerf_synthetic/lego --n_steps 20000
 
 For each rank count: one launch (through ``hvd_ngp.tools.launch``, so hostfiles and fabrics work as for
-training) of the same training run, weak scaling (``--target_samples`` per rank and step). Reports
-throughput (steady state: log intervals after the first), speedup and efficiency against the
-smallest count, GPU utilization and samples per joule (NVML; n/a on CPU), the share of training
+training) of the same training run. ``--mode weak`` (the default): ``--target_samples`` per rank and
+step, speedup = throughput against the smallest count's per-rank throughput. ``--mode strong``:
+``--target_samples`` for all ranks together, each of N ranks training target_samples / N per step,
+speedup = seconds per step at the smallest count (x its ranks) / seconds per step at N. ``both``
+runs each (the one-rank run serves both). Efficiency = speedup / N. Reports
+throughput and seconds per step (steady state: log intervals after the first), speedup and efficiency, GPU utilization and samples per joule (NVML; n/a on CPU), the share of training
 time spent waiting for gradient allreduces, the training time (evaluation excluded) until test PSNR
 first reached each target (evaluated every ``--eval_every`` steps or at ``--eval_at_s`` times; by
 default ten times per run; "not reached" otherwise), and
@@ -35,6 +38,7 @@ from ..tools.launch import plan, split_program_args
 from .report import append_markdown, table, write_json
 
 WORKER = "hvd_ngp.bench._scaling_rank"
+MODES = ("weak", "strong", "both")
 
 
 class BenchError(HvdNgpError):
@@ -46,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--ranks", default="auto", help="comma-separated rank counts (auto: 1, 2, 4, ... up to the GPUs "
                                                     "or the hostfile's slots; 1,2 on CPU)")
+    p.add_argument("--mode", choices=MODES, default="weak",
+                   help="weak: --target_samples per rank and step; strong: --target_samples per step for all ranks "
+                        "together (each of N ranks trains target_samples / N); both: each")
     p.add_argument("--psnr_targets", default="33,35", help="test PSNR targets (dB) for time-to-PSNR")
     p.add_argument("--ceiling_repeats", type=int, default=20, help="timed allreduces per tensor for the ceiling")
     p.add_argument("--out_dir", default=None, help="per-run results and logs (default runs/bench/scaling-<time>)")
@@ -85,15 +92,33 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
     return next((t for t, psnr in curve if psnr >= target), None)
 
 
+def per_rank_samples(mode: str, target_samples: int, ranks: int) -> int:
+    """Samples per rank and step for one run: ``target_samples`` (weak) or its share of ``ranks`` (strong)."""
+    if mode == "weak":
+        return target_samples
+    if target_samples % ranks:
+        raise BenchError(f"--mode strong splits --target_samples {target_samples} over the ranks, but {ranks} "
+                         f"rank(s) do not divide it; choose a multiple of {ranks}")
+    return target_samples // ranks
+
+
 def summarize(results: list[dict], targets: list[float]) -> list[dict]:
-    """Per rank count: throughput, speedup and efficiency against the smallest count, time-to-PSNR."""
-    base = results[0]
-    base_rate = base["steady_samples_per_sec"] / base["ranks"]  # per rank
+    """Per run (each result carries its ``mode``): throughput, seconds per step, speedup and efficiency against
+    the smallest rank count of the same mode (weak: per-rank throughput; strong: seconds per step), time-to-PSNR."""
     rows = []
     for r in results:
-        speedup = r["steady_samples_per_sec"] / base_rate if base_rate > 0 else None
+        mode = r.get("mode", "weak")
+        base = next(b for b in results if b.get("mode", "weak") == mode)
+        if mode == "strong":
+            step_s, base_s = r.get("steady_step_s"), base.get("steady_step_s")
+            speedup = base["ranks"] * base_s / step_s if step_s and base_s else None
+        else:
+            base_rate = base["steady_samples_per_sec"] / base["ranks"]  # per rank
+            speedup = r["steady_samples_per_sec"] / base_rate if base_rate > 0 else None
         ceiling = next((c for c in r["ceiling"] if c["tensor"].startswith("hash grid")), None)
-        rows.append({"ranks": r["ranks"], "nodes": r["nodes"], "samples_per_sec": r["steady_samples_per_sec"],
+        rows.append({"mode": mode, "ranks": r["ranks"], "nodes": r["nodes"],
+                     "samples_per_rank_step": r.get("target_samples"), "step_s": r.get("steady_step_s"),
+                     "samples_per_sec": r["steady_samples_per_sec"],
                      "speedup": speedup, "efficiency": None if speedup is None else speedup / r["ranks"],
                      "gpu_util_percent": r["gpu_util_percent"], "comm_share": r["comm_share"],
                      "samples_per_joule": r["samples_per_joule"], "test_psnr": r["test_psnr"],
@@ -112,17 +137,19 @@ def render(rows: list[dict], results: list[dict], targets: list[float]) -> str:
         s = row["time_to_psnr"][str(t)]
         return "not reached" if s is None else f"{s:.1f} s"
 
-    columns = ["ranks", "nodes", "M samples/s", "speedup", "efficiency", "GPU util", "comm share", "samples/J",
-               *(f"time to {t:g} dB" for t in targets), "final test PSNR"]
+    columns = ["mode", "ranks", "nodes", "samples/rank/step", "ms/step", "M samples/s", "speedup", "efficiency",
+               "GPU util", "comm share", "samples/J", *(f"time to {t:g} dB" for t in targets), "final test PSNR"]
     cells = [dict(zip(columns, [
-        r["ranks"], r["nodes"], fmt(r["samples_per_sec"] / 1e6, ".3f"), fmt(r["speedup"], ".2f", "x"),
+        r["mode"], r["ranks"], r["nodes"], fmt(r["samples_per_rank_step"], "d"),
+        fmt(None if r["step_s"] is None else 1e3 * r["step_s"], ".1f"),
+        fmt(r["samples_per_sec"] / 1e6, ".3f"), fmt(r["speedup"], ".2f", "x"),
         fmt(None if r["efficiency"] is None else 100 * r["efficiency"], ".1f", "%"), fmt(r["gpu_util_percent"], ".0f", "%"),
         fmt(None if r["comm_share"] is None else 100 * r["comm_share"], ".1f", "%"), fmt(r["samples_per_joule"], ".3g"),
         *(reached(r, t) for t in targets), fmt(r["test_psnr"], ".2f", " dB")])) for r in rows]
     out = table(cells, columns)
-    c_columns = ["ranks", "tensor", "MiB", "Horovod", "raw torch.distributed", "Horovod / raw"]
+    c_columns = ["mode", "ranks", "tensor", "MiB", "Horovod", "raw torch.distributed", "Horovod / raw"]
     c_cells = [dict(zip(c_columns, [
-        r["ranks"], c["tensor"], f"{c['bytes'] / 2**20:.1f}",
+        r.get("mode", "weak"), r["ranks"], c["tensor"], f"{c['bytes'] / 2**20:.1f}",
         f"{1e3 * c['horovod_s']:.2f} ms, {c['horovod_busbw_gbs']:.3g} GB/s ({r['controller']} controller)",
         f"{1e3 * c['raw_s']:.2f} ms, {c['raw_busbw_gbs']:.3g} GB/s ({c['backend']})", f"{100 * c['ratio']:.0f}%"]))
         for r in results for c in r["ceiling"]]
@@ -149,20 +176,29 @@ def main(argv: list[str] | None = None) -> int:
     slots = None
     if opts.hostfile or opts.hosts:
         slots = plan(launch_parser().parse_args(launch_opts), os.environ, [], trainer.comm).placement.np
-    results = []
-    for n in rank_counts(opts.ranks, slots):
-        run_dir = out_dir / f"ranks{n}"
+    modes = ["weak", "strong"] if opts.mode == "both" else [opts.mode]
+    counts = rank_counts(opts.ranks, slots)
+    plans = [(mode, n, per_rank_samples(mode, trainer.target_samples, n)) for mode in modes for n in counts]
+    results, done = [], {}
+    for mode, n, per_rank in plans:
+        if (n, per_rank) in done:  # e.g. one rank: weak and strong are the same run
+            results.append({**done[(n, per_rank)], "mode": mode})
+            continue
+        run_dir = out_dir / (f"ranks{n}" if mode == "weak" else f"{mode}-ranks{n}")
         program = ["--result", str(run_dir / "result.json"), "--ceiling_repeats", str(opts.ceiling_repeats), "--",
-                   *trainer_args, *extra, "--out_dir", str(run_dir), "--save_renders", "0"]
+                   *trainer_args, *extra, "--out_dir", str(run_dir), "--save_renders", "0",
+                   "--target_samples", str(per_rank)]
         launch = plan(launch_parser().parse_args(["-np", str(n), *launch_opts]), os.environ, program, trainer.comm)
-        print(f"scaling: {n} rank(s): {launch.shell_line()}", file=sys.stderr, flush=True)
+        print(f"scaling ({mode}): {n} rank(s), {per_rank} samples/rank/step: {launch.shell_line()}", file=sys.stderr,
+              flush=True)
         try:
             proc = subprocess.run(launch.command, env={**os.environ, **launch.env}, timeout=opts.timeout_s or None)
         except subprocess.TimeoutExpired:
             raise BenchError(f"{n} rank(s) did not finish within --timeout_s {opts.timeout_s:g}") from None
         if proc.returncode != 0:
             raise BenchError(f"{n} rank(s) failed with exit status {proc.returncode} (output above)")
-        results.append(json.loads((run_dir / "result.json").read_text()))
+        done[(n, per_rank)] = json.loads((run_dir / "result.json").read_text())
+        results.append({**done[(n, per_rank)], "mode": mode})
 
     rows = summarize(results, targets)
     text = render(rows, results, targets)
@@ -176,7 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {json_path}", flush=True)
     if opts.markdown != "none":
         c = last["communication"]
-        settings = (f"{last['device']} on {socket.gethostname()}, {opts.launcher}, controller {last['controller']}; "
+        how = {"weak": f"weak scaling ({trainer.target_samples} samples per rank and step)",
+               "strong": f"strong scaling ({trainer.target_samples} samples per step over all ranks)",
+               "both": f"weak and strong scaling ({trainer.target_samples} samples per step per rank, and over "
+                       f"all ranks)"}[opts.mode]
+        settings = (f"{how}; {last['device']} on {socket.gethostname()}, {opts.launcher}, controller {last['controller']}; "
                     f"fusion {c['fusion_threshold_mb']:g} MiB, cycle {c['cycle_time_ms']:g} ms, compression "
                     f"{c['compression']}, {c['reduce_op']}, lr x{c['lr_multiplier']:.3g} at {last['ranks']} ranks; "
                     f"{last['steps']} steps per run. Throughput: log intervals after the first; time to PSNR: "
