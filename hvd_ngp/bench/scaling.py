@@ -7,8 +7,9 @@ training) of the same training run. ``--mode weak`` (the default): ``--target_sa
 step, speedup = throughput against the smallest count's per-rank throughput. ``--mode strong``:
 ``--target_samples`` for all ranks together, each of N ranks training target_samples / N per step,
 speedup = seconds per step at the smallest count (x its ranks) / seconds per step at N. ``both``
-runs each (the one-rank run serves both). Efficiency = speedup / N. Reports
-throughput and seconds per step (steady state: log intervals after the first), speedup and efficiency, GPU utilization and samples per joule (NVML; n/a on CPU), the share of training
+runs each (the one-rank run serves both). Efficiency = speedup / N. Reports throughput and seconds
+per step (steady state: log intervals after the first), speedup and efficiency, GPU utilization and
+samples per joule (NVML; n/a on CPU), the share of training
 time spent waiting for gradient allreduces, the training time (evaluation excluded) until test PSNR
 first reached each target (evaluated every ``--eval_every`` steps or at ``--eval_at_s`` times; by
 default ten times per run; "not reached" otherwise), and
