@@ -95,6 +95,22 @@ def test_march_skips_free_cells_and_grid_update_is_max_decay():
     torch.testing.assert_close(grid.density, before * 0.5)
 
 
+def test_occupied_cells_are_visible_and_above_the_threshold_or_the_visible_mean():
+    grid = OccupancyGrid(AABB, resolution=4, threshold=0.5)
+    g = torch.Generator().manual_seed(3)
+    grid.density.copy_(torch.rand(grid.density.shape, generator=g) * 0.2)  # all below the threshold
+    grid.visible.copy_(torch.rand(grid.visible.shape, generator=g) > 0.3)
+    grid.refresh_occupied()
+    mean = grid.density[grid.visible].mean()  # below 0.5: the mean of the visible cells decides
+    assert torch.equal(grid.occupied, grid.visible & (grid.density > mean))
+    grid.density.mul_(10.0)  # now the threshold is below the mean
+    grid.refresh_occupied()
+    assert torch.equal(grid.occupied, grid.visible & (grid.density > 0.5))
+    grid.visible.zero_()  # nothing visible: nothing occupied (no division by zero)
+    grid.refresh_occupied()
+    assert not grid.occupied.any()
+
+
 def test_cascades_cover_nested_boxes():
     grid = OccupancyGrid(torch.tensor([[-1.5, -1.5, -1.5], [2.5, 2.5, 2.5]]), resolution=4, n_cascades=3)
     pts = torch.tensor([[0.5, 0.5, 0.5], [0.95, 0.5, 0.5], [1.4, 0.5, 0.5], [2.4, 0.5, 0.5]])

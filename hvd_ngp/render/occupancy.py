@@ -138,9 +138,10 @@ class OccupancyGrid(nn.Module):
         self.refresh_occupied()
 
     def refresh_occupied(self) -> None:
-        """occupied = visible and above min(threshold, mean over visible cells)."""
-        mean = float(self.density[self.visible].mean()) if bool(self.visible.any()) else 0.0
-        self.occupied.copy_(self.visible & (self.density > min(self.threshold, mean)))
+        """occupied = visible and above min(threshold, mean over visible cells) (on the device: no host read)."""
+        visible = self.visible.float()
+        mean = (self.density * visible).sum() / visible.sum().clamp(min=1.0)  # 0 when no cell is visible
+        self.occupied.copy_(self.visible & (self.density > mean.clamp(max=self.threshold)))
 
     @torch.no_grad()
     def mark_unseen(self, c2w: Tensor, intrinsics: Tensor, sizes: Tensor, near: float = 0.0) -> float:
