@@ -19,6 +19,15 @@ cd "$(dirname "$0")/../.."
 S=/tmp/stage
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 step=$1; out=${2:-/tmp/out}; mkdir -p "$out"
+runs_table() {  # DIR GLOB: steps, training seconds, test PSNR and the PSNR curve of each run's metrics.json
+  python3 - "$1" "$2" <<'PY'
+import json, pathlib, sys
+for d in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}/metrics.json")):
+    m = json.load(open(d))
+    print(f"{d.parent.name}: steps {m['steps']}, train {m['train_seconds']} s, PSNR {m['test_psnr']:.4f} over "
+          f"{m['test_views']} views, curve {[(c['seconds'], round(c['psnr'], 2)) for c in m.get('curve', [])]}")
+PY
+}
 case $step in
   prepare)  # development machine: lego as lossless WebP (pixels with alpha 0 zeroed), fox, instant-ngp, a wheel
     py=.venv/bin/python; src=${HVD_NGP_SHARED:-../shared}
@@ -183,12 +192,7 @@ PY
         "${extra[@]}" --out_dir "$out/graphs_$r" >"$out/graphs_$r.log" 2>&1 &
     done
     wait
-    python3 - "$out" <<'PY'
-import json, pathlib, sys
-for d in sorted(pathlib.Path(sys.argv[1]).glob("graphs_*/metrics.json")):
-    m = json.load(open(d))
-    print(f"{d.parent.name}: steps {m['steps']}, train {m['train_seconds']} s, PSNR {m['test_psnr']:.4f} over {m['test_views']} views")
-PY
+    runs_table "$out" "graphs_*"
     ;;
   recipe14)  # issue 14: one change at a time at equal steps (6000), two seeds, four runs side by side on the GPU
     T="python3 -m hvd_ngp.train --scene $S/lego --n_steps ${3:-6000} --log_every 3000 --save_renders 0"
@@ -199,12 +203,7 @@ PY
       $T --seed $seed --marching '{"update_schedule": "ramp"}' --out_dir $out/r14_ramp_$seed >$out/r14_ramp_$seed.log 2>&1 &
     done
     wait
-    python3 - "$out" <<'PY'
-import json, pathlib, sys
-for d in sorted(pathlib.Path(sys.argv[1]).glob("r14_*/metrics.json")):
-    m = json.load(open(d))
-    print(f"{d.parent.name}: steps {m['steps']}, train {m['train_seconds']} s, PSNR {m['test_psnr']:.4f} over {m['test_views']} views")
-PY
+    runs_table "$out" "r14_*"
     for f in $out/r14_*.log; do grep -l -E "Error|error" "$f" && tail -3 "$f"; done
     ;;
   quality16)  # issues 14/16: the default (fp32) against bf16 + fused MLPs on a 60 s budget, two seeds each, one at a time
@@ -216,12 +215,7 @@ PY
           --save_renders 0 "${extra[@]}" --out_dir $out/q_${v}_$seed >$out/q_${v}_$seed.log 2>&1
       done
     done
-    python3 - "$out" <<'PY'
-import json, pathlib, sys
-for d in sorted(pathlib.Path(sys.argv[1]).glob("q_*/metrics.json")):
-    m = json.load(open(d))
-    print(f"{d.parent.name}: steps {m['steps']}, PSNR {m['test_psnr']:.3f}, curve {[(c['seconds'], round(c['psnr'], 2)) for c in m['curve']]}")
-PY
+    runs_table "$out" "q_*"
     ;;
   quality)
     seed=${3:-1337}; secs=${4:-60}
