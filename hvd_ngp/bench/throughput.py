@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"/ wall time; aten ops/step: outermost aten operators (the CPU's stand-in for launches); over "
         f"{opts.profile_steps} steps under torch.profiler (its overhead makes GPU busy a lower bound).",
         table(stage_rows, ["stage (ms/step)", *[r["backend"] for r in training]]),
-        *([f"Longest kernels under the profiler (device time per step):",
+        *(["Longest kernels under the profiler (device time per step):",
            table(kernels, ["kernel (device ms/step)", *[r["backend"] for r in training]])] if kernels else []),
         f"Hash grid ({spec.n_levels} levels x {spec.n_features_per_level}, 2^{spec.log2_hashmap_size} table), "
         f"{opts.points} points:",

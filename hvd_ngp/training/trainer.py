@@ -262,7 +262,7 @@ class Trainer:
     def step(self, step: int, timer: StageTimer = NULL_TIMER) -> tuple[StepResult, int]:
         """Training step number ``step`` (0-based, collective): occupancy refresh when due, rays, render,
         update. Returns the result and the number of rays it used."""
-        args, rt = self.args, self.rt
+        args = self.args
         timer.start()
         faultpoints.at_step(step + 1)  # test-only fault injection (HVD_NGP_FAULTS); a no-op otherwise
         for group in self.optimizer.param_groups:
