@@ -47,6 +47,7 @@ PY
     rm -rf .stage/fox .stage/ingp && cp -r "$src/data/fox" .stage/fox && cp -r "$src/anchors/instant-ngp" .stage/ingp
     mkdir -p .whl && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 -d .whl configargparse
+    mkdir -p .whl_tcnn && cp "$src"/wheels/tinycudann-*.whl .whl_tcnn/  # 12 MB: carry it only with room to spare
     # the offline set-up's wheelhouse for the GPU image (Python 3.12; it has torch, triton and OpenCV), in two
     # carries of < 64 MiB, with the tiny-cuda-nn source tarball
     rm -rf .stage/wh .stage/wh2 /tmp/wh_full && mkdir -p .stage/wh .stage/wh2
@@ -66,7 +67,9 @@ PY
     [ -d .stage/ingp ] && cp -r .stage/ingp $S/
     for part in .stage/wh .stage/wh2; do [ -d $part ] && mkdir -p $S/wh && cp $part/* $S/wh/; done
     [ -d .stage/old ] && rm -rf $S/old && cp -r .stage/old $S/old
-    ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    for w in .whl .whl_tcnn; do  # configargparse; the tinycudann GPU wheel (for tcnn rows), carried on its own
+      ls $w/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site $w/*.whl
+    done
     echo "staged: lego train $(ls $S/lego/train 2>/dev/null | wc -l), test $(ls $S/lego/test | wc -l); fox $(ls $S/fox/images 2>/dev/null | wc -l)"
     ;;
   tests)
