@@ -133,6 +133,33 @@ def test_step_body_equals_train_step(scene_cache, tmp_path):
 
 
 @needs_interpreter
+def test_step_body_follows_train_step_across_a_change_of_buffer_sizes(scene_cache, tmp_path):
+    """The renderer's buffers halve after step 2 (the graphed step re-allocates its inputs; on a GPU it
+    captures again): losses and sample counts stay those of train_step."""
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    runs = []
+    for graphed in (False, True):
+        tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(graphed), "--n_steps", "5",
+                                                    "--backend", "triton", "--n_rays_init", "128")))
+        if graphed:
+            tr.graphed = _graphed(tr)
+        out = []
+        for i in range(5):
+            if i == 3:
+                tr.budget.sample_capacity //= 2
+                tr.budget.candidate_capacity //= 2
+            res, n_rays = tr.step(i)
+            tr.budget.settle()
+            out.append((float(res.loss), int(res.n_samples), int(res.n_candidates), n_rays))
+        runs.append(out)
+    for (l0, *counts0), (l1, *counts1) in zip(*runs):
+        assert counts0 == counts1 and l1 == pytest.approx(l0, rel=1e-5)
+    assert runs[0][4][1] <= runs[0][0][1] // 2 + 64  # the halved buffers did cap the samples
+
+
+@needs_interpreter
 def test_non_finite_step_is_skipped_from_the_device_flag(scene_cache, tmp_path):
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
