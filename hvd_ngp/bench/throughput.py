@@ -156,9 +156,7 @@ def activity_of(event) -> str:
     if get is not None:
         return str(get())
     name = event.name()
-    if event.device_type() == torch.autograd.DeviceType.CUDA:
-        if name == WINDOW:
-            return "gpu_user_annotation"
+    if event.device_type() == torch.autograd.DeviceType.CUDA:  # GPU mirrors of host ranges: see step_profile
         return "gpu_memcpy" if name.startswith(("Memcpy", "Memset")) else "kernel"
     return "cuda_runtime" if name.startswith(("cuda", "cu")) else "cpu_op"
 
