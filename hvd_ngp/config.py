@@ -201,8 +201,10 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                    help="samples per step per rank; the ray count adapts to reach it")
     g.add_argument("--n_rays_init", type=int, default=4096, help="rays per step at the start, before adaptation")
     g.add_argument("--max_rays", type=int, default=1 << 20, help="upper bound of the adaptive ray count")
-    g.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
-                   help="autocast precision of the MLPs (fp16 uses a gradient scaler)")
+    g.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
+                   help="autocast precision of the MLPs (fp16 uses a gradient scaler); auto: bf16 with the triton "
+                        "backend on a CUDA GPU (there it trains the MLPs with the fused kernels: 1.3x the samples/s, "
+                        "+0.2 dB at 60 s on lego, docs/BENCHMARKS.md), fp32 otherwise")
     g.add_argument("--backend", choices=("auto", "torch", "cpp", "triton", "tcnn"), default="auto",
                    help="compute path: torch (reference), cpp (C++ CPU hash grid), triton (GPU kernels for the hash "
                         "grid, marching and compositing), tcnn (tiny-cuda-nn hash grid and MLPs, Triton marching and "
@@ -211,9 +213,10 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                    help="replay the training step as CUDA graphs (auto: where it can be, i.e. a CUDA GPU, the triton "
                         "backend, fp32 or bf16, no gradient accumulation, not elastic; on: an error where it "
                         "cannot; off: the eager step, the reference)")
-    g.add_argument("--draw_ahead", choices=("on", "off"), default="off",
+    g.add_argument("--draw_ahead", choices=("auto", "on", "off"), default="auto",
                    help="graphed steps: draw the next step's rays while the GPU runs this one's forward and "
-                        "backward (the same rays as off; images on the device only)")
+                        "backward (the same rays as off; images on the device only); auto: wherever it can, "
+                        "on: also say in the log why it cannot")
     g.add_argument("--gpu_memory_gb", type=float, default=0.0,
                    help="GPU memory this process may use, in GiB: step buffers, evaluation and rendering chunks are "
                         "planned from it, and the process is capped to it (0: the GPU's free memory at start minus a "

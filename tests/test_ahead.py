@@ -45,9 +45,12 @@ def test_a_stale_batch_is_undrawn_and_drawn_again_identically(scene_cache, tmp_p
     assert ahead.take(4, 128, tr.sampler, tr.generator) is None  # taken once
 
 
-def test_draw_ahead_needs_a_graphed_step(scene_cache, tmp_path):
-    tr = _trainer(scene_cache, tmp_path, "--draw_ahead", "on")
-    assert tr.graphed is None and tr.ahead is None and tr.state.before_pack is None  # CPU: no graphs, logged
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_draw_ahead_needs_a_graphed_step(mode, scene_cache, tmp_path, capsys):
+    tr = _trainer(scene_cache, tmp_path / mode, "--draw_ahead", mode)
+    assert tr.graphed is None and tr.ahead is None and tr.state.before_pack is None  # CPU: no graphs
+    said = "draw ahead: off (the step is not graphed" in capsys.readouterr().err
+    assert said == (mode == "on")  # the default (auto) says nothing; asked for, the log says why not
 
 
 def test_counts_wait_for_settle_when_not_applied():

@@ -188,6 +188,6 @@ def test_throughput_bench_reports_launches_and_busy_share_on_cpu(tmp_path, scene
     assert run["samples_per_sec"] > 0 and "backward" in run["stages_ms"]  # the existing fields stay
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| backend"))
     assert [c.strip() for c in header.strip("|").split("|")] == [
-        "backend", "M samples/s", "vs torch", "step ms", "samples/step", "rays/step", "peak GiB", "launches/step",
-        "GPU busy", "aten ops/step"]
-    assert re.search(r"^\| torch .*\| n/a +\| n/a +\| n/a +\| \d+ +\|$", proc.stdout, re.M), proc.stdout
+        "backend", "precision", "M samples/s", "vs torch", "step ms", "samples/step", "rays/step", "peak GiB",
+        "launches/step", "GPU busy", "aten ops/step"]
+    assert re.search(r"^\| torch +\| fp32 .*\| n/a +\| n/a +\| n/a +\| \d+ +\|$", proc.stdout, re.M), proc.stdout

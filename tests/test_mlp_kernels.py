@@ -158,6 +158,10 @@ def test_make_mlp_fused_switch():
     inference_only = make_mlp({"n_neurons": 64}, 32, 3, "rgb_network", backend="triton")  # training fused: opt-in
     assert isinstance(inference_only, FusedMLP) and not inference_only.train_fused
     assert make_mlp(block, 32, 3, "rgb_network", backend="triton").train_fused
+    # the trainer's default under bf16/fp16 (fused_training); a block's own "fused" wins either way
+    assert make_mlp({"n_neurons": 64}, 32, 3, "rgb_network", backend="triton", fused_training=True).train_fused
+    assert not make_mlp({**block, "fused": False}, 32, 3, "rgb_network", backend="triton",
+                        fused_training=True).train_fused
     assert type(make_mlp(block, 32, 3, "rgb_network", backend="torch")) is torch.nn.Sequential
     # shapes the kernels do not take stay on nn.Linear
     for unfused in ({"n_neurons": 48}, {"n_neurons": 64, "n_hidden_layers": 4},

@@ -141,3 +141,24 @@ def test_bad_input_fails_fast_on_every_rank(problem, scene_cache, tmp_path):
     assert all(expect in e for e in errors), errors
     assert "Traceback" not in out_text
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json"] and (out / "metrics.json").read_text() == '{"steps": 7}'
+
+
+def test_a_single_process_that_asks_for_another_device_gets_it():
+    """dist.init keeps its runtime while the device asked for matches it; a single process (no Horovod)
+    that asks for another one is set up again instead of silently keeping the old device."""
+    import torch
+
+    from hvd_ngp.cluster import dist
+    from hvd_ngp.errors import BackendError
+
+    dist.shutdown()
+    try:
+        first = dist.init("cpu")
+        assert dist.init("cpu") is first and dist.init("auto") is first
+        if torch.cuda.is_available():
+            assert dist.init("cuda").device.type == "cuda"
+        else:
+            with pytest.raises(BackendError, match="no CUDA GPU"):
+                dist.init("cuda")
+    finally:
+        dist.shutdown()

@@ -160,3 +160,20 @@ def test_occupancy_update_cadence_fixed_and_instant_ngp_ramp():
     assert [s for s in due if s >= 256] == [256, 272, 288]  # every 16 from step 256, as fixed
     with pytest.raises(ConfigError, match="update_schedule must be"):
         Marching.from_config({**block, "update_schedule": "often"}, 1, "my.json")
+
+
+def test_precision_auto_is_bf16_only_for_the_triton_step_on_a_gpu():
+    from hvd_ngp.training.recipe import resolve_precision
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert resolve_precision("auto", cuda, "triton") == "bf16"
+    assert resolve_precision("auto", cuda, "triton", model_parallel=True) == "fp32"
+    for device, backend in ((cuda, "tcnn"), (cuda, "torch"), (cpu, "triton"), (cpu, "torch"), (cpu, "cpp")):
+        assert resolve_precision("auto", device, backend) == "fp32"
+    for chosen in ("fp32", "fp16", "bf16"):  # an explicit choice stays
+        assert resolve_precision(chosen, cuda, "triton") == chosen == resolve_precision(chosen, cpu, "torch")
+
+
+def test_cpu_trainer_resolves_precision_auto_to_fp32(scene_cache, tmp_path):
+    tr = tiny_trainer(scene_cache, tmp_path, 1)
+    assert tr.args.precision == "fp32" and not getattr(tr.field.density_mlp, "train_fused", False)

@@ -220,7 +220,8 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
          "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}}
     ev = tr.evaluate(n_views=opts.eval_views) if opts.eval_views else {"psnr": float("nan")}
     result = {
-        "backend": backend, "samples_per_sec": float(samples) / seconds, "step_ms": seconds / opts.steps * 1e3,
+        "backend": backend, "precision": args.precision,  # resolved by Trainer.build (--precision auto)
+        "samples_per_sec": float(samples) / seconds, "step_ms": seconds / opts.steps * 1e3,
         "samples_per_step": float(samples) / opts.steps, "rays_per_step": rays / opts.steps,
         "warmup_seconds": warm_s, "stages_ms": timer.mean_ms(), "test_psnr_after": ev["psnr"],
         "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else None,
@@ -330,7 +331,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--config", default=None, help="trainer config (default: base.json on GPU, cpu.json on CPU)")
     p.add_argument("--backends", default="all", help="comma-separated backends, or 'all' available here")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32")
+    p.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
+                   help="the trainer's --precision (auto: bf16 for triton on a GPU, fp32 otherwise)")
     p.add_argument("--target_samples", type=int, default=1 << 18)
     p.add_argument("--warmup_steps", type=int, default=500)
     p.add_argument("--steps", type=int, default=100)
@@ -370,7 +372,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     stages = sorted({k for r in training for k in r["stages_ms"]})
 
-    rows = [{"backend": r["backend"], "M samples/s": f"{r['samples_per_sec'] / 1e6:.2f}",
+    rows = [{"backend": r["backend"], "precision": r["precision"], "M samples/s": f"{r['samples_per_sec'] / 1e6:.2f}",
              "vs torch": f"{r['vs_torch']:.2f}x" if r["vs_torch"] else "", "step ms": f"{r['step_ms']:.2f}",
              "samples/step": f"{r['samples_per_step']:.0f}", "rays/step": f"{r['rays_per_step']:.0f}",
              "peak GiB": f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "n/a",

@@ -136,7 +136,11 @@ def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None =
     """
     global _hvd, _runtime, _groups
     if _runtime is not None:
-        return _runtime
+        if device == "auto" or (device == "cuda") == (_runtime.device.type == "cuda"):
+            return _runtime
+        if _hvd is not None:
+            raise ConfigError(f"--device {device}: this process already runs Horovod on {_runtime.device}")
+        _runtime = None  # a single process asked for another device (tests, tools): set up again
     if model_parallel > 1 and not launched():
         raise ConfigError(f"--model_parallel {model_parallel} needs {model_parallel} ranks or a multiple, but this "
                           "process runs alone (start it with horovodrun -np N or mpirun)")

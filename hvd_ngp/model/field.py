@@ -35,14 +35,15 @@ def trunc_exp(x: Tensor) -> Tensor:
 
 
 def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = "config",
-             backend: str = "torch") -> nn.Module:
+             backend: str = "torch", fused_training: bool = False) -> nn.Module:
     """An instant-ngp style MLP (no biases, like tiny-cuda-nn's fused MLPs) from a network block: an
     ``nn.Sequential`` of ``nn.Linear`` layers (the reference, and the CPU path), tiny-cuda-nn's network
     with ``backend="tcnn"``, or with ``backend="triton"`` the same ``nn.Sequential`` computed by the fused
     Triton kernels (``mlp_triton.FusedMLP``: same parameters and state-dict keys) when the block's width
     and depth suit them (widths 16/32/64/128, 1..3 hidden layers): passes without gradients always (the
-    density pass over the filled slots only), training passes too with ``"fused": true`` (off by default:
-    on one H200 the fp32 backward kernel was 8-13x slower than cuBLAS, the bf16 one 1.2-1.6x faster)."""
+    density pass over the filled slots only), training passes too with ``"fused": true``, or when the
+    block does not say and ``fused_training`` (the trainer sets it under bf16/fp16 autocast: on one H200
+    the fp32 backward kernel was 8-13x slower than cuBLAS, the bf16 one 1.2-1.6x faster)."""
     otype = block.get("otype", "FullyFusedMLP")
     if otype not in MLP_TYPES:
         raise ConfigError(f"{source}: {name}.otype {otype!r} is unknown (expected one of {', '.join(MLP_TYPES)})")
@@ -54,7 +55,7 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
     act = block.get("activation", "ReLU")
     if act not in ("ReLU", "None"):
         raise ConfigError(f"{source}: {name}.activation {act!r} is not supported (ReLU, None)")
-    fused = block.get("fused", False)  # opt-in: faster only under bf16/fp16 autocast (docs/BENCHMARKS.md)
+    fused = block.get("fused", fused_training)  # faster only under bf16/fp16 autocast (docs/BENCHMARKS.md)
     if not isinstance(fused, bool):
         raise ConfigError(f"{source}: {name}.fused must be true or false, got {fused!r}")
     if backend == "tcnn":
@@ -89,10 +90,11 @@ class NGPField(nn.Module):
 
     ``query_density(x, n_rows)``: only rows ``< n_rows`` (a device scalar) are needed. The Triton kernels
     (hash grid, fused MLP) skip the others, whose values are then those of zero features (sigma = 1);
-    the other backends compute every row.
+    the other backends compute every row. ``fused_training``: the MLPs' default for ``"fused"``
+    (``make_mlp``).
     """
 
-    def __init__(self, model: dict, aabb: Tensor, backend: str = "torch") -> None:
+    def __init__(self, model: dict, aabb: Tensor, backend: str = "torch", fused_training: bool = False) -> None:
         super().__init__()
         source = model.get("_source", "config")
         self.register_buffer("aabb", aabb.float().clone())
@@ -101,13 +103,15 @@ class NGPField(nn.Module):
         n_geo = int(net.get("n_output_dims", 16))
         if n_geo < 1:
             raise ConfigError(f"{source}: network.n_output_dims must be >= 1, got {n_geo}")
-        self.density_mlp = make_mlp(net, self.encoding.n_output_dims, n_geo, "network", source, backend)
+        self.density_mlp = make_mlp(net, self.encoding.n_output_dims, n_geo, "network", source, backend,
+                                    fused_training)
         self.dir_encoding = make_direction_encoding(model["dir_encoding"], source)
         rgb = model["rgb_network"]
         out_act = rgb.get("output_activation", "Sigmoid")
         if out_act not in ("Sigmoid", "None"):
             raise ConfigError(f"{source}: rgb_network.output_activation {out_act!r} is not supported (Sigmoid)")
-        self.rgb_mlp = make_mlp(rgb, self.dir_encoding.n_output_dims + n_geo, 3, "rgb_network", source, backend)
+        self.rgb_mlp = make_mlp(rgb, self.dir_encoding.n_output_dims + n_geo, 3, "rgb_network", source,
+                                backend, fused_training)
 
     def normalize(self, x: Tensor) -> Tensor:
         """World positions -> the encoding's unit cube (the aabb's longest side maps to 1)."""

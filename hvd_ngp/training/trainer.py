@@ -49,7 +49,8 @@ from .graphed import GraphedStep, eligibility, set_learning_rate, use_graphs
 from .evaluate import BACKGROUNDS, evaluate
 from .model_parallel import ModelParallel, hash_parameters, plan_partition, region_model
 from .optim import OptimizerChain, make_ema
-from .recipe import Marching, budget_lr_factor, make_grid, make_loss, make_optimizer, make_scaler, model_footprint
+from .recipe import (Marching, budget_lr_factor, make_grid, make_loss, make_optimizer, make_scaler, model_footprint,
+                     resolve_precision)
 from .step import StepResult, train_step
 
 if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
@@ -108,7 +109,7 @@ class Trainer:
     graphed: GraphedStep | None = None  # the step as CUDA graphs (--cuda_graphs), else train_step
     mp: ModelParallel | None = None  # --model_parallel K > 1: this rank's region and the segment exchange
     mp_reports: list = dc_field(default_factory=list)  # per log interval (model parallel)
-    ahead: DrawAhead | None = None  # --draw_ahead on (graphed steps): the next step's rays, drawn early
+    ahead: DrawAhead | None = None  # --draw_ahead (graphed steps): the next step's rays, drawn early
 
     @property
     def sampler(self) -> RaySampler:
@@ -175,6 +176,7 @@ class Trainer:
                 dist.log(f"model parallel: segments render with the reference marcher (the {backend} hash grid "
                          "still encodes)")
         fast = backend in FAST_RENDERER_BACKENDS and mp is None
+        args.precision = resolve_precision(args.precision, rt.device, backend, mp is not None)
         scaler = make_scaler(args.precision, comm, rt.device, rt.size)
         chain = OptimizerChain.parse(model_k["optimizer"], source)
         sparse = bool(chain.adam.get("sparse_hash_updates", False))
@@ -184,7 +186,8 @@ class Trainer:
 
         def build_model() -> tuple:
             model = model_k
-            field = NGPField(model, scene.aabb if mp is None else mp.box, backend).to(rt.device)
+            field = NGPField(model, scene.aabb if mp is None else mp.box, backend,
+                             fused_training=args.precision in ("bf16", "fp16")).to(rt.device)
             optimizer, lr_at = make_optimizer(field, model["optimizer"], source, capturable=graphs)
             return (field, make_grid(model["marching"], scene).to(rt.device),
                     Marching.from_config(model["marching"], scene.aabb_scale, source), optimizer, lr_at,
@@ -228,19 +231,21 @@ class Trainer:
                                         data.settings.importance_weights, comm.compression, args.max_rays)
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
                      state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed, mp=mp)
-        tr.use_draw_ahead(args.draw_ahead == "on")
+        tr.use_draw_ahead(args.draw_ahead)
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
         if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
             data.load_state_dict(state.progress["data"])
         return tr
 
-    def use_draw_ahead(self, wanted: bool) -> None:
-        """``--draw_ahead on``: draw each step's rays during the previous graphed step (``training.ahead``);
-        only for a graphed step drawing from images on the device (the log says why not otherwise)."""
+    def use_draw_ahead(self, mode: str | bool) -> None:
+        """``--draw_ahead``: draw each step's rays during the previous graphed step (``training.ahead``);
+        only for a graphed step drawing from images on the device. ``auto`` (or True): wherever it can;
+        ``on``: the log also says why not where it cannot; ``off`` (or False): never."""
+        wanted = mode in ("auto", "on", True)
         why_not = None if self.graphed is not None else "the step is not graphed (--cuda_graphs)"
         if why_not is None and not self.sampler.draws_on_device:
             why_not = "the images are not on the device (their batches are already prepared by a background thread)"
-        if wanted and why_not:
+        if mode == "on" and why_not:
             dist.log(f"draw ahead: off ({why_not})")
         self.ahead = DrawAhead() if wanted and why_not is None else None
         self.state.before_pack = None if self.ahead is None else self.ahead.rewind
@@ -358,7 +363,9 @@ def run(args: argparse.Namespace) -> RunResult:
     length = (f"{args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
               if args.n_steps < UNLIMITED_STEPS else f"for {args.time_budget_s:g} s")
     dist.log(f"training {length}"
-             + f", {args.target_samples} samples/step/rank, grid {grid.resolution}^3 x {grid.n_cascades}, "
+             + f", {args.target_samples} samples/step/rank, MLPs in {args.precision}"
+               f"{' (fused kernels)' if getattr(field.density_mlp, 'train_fused', False) else ''}, "
+               f"grid {grid.resolution}^3 x {grid.n_cascades}, "
                f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
 
     # ts.progress, saved in checkpoints: "history" (one entry per log interval), "curve" (test PSNR/SSIM

@@ -6,7 +6,8 @@
 #   bash scripts/gpu/session.sh tests OUT      # the GPU test files, one pytest process each, HVD_NGP_REQUIRE_GPU=1
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
 #   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60 s
-#   bash scripts/gpu/session.sh quality16 OUT [SECONDS]   # fp32 (default) vs bf16 + fused MLPs on a time budget, 2 seeds
+#   bash scripts/gpu/session.sh quality16 OUT [SECONDS]   # the default vs fp32 on a time budget, 2 seeds (HVD_NGP_VARIANTS=default: it alone)
+#   bash scripts/gpu/session.sh defaults16 OUT   # graphed-step GPU tests; throughput of the default vs fp32 without drawing ahead
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: base vs sparse hash Adam vs occupancy ramp, equal steps, 2 seeds
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -161,16 +162,15 @@ PY
       HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | tail -40 | grep -v "^tests/\|^  " | tail -25
     done
     timeout 90 python3 -m hvd_ngp.bench mlp --json $out/mlp.json --markdown "" 2>&1 | tail -16
-    # default (graphs auto = on; triton beside tcnn when the tinycudann wheel is staged), graphs off, bf16 + fused MLPs
-    fused='{"fused": true}'
-    for v in default graphs_off draw_ahead bf16_fused bf16_fused_ahead; do
+    # default (bf16 + fused MLPs, graphs, draw ahead; triton beside tcnn when the tinycudann wheel is staged),
+    # fp32 (the default before 2026-12-01 18:00), fp32 without drawing ahead, graphs off
+    for v in default fp32 fp32_no_ahead graphs_off; do
       extra=(); backends=triton
       case $v in
         default) python3 -c 'import tinycudann' 2>/dev/null && backends=triton,tcnn ;;
+        fp32) extra=(--precision fp32) ;;
+        fp32_no_ahead) extra=(--precision fp32 -- --draw_ahead off) ;;
         graphs_off) extra=(-- --cuda_graphs off) ;;
-        draw_ahead) extra=(-- --draw_ahead on) ;;
-        bf16_fused) extra=(--precision bf16 -- --density_network "$fused" --rgb_network "$fused") ;;
-        bf16_fused_ahead) extra=(--precision bf16 -- --density_network "$fused" --rgb_network "$fused" --draw_ahead on) ;;
       esac
       timeout 170 python3 -m hvd_ngp.bench throughput --scene $S/lego --backends $backends --warmup_steps 300 --steps 60 \
         --repeat 3 --no_compile --profile_steps 3 --json $out/tp_$v.json --markdown '' "${extra[@]}" \
@@ -180,11 +180,31 @@ PY
 import json, pathlib, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_*.json")):
   for r in json.load(open(f))["training"]:
-    print(f.stem, r["backend"], f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step, {r['samples_per_step']:.0f} samples/step,",
-          f"launches/step {r.get('launches_per_step')}, GPU busy {r.get('gpu_busy_share')},",
+    print(f.stem, r["backend"], r.get("precision"), f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step,",
+          f"{r['samples_per_step']:.0f} samples/step, launches/step {r.get('launches_per_step')}, GPU busy {r.get('gpu_busy_share')},",
           {k: round(v, 2) for k, v in r["stages_ms"].items()})
     for name, ms in list(r.get("kernel_ms", {}).items())[:14]:
         print(f"    {ms:7.3f} ms  {name[:110]}")
+PY
+    ;;
+  defaults16)  # the defaults of 2026-12-01 18:00 (bf16 + fused MLPs, draw ahead): graphed-step GPU tests, throughput
+    for f in tests/test_graphed.py tests/test_ahead.py; do
+      HVD_NGP_REQUIRE_GPU=1 timeout 150 python3 -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | tail -30 | grep -v "^  " | tail -12
+    done
+    for round in 1 2; do
+      for v in default fp32_no_ahead; do
+        extra=(); [ $v = fp32_no_ahead ] && extra=(--precision fp32 -- --draw_ahead off)
+        timeout 100 python3 -m hvd_ngp.bench throughput --scene $S/lego --backends triton --warmup_steps 300 --steps 100 \
+          --repeat 1 --no_compile --profile_steps 0 --json $out/tp_${v}_$round.json --markdown '' "${extra[@]}" \
+          >$out/tp_${v}_$round.log 2>&1 || tail -5 $out/tp_${v}_$round.log
+      done
+    done
+    python3 - "$out" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_*.json")):
+  for r in json.load(open(f))["training"]:
+    print(f.stem, r["backend"], r["precision"], f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step,",
+          f"{r['samples_per_step']:.0f} samples/step,", {k: round(v, 2) for k, v in r["stages_ms"].items()})
 PY
     ;;
   psnr16)  # issue 16: lego PSNR at equal steps and seed, --cuda_graphs on vs off, two runs each side by side
@@ -209,11 +229,11 @@ PY
     runs_table "$out" "r14_*"
     for f in $out/r14_*.log; do grep -l -E "Error|error" "$f" && tail -3 "$f"; done
     ;;
-  quality16)  # issues 14/16: the default (fp32) against bf16 + fused MLPs on a 60 s budget, two seeds each, one at a time
-    fused='{"fused": true}'
+  quality16)  # issues 14/16: the default (bf16 + fused MLPs, draw ahead) against fp32 on a time budget, two seeds, one at a time
+    variants=${HVD_NGP_VARIANTS:-default fp32}
     for seed in 1337 1; do
-      for v in fp32 bf16fused; do
-        extra=(); [ $v = bf16fused ] && extra=(--precision bf16 --density_network "$fused" --rgb_network "$fused")
+      for v in $variants; do
+        extra=(); [ $v = fp32 ] && extra=(--precision fp32 --draw_ahead off)
         python3 -m hvd_ngp.train --scene $S/lego --time_budget_s ${3:-60} --eval_at_s 15,30 --seed $seed --log_every 4000 \
           --save_renders 0 "${extra[@]}" --out_dir $out/q_${v}_$seed >$out/q_${v}_$seed.log 2>&1
       done
