@@ -329,6 +329,10 @@ def test_every_kernel_compiles_for_hopper(tmp_path, monkeypatch):
     names = {r["kernel"] for r in launches.values()}
     assert names == {"_hashgrid_fwd", "_hashgrid_bwd", "_march", "_composite_fwd", "_composite_bwd",
                      "_count_until_opaque", "_mlp_fwd", "_mlp_bwd"}, names
+    for record in [r for r in launches.values() if r["kernel"] == "_hashgrid_bwd" and r["constexprs"]["F"] == 2]:
+        assert record["constexprs"]["PAIRS"] is False  # the interpreter adds one feature per atomic;
+        paired = {**record, "constexprs": {**record["constexprs"], "PAIRS": True}}  # sm_90 pairs them (inline PTX)
+        launches[json.dumps(paired, sort_keys=True)] = paired
     path = tmp_path / "launches.json"
     path.write_text(json.dumps(list(launches.values()), indent=1))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

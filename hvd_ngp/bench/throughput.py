@@ -28,6 +28,7 @@ from collections import defaultdict
 from typing import Callable, Iterable, NamedTuple
 
 import torch
+from torch import Tensor
 
 from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
@@ -238,9 +239,22 @@ def na(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
+def points_along_rays(n: int, dev: torch.device, per_ray: int = 128, step: float = 1 / 1024) -> Tensor:
+    """``[n, 3]`` points in the unit cube, ``per_ray`` consecutive ones ``step`` apart along each random
+    ray, as a training step's samples come (neighbours share cells, so the backward's atomics collide)."""
+    gen = torch.Generator().manual_seed(0)
+    rays = -(-n // per_ray)
+    origins = torch.rand(rays, 1, 3, generator=gen) * 0.5 + 0.25
+    dirs = torch.nn.functional.normalize(torch.randn(rays, 1, 3, generator=gen), dim=-1)
+    t = torch.arange(per_ray, dtype=torch.float32)[None, :, None] * step
+    return (origins + dirs * t).reshape(-1, 3)[:n].clamp(0.0, 1.0).to(dev)
+
+
 def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.device) -> list[dict]:
-    """Hash grid forward and forward+backward at ``opts.points`` points, per implementation."""
+    """Hash grid forward and forward+backward at ``opts.points`` points, per implementation: uniform
+    random points, and points along rays (``points_along_rays``: the backward's case in training)."""
     x = torch.rand(opts.points, 3, device=dev)
+    x_rays = points_along_rays(opts.points, dev)
     g = torch.randn(opts.points, spec.n_output_dims, device=dev)
     impls: list[tuple[str, torch.nn.Module]] = [("torch eager", HashGridTorch(spec).to(dev))]
     if dev.type == "cuda" and not opts.no_compile:
@@ -254,6 +268,7 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
         from ..model.encoding.hashgrid_triton import HashGridTriton
 
         impls += [("triton fp32 table", HashGridTriton(spec).to(dev)),
+                  ("triton fp32 table, one atomic per feature", HashGridTriton(spec, vector_atomics=False).to(dev)),
                   ("triton fp16 table", HashGridTriton(spec, torch.float16).to(dev))]
     if dev.type == "cuda" and tcnn_available():
         from ..model.encoding.tcnn import TcnnEncoding
@@ -265,12 +280,13 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
             with torch.no_grad():
                 enc(x)
 
-        def fwd_bwd():
+        def fwd_bwd(points: Tensor = x) -> None:
             enc.zero_grad(set_to_none=True)
-            (enc(x) * g).sum().backward()
+            (enc(points) * g).sum().backward()
 
         rows.append({"implementation": name, "fwd_ms": timed(fwd, dev, opts.repeat),
-                     "fwd_bwd_ms": timed(fwd_bwd, dev, opts.repeat)})
+                     "fwd_bwd_ms": timed(fwd_bwd, dev, opts.repeat),
+                     "fwd_bwd_ms_along_rays": timed(lambda: fwd_bwd(x_rays), dev, opts.repeat)})
     ref = next((r["fwd_bwd_ms"] for r in rows if r["implementation"] == "torch.compile"), rows[0]["fwd_bwd_ms"])
     for r in rows:
         r["speedup_vs_compile" if len(impls) > 1 and dev.type == "cuda" else "speedup"] = ref / r["fwd_bwd_ms"]

@@ -3,7 +3,9 @@
 Twin of ``hvd_ngp.model.encoding.hashgrid.HashGridTorch`` (same table layout and indexing). One program
 handles a block of points at one level (grid: point blocks x levels), so the level's constants are
 scalars and its slice of the table is the working set. The backward scatters into an fp32 gradient
-with atomic adds. With ``table_dtype=torch.float16`` the forward gathers from a half-precision copy
+with relaxed atomic adds (Triton's default acquire-release order is not needed for a sum); with two
+features per level on Hopper or newer, one vector atomic per corner adds both features
+(``red.global.add.v2.f32``, as tiny-cuda-nn's half2 atomics), halving the atomic operations. With ``table_dtype=torch.float16`` the forward gathers from a half-precision copy
 of the (fp32 master) table, halving its cache footprint (2^19 x 16 x 2 halves = 32 MiB, inside an
 H100/H200's L2); gradients and the optimizer stay in fp32.
 """
@@ -86,23 +88,46 @@ def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offse
 
 
 @triton.jit
+def _red_add_pair(ptr, a, b, m):
+    """``ptr[0] += a; ptr[1] += b`` where ``m``, as one vector reduction (sm_90+; ``ptr`` 8-byte aligned)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p red.global.add.v2.f32 [$1], {$3, $4}; mov.u32 $0, 0; }",
+        "=r,l,r,f,f", [ptr, m.to(tl.int32), a, b], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, count_ptr,
-                  N, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr):
+                  N, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr,
+                  PAIRS: tl.constexpr):
+    """``PAIRS`` (F == 2, sm_90+): both features of a corner in one vector atomic, else one per feature."""
     N = _rows(count_ptr, N, HAS_COUNT)
     if tl.program_id(0) * BLOCK >= N:
         return
     i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
         x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
-    f = tl.arange(0, F)
-    g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :], mask=m[:, None],
-                other=0.0).to(tl.float32)
-    for C in tl.static_range(8):
-        row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
-        ptr = grad_table_ptr + (offset + row)[:, None].to(tl.int64) * F + f[None, :]
-        tl.atomic_add(ptr, w[:, None] * g, mask=m[:, None])
+    if PAIRS:
+        g_row = grad_out_ptr + i.to(tl.int64) * (L * 2) + level * 2
+        g0 = tl.load(g_row, mask=m, other=0.0).to(tl.float32)
+        g1 = tl.load(g_row + 1, mask=m, other=0.0).to(tl.float32)
+        for C in tl.static_range(8):
+            row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
+            _red_add_pair(grad_table_ptr + (offset + row).to(tl.int64) * 2, w * g0, w * g1, m)
+    else:
+        f = tl.arange(0, F)
+        g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :], mask=m[:, None],
+                    other=0.0).to(tl.float32)
+        for C in tl.static_range(8):
+            row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
+            ptr = grad_table_ptr + (offset + row)[:, None].to(tl.int64) * F + f[None, :]
+            tl.atomic_add(ptr, w[:, None] * g, mask=m[:, None], sem="relaxed")
 
 
 BLOCK = 128
+
+
+def vector_atomics_here(device: torch.device) -> bool:
+    """True where ``_hashgrid_bwd`` can add a feature pair with one vector atomic: CUDA, sm_90 or newer."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 class _HashGridTritonFunction(torch.autograd.Function):
@@ -126,9 +151,10 @@ class _HashGridTritonFunction(torch.autograd.Function):
         n, L, F = x.shape[0], enc.spec.n_levels, enc.spec.n_features_per_level
         grad_table = torch.zeros(enc.params.shape, device=x.device, dtype=torch.float32)
         if n:
+            pairs = F == 2 and enc.vector_atomics and vector_atomics_here(x.device)
             _hashgrid_bwd[(triton.cdiv(n, BLOCK), L)](x, grad.contiguous(), grad_table, *enc.level_tensors(),
                                                       x if ctx.n_rows is None else ctx.n_rows, n, L=L, F=F,
-                                                      HAS_COUNT=ctx.n_rows is not None, BLOCK=BLOCK)
+                                                      HAS_COUNT=ctx.n_rows is not None, BLOCK=BLOCK, PAIRS=pairs)
         return None, grad_table.to(enc.params.dtype), None, None
 
 
@@ -138,16 +164,17 @@ class HashGridTriton(HashGridTorch):
     ``forward(x, n_rows=None)``: x ``[N, 3]`` in [0, 1] -> ``[N, L * F]`` float32. ``n_rows`` (int32/int64
     device scalar): only points ``< n_rows`` are encoded (and back-propagated); the grid stays sized for
     all N (static sizes for CUDA-graph replay), programs past the count return at once, and output rows
-    ``>= n_rows`` are zeros.
+    ``>= n_rows`` are zeros. ``vector_atomics=False``: the backward adds one feature per atomic even
+    where a pair could go in one (the benchmark's comparison).
     """
 
     skips_rows = True  # forward takes n_rows (the field passes the count through)
 
-    def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32, vector_atomics: bool = True) -> None:
         super().__init__(spec)
         if spec.n_features_per_level & (spec.n_features_per_level - 1):
             raise ValueError("the Triton hash grid needs a power-of-two n_features_per_level")
-        self.table_dtype = table_dtype
+        self.table_dtype, self.vector_atomics = table_dtype, vector_atomics
         self._levels: tuple[Tensor, ...] | None = None
 
     def level_tensors(self) -> tuple[Tensor, ...]:
