@@ -105,10 +105,23 @@ def test_desired_resolution_sets_per_level_scale():
     ({"n_levels": -2}, "n_levels must be a positive integer"),
     ({"log2_hashmap_size": 0}, "log2_hashmap_size must be a positive integer"),
     ({"n_levelz": 4}, "unknown encoding key"),
+    ({"vector_atomics": "yes"}, "vector_atomics must be true or false"),
+    ({"table_dtype": "float16"}, "needs the triton backend"),
 ])
 def test_invalid_encoding_blocks_are_refused(block, message):
     with pytest.raises(ConfigError, match=message):
         make_position_encoding({"otype": "HashGrid", **block}, "torch", "net.json")
+
+
+def test_kernel_options_are_not_grid_keys(monkeypatch):
+    """table_dtype and vector_atomics tell the Triton kernels how to run: the grid (and the memory plan
+    built from it) ignores them, the Triton encoding receives them."""
+    block = {"n_levels": 4, "log2_hashmap_size": 10, "table_dtype": "float16", "vector_atomics": True}
+    assert HashGridSpec.from_config(block) == HashGridSpec.from_config({"n_levels": 4, "log2_hashmap_size": 10})
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    enc = make_position_encoding(block, "triton")
+    assert enc.table_dtype == torch.float16 and enc.vector_atomics
 
 
 def test_cpp_kernel_matches_torch_reference():

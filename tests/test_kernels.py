@@ -30,21 +30,24 @@ if not triton_available(DEV.type):
     pytest.skip("Triton is not installed (or no GPU and no interpreter)", allow_module_level=True)
 
 from hvd_ngp.render.composite_triton import composite, count_until_opaque  # noqa: E402
-from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton  # noqa: E402
+from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton, vector_atomics_here  # noqa: E402
 from hvd_ngp.render.march_triton import march_packed  # noqa: E402
 
 SMALL = DEV.type == "cpu"  # the interpreter is slow: smaller problems, same coverage
 
 
+@pytest.mark.parametrize("vector_atomics", [False, True])
 @pytest.mark.parametrize("table_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("spec", [HashGridSpec(6, 2, 12, 4, 2.0), HashGridSpec(5, 4, 10, 8, 1.6),
                                   HashGridSpec(16, 2, 19, 16, 1.38)])
-def test_hashgrid_matches_reference(spec, table_dtype):
+def test_hashgrid_matches_reference(spec, table_dtype, vector_atomics):
+    if vector_atomics and not vector_atomics_here(DEV):
+        pytest.skip("vector atomics need a CUDA GPU of sm_90 or newer (compiled for it below)")
     if SMALL and spec.log2_hashmap_size > 12:
         spec = HashGridSpec(8, 2, 14, 16, 1.5)
     torch.manual_seed(0)
     ref = HashGridTorch(spec).to(DEV)
-    fast = HashGridTriton(spec, table_dtype).to(DEV)
+    fast = HashGridTriton(spec, table_dtype, vector_atomics=vector_atomics).to(DEV)
     with torch.no_grad():
         ref.params.normal_()
         fast.params.copy_(ref.params)

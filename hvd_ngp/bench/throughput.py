@@ -268,7 +268,7 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
         from ..model.encoding.hashgrid_triton import HashGridTriton
 
         impls += [("triton fp32 table", HashGridTriton(spec).to(dev)),
-                  ("triton fp32 table, one atomic per feature", HashGridTriton(spec, vector_atomics=False).to(dev)),
+                  ("triton fp32 table, vector atomics", HashGridTriton(spec, vector_atomics=True).to(dev)),
                   ("triton fp16 table", HashGridTriton(spec, torch.float16).to(dev))]
     if dev.type == "cuda" and tcnn_available():
         from ..model.encoding.tcnn import TcnnEncoding
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> dict:
     for r in training:
         r["vs_torch"] = r["samples_per_sec"] / ref if ref else None
     model = trainer_args(opts, "torch").model
-    spec = HashGridSpec.from_config({k: v for k, v in model["encoding"].items() if k != "table_dtype"})
+    spec = HashGridSpec.from_config(model["encoding"])
     grid_rows = bench_hashgrid(opts, spec, dev)
     mlp_rows = bench_mlp(opts, model, dev)
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"

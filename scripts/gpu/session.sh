@@ -163,11 +163,13 @@ PY
     done
     timeout 90 python3 -m hvd_ngp.bench mlp --json $out/mlp.json --markdown "" 2>&1 | tail -16
     # default (bf16 + fused MLPs, graphs, draw ahead; triton beside tcnn when the tinycudann wheel is staged),
-    # fp32 (the default before 2026-12-01 18:00), fp32 without drawing ahead, graphs off
-    for v in default fp32 fp32_no_ahead graphs_off; do
+    # fp32 (the default before 2026-12-01 18:00), fp32 without drawing ahead, graphs off, the hash grid's
+    # backward with one vector atomic per corner (opt-in until measured)
+    for v in default vector_atomics fp32 fp32_no_ahead graphs_off; do
       extra=(); backends=triton
       case $v in
         default) python3 -c 'import tinycudann' 2>/dev/null && backends=triton,tcnn ;;
+        vector_atomics) extra=(-- --encoding '{"vector_atomics": true}') ;;
         fp32) extra=(--precision fp32) ;;
         fp32_no_ahead) extra=(--precision fp32 -- --draw_ahead off) ;;
         graphs_off) extra=(-- --cuda_graphs off) ;;
@@ -188,12 +190,13 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_*.json")):
 PY
     ;;
   defaults16)  # the defaults of 2026-12-01 18:00 (bf16 + fused MLPs, draw ahead): graphed-step GPU tests, throughput
-    for f in tests/test_graphed.py tests/test_ahead.py; do
+    for f in tests/test_graphed.py tests/test_ahead.py tests/test_kernels.py; do
       HVD_NGP_REQUIRE_GPU=1 timeout 150 python3 -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | tail -30 | grep -v "^  " | tail -12
     done
     for round in 1 2; do
-      for v in default fp32_no_ahead; do
+      for v in default vector_atomics fp32_no_ahead; do
         extra=(); [ $v = fp32_no_ahead ] && extra=(--precision fp32 -- --draw_ahead off)
+        [ $v = vector_atomics ] && extra=(-- --encoding '{"vector_atomics": true}')
         timeout 100 python3 -m hvd_ngp.bench throughput --scene $S/lego --backends triton --warmup_steps 300 --steps 100 \
           --repeat 1 --no_compile --profile_steps 0 --json $out/tp_${v}_$round.json --markdown '' "${extra[@]}" \
           >$out/tp_${v}_$round.log 2>&1 || tail -5 $out/tp_${v}_$round.log

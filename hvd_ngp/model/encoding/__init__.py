@@ -56,18 +56,22 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 def make_position_encoding(block: dict, backend: str = "torch", source: str = "config") -> nn.Module:
     """A hash grid from an instant-ngp ``encoding`` block on a concrete backend (see ``resolve_backend``).
 
-    ``table_dtype`` ("float32" | "float16") is the precision the Triton backend gathers from."""
-    block = dict(block)
-    table_dtype = block.pop("table_dtype", "float32")
+    ``table_dtype`` ("float32" | "float16") is the precision the Triton backend gathers from;
+    ``vector_atomics`` (true | false, default false) lets its backward add both features of a corner with
+    one atomic on sm_90+ (``hashgrid_triton``)."""
+    table_dtype = block.get("table_dtype", "float32")
     if table_dtype not in TABLE_DTYPES:
         raise ConfigError(f"{source}: encoding.table_dtype must be one of {sorted(TABLE_DTYPES)}, got {table_dtype!r}")
     if table_dtype != "float32" and backend != "triton":
         raise ConfigError(f"{source}: encoding.table_dtype {table_dtype!r} needs the triton backend (got {backend})")
+    vector_atomics = block.get("vector_atomics", False)
+    if not isinstance(vector_atomics, bool):
+        raise ConfigError(f"{source}: encoding.vector_atomics must be true or false, got {vector_atomics!r}")
     spec = HashGridSpec.from_config(block, source)
     if backend == "triton":
         from .hashgrid_triton import HashGridTriton
 
-        return HashGridTriton(spec, TABLE_DTYPES[table_dtype])
+        return HashGridTriton(spec, TABLE_DTYPES[table_dtype], vector_atomics=vector_atomics)
     if backend == "tcnn":
         from .tcnn import TcnnEncoding
 

@@ -22,6 +22,8 @@ PRIMES = (1, 2654435761, 805459861)
 UINT32 = 0xFFFFFFFF
 
 
+KERNEL_OPTIONS = ("table_dtype", "vector_atomics")  # encoding keys of the Triton backend, not of the grid
+
 @dataclass(frozen=True)
 class HashGridSpec:
     """Validated hash-grid hyper-parameters plus the derived per-level layout."""
@@ -53,6 +55,8 @@ class HashGridSpec:
             value = block.pop(key, None)
             if value not in (None, "Hash", "Linear"):
                 raise ConfigError(f"{source}: encoding.{key}={value!r} is not supported (Hash grids, Linear interpolation)")
+        for key in KERNEL_OPTIONS:  # how the Triton kernels run, not the grid (make_position_encoding reads them)
+            block.pop(key, None)
         desired = block.pop("desired_resolution", None)
         known = {"n_levels", "n_features_per_level", "log2_hashmap_size", "base_resolution", "per_level_scale"}
         unknown = set(block) - known
