@@ -2,7 +2,9 @@
 
 Twin of ``hvd_ngp.render.volume.march`` (the dense-lane reference): the same sample positions
 ``T(F(t_near) + k + jitter)``, the same cascade choice and the same occupancy test, evaluated
-step by step in registers instead of in a [rays, steps] tensor. Each ray's steps are split into
+step by step in registers instead of in a [rays, steps] tensor. With one cascade, a step that lands
+in an empty cell jumps over the cell's remaining lattice steps (their samples are the same: none),
+as instant-ngp skips empty space, but onto the same lattice, so the output stays equal to the twin's. Each ray's steps are split into
 segments of ``SEGMENT`` steps marched by different programs, so a few long rays (large scenes)
 still fill the GPU; per-segment counts give every segment its place in the output. The samples
 come out packed ray-major into buffers of a fixed ``capacity``; a ray whose samples do not all
@@ -80,10 +82,11 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
         base = tl.load(start_ptr + r * NSEG + seg, mask=m, other=0)
         active = active & (tl.load(fits_ptr + r, mask=m, other=0) != 0)
     n = tl.zeros((BLOCK,), dtype=tl.int32)
-    k = seg * SEGMENT
-    k_end = tl.minimum(k + SEGMENT, max_steps)
-    while (tl.sum(active.to(tl.int32), axis=0) > 0) & (k < k_end):
-        s = s0 + k
+    k = tl.zeros((BLOCK,), dtype=tl.int32) + seg * SEGMENT  # each lane's next step on the lattice
+    k_end = tl.minimum(seg * SEGMENT + SEGMENT, max_steps)
+    active = active & (k < k_end)
+    while tl.sum(active.to(tl.int32), axis=0) > 0:
+        s = s0 + k.to(tl.float32)
         t = _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE)
         active = active & (t < t_far)
         dt = _time(s + 1.0, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) - t
@@ -113,7 +116,16 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
             tl.store(dt_ptr + slot, dt, mask=ok)
             tl.store(ray_ptr + slot, r, mask=ok)
         n += emit.to(tl.int32)
-        k += 1
+        if K == 1:  # an empty cell: jump to the last lattice step before its exit (the steps between are in it)
+            gx = c_x + ((cx + (dx >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_x)
+            gy = c_y + ((cy + (dy >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_y)
+            gz = c_z + ((cz + (dz >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_z)
+            t_exit = tl.minimum(tl.minimum((gx - ox) * ix, (gy - oy) * iy), (gz - oz) * iz)
+            k_exit = tl.ceil(_coord(t_exit, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) - s0).to(tl.int32) - 1
+            k = tl.where(active & inside & ~occ, tl.maximum(k + 1, k_exit), k + 1)
+        else:  # cascades: the next steps may fall in a finer cascade's cell, so step one at a time
+            k += 1
+        active = active & (k < k_end)
     if not WRITE:
         tl.store(count_ptr + r * NSEG + seg, n, mask=m)
 
