@@ -3,6 +3,8 @@ training rays at pixel centres, the ngp evaluation protocol."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -177,3 +179,35 @@ def test_precision_auto_is_bf16_only_for_the_triton_step_on_a_gpu():
 def test_cpu_trainer_resolves_precision_auto_to_fp32(scene_cache, tmp_path):
     tr = tiny_trainer(scene_cache, tmp_path, 1)
     assert tr.args.precision == "fp32" and not getattr(tr.field.density_mlp, "train_fused", False)
+
+
+def test_fused_adam_is_opt_in_and_follows_the_default_one():
+    """``"fused": true`` in the Adam block builds torch's fused Adam; its steps follow the default
+    (foreach) Adam's to rounding; a non-boolean is an error naming the config."""
+    from hvd_ngp.model.field import NGPField
+    from hvd_ngp.training.recipe import make_optimizer
+
+    args = parse_args(["--config", str(CPU_CONFIG)])
+    block = args.model["optimizer"]
+    chain = OptimizerChain.parse(block, "cpu.json")
+    fused_block = json.loads(json.dumps(block))
+    OptimizerChain.parse(fused_block, "cpu.json").adam["fused"] = True
+    fields, opts = [], []
+    for b in (block, fused_block):
+        torch.manual_seed(0)
+        field = NGPField(args.model, torch.tensor([[0.0] * 3, [1.0] * 3]))
+        opt, _ = make_optimizer(field, b, "cpu.json")
+        fields.append(field)
+        opts.append(opt)
+    assert not opts[0].defaults.get("fused") and opts[1].defaults["fused"] and chain.adam.get("fused") is None
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in fields[0].parameters()]
+        for field, opt in zip(fields, opts):
+            for p, g in zip(field.parameters(), grads):
+                p.grad = g.clone()
+            opt.step()
+    for a, b in zip(fields[0].parameters(), fields[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    OptimizerChain.parse(fused_block, "cpu.json").adam["fused"] = "yes"
+    with pytest.raises(ConfigError, match="cpu.json: optimizer Adam.fused must be true or false"):
+        make_optimizer(fields[0], fused_block, "cpu.json")

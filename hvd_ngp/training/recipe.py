@@ -77,18 +77,21 @@ def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
 
 def make_optimizer(field: NGPField, block: dict, source: str, capturable: bool = False
                    ) -> tuple[torch.optim.Adam, callable]:
-    """Adam (L2 on the MLP weights only; the hash table sparse with ``sparse_hash_updates``) and
-    ``lr_at(step)`` for the ExponentialDecay schedule (see ``optim``). ``capturable``: Adam's step can
+    """Adam (L2 on the MLP weights only; the hash table sparse with ``sparse_hash_updates``; torch's
+    fused single-kernel implementation with ``"fused": true``) and ``lr_at(step)`` for the ExponentialDecay schedule (see ``optim``). ``capturable``: Adam's step can
     be captured in a CUDA graph (``training.graphed``; its step counts live on the device)."""
     chain = OptimizerChain.parse(block, source)
     adam = chain.adam
     lr = float(adam.get("learning_rate", 1e-2))
+    fused = adam.get("fused", False)  # torch's one-kernel Adam (opt-in until measured on a GPU)
+    if not isinstance(fused, bool):
+        raise ConfigError(f"{source}: optimizer Adam.fused must be true or false, got {fused!r}")
     opt = Adam(
         [{"params": field.encoding_parameters(), "weight_decay": 0.0,
           "sparse": bool(adam.get("sparse_hash_updates", False))},
          {"params": field.mlp_parameters(), "weight_decay": float(adam.get("l2_reg", 1e-6))}],
         lr=lr, betas=(float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.99))),
-        eps=float(adam.get("epsilon", 1e-15)), capturable=capturable)
+        eps=float(adam.get("epsilon", 1e-15)), capturable=capturable, **({"fused": True} if fused else {}))
 
     def lr_at(step: int) -> float:
         return lr * exponential_decay(step, chain.decay)

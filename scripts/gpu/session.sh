@@ -8,6 +8,7 @@
 #   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60 s
 #   bash scripts/gpu/session.sh quality16 OUT [SECONDS]   # the default vs fp32 on a time budget, 2 seeds (HVD_NGP_VARIANTS=default: it alone)
 #   bash scripts/gpu/session.sh defaults16 OUT   # graphed-step GPU tests; throughput of the default vs fp32 without drawing ahead
+#   bash scripts/gpu/session.sh kernels16 OUT    # kernel parity on the GPU; throughput late in training: .stage/old vs this tree
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: base vs sparse hash Adam vs occupancy ramp, equal steps, 2 seeds
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -208,6 +209,36 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("tp_*.json")):
   for r in json.load(open(f))["training"]:
     print(f.stem, r["backend"], r["precision"], f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step,",
           f"{r['samples_per_step']:.0f} samples/step,", {k: round(v, 2) for k, v in r["stages_ms"].items()})
+PY
+    ;;
+  kernels16)  # the kernel changes after 297a600 (relaxed atomics, empty-cell skipping; opt-in: vector atomics,
+    # fused Adam): GPU parity tests, then bench throughput at a late-training ray count (2000 warm-up steps) of
+    # $S/old (prepare with HVD_NGP_OLD=297a600) and of this tree, alternating, two rounds
+    for f in tests/test_kernels.py tests/test_graphed.py; do
+      HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | tail -30 | grep -v "^  " | tail -12
+    done
+    for round in 1 2; do
+      for v in old default vector_atomics fused_adam; do
+        dir=$PWD; extra=()
+        case $v in
+          old) dir=$S/old ;;
+          vector_atomics) extra=(-- --encoding '{"vector_atomics": true}') ;;
+          fused_adam) extra=(-- --optimizer '{"nested": {"nested": {"fused": true}}}') ;;
+        esac
+        (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 150 python3 -m hvd_ngp.bench throughput --scene $S/lego \
+          --backends triton --warmup_steps 2000 --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? 3 : 0)) \
+          --json $out/tk_${v}_$round.json --markdown '' "${extra[@]}" >$out/tk_${v}_$round.log 2>&1 || tail -5 $out/tk_${v}_$round.log)
+      done
+    done
+    grep -h -A12 "^| implementation" $out/tk_default_1.log | head -14
+    python3 - "$out" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("tk_*.json")):
+  for r in json.load(open(f))["training"]:
+    print(f.stem, r.get("precision"), f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step,",
+          f"{r['rays_per_step']:.0f} rays/step, GPU busy {r.get('gpu_busy_share')},", {k: round(v, 2) for k, v in r["stages_ms"].items()})
+    for name, ms in list(r.get("kernel_ms", {}).items())[:8]:
+        print(f"    {ms:7.3f} ms  {name[:100]}")
 PY
     ;;
   psnr16)  # issue 16: lego PSNR at equal steps and seed, --cuda_graphs on vs off, two runs each side by side
