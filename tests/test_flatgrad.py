@@ -1,5 +1,6 @@
 """Flat gradient buffers (``cluster.flatgrad``): views that survive backward and zeroing, dtype groups,
-no Horovod call at size 1, one call per dtype otherwise; against Horovod itself at 2 ranks (Gloo and MPI)."""
+no Horovod call at size 1, one call per dtype otherwise, started and waited for apart; against Horovod itself
+at 2 ranks (Gloo and MPI)."""
 
 from __future__ import annotations
 
@@ -182,6 +183,45 @@ def test_size_one_makes_no_horovod_call_and_changes_nothing(monkeypatch, compres
     assert all(torch.equal(before[dt], b) for dt, b in flat.buffers.items())
 
 
+@pytest.mark.parametrize("compression", ["none", "fp16"])
+def test_size_one_start_makes_no_horovod_call_and_wait_does_nothing(monkeypatch, compression):
+    fake = fake_world(monkeypatch, 1)
+    m = Mixed()
+    flat = FlatGradients(m.named_parameters(), tail=1)
+    loss_of(m, 1).backward()
+    before = {dt: b.clone() for dt, b in flat.buffers.items()}
+    pending = flat.allreduce_start(compression=compression, prescale_factor=3.0)
+    pending.wait()
+    pending.wait()
+    assert fake.calls == []
+    assert all(torch.equal(before[dt], b) for dt, b in flat.buffers.items())  # not even the fp16 cast
+    assert dist.allreduce_buffers_start(list(flat.buffers.values()), ["a", "b"]).wait() is None and fake.calls == []
+    monkeypatch.setattr(dist, "_hvd", None)  # never initialised (no launcher): the same
+    flat.allreduce_start(compression=compression).wait()
+    assert all(torch.equal(before[dt], b) for dt, b in flat.buffers.items())
+
+
+def test_start_submits_everything_and_wait_synchronizes_then_copies_back(monkeypatch):
+    fake = fake_world(monkeypatch, 2)
+    m = Mixed()
+    flat = FlatGradients(m.named_parameters(), tail=2, name="step")
+    loss_of(m, 1).backward()
+    f32 = flat.buffers[torch.float32].clone()
+    pending = flat.allreduce_start(average=False, compression="fp16")
+    assert [(c["name"], c["dtype"], c["op"], "synchronized" in c) for c in fake.calls] == [
+        ("step.float16", torch.float16, "Sum", False), ("step.float32.fp16", torch.float16, "Sum", False)]
+    assert torch.equal(flat.buffers[torch.float32], f32)  # the fp16 result is still in the staging buffer
+    pending.wait()
+    assert all(c["synchronized"] for c in fake.calls)
+    torch.testing.assert_close(flat.buffers[torch.float32], (f32.half() * 2).float(), rtol=0, atol=0)
+    fake.calls.clear()
+    pending.wait()  # once only: no second synchronize, no second copy
+    assert fake.calls == []
+    torch.testing.assert_close(flat.buffers[torch.float32], (f32.half() * 2).float(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="2 tensors but 1 names"):
+        dist.allreduce_buffers_start(list(flat.buffers.values()), ["one"])
+
+
 def test_one_call_per_dtype_with_compression_and_factors(monkeypatch):
     fake = fake_world(monkeypatch, 2)
     m = Mixed()
@@ -236,5 +276,5 @@ def test_flat_allreduce_matches_horovod_per_tensor(controller):
     proc = run_ranks(["tests/parallel/check_flatgrad.py"], controller=controller, timeout=180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    for check in ("exact", "fp16", "guard", "views"):
+    for check in ("exact", "fp16", "guard", "views", "start"):
         assert f"CHECK {check} OK" in out, out[-4000:]

@@ -175,6 +175,49 @@ def test_non_finite_step_is_skipped_from_the_device_flag(scene_cache, tmp_path):
         assert torch.equal(torch.nan_to_num(a, nan=7.0), torch.nan_to_num(b.detach(), nan=7.0))  # untouched
 
 
+class OrderedHorovod:
+    """Logs submissions and waits to ``events``; an average of identical ranks leaves each tensor as it is."""
+
+    Average, Sum = "Average", "Sum"
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def allreduce_async_(self, tensor, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
+        self.events.append(f"submit {name}")
+        return name
+
+    def synchronize(self, handle):
+        self.events.append(f"wait {handle}")
+
+
+@needs_interpreter
+def test_allreduce_is_in_flight_while_meanwhile_runs(scene_cache, tmp_path, monkeypatch):
+    """At 2 (fake) ranks: the stop flag is folded, the flat allreduce submitted, ``meanwhile`` run, then the
+    allreduce waited for, in that order."""
+    from hvd_ngp.cluster import dist
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.state.failures import NonFiniteGuard
+    from hvd_ngp.training.trainer import Trainer
+
+    events: list[str] = []
+
+    def stop_requested() -> bool:
+        events.append("stop flag")
+        return False
+
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton")))
+    tr.guard = NonFiniteGuard(3, stop_requested=stop_requested)
+    tr.graphed = _graphed(tr)
+    draw = tr._draw(tr.budget.n_rays)
+    monkeypatch.setattr(dist, "_hvd", OrderedHorovod(events))
+    monkeypatch.setattr(dist, "_runtime", dist.Runtime(0, 2, 0, 2, 1, torch.device("cpu"), "gloo"))
+    res = tr.graphed(draw.rays, draw.background, draw.jitter, 0, meanwhile=lambda: events.append("meanwhile"))
+    names = [f"flatgrad.{str(dt).removeprefix('torch.')}" for dt in tr.graphed.grads.buffers]
+    assert events == ["stop flag", *(f"submit {n}" for n in names), "meanwhile", *(f"wait {n}" for n in names)]
+    assert not res.skipped and tr.guard.stop_agreed is False
+
+
 @needs_interpreter
 def test_checkpoints_of_a_graphed_optimizer_load_anywhere(scene_cache, tmp_path):
     """state_dict() writes what a plain Adam writes (float learning rates, host step counts); loading it

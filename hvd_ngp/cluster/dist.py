@@ -329,13 +329,51 @@ def allreduce_many_(tensors: Sequence[torch.Tensor], op: str = "avg", name: str 
     _allreduce_all_(tensors, [f"{name}.{i}" for i in range(len(tensors))], op)
 
 
-def _allreduce_all_(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> None:
+def _submit_all(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str, prescale_factor: float = 1.0,
+                postscale_factor: float = 1.0) -> list[Any]:
+    """Submit an in-place allreduce of each tensor, waiting for none -> Horovod handles, in order."""
+    return [_hvd.allreduce_async_(t, name=n, op=getattr(_hvd, _OPS[op]), prescale_factor=prescale_factor,
+                                  postscale_factor=postscale_factor) for t, n in zip(tensors, names)]
+
+
+def _allreduce_all_(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str) -> None:
     """Submit every in-place allreduce, then wait for all (Horovod negotiates them in one cycle)."""
-    handles = [_hvd.allreduce_async_(t, name=n, op=getattr(_hvd, _OPS[op]), prescale_factor=prescale_factor,
-                                     postscale_factor=postscale_factor) for t, n in zip(tensors, names)]
-    for h in handles:
+    for h in _submit_all(tensors, names, op):
         _hvd.synchronize(h)
+
+
+class PendingAllreduce:
+    """In-place allreduces in flight (``allreduce_buffers_start``); ``wait()`` finishes them, once.
+
+    Until then the tensors belong to Horovod: neither read nor written. No handle (size 1): ``wait()``
+    does nothing."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], handles: list[Any]) -> None:
+        self._tensors, self._handles = list(tensors), handles
+
+    def wait(self) -> None:
+        """Block until every allreduce is done (timed by ``COMM_CLOCK``); a second call does nothing."""
+        if not self._handles:
+            return
+        handles, self._handles = self._handles, []
+        with COMM_CLOCK.blocking(*self._tensors):
+            for h in handles:
+                _hvd.synchronize(h)
+
+
+def allreduce_buffers_start(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str = "avg",
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> PendingAllreduce:
+    """``allreduce_buffers_`` without the wait: submit every in-place allreduce and return at once.
+
+    The host is free to work while Horovod reduces (its background thread; on a GPU, NCCL starts when
+    the compute stream reaches the point of submission). ``.wait()`` on the result before the tensors
+    are used; ``COMM_CLOCK`` times that wait only. No Horovod call at size 1.
+    """
+    if len(tensors) != len(names):
+        raise ValueError(f"{len(tensors)} tensors but {len(names)} names")
+    if _hvd is None or _runtime.size == 1:
+        return PendingAllreduce(tensors, [])
+    return PendingAllreduce(tensors, _submit_all(tensors, names, op, prescale_factor, postscale_factor))
 
 
 def allreduce_buffers_(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str = "avg",
@@ -346,13 +384,9 @@ def allreduce_buffers_(tensors: Sequence[torch.Tensor], names: Sequence[str], op
     different dtypes still travel as separate collectives (Horovod fuses only equal dtypes). The
     factors multiply before and after the sum (Horovod applies ``1 / size`` on top of
     ``postscale_factor`` for ``avg``). Timed by ``COMM_CLOCK``. No Horovod call at size 1.
+    ``allreduce_buffers_start`` followed by its ``wait()``.
     """
-    if len(tensors) != len(names):
-        raise ValueError(f"{len(tensors)} tensors but {len(names)} names")
-    if _hvd is None or _runtime.size == 1:
-        return
-    with COMM_CLOCK.blocking(*tensors):
-        _allreduce_all_(tensors, names, op, prescale_factor, postscale_factor)
+    allreduce_buffers_start(tensors, names, op, prescale_factor, postscale_factor).wait()
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.nn.Parameter]],

@@ -8,6 +8,7 @@ Horovod call may happen inside a capture), the step becomes::
     loss.backward()                 # autograd accumulates into the views, i.e. into the flat buffers
     guard.fold(loss, flat.tail)     # the non-finite guard's flags ride in the fp32 buffer's tail
     flat.allreduce_(compression=comm.compression)   # one collective per dtype, outside any graph
+    # or: pending = flat.allreduce_start(...); <host work not touching the gradients>; pending.wait()
     guard.should_skip(optimizer, step, grads=flat); optimizer.step()
 
 Layout: parameters are grouped by dtype (buffers ordered by dtype name, parameters in the order
@@ -22,7 +23,8 @@ set_to_none=False)`` and ``zero_()`` zero in place. ``zero_grad()`` with its def
 ``allreduce_`` checks the views first and raises ``FlatGradientError`` naming the parameter.
 
 Every rank must build its ``FlatGradients`` from the same parameter list (shapes, dtypes, order)
-and call ``allreduce_`` at the same point: the collectives are named after the dtype buffers.
+and call ``allreduce_`` (or ``allreduce_start``) at the same point: the collectives are named after
+the dtype buffers.
 """
 
 from __future__ import annotations
@@ -167,13 +169,24 @@ class FlatGradients:
         ``Compression.fp16`` does per gradient. ``prescale_factor`` / ``postscale_factor`` multiply
         before and after the sum (Horovod's; the DistributedOptimizer uses 1 and 1). At size 1
         (or without Horovod) nothing happens: no cast, no call, as an unwrapped optimizer.
+        ``allreduce_start`` followed by its ``wait()``.
+        """
+        self.allreduce_start(average, compression, prescale_factor, postscale_factor).wait()
+
+    def allreduce_start(self, average: bool = True, compression: str = "none", prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> "PendingGradients":
+        """``allreduce_`` without the wait: submit the allreduces (after the fp16 casts) and return at once.
+
+        Until ``wait()`` on the result the buffers (and every ``p.grad``) are Horovod's: the host may do
+        other work meanwhile, but must neither read nor write them. At size 1: no cast, no call, and
+        ``wait()`` does nothing.
         """
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         self.check_views()
         if not dist.communicating():
-            return
-        wire, names = [], []
+            return PendingGradients(None, [])
+        wire, names, copies = [], [], []
         for dt, b in self.buffers.items():
             if compression == "fp16" and dt != torch.float16:
                 staging = self._staging.get(dt)
@@ -182,10 +195,26 @@ class FlatGradients:
                 staging.copy_(b)
                 wire.append(staging)
                 names.append(f"{self.name}.{_short(dt)}.fp16")
+                copies.append((b, staging))
             else:
                 wire.append(b)
                 names.append(f"{self.name}.{_short(dt)}")
-        dist.allreduce_buffers_(wire, names, "avg" if average else "sum", prescale_factor, postscale_factor)
-        for (dt, b), w in zip(self.buffers.items(), wire):
-            if w is not b:
-                b.copy_(w)
+        pending = dist.allreduce_buffers_start(wire, names, "avg" if average else "sum", prescale_factor,
+                                               postscale_factor)
+        return PendingGradients(pending, copies)
+
+
+class PendingGradients:
+    """A ``FlatGradients.allreduce_start`` in flight; ``wait()`` finishes it (then the fp16 staging buffers are
+    cast back into the gradient buffers), once."""
+
+    def __init__(self, pending: dist.PendingAllreduce | None, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._pending, self._copies = pending, copies  # copies: (gradient buffer, its fp16 staging buffer)
+
+    def wait(self) -> None:
+        if self._pending is None:
+            return
+        self._pending.wait()
+        for b, staging in self._copies:
+            b.copy_(staging)
+        self._pending, self._copies = None, []

@@ -3,8 +3,9 @@
 The graphed step waits once per step for its non-finite flags (``training.graphed``). Without this,
 the host draws a step's rays (pixels, ray origins and directions, background and jitter: dozens of
 small kernel launches) only after that wait, while the GPU has nothing queued. With it, the trainer
-draws step k+1's batch right after launching graph A of step k, so those launches overlap the GPU's
-work; then it waits for the flags.
+draws step k+1's batch right after launching graph A of step k and starting its gradient allreduce,
+so those launches overlap the GPU's work and (on several ranks) the allreduce; then it waits for
+the allreduce and the flags.
 
 A batch drawn ahead is used only if nothing that shapes it changed in between: the step, the ray count,
 the sampler (object and ``version``: shard, scores, resolution) and the background generator. Otherwise

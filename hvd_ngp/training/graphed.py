@@ -4,10 +4,12 @@ with a few host calls instead of hundreds of kernel launches.
 Per step, on the host: rays and random numbers drawn as before (eager), copied into the first ``n``
 rows of fixed input buffers of ``rays`` rows; graph A replayed (zero the flat gradients, march,
 network, compositing, loss, backward, the non-finite flags); then, outside any graph, the one
-Horovod allreduce of the flat gradients (``cluster.flatgrad``; none at size 1) and the guard's
-verdict (one host read of its two flags); then graph B replayed (the optimizer step, Adam with
-``capturable=True`` and its learning rate in a device tensor). Rows past ``n`` are parked outside
-the scene box: they march no sample and are left out of the loss, so the loss is the eager one.
+Horovod allreduce of the flat gradients is started (``cluster.flatgrad``; none at size 1); the
+caller's ``meanwhile`` runs while graph A and that allreduce are in flight (``--draw_ahead``: the
+next step's rays); then the step waits for the allreduce and reads the guard's verdict (one host
+read of its two flags); then graph B replayed (the optimizer step, Adam with ``capturable=True``
+and its learning rate in a device tensor). Rows past ``n`` are parked outside the scene box: they
+march no sample and are left out of the loss, so the loss is the eager one.
 
 A capture is specialised to a ``CaptureKey``: the input rows, the fast renderer's two buffer sizes,
 and whether the rays carry importance weights. The ray budget changes the ray count every step,
@@ -283,8 +285,9 @@ class GraphedStep:
                  timer: StageTimer = NULL_TIMER, meanwhile: Callable[[], None] | None = None) -> StepResult:
         """One training step (``step``: 0-based) on ``rays`` (background ``[R, 3]``, jitter ``[R]``).
 
-        ``meanwhile``: host work to do while the GPU runs graph A, before the step waits for its flags
-        (the trainer draws the next step's rays: ``--draw_ahead``); it must not touch the parameters."""
+        ``meanwhile``: host work to do while the GPU runs graph A and the gradient allreduce is in flight,
+        before the step waits for them (the trainer draws the next step's rays: ``--draw_ahead``); it must
+        not touch the parameters or their gradients."""
         n = len(rays)
         current = self.inputs["origins"].shape[0] if self.inputs else None
         rows = ray_capacity(n, current, self.max_rays, self.ray_quantum)
@@ -304,12 +307,13 @@ class GraphedStep:
             self.graphs[0].replay()
             stats, ray_loss, valid = self.outputs
         timer.mark("graph: forward and backward" if not eager else "backward")
+        if self.guard is not None and self.guard.carries_stop:
+            self.guard.fold_stop(self.grads.tail)  # before the allreduce: the stop flag travels with it
+        pending = self.grads.allreduce_start(compression=self.compression)  # no call at size 1
         if meanwhile is not None:
             meanwhile()
             timer.mark("sampling ahead")
-        if self.guard is not None and self.guard.carries_stop:
-            self.guard.fold_stop(self.grads.tail)
-        self.grads.allreduce_(compression=self.compression)  # no call at size 1
+        pending.wait()
         timer.mark("allreduce")
         skipped = False
         if self.guard is not None:

@@ -1,4 +1,5 @@
-"""Run under ``horovodrun -np N``: ``FlatGradients.allreduce_`` against Horovod's per-tensor allreduce.
+"""Run under ``horovodrun -np N``: ``FlatGradients.allreduce_`` (and ``allreduce_start``) against Horovod's
+per-tensor allreduce.
 
     python tests/parallel/check_flatgrad.py
 
@@ -13,7 +14,9 @@ every rank, each printed as ``CHECK <name> OK`` on rank 0:
 3. ``guard``: the non-finite guard's flags folded into the float32 tail: one NaN loss or one
    stop request on one rank is seen by every rank, with no collective beyond the gradients';
 4. ``views``: Horovod's DistributedOptimizer keeps the views without compression and replaces
-   them (``p.grad.set_``) with fp16 compression.
+   them (``p.grad.set_``) with fp16 compression;
+5. ``start``: ``allreduce_start``, host work of rank-dependent length, ``wait()``: the same
+   collectives and bit-identical buffers as ``allreduce_``, with and without fp16 compression.
 """
 
 from __future__ import annotations
@@ -220,6 +223,34 @@ def check_views(root: bool) -> None:
               flush=True)
 
 
+def check_start(root: bool) -> None:
+    rank = dist.runtime().rank
+    for compression in ("none", "fp16"):
+        waited, started = model(), model()
+        flat_waited, flat_started = FlatGradients(waited.named_parameters()), FlatGradients(started.named_parameters())
+        backward(waited)
+        backward(started)
+        flat_waited.allreduce_(compression=compression)
+        with CountCalls() as calls:
+            pending = flat_started.allreduce_start(compression=compression)
+            # host work meanwhile (as the trainer's rays drawn ahead), longer on some ranks than on others
+            gen = torch.Generator().manual_seed(7 + rank)
+            for _ in range(20 * (1 + rank)):
+                torch.rand(256, 256, generator=gen) @ torch.rand(256, 256, generator=gen)
+            pending.wait()
+        assert calls.names == ["flatgrad.float16", "flatgrad.float32" + (".fp16" if compression == "fp16" else "")], \
+            calls.names
+        flat_started.check_views()
+        got = [p.grad for p in started.parameters()]
+        want = [p.grad for p in waited.parameters()]
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"{compression}: start + wait != allreduce_"
+        assert all(torch.equal(flat_started.buffers[dt], b) for dt, b in flat_waited.buffers.items()), compression
+        assert_same_everywhere(got, f"start.{compression}")
+    if root:
+        print("CHECK start OK (allreduce_start, work, wait: bit-identical to allreduce_, with and without fp16)",
+              flush=True)
+
+
 def main() -> None:
     dist.init("cpu")
     rt = dist.runtime()
@@ -228,6 +259,7 @@ def main() -> None:
     check_fp16(rt.is_root)
     check_guard(rt.is_root)
     check_views(rt.is_root)
+    check_start(rt.is_root)
 
 
 if __name__ == "__main__":
