@@ -120,19 +120,23 @@ def test_march_matches_reference(case):
     assert torch.all(fast.ray[n:] == o.shape[0])
 
 
-@pytest.mark.parametrize("cone", [0.0, 1 / 256])
-def test_march_skipping_empty_cells_keeps_every_sample(cone):
-    """A sparse grid (a thin shell of cells, ~3% occupied, as a trained scene's): the kernel jumps over
-    empty cells, and still gives exactly the reference's samples, ray by ray."""
-    res = 32 if SMALL else 128
-    aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
-    grid = random_grid(aabb, res, 1, 7)
+@pytest.mark.parametrize("cone, cascades", [(0.0, 1), (1 / 256, 1), (1 / 256, 3), (0.0, 2)])
+def test_march_skipping_empty_cells_keeps_every_sample(cone, cascades):
+    """A sparse grid (a thin shell of cells in every cascade, ~3% occupied, as a trained scene's): the
+    kernel jumps over empty cells, and still gives exactly the reference's samples, ray by ray."""
+    # with cascades, a resolution not divisible by 4: a finer cascade's box then cuts through coarse cells
+    res = (32 if SMALL else 128) - (2 if cascades > 1 else 0)
+    aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV) if cascades == 1 else \
+        torch.tensor([[-1.5] * 3, [2.5] * 3], device=DEV)
+    grid = random_grid(aabb, res, cascades, 7)
     g = torch.stack(torch.meshgrid(*[torch.arange(res, device=DEV)] * 3, indexing="ij"), -1).float() / res - 0.5
-    shell = ((g.norm(dim=-1) - 0.3).abs() < 0.6 / res).view(grid.occupied.shape)
-    grid.occupied.copy_(shell & (torch.rand(grid.occupied.shape, device=DEV) < 0.7))
+    shell = ((g.norm(dim=-1) - 0.3).abs() < 0.6 / res).view(-1)
+    rim = (g.abs().amax(dim=-1) > 0.5 - 1.6 / res).view(-1)  # a finer cascade's outermost cells: where a ray
+    occupied = torch.stack([shell | rim if c < cascades - 1 else shell for c in range(cascades)])  # enters it
+    grid.occupied.copy_(occupied & (torch.rand(grid.occupied.shape, device=DEV) < 0.7))
     dt = 3 ** 0.5 / (16 * res)
-    sch = StepSchedule(dt, dt * (8 if cone else 1), cone)
-    o, d, j = random_rays(100 if SMALL else 4096, torch.tensor([0.5] * 3), 2.0, 9)
+    sch = StepSchedule(dt, dt * (8 if cone else 1) * 2 ** (cascades - 1), cone)
+    o, d, j = random_rays(100 if SMALL else 4096, torch.tensor([0.5] * 3), 2.0 if cascades == 1 else 3.0, 9)
     ref = march(o, d, aabb, grid, sch, j)
     fast = march_packed(o, d, aabb, grid, sch, j, capacity=len(ref) + 1000)
     counts = torch.bincount(ref.ray, minlength=o.shape[0])

@@ -2,8 +2,8 @@
 
 Twin of ``hvd_ngp.render.volume.march`` (the dense-lane reference): the same sample positions
 ``T(F(t_near) + k + jitter)``, the same cascade choice and the same occupancy test, evaluated
-step by step in registers instead of in a [rays, steps] tensor. With one cascade, a step that lands
-in an empty cell jumps over the cell's remaining lattice steps (their samples are the same: none),
+step by step in registers instead of in a [rays, steps] tensor. A step that lands in an empty cell
+jumps over the cell's remaining lattice steps at the same cascade (their samples are the same: none),
 as instant-ngp skips empty space, but onto the same lattice, so the output stays equal to the twin's. Each ray's steps are split into
 segments of ``SEGMENT`` steps marched by different programs, so a few long rays (large scenes)
 still fill the GPU; per-segment counts give every segment its place in the output. The samples
@@ -116,15 +116,33 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
             tl.store(dt_ptr + slot, dt, mask=ok)
             tl.store(ray_ptr + slot, r, mask=ok)
         n += emit.to(tl.int32)
-        if K == 1:  # an empty cell: jump to the last lattice step before its exit (the steps between are in it)
-            gx = c_x + ((cx + (dx >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_x)
-            gy = c_y + ((cy + (dy >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_y)
-            gz = c_z + ((cz + (dz >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_z)
-            t_exit = tl.minimum(tl.minimum((gx - ox) * ix, (gy - oy) * iy), (gz - oz) * iz)
-            k_exit = tl.ceil(_coord(t_exit, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) - s0).to(tl.int32) - 1
-            k = tl.where(active & inside & ~occ, tl.maximum(k + 1, k_exit), k + 1)
-        else:  # cascades: the next steps may fall in a finer cascade's cell, so step one at a time
-            k += 1
+        # An empty cell: jump to the last lattice step before the cell's exit; the steps in between are in
+        # the same cell, at the same cascade (checked below), so they would sample nothing either.
+        gx = c_x + ((cx + (dx >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_x * ext)
+        gy = c_y + ((cy + (dy >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_y * ext)
+        gz = c_z + ((cz + (dz >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_z * ext)
+        t_exit = tl.minimum(tl.minimum((gx - ox) * ix, (gy - oy) * iy), (gz - oz) * iz)
+        skip = active & inside & ~occ
+        if K > 1:
+            # a step's cascade is max(by position, by dt). The dt one never falls along the ray; while it is
+            # below this cascade, the position one falls where the ray enters the next finer cascade's box
+            # (half the extent): stop there.
+            finer_by_dt = tl.ceil(tl.log2(tl.maximum(dt / cell0, 1e-12))) < lvl
+            ax0, ax1 = (c_x - 0.5 * h_x * ext - ox) * ix, (c_x + 0.5 * h_x * ext - ox) * ix
+            ay0, ay1 = (c_y - 0.5 * h_y * ext - oy) * iy, (c_y + 0.5 * h_y * ext - oy) * iy
+            az0, az1 = (c_z - 0.5 * h_z * ext - oz) * iz, (c_z + 0.5 * h_z * ext - oz) * iz
+            t_in = tl.maximum(tl.maximum(tl.minimum(ax0, ax1), tl.minimum(ay0, ay1)), tl.minimum(az0, az1))
+            t_out = tl.minimum(tl.minimum(tl.maximum(ax0, ax1), tl.maximum(ay0, ay1)), tl.maximum(az0, az1))
+            enters = (lvl > 0) & finer_by_dt & (t_in <= t_out) & (t_out > t)
+            t_exit = tl.where(enters, tl.minimum(t_exit, tl.maximum(t_in, t)), t_exit)
+        k_exit = tl.ceil(_coord(t_exit, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) - s0).to(tl.int32) - 1
+        if K > 1:  # and the dt cascade at the landing step is still this one (it only grows on the way)
+            s_exit = s0 + k_exit.to(tl.float32)
+            dt_exit = (_time(s_exit + 1.0, dt_min, dt_max, t1, t2, s1, s2, lc, CONE)
+                       - _time(s_exit, dt_min, dt_max, t1, t2, s1, s2, lc, CONE))
+            by_dt = tl.minimum(tl.maximum(tl.ceil(tl.log2(tl.maximum(dt_exit / cell0, 1e-12))), 0.0), K - 1.0)
+            skip = skip & (by_dt <= lvl)
+        k = tl.where(skip, tl.maximum(k + 1, k_exit), k + 1)
         active = active & (k < k_end)
     if not WRITE:
         tl.store(count_ptr + r * NSEG + seg, n, mask=m)
