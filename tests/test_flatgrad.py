@@ -168,44 +168,44 @@ def fake_world(monkeypatch, size: int) -> FakeHorovod:
     return fake
 
 
+@pytest.mark.parametrize("started", [False, True], ids=["allreduce_", "allreduce_start"])
 @pytest.mark.parametrize("compression", ["none", "fp16"])
-def test_size_one_makes_no_horovod_call_and_changes_nothing(monkeypatch, compression):
+def test_size_one_makes_no_horovod_call_and_changes_nothing(monkeypatch, compression, started):
     fake = fake_world(monkeypatch, 1)
     m = Mixed()
     flat = FlatGradients(m.named_parameters(), tail=1)
     loss_of(m, 1).backward()
     before = {dt: b.clone() for dt, b in flat.buffers.items()}
-    flat.allreduce_(compression=compression, prescale_factor=3.0)
+
+    def reduce(**kwargs) -> None:
+        if not started:
+            return flat.allreduce_(**kwargs)
+        pending = flat.allreduce_start(**kwargs)
+        pending.wait()
+        pending.wait()  # a second wait does nothing
+
+    reduce(compression=compression, prescale_factor=3.0)
     assert fake.calls == []
     assert all(torch.equal(before[dt], b) for dt, b in flat.buffers.items())  # not even the fp16 cast
+    if started:
+        assert dist.allreduce_buffers_start(list(flat.buffers.values()), ["a", "b"]).wait() is None
+        assert fake.calls == []
     monkeypatch.setattr(dist, "_hvd", None)  # never initialised (no launcher): the same
-    flat.allreduce_(compression=compression)
+    reduce(compression=compression)
     assert all(torch.equal(before[dt], b) for dt, b in flat.buffers.items())
 
 
-@pytest.mark.parametrize("compression", ["none", "fp16"])
-def test_size_one_start_makes_no_horovod_call_and_wait_does_nothing(monkeypatch, compression):
-    fake = fake_world(monkeypatch, 1)
-    m = Mixed()
-    flat = FlatGradients(m.named_parameters(), tail=1)
-    loss_of(m, 1).backward()
-    before = {dt: b.clone() for dt, b in flat.buffers.items()}
-    pending = flat.allreduce_start(compression=compression, prescale_factor=3.0)
-    pending.wait()
-    pending.wait()
-    assert fake.calls == []
-    assert all(torch.equal(before[dt], b) for dt, b in flat.buffers.items())  # not even the fp16 cast
-    assert dist.allreduce_buffers_start(list(flat.buffers.values()), ["a", "b"]).wait() is None and fake.calls == []
-    monkeypatch.setattr(dist, "_hvd", None)  # never initialised (no launcher): the same
-    flat.allreduce_start(compression=compression).wait()
-    assert all(torch.equal(before[dt], b) for dt, b in flat.buffers.items())
-
-
-def test_start_submits_everything_and_wait_synchronizes_then_copies_back(monkeypatch):
+def two_ranks_with_gradients(monkeypatch) -> tuple[FakeHorovod, FlatGradients]:
+    """A fake 2-rank world and flat gradients (named "step", a 2-float tail) after one backward."""
     fake = fake_world(monkeypatch, 2)
     m = Mixed()
     flat = FlatGradients(m.named_parameters(), tail=2, name="step")
     loss_of(m, 1).backward()
+    return fake, flat
+
+
+def test_start_submits_everything_and_wait_synchronizes_then_copies_back(monkeypatch):
+    fake, flat = two_ranks_with_gradients(monkeypatch)
     f32 = flat.buffers[torch.float32].clone()
     pending = flat.allreduce_start(average=False, compression="fp16")
     assert [(c["name"], c["dtype"], c["op"], "synchronized" in c) for c in fake.calls] == [
@@ -223,10 +223,7 @@ def test_start_submits_everything_and_wait_synchronizes_then_copies_back(monkeyp
 
 
 def test_one_call_per_dtype_with_compression_and_factors(monkeypatch):
-    fake = fake_world(monkeypatch, 2)
-    m = Mixed()
-    flat = FlatGradients(m.named_parameters(), tail=2, name="step")
-    loss_of(m, 1).backward()
+    fake, flat = two_ranks_with_gradients(monkeypatch)
     f32 = flat.buffers[torch.float32].clone()
     flat.allreduce_(prescale_factor=0.5, postscale_factor=2.0)
     calls = [(c["name"], c["dtype"], c["op"], c["prescale"], c["postscale"], c["synchronized"]) for c in fake.calls]
