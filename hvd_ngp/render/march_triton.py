@@ -4,11 +4,12 @@ Twin of ``hvd_ngp.render.volume.march`` (the dense-lane reference): the same sam
 ``T(F(t_near) + k + jitter)``, the same cascade choice and the same occupancy test, evaluated
 step by step in registers instead of in a [rays, steps] tensor. A step that lands in an empty cell
 jumps over the cell's remaining lattice steps at the same cascade (their samples are the same: none),
-as instant-ngp skips empty space, but onto the same lattice, so the output stays equal to the twin's. Each ray's steps are split into
-segments of ``SEGMENT`` steps marched by different programs, so a few long rays (large scenes)
-still fill the GPU; per-segment counts give every segment its place in the output. The samples
-come out packed ray-major into buffers of a fixed ``capacity``; a ray whose samples do not all
-fit gets ``count = 0`` and ``fits = False`` (it renders as empty and the trainer drops it).
+as instant-ngp skips empty space, but onto the same lattice, so the output stays equal to the twin's.
+Each ray's steps are split into segments of ``SEGMENT`` steps marched by different programs, so a few
+long rays (large scenes) still fill the GPU; per-segment counts give every segment its place in the
+output. The samples come out packed ray-major into buffers of a fixed ``capacity``; a ray whose
+samples do not all fit gets ``count = 0`` and ``fits = False`` (it renders as empty and the trainer
+drops it).
 No host synchronisation: the total is returned as a device tensor.
 """
 

@@ -78,8 +78,9 @@ def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
 def make_optimizer(field: NGPField, block: dict, source: str, capturable: bool = False
                    ) -> tuple[torch.optim.Adam, callable]:
     """Adam (L2 on the MLP weights only; the hash table sparse with ``sparse_hash_updates``; torch's
-    fused single-kernel implementation with ``"fused": true``) and ``lr_at(step)`` for the ExponentialDecay schedule (see ``optim``). ``capturable``: Adam's step can
-    be captured in a CUDA graph (``training.graphed``; its step counts live on the device)."""
+    fused single-kernel implementation with ``"fused": true``) and ``lr_at(step)`` for the
+    ExponentialDecay schedule (see ``optim``). ``capturable``: Adam's step can be captured in a CUDA
+    graph (``training.graphed``; its step counts live on the device)."""
     chain = OptimizerChain.parse(block, source)
     adam = chain.adam
     lr = float(adam.get("learning_rate", 1e-2))

@@ -55,7 +55,7 @@ class HashGridSpec:
             value = block.pop(key, None)
             if value not in (None, "Hash", "Linear"):
                 raise ConfigError(f"{source}: encoding.{key}={value!r} is not supported (Hash grids, Linear interpolation)")
-        for key in KERNEL_OPTIONS:  # how the Triton kernels run, not the grid (make_position_encoding reads them)
+        for key in KERNEL_OPTIONS:  # how the Triton kernels run, not the grid (make_position_encoding reads it)
             block.pop(key, None)
         desired = block.pop("desired_resolution", None)
         known = {"n_levels", "n_features_per_level", "log2_hashmap_size", "base_resolution", "per_level_scale"}

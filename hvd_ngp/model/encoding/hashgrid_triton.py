@@ -6,9 +6,10 @@ scalars and its slice of the table is the working set. The backward scatters int
 with relaxed atomic adds (Triton's default acquire-release order is not needed for a sum). With
 ``vector_atomics=True`` and two features per level on Hopper or newer, one vector atomic per corner
 adds both features (``red.global.add.v2.f32``, as tiny-cuda-nn's half2 atomics), halving the atomic
-operations; opt-in until its parity test and timing have run on a GPU (it compiles for sm_90 in CI). With ``table_dtype=torch.float16`` the forward gathers from a half-precision copy
-of the (fp32 master) table, halving its cache footprint (2^19 x 16 x 2 halves = 32 MiB, inside an
-H100/H200's L2); gradients and the optimizer stay in fp32.
+operations; opt-in until its parity test and timing have run on a GPU (it compiles for sm_90 in CI).
+With ``table_dtype=torch.float16`` the forward gathers from a half-precision copy of the (fp32 master)
+table, halving its cache footprint (2^19 x 16 x 2 halves = 32 MiB, inside an H100/H200's L2);
+gradients and the optimizer stay in fp32.
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ class HashGridTriton(HashGridTorch):
 
     skips_rows = True  # forward takes n_rows (the field passes the count through)
 
-    def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32, vector_atomics: bool = False) -> None:
+    def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32,
+                 vector_atomics: bool = False) -> None:
         super().__init__(spec)
         if spec.n_features_per_level & (spec.n_features_per_level - 1):
             raise ValueError("the Triton hash grid needs a power-of-two n_features_per_level")
