@@ -6,7 +6,8 @@
 #   bash scripts/gpu/session.sh tests OUT      # the GPU test files, one pytest process each, HVD_NGP_REQUIRE_GPU=1
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
 #   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60 s
-#   bash scripts/gpu/session.sh quality16 OUT [SECONDS]   # the default vs fp32 on a time budget, 2 seeds (HVD_NGP_VARIANTS=default: it alone)
+#   bash scripts/gpu/session.sh quality16 OUT [SECONDS]   # the default vs fp32 on a time budget, 2 seeds (HVD_NGP_VARIANTS=default:
+#                                                         it alone; HVD_NGP_SEEDS=1: one seed, for 300 s runs that fill a call)
 #   bash scripts/gpu/session.sh defaults16 OUT   # graphed-step GPU tests; throughput of the default vs fp32 without drawing ahead
 #   bash scripts/gpu/session.sh kernels16 OUT    # kernel parity on the GPU; throughput late in training: .stage/old vs this tree
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: base vs sparse hash Adam vs occupancy ramp, equal steps, 2 seeds
@@ -264,11 +265,11 @@ PY
     for f in $out/r14_*.log; do grep -l -E "Error|error" "$f" && tail -3 "$f"; done
     ;;
   quality16)  # issues 14/16: the default (bf16 + fused MLPs, draw ahead) against fp32 on a time budget, two seeds, one at a time
-    variants=${HVD_NGP_VARIANTS:-default fp32}
-    for seed in 1337 1; do
+    variants=${HVD_NGP_VARIANTS:-default fp32}; at=15,30; [ "${3:-60}" -gt 60 ] && at=60,120
+    for seed in ${HVD_NGP_SEEDS:-1337 1}; do
       for v in $variants; do
         extra=(); [ $v = fp32 ] && extra=(--precision fp32 --draw_ahead off)
-        python3 -m hvd_ngp.train --scene $S/lego --time_budget_s ${3:-60} --eval_at_s 15,30 --seed $seed --log_every 4000 \
+        python3 -m hvd_ngp.train --scene $S/lego --time_budget_s ${3:-60} --eval_at_s $at --seed $seed --log_every 4000 \
           --save_renders 0 "${extra[@]}" --out_dir $out/q_${v}_$seed >$out/q_${v}_$seed.log 2>&1
       done
     done
