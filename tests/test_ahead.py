@@ -69,7 +69,7 @@ def _run(scene_cache, out_dir, steps: int, *, ahead: bool, redraw_all: bool = Fa
     """The tiny model through the graphed step's body for ``steps`` steps: (losses, parameters, trainer)."""
     tr = _trainer(scene_cache, out_dir, "--backend", "triton", "--n_rays_init", "96", "--train_background", "random")
     tr.graphed = _graphed(tr)
-    tr.use_draw_ahead(ahead)
+    tr.use_draw_ahead("auto" if ahead else "off")
     if redraw_all:  # every batch drawn ahead is un-drawn and drawn again at its step
         take = tr.ahead.take
         tr.ahead.take = lambda step, n, sampler, gen: (tr.ahead.rewind(), take(step, n, sampler, gen))[1]

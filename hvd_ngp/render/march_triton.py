@@ -52,6 +52,12 @@ def _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE: tl.constexpr):
 
 
 @triton.jit
+def _dt_cascade(dt, cell0):
+    """The cascade a step of length ``dt`` asks for, before clamping: ceil(log2(dt / finest cell))."""
+    return tl.ceil(tl.log2(tl.maximum(dt / cell0, 1e-12)))
+
+
+@triton.jit
 def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t_ptr, dt_ptr, ray_ptr, R,
            lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, c_x, c_y, c_z, h_x, h_y, h_z, cell0,
            dt_min, dt_max, t1, t2, s1, s2, lc, near, max_steps, capacity,
@@ -94,7 +100,8 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
         px, py, pz = ox + dx * t, oy + dy * t, oz + dz * t
         if K > 1:
             rad = tl.maximum(tl.maximum(tl.abs(px - c_x) / h_x, tl.abs(py - c_y) / h_y), tl.abs(pz - c_z) / h_z)
-            lvl = tl.maximum(tl.ceil(tl.log2(tl.maximum(rad, 1e-12))), tl.ceil(tl.log2(tl.maximum(dt / cell0, 1e-12))))
+            by_dt_here = _dt_cascade(dt, cell0)
+            lvl = tl.maximum(tl.ceil(tl.log2(tl.maximum(rad, 1e-12))), by_dt_here)
             lvl = tl.minimum(tl.maximum(lvl, 0.0), K - 1.0)
             ext = tl.exp2(lvl)
         else:
@@ -128,7 +135,7 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
             # a step's cascade is max(by position, by dt). The dt one never falls along the ray; while it is
             # below this cascade, the position one falls where the ray enters the next finer cascade's box
             # (half the extent): stop there.
-            finer_by_dt = tl.ceil(tl.log2(tl.maximum(dt / cell0, 1e-12))) < lvl
+            finer_by_dt = by_dt_here < lvl
             ax0, ax1 = (c_x - 0.5 * h_x * ext - ox) * ix, (c_x + 0.5 * h_x * ext - ox) * ix
             ay0, ay1 = (c_y - 0.5 * h_y * ext - oy) * iy, (c_y + 0.5 * h_y * ext - oy) * iy
             az0, az1 = (c_z - 0.5 * h_z * ext - oz) * iz, (c_z + 0.5 * h_z * ext - oz) * iz
@@ -141,7 +148,7 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
             s_exit = s0 + k_exit.to(tl.float32)
             dt_exit = (_time(s_exit + 1.0, dt_min, dt_max, t1, t2, s1, s2, lc, CONE)
                        - _time(s_exit, dt_min, dt_max, t1, t2, s1, s2, lc, CONE))
-            by_dt = tl.minimum(tl.maximum(tl.ceil(tl.log2(tl.maximum(dt_exit / cell0, 1e-12))), 0.0), K - 1.0)
+            by_dt = tl.minimum(tl.maximum(_dt_cascade(dt_exit, cell0), 0.0), K - 1.0)
             skip = skip & (by_dt <= lvl)
         k = tl.where(skip, tl.maximum(k + 1, k_exit), k + 1)
         active = active & (k < k_end)

@@ -237,11 +237,11 @@ class Trainer:
             data.load_state_dict(state.progress["data"])
         return tr
 
-    def use_draw_ahead(self, mode: str | bool) -> None:
+    def use_draw_ahead(self, mode: str) -> None:
         """``--draw_ahead``: draw each step's rays during the previous graphed step (``training.ahead``);
-        only for a graphed step drawing from images on the device. ``auto`` (or True): wherever it can;
-        ``on``: the log also says why not where it cannot; ``off`` (or False): never."""
-        wanted = mode in ("auto", "on", True)
+        only for a graphed step drawing from images on the device. ``auto``: wherever it can; ``on``: the
+        log also says why not where it cannot; ``off``: never."""
+        wanted = mode != "off"
         why_not = None if self.graphed is not None else "the step is not graphed (--cuda_graphs)"
         if why_not is None and not self.sampler.draws_on_device:
             why_not = "the images are not on the device (their batches are already prepared by a background thread)"

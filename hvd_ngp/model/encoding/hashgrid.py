@@ -24,6 +24,7 @@ UINT32 = 0xFFFFFFFF
 
 KERNEL_OPTIONS = ("table_dtype", "vector_atomics")  # encoding keys of the Triton backend, not of the grid
 
+
 @dataclass(frozen=True)
 class HashGridSpec:
     """Validated hash-grid hyper-parameters plus the derived per-level layout."""
