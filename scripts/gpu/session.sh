@@ -216,7 +216,9 @@ PY
     # fused Adam): GPU parity tests, then bench throughput at a late-training ray count (2000 warm-up steps) of
     # $S/old (prepare with HVD_NGP_OLD=297a600) and of this tree, alternating, two rounds
     for f in tests/test_kernels.py tests/test_graphed.py; do
-      HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -x -p no:cacheprovider "$f" 2>&1 | tail -30 | grep -v "^  " | tail -12
+      log=$out/pytest_$(basename "$f" .py).log  # the whole output comes back; the summary here
+      HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -p no:cacheprovider "$f" >"$log" 2>&1
+      grep -E "^(FAILED|ERROR)|passed|failed" "$log" | tail -12
     done
     for round in 1 2; do
       for v in old default vector_atomics fused_adam; do

@@ -91,10 +91,13 @@ def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offse
 
 @triton.jit
 def _red_add_pair(ptr, a, b, m):
-    """``ptr[0] += a; ptr[1] += b`` where ``m``, as one vector reduction (sm_90+; ``ptr`` 8-byte aligned)."""
+    """``ptr[0] += a; ptr[1] += b`` where ``m``, as one vector reduction (sm_90+; ``ptr`` 8-byte aligned).
+
+    The address goes in as a 64-bit integer: Triton (3.6) will not broadcast a pointer with floats."""
     return tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p red.global.add.v2.f32 [$1], {$3, $4}; mov.u32 $0, 0; }",
-        "=r,l,r,f,f", [ptr, m.to(tl.int32), a, b], dtype=tl.int32, is_pure=False, pack=1)
+        "=r,l,r,f,f", [ptr.to(tl.int64, bitcast=True), m.to(tl.int32), a, b], dtype=tl.int32, is_pure=False,
+        pack=1)
 
 
 @triton.jit
