@@ -199,6 +199,10 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                         "schedule keyed on training time, so a fixed budget ends at a low learning rate)")
     g.add_argument("--target_samples", type=int, default=1 << 18,
                    help="samples per step per rank; the ray count adapts to reach it")
+    g.add_argument("--sample_fill", type=float, default=0.95,
+                   help="GPU fast path: the ray count aims at this fraction of --target_samples; above 1 (instant-ngp's "
+                        "way, e.g. 1.05) the step's buffers fill up and the rays that do not fit are left out of the "
+                        "loss; at most 2")
     g.add_argument("--n_rays_init", type=int, default=4096, help="rays per step at the start, before adaptation")
     g.add_argument("--max_rays", type=int, default=1 << 20, help="upper bound of the adaptive ray count")
     g.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
@@ -339,6 +343,8 @@ def validate(args: argparse.Namespace) -> None:
         args.stop_signal_names = parse_signals(args.stop_signals)
     except ValueError as exc:
         raise ConfigError(f"--stop_signals: {exc}") from None
+    if not 0 < args.sample_fill <= 2:
+        raise ConfigError(f"--sample_fill must be in (0, 2], got {args.sample_fill}")
     if args.n_rays_init > args.max_rays:
         raise ConfigError(f"--n_rays_init ({args.n_rays_init}) exceeds --max_rays ({args.max_rays})")
     args.comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated

@@ -8,6 +8,7 @@ TRITON_INTERPRET=1), with small problems. The sm_90 compile check of these kerne
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -326,3 +327,21 @@ def test_inference_only_fused_mlp_trains_on_the_torch_twin():
         out = m(x, n)
         ref = m.reference(x)
     assert rel_err(out[:40], ref[:40]) < 1e-4 and torch.count_nonzero(out[40:]) == 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_xavier_initialization_draws_each_matrix_within_its_bound(backend):
+    """``"initialization": "xavier"``: every weight uniform in +-sqrt(6 / (fan_in + fan_out)), reaching
+    near its bound (torch's default stays within 1/sqrt(fan_in), below the Xavier bound for these shapes);
+    an unknown name is an error naming the block."""
+    torch.manual_seed(0)
+    xavier = make_mlp({"n_neurons": 64, "n_hidden_layers": 2, "initialization": "xavier"}, 32, 16,
+                      "rgb_network", backend=backend)
+    default = make_mlp({"n_neurons": 64, "n_hidden_layers": 2}, 32, 16, "rgb_network", backend=backend)
+    for w, w0 in zip([p for p in xavier.parameters()], [p for p in default.parameters()]):
+        fan_out, fan_in = w.shape
+        bound = math.sqrt(6.0 / (fan_in + fan_out))
+        assert w.abs().max() <= bound and w.abs().max() > 0.95 * bound
+        assert w0.abs().max() <= 1 / math.sqrt(fan_in) < 0.95 * bound
+    with pytest.raises(ConfigError, match="config: rgb_network.initialization 'he' is unknown \\(torch, xavier\\)"):
+        make_mlp({"initialization": "he"}, 32, 3, "rgb_network")

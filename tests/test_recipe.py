@@ -181,9 +181,9 @@ def test_cpu_trainer_resolves_precision_auto_to_fp32(scene_cache, tmp_path):
     assert tr.args.precision == "fp32" and not getattr(tr.field.density_mlp, "train_fused", False)
 
 
-def test_fused_adam_is_opt_in_and_follows_the_default_one():
-    """``"fused": true`` in the Adam block builds torch's fused Adam; its steps follow the default
-    (foreach) Adam's to rounding; a non-boolean is an error naming the config."""
+def test_fused_adam_on_request_follows_the_foreach_one():
+    """``"fused": true`` in the Adam block builds torch's fused Adam (``"auto"``, the default: only on
+    CUDA); its steps follow the foreach Adam's to rounding; another value is an error naming the config."""
     from hvd_ngp.model.field import NGPField
     from hvd_ngp.training.recipe import make_optimizer
 
@@ -209,5 +209,5 @@ def test_fused_adam_is_opt_in_and_follows_the_default_one():
     for a, b in zip(fields[0].parameters(), fields[1].parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     OptimizerChain.parse(fused_block, "cpu.json").adam["fused"] = "yes"
-    with pytest.raises(ConfigError, match="cpu.json: optimizer Adam.fused must be true or false"):
+    with pytest.raises(ConfigError, match="cpu.json: optimizer Adam.fused must be true, false or \"auto\""):
         make_optimizer(fields[0], fused_block, "cpu.json")

@@ -34,6 +34,11 @@ def trunc_exp(x: Tensor) -> Tensor:
     return TruncExp.apply(x)
 
 
+#: ``initialization`` of a network block: torch's ``nn.Linear`` default (uniform in +-1/sqrt(fan_in)), or
+#: Xavier-uniform as tiny-cuda-nn's MLPs start (the tcnn backend always starts so)
+INITIALIZATIONS = ("torch", "xavier")
+
+
 def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = "config",
              backend: str = "torch", fused_training: bool = False) -> nn.Module:
     """An instant-ngp style MLP (no biases, like tiny-cuda-nn's fused MLPs) from a network block: an
@@ -43,7 +48,8 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
     and depth suit them (widths 16/32/64/128, 1..3 hidden layers): passes without gradients always (the
     density pass over the filled slots only), training passes too with ``"fused": true``, or when the
     block does not say and ``fused_training`` (the trainer sets it under bf16/fp16 autocast: on one H200
-    the fp32 backward kernel was 8-13x slower than cuBLAS, the bf16 one 1.2-1.6x faster)."""
+    the fp32 backward kernel was 8-13x slower than cuBLAS, the bf16 one 1.2-1.6x faster).
+    ``"initialization"``: one of ``INITIALIZATIONS``."""
     otype = block.get("otype", "FullyFusedMLP")
     if otype not in MLP_TYPES:
         raise ConfigError(f"{source}: {name}.otype {otype!r} is unknown (expected one of {', '.join(MLP_TYPES)})")
@@ -58,6 +64,9 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
     fused = block.get("fused", fused_training)  # faster only under bf16/fp16 autocast (docs/BENCHMARKS.md)
     if not isinstance(fused, bool):
         raise ConfigError(f"{source}: {name}.fused must be true or false, got {fused!r}")
+    init = block.get("initialization", "torch")
+    if init not in INITIALIZATIONS:
+        raise ConfigError(f"{source}: {name}.initialization {init!r} is unknown ({', '.join(INITIALIZATIONS)})")
     if backend == "tcnn":
         from .encoding.tcnn import TcnnMLP, network_config
 
@@ -67,6 +76,9 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
     for a, b in zip(dims[:-1], dims[1:]):
         layers += [nn.Linear(a, b, bias=False), nn.ReLU() if act == "ReLU" else nn.Identity()]
     layers.append(nn.Linear(dims[-1], n_output, bias=False))
+    if init == "xavier":  # tiny-cuda-nn's: uniform in +-sqrt(6 / (fan_in + fan_out)) per weight matrix
+        for layer in layers[::2]:
+            nn.init.xavier_uniform_(layer.weight)
     if backend == "triton":
         from .mlp_triton import FusedMLP
 

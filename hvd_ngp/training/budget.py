@@ -27,11 +27,14 @@ class RayBudget:
     and used once the copy has landed (a step or two later), so the host never waits for the GPU.
     """
 
-    def __init__(self, n_rays: int, target: int, max_rays: int, candidate_factor: float | None = None) -> None:
+    def __init__(self, n_rays: int, target: int, max_rays: int, candidate_factor: float | None = None,
+                 fill: float = 0.95) -> None:
         """``candidate_factor``: marched samples per network sample that the fast renderer's buffers hold
-        (``marching.candidate_factor``); None on the reference path, which has no fixed buffers."""
+        (``marching.candidate_factor``); None on the reference path, which has no fixed buffers.
+        ``fill`` (``--sample_fill``, fast path): the ray count aims at ``fill * target`` samples; above 1
+        the buffers fill up and the rays past them are left out of the loss (instant-ngp's way)."""
         self.n_rays, self.target, self.max_rays = n_rays, target, max_rays
-        self.candidate_factor = candidate_factor
+        self.candidate_factor, self.fill = candidate_factor, fill
         # the fast renderer's buffers: samples through the network, marched samples (None: reference path)
         self.sample_capacity: int | None = None if candidate_factor is None else int(target)
         self.candidate_capacity: int | None = None if candidate_factor is None else int(candidate_factor * target)
@@ -54,7 +57,7 @@ class RayBudget:
         per_ray = max(samples, 1.0) / max(valid, 1.0)
         n = self.target / per_ray
         if self.candidate_capacity:
-            n = min(0.95 * n, 0.95 * self.candidate_capacity / (max(candidates, 1.0) / max(valid, 1.0)))
+            n = min(self.fill * n, 0.95 * self.candidate_capacity / (max(candidates, 1.0) / max(valid, 1.0)))
         self.n_rays = int(min(max(n, 64), self.max_rays)) // 64 * 64
         if self.fixed is not None:
             self.n_rays = self.fixed

@@ -10,7 +10,8 @@
 #                                                         it alone; HVD_NGP_SEEDS=1: one seed, for 300 s runs that fill a call)
 #   bash scripts/gpu/session.sh defaults16 OUT   # graphed-step GPU tests; throughput of the default vs fp32 without drawing ahead
 #   bash scripts/gpu/session.sh kernels16 OUT    # kernel parity on the GPU; throughput late in training: .stage/old vs this tree
-#   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: base vs sparse hash Adam vs occupancy ramp, equal steps, 2 seeds
+#   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: the defaults vs one change each (sparse hash Adam, occupancy
+#                                                      ramp, --sample_fill 1.05, Xavier, L2, black background), equal steps
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
 #   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off vs bf16 + fused MLPs
@@ -254,15 +255,24 @@ PY
     wait
     runs_table "$out" "graphs_*"
     ;;
-  recipe14)  # issue 14: one change at a time at equal steps (6000), two seeds, four runs side by side on the GPU
+  recipe14)  # issue 14: one change at a time against the defaults at equal steps (6000), the variants side by side
+    # on the GPU (HVD_NGP_SEEDS: one call per seed fits; HVD_NGP_VARIANTS: a subset)
     T="python3 -m hvd_ngp.train --scene $S/lego --n_steps ${3:-6000} --log_every 3000 --save_renders 0"
-    sparse='{"nested": {"nested": {"sparse_hash_updates": true}}}'
-    for seed in 1337 1; do
-      $T --seed $seed --out_dir $out/r14_base_$seed >$out/r14_base_$seed.log 2>&1 &
-      $T --seed $seed --optimizer "$sparse" --out_dir $out/r14_sparse_$seed >$out/r14_sparse_$seed.log 2>&1 &
-      $T --seed $seed --marching '{"update_schedule": "ramp"}' --out_dir $out/r14_ramp_$seed >$out/r14_ramp_$seed.log 2>&1 &
+    for seed in ${HVD_NGP_SEEDS:-1337 1}; do
+      for v in ${HVD_NGP_VARIANTS:-base sparse ramp fill xavier l2 black}; do
+        case $v in
+          base) extra=() ;;
+          sparse) extra=(--optimizer '{"nested": {"nested": {"sparse_hash_updates": true}}}') ;;
+          ramp) extra=(--marching '{"update_schedule": "ramp"}') ;;
+          fill) extra=(--sample_fill 1.05) ;;
+          xavier) extra=(--density_network '{"initialization": "xavier"}' --rgb_network '{"initialization": "xavier"}') ;;
+          l2) extra=(--loss '{"otype": "L2"}') ;;
+          black) extra=(--train_background black) ;;
+        esac
+        $T --seed $seed "${extra[@]}" --out_dir $out/r14_${v}_$seed >$out/r14_${v}_$seed.log 2>&1 &
+      done
+      wait
     done
-    wait
     runs_table "$out" "r14_*"
     for f in $out/r14_*.log; do grep -l -E "Error|error" "$f" && tail -3 "$f"; done
     ;;
