@@ -79,12 +79,13 @@ def test_learning_rate_tensor_is_filled_in_place_only_on_change():
     assert plain["lr"] == 2e-3
 
 
-def _graphed(tr, eager_steps: int = 10 ** 9) -> GraphedStep:
+def _graphed(tr, eager_steps: int = 10 ** 9, defer_verdict: bool = False) -> GraphedStep:
     from hvd_ngp.cluster.flatgrad import FlatGradients
 
     grads = FlatGradients(tr.field.named_parameters(), tail=tr.guard.width if tr.guard else 0)
     step = GraphedStep(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, tr.renderer, grads, tr.guard,
-                       tr.args.precision, tr.data.settings.importance_weights, eager_steps=eager_steps)
+                       tr.args.precision, tr.data.settings.importance_weights, eager_steps=eager_steps,
+                       defer_verdict=defer_verdict)
     step.ray_quantum = 64  # the interpreter marches every row: keep the padding small
     return step
 
@@ -175,6 +176,91 @@ def test_non_finite_step_is_skipped_from_the_device_flag(scene_cache, tmp_path):
         assert torch.equal(torch.nan_to_num(a, nan=7.0), torch.nan_to_num(b.detach(), nan=7.0))  # untouched
 
 
+FUSED_ADAM = '{"nested": {"nested": {"fused": true}}}'
+
+
+def _poisoned_run(scene_cache, out_dir, steps: int, poisoned: set[int], *, defer: bool, limit: int = 10,
+                  started: list[int] | None = None):
+    """The tiny model (fused Adam) through the graphed step's body for ``steps`` steps, the target colours of
+    the steps in ``poisoned`` NaN: (trainer, losses, what ``on_settled`` saw, the guard's skips after each
+    step). ``started``: each step's index is appended to it before the step runs."""
+    from dataclasses import replace
+
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, out_dir, "--n_steps", str(steps), "--backend", "triton",
+                                                "--optimizer", FUSED_ADAM, "--nonfinite_limit", str(limit))))
+    tr.graphed = _graphed(tr, defer_verdict=defer)
+    draw, step_now = tr._draw, [0]
+
+    def poisoning_draw(n):
+        d = draw(n)
+        if step_now[0] in poisoned:
+            d = replace(d, rays=replace(d.rays, rgba=torch.full_like(d.rays.rgba, math.nan)))
+        return d
+
+    tr._draw = poisoning_draw
+    settled, skips, losses = [], [], []
+    tr.on_settled = lambda res, n: settled.append((float(res.loss), res.skipped, n))
+    for i in range(steps):
+        step_now[0] = i
+        if started is not None:
+            started.append(i)
+        res, _ = tr.step(i)
+        losses.append(float(res.loss))
+        skips.append(list(tr.guard.skipped))
+    return tr, losses, settled, skips
+
+
+@needs_interpreter
+def test_a_deferred_verdict_skips_on_the_device_as_the_waiting_step_does(scene_cache, tmp_path):
+    """--defer_verdict: fused Adam skips the poisoned step itself; the guard hears of it during the next step
+    (or at settle); losses, parameters, the parameter average and what the run loop sums equal the waiting
+    step's, bit for bit."""
+    runs = {defer: _poisoned_run(scene_cache, tmp_path / str(defer), 4, {1}, defer=defer) for defer in (False, True)}
+    (wait, wait_losses, wait_settled, wait_skips), (defer, defer_losses, defer_settled, defer_skips) = runs.values()
+    assert wait_skips == [[], [2], [2], [2]]
+    assert defer_skips == [[], [], [2], [2]]  # step 2's verdict: read while step 3 ran
+    assert len(defer_settled) == 3 and defer._unsettled is not None
+    defer.settle()
+    assert defer._unsettled is None and len(defer_settled) == 4
+    assert [s[1:] for s in wait_settled] == [s[1:] for s in defer_settled] and wait_settled[1][1] is True
+    assert torch.tensor(wait_losses).nan_to_num(7.0).tolist() == torch.tensor(defer_losses).nan_to_num(7.0).tolist()
+    for a, b in zip(wait.field.parameters(), defer.field.parameters()):
+        assert torch.equal(a, b) and torch.isfinite(a).all()
+    assert wait.state.ema.count == defer.state.ema.count == 3
+    assert all(torch.equal(a, b) for a, b in zip(wait.state.ema.average, defer.state.ema.average))
+
+
+@needs_interpreter
+def test_a_deferred_verdict_stops_at_the_limit_naming_the_same_steps(scene_cache, tmp_path):
+    """Non-finite steps 2 and 3 with a limit of 2: the waiting step raises during step 3, the deferred one
+    during step 4 (reading step 3's verdict), with the same message."""
+    from hvd_ngp.state.failures import NonFiniteError
+
+    for defer, raised_in in ((False, 2), (True, 3)):
+        started: list[int] = []
+        with pytest.raises(NonFiniteError, match=r"2 consecutive steps \(2-3\)"):
+            _poisoned_run(scene_cache, tmp_path / str(defer), 5, {1, 2}, defer=defer, limit=2, started=started)
+        assert started[-1] == raised_in
+
+
+def test_only_fused_adam_with_a_guard_can_defer_the_verdict():
+    """why_not_deferred names what is missing; the graphed step refuses a deferral it cannot do."""
+    from hvd_ngp.state.failures import NonFiniteGuard
+    from hvd_ngp.training.graphed import why_not_deferred
+
+    p = torch.nn.Parameter(torch.zeros(2))
+    fused, foreach = torch.optim.Adam([p], fused=True), torch.optim.Adam([p])
+    guard = NonFiniteGuard(3)
+    assert why_not_deferred(fused, guard) is None
+    assert "no non-finite guard" in why_not_deferred(fused, None)
+    assert "not torch's fused Adam" in why_not_deferred(foreach, guard)
+    sparse = torch.optim.Adam([{"params": [p], "sparse": True}], fused=True)
+    assert "sparse hash-table updates" in why_not_deferred(sparse, guard)
+
+
 class OrderedHorovod:
     """Logs submissions and waits to ``events``; an average of identical ranks leaves each tensor as it is."""
 
@@ -246,17 +332,20 @@ def test_checkpoints_of_a_graphed_optimizer_load_anywhere(scene_cache, tmp_path)
 def test_graph_replay_follows_the_eager_step_on_a_gpu(scene_cache, tmp_path):
     """200 steps of the built-in scene with --cuda_graphs on against off, same seed, with a change of the
     renderer's buffer sizes at step 100 (a new capture): the loss curves agree as closely as two eager
-    runs of the same seed agree with each other (the GPU's own run-to-run tolerance), or to 3%."""
+    runs of the same seed agree with each other (the GPU's own run-to-run tolerance), or to 3%; the same with
+    the verdict deferred (fused Adam skipping on the device)."""
     gpu_or_skip()
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
     curves, captures = [], []
-    for run, mode in enumerate(("off", "off", "on")):
+    for run, (mode, defer) in enumerate((("off", "off"), ("off", "off"), ("on", "off"), ("on", "on"))):
         args = parse_args(["--scene_cache", str(scene_cache), "--device", "cuda", "--backend", "triton",
-                           "--n_steps", "200", "--cuda_graphs", mode, "--out_dir", str(tmp_path / f"{mode}{run}")])
+                           "--n_steps", "200", "--cuda_graphs", mode, "--defer_verdict", defer,
+                           "--out_dir", str(tmp_path / f"{mode}{run}")])
         tr = Trainer.build(args)
         assert (tr.graphed is not None) == (mode == "on")
+        assert tr.graphed is None or tr.graphed.defer_verdict == (defer == "on")
         losses = []
         for i in range(200):
             if i == 100:  # the budget's buffers shrink: the graphed step must capture again
@@ -267,9 +356,9 @@ def test_graph_replay_follows_the_eager_step_on_a_gpu(scene_cache, tmp_path):
             losses.append(float(res.loss))
         curves.append(torch.tensor(losses))
         captures.append(tr.graphed.captures if tr.graphed else 0)
-    eager, eager_again, graph = curves
-    assert captures[2] >= 2  # the first capture and the one after the change
-    assert torch.isfinite(graph).all()
+    eager, eager_again, graph, deferred = curves
+    assert captures[2] >= 2 and captures[3] >= 2  # the first capture and the one after the change
+    assert torch.isfinite(graph).all() and torch.isfinite(deferred).all()
     # compare 20-step means; the hash grid's atomic adds make GPU runs of one seed drift apart (different
     # sample counts, then different ray counts and draws): two eager runs measure how far
     windows = lambda c: c.view(10, 20).mean(dim=1)  # noqa: E731
@@ -279,3 +368,7 @@ def test_graph_replay_follows_the_eager_step_on_a_gpu(scene_cache, tmp_path):
     assert off <= max(0.03, 2 * spread), (
         f"graphed 20-step mean losses differ from eager by up to {off:.3g} (relative), two eager runs by {spread:.3g}; "
         f"eager {windows(eager).tolist()}, eager again {windows(eager_again).tolist()}, graphed {windows(graph).tolist()}")
+    off_deferred = rel(deferred, eager)
+    assert off_deferred <= max(0.03, 2 * spread), (
+        f"deferred-verdict 20-step mean losses differ from eager by up to {off_deferred:.3g} (relative), two eager "
+        f"runs by {spread:.3g}; deferred {windows(deferred).tolist()}")

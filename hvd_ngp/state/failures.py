@@ -136,10 +136,16 @@ class NonFiniteGuard:
         else:
             raise RuntimeError("NonFiniteGuard.should_skip before submit() or fold() this step")
         self._handle = self._folded = None
+        grads_bad = check_gradients and not flags[0] > 0 and not (grads.all_finite() if grads is not None
+                                                                  else all_finite(optimizer))
+        return self.decide(flags, step, grads_bad)
+
+    def decide(self, flags: list[float], step: int, grads_bad: bool = False) -> bool:
+        """The verdict on ``step`` from its reduced flags (host floats; ``should_skip`` reads them, a graphed
+        step deferring its verdict reads them one step later): skip it? Counts, logs and raises as
+        ``should_skip`` says; sets ``stop_agreed``."""
         loss_bad = flags[0] > 0
         self.stop_agreed = len(flags) > 1 and flags[1] > 0
-        grads_bad = check_gradients and not loss_bad and not (grads.all_finite() if grads is not None
-                                                               else all_finite(optimizer))
         if not (loss_bad or grads_bad):
             self.consecutive = 0
             return False

@@ -11,6 +11,13 @@ read of its two flags); then graph B replayed (the optimizer step, Adam with ``c
 and its learning rate in a device tensor). Rows past ``n`` are parked outside the scene box: they
 march no sample and are left out of the loss, so the loss is the eager one.
 
+That read is the step's one wait for the GPU. ``--defer_verdict on`` (torch's fused Adam) removes it:
+graph B itself skips a step whose reduced loss flag is set (the fused kernel's ``found_inf``), the
+flags are copied to the host without blocking, and ``GraphedStep.settle`` hands them to the guard
+during the next step (after its graph A is launched) or when the trainer asks (evaluation,
+checkpoints, log intervals). The guard's counts, messages and limit are those of the waiting step,
+one step later; a stop signal carried by the flags is acted on one step later, on every rank alike.
+
 A capture is specialised to a ``CaptureKey``: the input rows, the fast renderer's two buffer sizes,
 and whether the rays carry importance weights. The ray budget changes the ray count every step,
 so the rows are planned with headroom (``ray_capacity``) and a new capture happens only when the
@@ -151,9 +158,12 @@ class GraphedStep:
     def __init__(self, field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, march: Marching,
                  loss_fn, renderer, grads: FlatGradients, guard: NonFiniteGuard | None, precision: str = "fp32",
                  weight_gradient: bool = True, compression: str = "none", max_rays: int = 1 << 20,
-                 eager_steps: int = EAGER_STEPS) -> None:
+                 eager_steps: int = EAGER_STEPS, defer_verdict: bool = False) -> None:
         if guard is not None and (grads.tail is None or grads.tail.numel() != guard.width):
             raise ValueError("the flat gradients need a tail of guard.width floats for the guard's flags")
+        why_not = defer_verdict and why_not_deferred(optimizer, guard)
+        if why_not:
+            raise ValueError(f"the guard's verdict cannot be deferred: {why_not}")
         self.field, self.grid, self.optimizer, self.march = field, grid, optimizer, march
         self.loss_fn, self.renderer, self.grads, self.guard = loss_fn, renderer, grads, guard
         self.precision, self.weight_gradient, self.compression = precision, weight_gradient, compression
@@ -168,6 +178,13 @@ class GraphedStep:
         self.inputs: dict[str, Tensor] = {}
         self.outputs: tuple[Tensor, Tensor, Tensor] | None = None
         self._loss_scale = None
+        # --defer_verdict: graph B skips a non-finite step itself (fused Adam leaves the parameters, moments
+        # and step counts as they were where found_inf is 1); the host reads the verdict in ``settle``
+        self.defer_verdict = defer_verdict
+        self._pending: tuple[int, Tensor, torch.cuda.Event | None] | None = None
+        if defer_verdict:
+            self._found = torch.zeros((), device=self.device)
+            optimizer.found_inf = self._found  # read by every fused Adam step, the captured one included
         self.lr = [group["lr"] for group in optimizer.param_groups]
         optimizer.register_state_dict_post_hook(portable_state)
         optimizer.register_load_state_dict_post_hook(self._after_load)
@@ -175,13 +192,19 @@ class GraphedStep:
     @staticmethod
     def build(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, march: Marching, loss_fn,
               renderer, guard: NonFiniteGuard | None, precision: str, weight_gradient: bool, compression: str,
-              max_rays: int) -> "GraphedStep":
-        """The trainer's graphed step: flat gradients (a tail for the guard's flags) and the step, logged."""
+              max_rays: int, defer_verdict: str = "off") -> "GraphedStep":
+        """The trainer's graphed step: flat gradients (a tail for the guard's flags) and the step, logged.
+        ``defer_verdict`` (``--defer_verdict``): ``on`` defers it where ``why_not_deferred`` allows, else
+        says in the log why not."""
         grads = FlatGradients(field.named_parameters(), tail=guard.width if guard else 0)
+        why_not = why_not_deferred(optimizer, guard) if defer_verdict == "on" else None
+        if why_not:
+            dist.log(f"deferred verdict: off ({why_not})")
         step = GraphedStep(field, grid, optimizer, march, loss_fn, renderer, grads, guard, precision, weight_gradient,
-                           compression, max_rays)
+                           compression, max_rays, defer_verdict=defer_verdict == "on" and why_not is None)
+        verdict = "; the non-finite verdict read one step later" if step.defer_verdict else ""
         dist.log(f"CUDA graphs: on (the step is captured after {step.eager_steps} eager steps; gradients in flat "
-                 f"buffers, {grads.describe()})")
+                 f"buffers, {grads.describe()}{verdict})")
         return step
 
     def _after_load(self, optimizer: torch.optim.Optimizer) -> None:
@@ -260,6 +283,13 @@ class GraphedStep:
                              valid.sum().float()])
         return stats, per_channel.detach().float().mean(dim=1), valid
 
+    def _update(self) -> None:
+        """Graph B's body: the optimizer step (with a deferred verdict, skipped on the device where the reduced
+        loss flag is set)."""
+        if self.defer_verdict:
+            self._found.copy_(self.grads.tail[0] > 0)
+        self.optimizer.step()
+
     def _capture(self, key: CaptureKey) -> None:
         """Capture graphs A (forward and backward) and B (optimizer step) for ``key``; the inputs hold this
         step's rays. A warm-up pass on a side stream first (its gradients are discarded)."""
@@ -275,19 +305,22 @@ class GraphedStep:
         with torch.cuda.graph(forward_backward, pool=pool, capture_error_mode="thread_local"):
             outputs = self._forward_backward()
         with torch.cuda.graph(update, pool=pool, capture_error_mode="thread_local"):
-            self.optimizer.step()
+            self._update()
         self.graphs, self.outputs, self.key = (forward_backward, update), outputs, key
         self.captures += 1
 
     # ----------------------------------------------------------------------------------- one step
 
     def __call__(self, rays: RayBatch, background: Tensor, jitter: Tensor, step: int, loss_scale: float = 1.0,
-                 timer: StageTimer = NULL_TIMER, meanwhile: Callable[[], None] | None = None) -> StepResult:
+                 timer: StageTimer = NULL_TIMER, meanwhile: Callable[[], None] | None = None,
+                 after_forward: Callable[[], None] | None = None) -> StepResult:
         """One training step (``step``: 0-based) on ``rays`` (background ``[R, 3]``, jitter ``[R]``).
 
         ``meanwhile``: host work to do while the GPU runs graph A and the gradient allreduce is in flight,
         before the step waits for them (the trainer draws the next step's rays: ``--draw_ahead``); it must
-        not touch the parameters or their gradients."""
+        not touch the parameters or their gradients. ``after_forward``: host work right after graph A is
+        launched, before the allreduce (the trainer settles the step before, ``settle``). With a deferred
+        verdict the result's ``skipped`` is None: ``settle`` decides it, at the next step or when asked."""
         n = len(rays)
         current = self.inputs["origins"].shape[0] if self.inputs else None
         rows = ray_capacity(n, current, self.max_rays, self.ray_quantum)
@@ -307,6 +340,8 @@ class GraphedStep:
             self.graphs[0].replay()
             stats, ray_loss, valid = self.outputs
         timer.mark("graph: forward and backward" if not eager else "backward")
+        if after_forward is not None:
+            after_forward()
         if self.guard is not None and self.guard.carries_stop:
             self.guard.fold_stop(self.grads.tail)  # before the allreduce: the stop flag travels with it
         pending = self.grads.allreduce_start(compression=self.compression)  # no call at size 1
@@ -316,16 +351,47 @@ class GraphedStep:
         pending.wait()
         timer.mark("allreduce")
         skipped = False
-        if self.guard is not None:
+        if self.defer_verdict:  # no host read: graph B skips on the device; the flags go to the host meanwhile
+            self._update() if eager else self.graphs[1].replay()
+            cuda = self.grads.tail.is_cuda
+            flags = torch.empty(self.guard.width, pin_memory=cuda)
+            flags.copy_(self.grads.tail, non_blocking=cuda)
+            event = torch.cuda.Event() if cuda else None
+            if event is not None:
+                event.record()
+            self._pending, skipped = (step + 1, flags, event), None
+        elif self.guard is not None:
             self.guard.adopt(self.grads.tail)
             skipped = self.guard.should_skip(self.optimizer, step + 1, check_gradients=False)
-        if not skipped:
+        if not (self.defer_verdict or skipped):
             self.optimizer.step() if eager else self.graphs[1].replay()
         timer.mark("optimizer")
         stats = stats.clone()  # the next replay overwrites the graph's outputs
         return StepResult(stats[0], stats[1], stats[2], stats[3], stats[4], skipped, ray_loss[:n].clone(),
                           valid[:n].clone())
 
+    def settle(self) -> bool | None:
+        """The deferred verdict on the last step (``guard.decide``: it may raise ``NonFiniteError``), waiting
+        for its flags if they have not landed; None when no step waits for one."""
+        if self._pending is None:
+            return None
+        step, flags, event = self._pending
+        self._pending = None
+        if event is not None:
+            event.synchronize()
+        return self.guard.decide(flags.tolist(), step)
+
+
+def why_not_deferred(optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> str | None:
+    """None when the graphed step can leave the skip to the device (``--defer_verdict``), else why not."""
+    if guard is None:
+        return "there is no non-finite guard (--nonfinite_limit 0): nothing to wait for"
+    if not optimizer.defaults.get("fused"):
+        return "the optimizer is not torch's fused Adam (Adam block \"fused\"), which alone skips on the device"
+    if any(group.get("sparse") for group in optimizer.param_groups):
+        return "sparse hash-table updates run outside the fused Adam"
+    return None
+
 
 __all__ = ["CaptureKey", "EAGER_STEPS", "GraphedStep", "MODES", "eligibility", "portable_state", "ray_capacity",
-           "set_learning_rate", "use_graphs"]
+           "set_learning_rate", "use_graphs", "why_not_deferred"]

@@ -70,7 +70,9 @@ class StepResult:
     n_samples: int | Tensor
     n_candidates: int | Tensor
     n_valid: int | Tensor
-    skipped: bool = False  # a non-finite loss or gradients on some rank: no rank took the optimizer step
+    # a non-finite loss or gradients on some rank: no rank took the optimizer step; None: not decided yet
+    # (``--defer_verdict``: ``Trainer.settle`` sets it)
+    skipped: bool | None = False
     ray_loss: Tensor | None = None
     valid: Tensor | None = None
 

@@ -28,7 +28,7 @@ from ..cluster.comm import CommSettings
 from ..cluster.hvdtools import apply as apply_horovod_tools
 from ..data import Scene, load_scene
 from ..data.pipeline import DataPipeline
-from ..data.sampler import RaySampler
+from ..data.sampler import RayBatch, RaySampler
 from ..errors import ConfigError
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.field import NGPField
@@ -110,6 +110,10 @@ class Trainer:
     mp: ModelParallel | None = None  # --model_parallel K > 1: this rank's region and the segment exchange
     mp_reports: list = dc_field(default_factory=list)  # per log interval (model parallel)
     ahead: DrawAhead | None = None  # --draw_ahead (graphed steps): the next step's rays, drawn early
+    # each step once its verdict is known: (result, rays), at once or, with --defer_verdict, during the next
+    # step or at ``settle``; the run loop sums the interval's losses and samples there
+    on_settled: Callable[[StepResult, int], None] | None = None
+    _unsettled: tuple | None = None  # (step, result, rays, n_rays) of a step whose verdict is deferred
 
     @property
     def sampler(self) -> RaySampler:
@@ -229,7 +233,8 @@ class Trainer:
         graphed = None  # made before the resume: its optimizer hooks keep a loaded state capturable
         if graphs:
             graphed = GraphedStep.build(field, grid, optimizer, march, loss_fn, renderer, guard, args.precision,
-                                        data.settings.importance_weights, comm.compression, args.max_rays)
+                                        data.settings.importance_weights, comm.compression, args.max_rays,
+                                        args.defer_verdict)
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
                      state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed, mp=mp)
         tr.use_draw_ahead(args.draw_ahead)
@@ -290,7 +295,8 @@ class Trainer:
         with out_of_memory_as_error(f"training step (step {step + 1})", self.memory, STEP_HINT):
             if self.graphed is not None:
                 meanwhile = None if self.ahead is None else (lambda: self._draw_ahead(step + 1))
-                res = self.graphed(rays, background, jitter, step, self.data.loss_scale, timer, meanwhile)
+                res = self.graphed(rays, background, jitter, step, self.data.loss_scale, timer, meanwhile,
+                                   self.settle if self.graphed.defer_verdict else None)
             else:
                 res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn,
                                  jitter, args.precision, self.scaler, self.renderer, timer,
@@ -301,11 +307,31 @@ class Trainer:
             self.budget.update(res, apply=self.ahead is None)  # drawing ahead: the count changes where it draws
         else:  # the replica's K ranks adapt to the same count, so they keep drawing the same rays
             self.budget.update(replace(res, n_samples=self.mp.take_step_samples()))
+        if res.skipped is None:  # decided during the next step (its graph A launched) or by settle()
+            self._unsettled = (step, res, rays, n_rays)
+        else:
+            self._finish(step, res, rays, n_rays)
+        return res, n_rays
+
+    def settle(self) -> None:
+        """Finish the step whose verdict was deferred (``--defer_verdict``), if any: the guard's verdict (it may
+        raise ``NonFiniteError``), the parameter average, the error map, ``on_settled``. The run loop calls it
+        before it evaluates, writes a checkpoint or ends a log interval; the next step calls it after launching
+        its graph A (the average then still reads this step's parameters: the optimizer graph comes after)."""
+        if self._unsettled is not None:
+            step, res, rays, n_rays = self._unsettled
+            self._unsettled = None
+            res.skipped = self.graphed.settle()
+            self._finish(step, res, rays, n_rays)
+
+    def _finish(self, step: int, res: StepResult, rays: RayBatch, n_rays: int) -> None:
+        """After the verdict on ``step``: the average, the error map, ``on_settled``."""
         if self.state.ema is not None and not res.skipped:  # every rank took this step (or none did)
             self.state.ema.update()
         # the error map (a collective every N steps, on every rank; a skipped step's loss is not recorded)
         self.data.observe(step, rays, None if res.skipped else res.ray_loss, res.valid)
-        return res, n_rays
+        if self.on_settled is not None:
+            self.on_settled(res, n_rays)
 
     def _draw(self, n_rays: int) -> Draw:
         """``n_rays`` training rays with their backgrounds and marching jitter (this rank's streams)."""
@@ -381,6 +407,7 @@ def run(args: argparse.Namespace) -> RunResult:
     last_timed_ckpt = [progress["train_seconds"]]  # a shared clock reading: the same on every rank
 
     def write_checkpoint(step: int) -> Path:
+        tr.settle()  # a deferred verdict: the average and the error map of the last step first
         with paused(clock, watchdog, monitor):
             progress["train_seconds"] = clock.shared_seconds()
             progress["data"] = tr.data.state_dict()
@@ -395,11 +422,15 @@ def run(args: argparse.Namespace) -> RunResult:
         eval_at = sorted(t for t in args.eval_at_s if t > progress["train_seconds"])
         tr.budget_lr_factor = budget_lr_factor(progress["train_seconds"], args.time_budget_s, args.budget_lr_decay)
         stats = monitor.new_interval()
+
+        def add(res: StepResult, n_rays: int) -> None:  # each step once its verdict is known (Trainer.settle)
+            if not res.skipped:
+                stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
+
+        tr.on_settled = add
         with watchdog.armed():
             while ts.step < args.n_steps:
-                res, n_rays = tr.step(ts.step)
-                if not res.skipped:
-                    stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
+                tr.step(ts.step)
                 ts.step = step = ts.step + 1
                 watchdog.kick(step)
                 monitor.tick()
@@ -416,6 +447,7 @@ def run(args: argparse.Namespace) -> RunResult:
                     break
 
                 if step % args.log_every == 0 or step == args.n_steps:
+                    tr.settle()
                     seconds = clock.seconds()
                     r = monitor.end_interval(step, stats, seconds, grid.occupancy_fraction())  # collective; rank 0 prints
                     tr.end_interval(monitor.table)
@@ -440,6 +472,7 @@ def run(args: argparse.Namespace) -> RunResult:
                     if args.ckpt_every_minutes and elapsed - last_timed_ckpt[0] >= 60 * args.ckpt_every_minutes:
                         ckpt_due, last_timed_ckpt[0] = True, elapsed
                 if due and not stop:
+                    tr.settle()
                     seconds = clock.seconds()
                     with paused(clock, watchdog, monitor):
                         ev = tr.evaluate()
@@ -455,6 +488,7 @@ def run(args: argparse.Namespace) -> RunResult:
                     commit()
                 if stop:
                     break
+        tr.settle()
         if stats.steps and not stopped:  # the partial interval before a time-budget stop
             progress["total_samples"] += monitor.end_interval(ts.step, stats, clock.seconds(),
                                                               grid.occupancy_fraction())["samples"]

@@ -10,6 +10,7 @@
 #                                                         it alone; HVD_NGP_SEEDS=1: one seed, for 300 s runs that fill a call)
 #   bash scripts/gpu/session.sh defaults16 OUT   # graphed-step GPU tests; throughput of the default vs fp32 without drawing ahead
 #   bash scripts/gpu/session.sh kernels16 OUT    # kernel parity on the GPU; throughput late in training: .stage/old vs this tree
+#   bash scripts/gpu/session.sh defer16 OUT      # the graphed step's GPU test; throughput of the default vs --defer_verdict on
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: the defaults vs one change each (sparse hash Adam, occupancy
 #                                                      ramp, --sample_fill 1.05, Xavier, L2, black background), equal steps
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
@@ -243,6 +244,27 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("tk_*.json")):
           f"{r['rays_per_step']:.0f} rays/step, GPU busy {r.get('gpu_busy_share')},", {k: round(v, 2) for k, v in r["stages_ms"].items()})
     for name, ms in list(r.get("kernel_ms", {}).items())[:8]:
         print(f"    {ms:7.3f} ms  {name[:100]}")
+PY
+    ;;
+  defer16)  # --defer_verdict: the GPU test of the graphed step (replay against eager, deferred too), then bench
+    # throughput late in training of the default against --defer_verdict on, alternating, two rounds
+    log=$out/pytest_test_graphed.log
+    HVD_NGP_REQUIRE_GPU=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_graphed.py >"$log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$log" | tail -12
+    for round in 1 2; do
+      for v in default defer; do
+        extra=(); [ $v = defer ] && extra=(-- --defer_verdict on)
+        timeout 150 python3 -m hvd_ngp.bench throughput --scene $S/lego --backends triton --warmup_steps 2000 \
+          --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? 3 : 0)) --json $out/td_${v}_$round.json \
+          --markdown '' "${extra[@]}" >$out/td_${v}_$round.log 2>&1 || tail -5 $out/td_${v}_$round.log
+      done
+    done
+    python3 - "$out" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("td_*.json")):
+  for r in json.load(open(f))["training"]:
+    print(f.stem, f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step, {r['rays_per_step']:.0f} rays/step,",
+          f"launches {r.get('launches_per_step')}, GPU busy {r.get('gpu_busy_share')},", {k: round(v, 2) for k, v in r["stages_ms"].items()})
 PY
     ;;
   psnr16)  # issue 16: lego PSNR at equal steps and seed, --cuda_graphs on vs off, two runs each side by side
