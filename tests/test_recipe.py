@@ -182,8 +182,9 @@ def test_cpu_trainer_resolves_precision_auto_to_fp32(scene_cache, tmp_path):
 
 
 def test_fused_adam_on_request_follows_the_foreach_one():
-    """``"fused": true`` in the Adam block builds torch's fused Adam (``"auto"``, the default: only on
-    CUDA); its steps follow the foreach Adam's to rounding; another value is an error naming the config."""
+    """``"fused": true`` in the Adam block builds torch's fused Adam (``"auto"``, the default: only for
+    the graphed step on a GPU); its steps follow the foreach Adam's to rounding; another value is an error
+    naming the config."""
     from hvd_ngp.model.field import NGPField
     from hvd_ngp.training.recipe import make_optimizer
 

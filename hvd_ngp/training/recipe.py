@@ -78,7 +78,7 @@ def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
 def make_optimizer(field: NGPField, block: dict, source: str, capturable: bool = False
                    ) -> tuple[torch.optim.Adam, callable]:
     """Adam (L2 on the MLP weights only; the hash table sparse with ``sparse_hash_updates``; torch's
-    fused single-kernel implementation with ``"fused": true``, and by default (``"auto"``) on CUDA)
+    fused single-kernel implementation with ``"fused": true``, and by default (``"auto"``) for the graphed step)
     and ``lr_at(step)`` for the ExponentialDecay schedule (see ``optim``). ``capturable``: Adam's step
     can be captured in a CUDA graph (``training.graphed``; its step counts live on the device)."""
     chain = OptimizerChain.parse(block, source)
@@ -87,8 +87,8 @@ def make_optimizer(field: NGPField, block: dict, source: str, capturable: bool =
     fused = adam.get("fused", "auto")
     if fused not in (True, False, "auto"):
         raise ConfigError(f"{source}: optimizer Adam.fused must be true, false or \"auto\", got {fused!r}")
-    if fused == "auto":  # one H200, lego: the optimizer's GPU time 0.42 -> 0.16 ms per step (docs/BENCHMARKS.md)
-        fused = all(p.is_cuda for p in field.parameters())
+    if fused == "auto":  # one H200, lego: graph B's GPU time 0.42 -> 0.16 ms per step (docs/BENCHMARKS.md)
+        fused = capturable and all(p.is_cuda for p in field.parameters())
     opt = Adam(
         [{"params": field.encoding_parameters(), "weight_decay": 0.0,
           "sparse": bool(adam.get("sparse_hash_updates", False))},
