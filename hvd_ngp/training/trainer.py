@@ -110,7 +110,7 @@ class Trainer:
     mp: ModelParallel | None = None  # --model_parallel K > 1: this rank's region and the segment exchange
     mp_reports: list = dc_field(default_factory=list)  # per log interval (model parallel)
     ahead: DrawAhead | None = None  # --draw_ahead (graphed steps): the next step's rays, drawn early
-    # each step once its verdict is known: (result, rays), at once or, with --defer_verdict, during the next
+    # each step once its verdict is known: (result, ray count), at once or, with --defer_verdict, during the next
     # step or at ``settle``; the run loop sums the interval's losses and samples there
     on_settled: Callable[[StepResult, int], None] | None = None
     _unsettled: tuple | None = None  # (step, result, rays, n_rays) of a step whose verdict is deferred
