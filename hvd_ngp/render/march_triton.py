@@ -52,6 +52,18 @@ def _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE: tl.constexpr):
 
 
 @triton.jit
+def _box_span(lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, ox, oy, oz, ix, iy, iz):
+    """Entry and exit ``t`` of rays (origins ``o``, inverse directions ``i``) through a box: the slab test,
+    exactly as ``data.cameras.intersect_aabb`` (unclamped)."""
+    ax, bx = (lo_x - ox) * ix, (hi_x - ox) * ix
+    ay, by = (lo_y - oy) * iy, (hi_y - oy) * iy
+    az, bz = (lo_z - oz) * iz, (hi_z - oz) * iz
+    t_in = tl.maximum(tl.maximum(tl.minimum(ax, bx), tl.minimum(ay, by)), tl.minimum(az, bz))
+    t_out = tl.minimum(tl.minimum(tl.maximum(ax, bx), tl.maximum(ay, by)), tl.maximum(az, bz))
+    return t_in, t_out
+
+
+@triton.jit
 def _dt_cascade(dt, cell0):
     """The cascade a step of length ``dt`` asks for, before clamping: ceil(log2(dt / finest cell))."""
     return tl.ceil(tl.log2(tl.maximum(dt / cell0, 1e-12)))
@@ -73,16 +85,11 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
     dy = tl.load(d_ptr + r * 3 + 1, mask=m, other=1.0)
     dz = tl.load(d_ptr + r * 3 + 2, mask=m, other=1.0)
     j = tl.load(jitter_ptr + r, mask=m, other=0.5)
-    # slab test, exactly as data.cameras.intersect_aabb
     ix = 1.0 / tl.where(tl.abs(dx) < 1e-9, 1e-9, dx)
     iy = 1.0 / tl.where(tl.abs(dy) < 1e-9, 1e-9, dy)
     iz = 1.0 / tl.where(tl.abs(dz) < 1e-9, 1e-9, dz)
-    ax, bx = (lo_x - ox) * ix, (hi_x - ox) * ix
-    ay, by = (lo_y - oy) * iy, (hi_y - oy) * iy
-    az, bz = (lo_z - oz) * iz, (hi_z - oz) * iz
-    t_near = tl.maximum(tl.maximum(tl.maximum(tl.minimum(ax, bx), tl.minimum(ay, by)), tl.minimum(az, bz)), 0.0)
-    t_near = tl.maximum(t_near, near)
-    t_far = tl.minimum(tl.minimum(tl.maximum(ax, bx), tl.maximum(ay, by)), tl.maximum(az, bz))
+    t_near, t_far = _box_span(lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, ox, oy, oz, ix, iy, iz)
+    t_near = tl.maximum(tl.maximum(t_near, 0.0), near)
     s0 = _coord(t_near, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) + j
     active = m & (t_far > t_near)
     if WRITE:
@@ -136,11 +143,8 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
             # below this cascade, the position one falls where the ray enters the next finer cascade's box
             # (half the extent): stop there.
             finer_by_dt = by_dt_here < lvl
-            ax0, ax1 = (c_x - 0.5 * h_x * ext - ox) * ix, (c_x + 0.5 * h_x * ext - ox) * ix
-            ay0, ay1 = (c_y - 0.5 * h_y * ext - oy) * iy, (c_y + 0.5 * h_y * ext - oy) * iy
-            az0, az1 = (c_z - 0.5 * h_z * ext - oz) * iz, (c_z + 0.5 * h_z * ext - oz) * iz
-            t_in = tl.maximum(tl.maximum(tl.minimum(ax0, ax1), tl.minimum(ay0, ay1)), tl.minimum(az0, az1))
-            t_out = tl.minimum(tl.minimum(tl.maximum(ax0, ax1), tl.maximum(ay0, ay1)), tl.maximum(az0, az1))
+            fx, fy, fz = 0.5 * h_x * ext, 0.5 * h_y * ext, 0.5 * h_z * ext  # the finer box's half extent
+            t_in, t_out = _box_span(c_x - fx, c_y - fy, c_z - fz, c_x + fx, c_y + fy, c_z + fz, ox, oy, oz, ix, iy, iz)
             enters = (lvl > 0) & finer_by_dt & (t_in <= t_out) & (t_out > t)
             t_exit = tl.where(enters, tl.minimum(t_exit, tl.maximum(t_in, t)), t_exit)
         k_exit = tl.ceil(_coord(t_exit, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) - s0).to(tl.int32) - 1
