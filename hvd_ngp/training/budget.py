@@ -19,6 +19,19 @@ if TYPE_CHECKING:
     from ..data.balance import Balancer
 
 
+def copy_to_host(t: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
+    """``t`` copied to host memory without blocking: on CUDA a pinned copy and the event recorded after it
+    (read the copy once the event has completed), elsewhere a plain copy and no event."""
+    cuda = t.is_cuda
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda)
+    host.copy_(t, non_blocking=cuda)
+    event = None
+    if cuda:
+        event = torch.cuda.Event()
+        event.record()
+    return host, event
+
+
 class RayBudget:
     """Rays per step, adapted so a step carries about ``target`` samples through the network
     (instant-ngp's rule) and, on the fast path, its marched samples fit ``candidate_capacity``.
@@ -71,12 +84,7 @@ class RayBudget:
             return self.n_rays
         counts = torch.stack([torch.as_tensor(v, device=res.loss.device).float()
                               for v in (res.n_samples, res.n_candidates, res.n_valid)])
-        host = torch.empty(3, pin_memory=counts.is_cuda)
-        host.copy_(counts, non_blocking=counts.is_cuda)
-        event = None
-        if counts.is_cuda:
-            event = torch.cuda.Event()
-            event.record()
+        host, event = copy_to_host(counts)
         self._pending.append((event, host))
         while apply and self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):
             _, ready = self._pending.pop(0)

@@ -49,6 +49,7 @@ from ..model.field import NGPField
 from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render.occupancy import OccupancyGrid
 from ..state.failures import NonFiniteGuard
+from .budget import copy_to_host
 from .evaluate import composite_background
 from .recipe import Marching
 from .step import AUTOCAST, StepResult, density_of, masked_mean, ray_losses
@@ -353,12 +354,7 @@ class GraphedStep:
         skipped = False
         if self.defer_verdict:  # no host read: graph B skips on the device; the flags go to the host meanwhile
             self._update() if eager else self.graphs[1].replay()
-            cuda = self.grads.tail.is_cuda
-            flags = torch.empty(self.guard.width, pin_memory=cuda)
-            flags.copy_(self.grads.tail, non_blocking=cuda)
-            event = torch.cuda.Event() if cuda else None
-            if event is not None:
-                event.record()
+            flags, event = copy_to_host(self.grads.tail)
             self._pending, skipped = (step + 1, flags, event), None
         elif self.guard is not None:
             self.guard.adopt(self.grads.tail)
