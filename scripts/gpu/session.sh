@@ -33,6 +33,32 @@ for d in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}/metrics.json")):
           f"{m['test_views']} views, curve {[(c['seconds'], round(c['psnr'], 2)) for c in m.get('curve', [])]}")
 PY
 }
+gpu_tests() {  # FILE...: each GPU test file in its own pytest process; the whole log comes back, the summary here
+  for f in "$@"; do
+    log=$out/pytest_$(basename "$f" .py).log
+    HVD_NGP_REQUIRE_GPU=1 timeout 240 python3 -m pytest -q -p no:cacheprovider "$f" >"$log" 2>&1
+    grep -E "^(FAILED|ERROR)|passed|failed" "$log" | tail -12
+  done
+}
+bench_late() {  # NAME ROUND TREE [-- TRAINER FLAGS]: bench throughput of TREE at a late-training ray count (2000
+  # warm-up steps; round 1 also profiles 3 steps) into $out/NAME_ROUND.{json,log}
+  local name=$1_$2 round=$2 dir=$3; shift 3
+  (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 150 python3 -m hvd_ngp.bench throughput --scene $S/lego \
+    --backends triton --warmup_steps 2000 --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? 3 : 0)) \
+    --json $out/$name.json --markdown '' "$@" >$out/$name.log 2>&1 || tail -5 $out/$name.log)
+}
+late_table() {  # GLOB: one line per bench_late run (speed, rays, launches, GPU busy, stages), its longest kernels
+  python3 - "$out" "$1" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}.json")):
+  for r in json.load(open(f))["training"]:
+    print(f.stem, r.get("precision"), f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step,",
+          f"{r['rays_per_step']:.0f} rays/step, launches {r.get('launches_per_step')}, GPU busy {r.get('gpu_busy_share')},",
+          {k: round(v, 2) for k, v in r["stages_ms"].items()})
+    for name, ms in list(r.get("kernel_ms", {}).items())[:8]:
+        print(f"    {ms:7.3f} ms  {name[:100]}")
+PY
+}
 case $step in
   prepare)  # development machine: lego as lossless WebP (pixels with alpha 0 zeroed), fox, instant-ngp, a wheel
     py=.venv/bin/python; src=${HVD_NGP_SHARED:-../shared}
@@ -217,55 +243,28 @@ PY
   kernels16)  # the kernel changes after 297a600 (relaxed atomics, empty-cell skipping; opt-in: vector atomics,
     # fused Adam): GPU parity tests, then bench throughput at a late-training ray count (2000 warm-up steps) of
     # $S/old (prepare with HVD_NGP_OLD=297a600) and of this tree, alternating, two rounds
-    for f in tests/test_kernels.py tests/test_graphed.py; do
-      log=$out/pytest_$(basename "$f" .py).log  # the whole output comes back; the summary here
-      HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -p no:cacheprovider "$f" >"$log" 2>&1
-      grep -E "^(FAILED|ERROR)|passed|failed" "$log" | tail -12
-    done
+    gpu_tests tests/test_kernels.py tests/test_graphed.py
     for round in 1 2; do
       for v in old default vector_atomics fused_adam; do
-        dir=$PWD; extra=()
         case $v in
-          old) dir=$S/old ;;
-          vector_atomics) extra=(-- --encoding '{"vector_atomics": true}') ;;
-          fused_adam) extra=(-- --optimizer '{"nested": {"nested": {"fused": true}}}') ;;
+          old) bench_late tk_$v $round $S/old ;;
+          default) bench_late tk_$v $round $PWD ;;
+          vector_atomics) bench_late tk_$v $round $PWD -- --encoding '{"vector_atomics": true}' ;;
+          fused_adam) bench_late tk_$v $round $PWD -- --optimizer '{"nested": {"nested": {"fused": true}}}' ;;
         esac
-        (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 150 python3 -m hvd_ngp.bench throughput --scene $S/lego \
-          --backends triton --warmup_steps 2000 --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? 3 : 0)) \
-          --json $out/tk_${v}_$round.json --markdown '' "${extra[@]}" >$out/tk_${v}_$round.log 2>&1 || tail -5 $out/tk_${v}_$round.log)
       done
     done
     grep -h -A12 "^| implementation" $out/tk_default_1.log | head -14
-    python3 - "$out" <<'PY'
-import json, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1]).glob("tk_*.json")):
-  for r in json.load(open(f))["training"]:
-    print(f.stem, r.get("precision"), f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step,",
-          f"{r['rays_per_step']:.0f} rays/step, GPU busy {r.get('gpu_busy_share')},", {k: round(v, 2) for k, v in r["stages_ms"].items()})
-    for name, ms in list(r.get("kernel_ms", {}).items())[:8]:
-        print(f"    {ms:7.3f} ms  {name[:100]}")
-PY
+    late_table "tk_*"
     ;;
   defer16)  # --defer_verdict: the GPU test of the graphed step (replay against eager, deferred too), then bench
     # throughput late in training of the default against --defer_verdict on, alternating, two rounds
-    log=$out/pytest_test_graphed.log
-    HVD_NGP_REQUIRE_GPU=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_graphed.py >"$log" 2>&1
-    grep -E "^(FAILED|ERROR)|passed|failed" "$log" | tail -12
+    gpu_tests tests/test_graphed.py
     for round in 1 2; do
-      for v in default defer; do
-        extra=(); [ $v = defer ] && extra=(-- --defer_verdict on)
-        timeout 150 python3 -m hvd_ngp.bench throughput --scene $S/lego --backends triton --warmup_steps 2000 \
-          --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? 3 : 0)) --json $out/td_${v}_$round.json \
-          --markdown '' "${extra[@]}" >$out/td_${v}_$round.log 2>&1 || tail -5 $out/td_${v}_$round.log
-      done
+      bench_late td_default $round $PWD
+      bench_late td_defer $round $PWD -- --defer_verdict on
     done
-    python3 - "$out" <<'PY'
-import json, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1]).glob("td_*.json")):
-  for r in json.load(open(f))["training"]:
-    print(f.stem, f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step, {r['rays_per_step']:.0f} rays/step,",
-          f"launches {r.get('launches_per_step')}, GPU busy {r.get('gpu_busy_share')},", {k: round(v, 2) for k, v in r["stages_ms"].items()})
-PY
+    late_table "td_*"
     ;;
   psnr16)  # issue 16: lego PSNR at equal steps and seed, --cuda_graphs on vs off, two runs each side by side
     fused='{"fused": true}'
