@@ -15,6 +15,13 @@ import torch
 # kernel module is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Under the interpreter a kernel's stray access corrupts this process (a segmentation fault much later):
+# check every access against the launch's tensors instead (tests/interpreter_checks.py), unless
+# HVD_NGP_INTERPRETER_CHECKS=0.
+if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("HVD_NGP_INTERPRETER_CHECKS", "1") != "0":
+    import interpreter_checks
+
+    interpreter_checks.install()
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("HVD_NGP_SHARED_DATA", ROOT.parent / "shared" / "data"))

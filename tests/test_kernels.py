@@ -63,6 +63,28 @@ def test_hashgrid_matches_reference(spec, table_dtype, vector_atomics):
     assert_mostly_close(fast.params.grad, ref.params.grad, 1e-4)
 
 
+def test_hashgrid_keeps_a_nan_point_inside_the_table():
+    """A NaN position (an unwritten buffer slot) gets NaN features and NaN gradients in the table rows it
+    lands on, but its rows stay inside the table: on the CPU its cast to int32 is INT_MIN, which indexed
+    gigabytes away (the interpreter checks of conftest turn such an access into a failure). The other
+    points are unaffected."""
+    spec = HashGridSpec(4, 2, 10, 4, 2.0)  # dense and hashed levels
+    torch.manual_seed(0)
+    ref = HashGridTorch(spec).to(DEV)
+    fast = HashGridTriton(spec).to(DEV)
+    with torch.no_grad():
+        ref.params.normal_()
+        fast.params.copy_(ref.params)
+    x = torch.rand(64, 3, device=DEV)
+    x[7] = float("nan")
+    out = fast(x)
+    finite = torch.arange(64, device=DEV) != 7
+    torch.testing.assert_close(out[finite], ref(x[finite]), rtol=1e-4, atol=1e-4)
+    assert bool(out[7].isnan().all())
+    out.sum().backward()  # NaN reaches only the rows of the NaN point's 8 corners per level
+    assert 0 < int((~fast.params.grad.isfinite()).any(dim=1).sum()) <= 8 * spec.n_levels
+
+
 def assert_mostly_close(a, b, tol, outliers=1e-4, worst=1e-2):
     """Equal within ``tol`` except a fraction ``outliers`` of elements, which stay within ``worst``: on a
     GPU a point within rounding of a cell boundary can land in the neighbouring cell (fused
@@ -246,6 +268,40 @@ def test_fast_renderer_matches_reference_rendering():
     rgb, opacity, _ = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3)
     ref_mid = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3)
     torch.testing.assert_close(rgb, ref_mid.rgb, rtol=1e-4, atol=1e-5)
+
+
+def test_fast_renderer_with_nothing_marched_keeps_gradients_finite():
+    """An empty occupancy grid: no ray marches a sample, so every network slot is unused and reads slot 0
+    of an unwritten buffer. With unwritten memory NaN (poisoned), the gradients must still be finite
+    zeros: a NaN input of an unused row reaches the weights through 0 * NaN."""
+    from interpreter_checks import poisoned_memory
+
+    from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton
+    from hvd_ngp.render.fast import FastRenderer
+
+    aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
+    grid = random_grid(aabb, 8, 1, 9)
+    grid.occupied.fill_(False)
+    sch = StepSchedule.uniform(3 ** 0.5 / 48)
+    o, d, j = random_rays(16, torch.tensor([0.5] * 3), 2.0, 10)
+    torch.manual_seed(0)
+    encoding = HashGridTriton(HashGridSpec(4, 2, 10, 4, 2.0)).to(DEV)
+    head = torch.nn.Linear(8, 4).to(DEV)
+
+    def rgb_sigma_fn(x, dirs):
+        h = head(encoding(x.clamp(0.0, 1.0)))
+        return torch.sigmoid(h[:, :3]), torch.exp(h[:, 3])
+
+    def sigma_fn(x, n_rows=None):
+        with torch.no_grad():
+            return rgb_sigma_fn(x, x)[1]
+
+    with poisoned_memory():
+        out = FastRenderer(256, 128)(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-4, j)
+        (out.rgb.sum() + out.opacity.sum()).backward()
+    assert int(out.n_candidates) == 0 and int(out.n_samples) == 0
+    for p in (encoding.params, head.weight, head.bias):
+        assert bool(p.grad.isfinite().all()) and not bool(p.grad.any())
 
 
 def test_inference_render_within_a_small_workspace_equals_the_exact_one():

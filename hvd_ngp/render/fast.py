@@ -118,7 +118,9 @@ class FastRenderer:
         timer.mark("density pass")
         src, ray, start, count, fits = compact(keep, packed.start, self.sample_capacity)
         ray_c = ray.clamp(max=R - 1)
-        t, dt = packed.t[src], packed.dt[src]
+        # unused slots read slot 0, unwritten when nothing was marched: t = 0 keeps their (discarded) network
+        # inputs finite, or a NaN there would reach the weight gradients through 0 * NaN
+        t, dt = torch.where(ray < R, packed.t[src], 0.0), packed.dt[src]
         d = directions[ray_c]
         x = origins[ray_c] + d * t[:, None]
         timer.mark("compaction")

@@ -66,7 +66,11 @@ def _point_cells(x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
     pz = tl.load(x_ptr + i * 3 + 2, mask=m, other=0.0) * scale + 0.5
     gx, gy, gz = tl.floor(px), tl.floor(py), tl.floor(pz)
     fx, fy, fz = px - gx, py - gy, pz - gz
-    cx, cy, cz = gx.to(tl.int32), gy.to(tl.int32), gz.to(tl.int32)
+    # Inputs in [0, 1] give cells in [0, res - 1] already; the clamp keeps a NaN input (its int cast is
+    # INT_MIN on the CPU) from indexing outside the table: it only gets NaN weights.
+    cx = tl.minimum(tl.maximum(gx.to(tl.int32), 0), res - 1)
+    cy = tl.minimum(tl.maximum(gy.to(tl.int32), 0), res - 1)
+    cz = tl.minimum(tl.maximum(gz.to(tl.int32), 0), res - 1)
     return i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed
 
 
