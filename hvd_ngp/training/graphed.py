@@ -352,15 +352,14 @@ class GraphedStep:
         pending.wait()
         timer.mark("allreduce")
         skipped = False
-        if self.defer_verdict:  # no host read: graph B skips on the device; the flags go to the host meanwhile
-            self._update() if eager else self.graphs[1].replay()
-            flags, event = copy_to_host(self.grads.tail)
-            self._pending, skipped = (step + 1, flags, event), None
-        elif self.guard is not None:
+        if self.guard is not None and not self.defer_verdict:
             self.guard.adopt(self.grads.tail)
             skipped = self.guard.should_skip(self.optimizer, step + 1, check_gradients=False)
-        if not (self.defer_verdict or skipped):
-            self.optimizer.step() if eager else self.graphs[1].replay()
+        if not skipped:  # a deferred verdict: no host read, graph B skips a non-finite step on the device
+            self._update() if eager else self.graphs[1].replay()
+        if self.defer_verdict:  # the flags go to the host meanwhile; settle() hands them to the guard
+            flags, event = copy_to_host(self.grads.tail)
+            self._pending, skipped = (step + 1, flags, event), None
         timer.mark("optimizer")
         stats = stats.clone()  # the next replay overwrites the graph's outputs
         return StepResult(stats[0], stats[1], stats[2], stats[3], stats[4], skipped, ray_loss[:n].clone(),
