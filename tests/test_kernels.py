@@ -276,7 +276,6 @@ def test_fast_renderer_with_nothing_marched_keeps_gradients_finite():
     zeros: a NaN input of an unused row reaches the weights through 0 * NaN."""
     from interpreter_checks import poisoned_memory
 
-    from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton
     from hvd_ngp.render.fast import FastRenderer
 
     aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
