@@ -142,6 +142,16 @@ def _seconds_list(text: str) -> list[float]:
     return sorted(values)
 
 
+def _steps_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in str(text).replace(" ", "").strip("[]").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated step numbers, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"step numbers must be positive, got {text!r}")
+    return sorted(set(values))
+
+
 def _scalar(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -243,6 +253,8 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--eval_every", type=int, default=0, help="evaluate test PSNR every N steps (0: only at the end)")
     g.add_argument("--eval_at_s", type=_seconds_list, default=[], metavar="S1,S2,...",
                    help="also evaluate when training time reaches these seconds (a PSNR-versus-time curve)")
+    g.add_argument("--eval_at_steps", type=_steps_list, default=[], metavar="N1,N2,...",
+                   help="also evaluate after these steps (e.g. 6000,30000: PSNR at equal steps beside another trainer)")
     g.add_argument("--n_eval_views", type=int, default=0, help="test views used for PSNR (0: all)")
     g.add_argument("--save_renders", type=int, default=8, help="test renders written as PNG at the end")
     g.add_argument("--save_snapshot", default=None, help="write a snapshot here at the end (rank 0)")

@@ -54,11 +54,13 @@ def test_training_curve_and_render_tool(tmp_path, scene_cache):
     from hvd_ngp.training.trainer import run
 
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-                       "--n_steps", "48", "--eval_at_s", "0.01", "--eval_every", "16", "--out_dir", str(tmp_path / "o"),
+                       "--n_steps", "48", "--eval_at_s", "0.01", "--eval_every", "16", "--eval_at_steps", "20,40",
+                       "--out_dir", str(tmp_path / "o"),
                        "--save_snapshot", str(tmp_path / "s.pt")])
     result = run(args)
     curve = result.metrics["curve"]
-    assert [c["step"] for c in curve][-1] == 48 and len(curve) >= 3
+    steps = [c["step"] for c in curve]
+    assert steps[-1] == 48 and {16, 20, 32, 40} <= set(steps) and len(steps) == len(set(steps))
     assert all(a["seconds"] <= b["seconds"] for a, b in zip(curve, curve[1:]))
     assert all(np.isfinite(c["psnr"]) and 0 < c["ssim"] <= 1 for c in curve)
     out = render_main(["--load_snapshot", str(tmp_path / "s.pt"), "--out_dir", str(tmp_path / "r"), "--n_frames", "4",

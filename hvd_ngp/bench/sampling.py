@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     if warmup > 0:  # Triton compiles its kernels on first use: keep that out of the first variant's budget
         dist.log(f"=== bench sampling: warm-up, {warmup} steps of {names[0]} (not reported) ===")
         w = trainer_args(names[0], cap_gb)
-        w.n_steps, w.time_budget_s, w.eval_at_s, w.n_eval_views = warmup, 0.0, [], 1
+        w.n_steps, w.time_budget_s, w.eval_at_s, w.eval_at_steps, w.n_eval_views = warmup, 0.0, [], [], 1
         w.out_dir, w.metrics_json = str(Path(opts.out) / "warmup"), None
         run(w)
 

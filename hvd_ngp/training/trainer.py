@@ -460,7 +460,8 @@ def run(args: argparse.Namespace) -> RunResult:
                     stats = monitor.new_interval()
                 # Evaluation points, the time budget and timed checkpoints, decided from one shared clock
                 # reading every 8 steps.
-                due = args.eval_every and step % args.eval_every == 0 and step < args.n_steps
+                due = ((args.eval_every and step % args.eval_every == 0) or step in args.eval_at_steps) \
+                    and step < args.n_steps
                 ckpt_due = tr.ckpts.due_by_steps(step)
                 stop = False
                 if (eval_at or args.time_budget_s or args.ckpt_every_minutes) and step % 8 == 0:

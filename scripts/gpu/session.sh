@@ -14,6 +14,10 @@
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: the defaults vs one change each (sparse hash Adam, occupancy
 #                                                      ramp, --sample_fill 1.05, Xavier, L2, black background), equal steps
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
+#   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
+#   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
+#                                              # hash grid as 8 levels x 4 features, --defer_verdict on, both
+#   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
 #   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off vs bf16 + fused MLPs
 #   bash scripts/gpu/session.sh setup18 OUT, then setup18b OUT   # setup.sh offline (.stage/wh, .stage/wh2 carried), twice
@@ -24,6 +28,7 @@ cd "$(dirname "$0")/../.."
 S=/tmp/stage
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
 step=$1; out=${2:-/tmp/out}; mkdir -p "$out"
+GRID84='{"n_levels": 8, "n_features_per_level": 4}'  # instant-ngp's current base.json: 8 levels x 4 features
 runs_table() {  # DIR GLOB: steps, training seconds, test PSNR and the PSNR curve of each run's metrics.json
   python3 - "$1" "$2" <<'PY'
 import json, pathlib, sys
@@ -57,6 +62,16 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}.json")):
           {k: round(v, 2) for k, v in r["stages_ms"].items()})
     for name, ms in list(r.get("kernel_ms", {}).items())[:8]:
         print(f"    {ms:7.3f} ms  {name[:100]}")
+PY
+}
+png_stage() {  # instant-ngp reads PNG: the WebP stage of lego written back as PNG in $S/lego_png
+  python3 - <<'PY'
+import pathlib, cv2
+for split in ("train", "test"):
+    src = pathlib.Path("/tmp/stage/lego"); dst = pathlib.Path("/tmp/stage/lego_png"); (dst / split).mkdir(parents=True, exist_ok=True)
+    for f in (src / split).glob("*.webp"):
+        cv2.imwrite(str(dst / split / (f.stem + ".png")), cv2.imread(str(f), cv2.IMREAD_UNCHANGED))
+    (dst / f"transforms_{split}.json").write_text((src / f"transforms_{split}.json").read_text())
 PY
 }
 case $step in
@@ -266,6 +281,38 @@ PY
     done
     late_table "td_*"
     ;;
+  speed84)  # issue 16: the graphed step's GPU tests, then bench throughput late in training: the defaults, the
+    # hash grid as 8 levels x 4 features (instant-ngp's base.json), --defer_verdict on, and both; two rounds
+    gpu_tests tests/test_graphed.py
+    for round in 1 2; do
+      bench_late t84_default $round $PWD
+      bench_late t84_grid84 $round $PWD -- --encoding "$GRID84"
+      bench_late t84_defer $round $PWD -- --defer_verdict on
+      bench_late t84_grid84defer $round $PWD -- --encoding "$GRID84" --defer_verdict on
+    done
+    grep -h -A12 "^| implementation" $out/t84_default_1.log | head -14
+    late_table "t84_*"
+    ;;
+  ingp_steps)  # instant-ngp itself trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
+    root=/tmp/ingp/instant-ngp
+    if [ ! -f $root/build/pyngp.cpython-312-x86_64-linux-gnu.so ]; then
+      mkdir -p /tmp/ingp $root/build && tar xzf $S/ingp/instant-ngp-abe236e-src.tar.gz -C /tmp/ingp
+      gunzip -c $S/ingp/pyngp.cpython-312-x86_64-linux-gnu.so.gz >$root/build/pyngp.cpython-312-x86_64-linux-gnu.so
+    fi
+    png_stage; repo=$PWD
+    cuda_root="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
+    (cd $root && LD_LIBRARY_PATH="$cuda_root/lib64:$cuda_root/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      /opt/torch/.venv/bin/python3 "$repo"/scripts/gpu/ingp_steps.py $root $S/lego_png/transforms_train.json \
+      $S/lego_png/transforms_test.json ${HVD_NGP_STEPS:-6000,30000} $out/ingp_steps.json 2>&1 | tr "\r" "\n" \
+      | grep -E "^step|rror")
+    ;;
+  fox)  # issue 14: fox on a 60 s budget with --holdout_every 8, the defaults (HVD_NGP_SEEDS, default 1337 1)
+    for seed in ${HVD_NGP_SEEDS:-1337 1}; do
+      python3 -m hvd_ngp.train --scene $S/fox --holdout_every 8 --time_budget_s 60 --eval_at_s 15,30 --seed $seed \
+        --log_every 4000 --save_renders 0 ${HVD_NGP_EXTRA:-} --out_dir $out/fox_$seed >$out/fox_$seed.log 2>&1
+    done
+    runs_table "$out" "fox_*"
+    ;;
   psnr16)  # issue 16: lego PSNR at equal steps and seed, --cuda_graphs on vs off, two runs each side by side
     fused='{"fused": true}'
     for r in on_a on_b off_a off_b bf16fused_a bf16fused_b; do
@@ -279,10 +326,12 @@ PY
   recipe14)  # issue 14: one change at a time against the defaults at equal steps (6000), the variants side by side
     # on the GPU (HVD_NGP_SEEDS: one call per seed fits; HVD_NGP_VARIANTS: a subset)
     T="python3 -m hvd_ngp.train --scene $S/lego --n_steps ${3:-6000} --log_every 3000 --save_renders 0"
+    [ -n "${HVD_NGP_EXTRA:-}" ] && T="$T $HVD_NGP_EXTRA"
     for seed in ${HVD_NGP_SEEDS:-1337 1}; do
-      for v in ${HVD_NGP_VARIANTS:-base sparse ramp fill xavier l2 black}; do
+      for v in ${HVD_NGP_VARIANTS:-base sparse ramp fill xavier l2 black grid84}; do
         case $v in
           base) extra=() ;;
+          grid84) extra=(--encoding "$GRID84") ;;
           sparse) extra=(--optimizer '{"nested": {"nested": {"sparse_hash_updates": true}}}') ;;
           ramp) extra=(--marching '{"update_schedule": "ramp"}') ;;
           fill) extra=(--sample_fill 1.05) ;;
@@ -314,15 +363,7 @@ PY
       --log_every 4000 --save_renders 0 --out_dir $out/lego_${secs}s_seed$seed 2>&1 | grep -E "test PSNR|done|error|step [0-9]*000\]"
     ;;
   ingp)
-    python3 - <<'PY'
-import json, pathlib
-for split in ("train", "test"):  # instant-ngp reads PNG: write the WebP stage back as PNG next to it
-    import cv2
-    src = pathlib.Path("/tmp/stage/lego"); dst = pathlib.Path("/tmp/stage/lego_png"); (dst / split).mkdir(parents=True, exist_ok=True)
-    for f in (src / split).glob("*.webp"):
-        cv2.imwrite(str(dst / split / (f.stem + ".png")), cv2.imread(str(f), cv2.IMREAD_UNCHANGED))
-    (dst / f"transforms_{split}.json").write_text((src / f"transforms_{split}.json").read_text())
-PY
+    png_stage
     bash $S/ingp/run_ingp.sh /tmp/stage/lego_png/transforms_train.json /tmp/stage/lego_png/transforms_test.json \
       15,30,60 $out/ingp.json 2>&1 | grep -E "budget|dB" ;;
 esac
