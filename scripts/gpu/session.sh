@@ -5,14 +5,17 @@
 #   bash scripts/gpu/session.sh stage          # copy the carried .stage/* pieces to /tmp/stage (lego, fox, wheels)
 #   bash scripts/gpu/session.sh tests OUT      # the GPU test files, one pytest process each, HVD_NGP_REQUIRE_GPU=1
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
-#   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60 s
+#   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60/120 s
+#                                                            # and after 6000 and 30000 steps (HVD_NGP_EXTRA: more flags)
 #   bash scripts/gpu/session.sh quality16 OUT [SECONDS]   # the default vs fp32 on a time budget, 2 seeds (HVD_NGP_VARIANTS=default:
 #                                                         it alone; HVD_NGP_SEEDS=1: one seed, for 300 s runs that fill a call)
 #   bash scripts/gpu/session.sh defaults16 OUT   # graphed-step GPU tests; throughput of the default vs fp32 without drawing ahead
 #   bash scripts/gpu/session.sh kernels16 OUT    # kernel parity on the GPU; throughput late in training: .stage/old vs this tree
 #   bash scripts/gpu/session.sh defer16 OUT      # the graphed step's GPU test; throughput of the default vs --defer_verdict on
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: the defaults vs one change each (sparse hash Adam, occupancy
-#                                                      ramp, --sample_fill 1.05, Xavier, L2, black background), equal steps
+#                                                      ramp, --sample_fill 1.05, Xavier, L2, black background, the 8x4 grid,
+#                                                      fp32 MLPs), equal steps (HVD_NGP_EXTRA: e.g. --eval_at_steps 6000;
+#                                                      HVD_NGP_TIMEOUT: seconds per run)
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
@@ -325,13 +328,15 @@ PY
     ;;
   recipe14)  # issue 14: one change at a time against the defaults at equal steps (6000), the variants side by side
     # on the GPU (HVD_NGP_SEEDS: one call per seed fits; HVD_NGP_VARIANTS: a subset)
-    T="python3 -m hvd_ngp.train --scene $S/lego --n_steps ${3:-6000} --log_every 3000 --save_renders 0"
+    T="timeout ${HVD_NGP_TIMEOUT:-0} python3 -m hvd_ngp.train --scene $S/lego --n_steps ${3:-6000} --log_every 3000 --save_renders 0"
     [ -n "${HVD_NGP_EXTRA:-}" ] && T="$T $HVD_NGP_EXTRA"
     for seed in ${HVD_NGP_SEEDS:-1337 1}; do
       for v in ${HVD_NGP_VARIANTS:-base sparse ramp fill xavier l2 black grid84}; do
         case $v in
           base) extra=() ;;
           grid84) extra=(--encoding "$GRID84") ;;
+          fp32) extra=(--precision fp32) ;;
+          grid84fp32) extra=(--encoding "$GRID84" --precision fp32) ;;
           sparse) extra=(--optimizer '{"nested": {"nested": {"sparse_hash_updates": true}}}') ;;
           ramp) extra=(--marching '{"update_schedule": "ramp"}') ;;
           fill) extra=(--sample_fill 1.05) ;;
@@ -344,6 +349,7 @@ PY
       wait
     done
     runs_table "$out" "r14_*"
+    grep -H "test PSNR" $out/r14_*.log | sed "s|$out/||"  # the evaluations of a run cut short too (HVD_NGP_TIMEOUT)
     for f in $out/r14_*.log; do grep -l -E "Error|error" "$f" && tail -3 "$f"; done
     ;;
   quality16)  # issues 14/16: the default (bf16 + fused MLPs, draw ahead) against fp32 on a time budget, two seeds, one at a time
@@ -359,8 +365,9 @@ PY
     ;;
   quality)
     seed=${3:-1337}; secs=${4:-60}
-    python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --seed "$seed" \
-      --log_every 4000 --save_renders 0 --out_dir $out/lego_${secs}s_seed$seed 2>&1 | grep -E "test PSNR|done|error|step [0-9]*000\]"
+    python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --eval_at_steps 6000,30000 \
+      --seed "$seed" --log_every 4000 --save_renders 0 ${HVD_NGP_EXTRA:-} --out_dir $out/lego_${secs}s_seed$seed 2>&1 \
+      | grep -E "test PSNR|done|error|step [0-9]*000\]"
     ;;
   ingp)
     png_stage
