@@ -6,7 +6,8 @@
 #   bash scripts/gpu/session.sh tests OUT      # the GPU test files, one pytest process each, HVD_NGP_REQUIRE_GPU=1
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
 #   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60/120 s
-#                                                            # and after 6000 and 30000 steps (HVD_NGP_EXTRA: more flags)
+#                                                            # and after 6000 and 30000 steps (HVD_NGP_EXTRA: more flags,
+#                                                            # HVD_NGP_TAG: a suffix for the run's folder)
 #   bash scripts/gpu/session.sh quality16 OUT [SECONDS]   # the default vs fp32 on a time budget, 2 seeds (HVD_NGP_VARIANTS=default:
 #                                                         it alone; HVD_NGP_SEEDS=1: one seed, for 300 s runs that fill a call)
 #   bash scripts/gpu/session.sh defaults16 OUT   # graphed-step GPU tests; throughput of the default vs fp32 without drawing ahead
@@ -366,7 +367,7 @@ PY
   quality)
     seed=${3:-1337}; secs=${4:-60}
     python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --eval_at_steps 6000,30000 \
-      --seed "$seed" --log_every 4000 --save_renders 0 ${HVD_NGP_EXTRA:-} --out_dir $out/lego_${secs}s_seed$seed 2>&1 \
+      --seed "$seed" --log_every 4000 --save_renders 0 ${HVD_NGP_EXTRA:-} --out_dir $out/lego_${secs}s_seed$seed${HVD_NGP_TAG:-} 2>&1 \
       | grep -E "test PSNR|done|error|step [0-9]*000\]"
     ;;
   ingp)
