@@ -15,7 +15,7 @@
 #   bash scripts/gpu/session.sh defer16 OUT      # the graphed step's GPU test; throughput of the default vs --defer_verdict on
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: the defaults vs one change each (sparse hash Adam, occupancy
 #                                                      ramp, --sample_fill 1.05, Xavier, L2, black background, the 8x4 grid,
-#                                                      fp32 MLPs), equal steps (HVD_NGP_EXTRA: e.g. --eval_at_steps 6000;
+#                                                      fp32 MLPs, finest level 4096, 2^21 table entries), equal steps (HVD_NGP_EXTRA: e.g. --eval_at_steps 6000;
 #                                                      HVD_NGP_TIMEOUT: seconds per run)
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
@@ -337,6 +337,9 @@ PY
           base) extra=() ;;
           grid84) extra=(--encoding "$GRID84") ;;
           fp32) extra=(--precision fp32) ;;
+          res4096) extra=(--encoding '{"desired_resolution": 4096}') ;;  # nerfacc's finest level on lego's box
+          t21) extra=(--encoding '{"log2_hashmap_size": 21}') ;;
+          res4096t21) extra=(--encoding '{"desired_resolution": 4096, "log2_hashmap_size": 21}') ;;
           grid84fp32) extra=(--encoding "$GRID84" --precision fp32) ;;
           sparse) extra=(--optimizer '{"nested": {"nested": {"sparse_hash_updates": true}}}') ;;
           ramp) extra=(--marching '{"update_schedule": "ramp"}') ;;
