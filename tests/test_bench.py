@@ -13,7 +13,8 @@ from conftest import ROOT, TINY_ARGS
 from hvd_ngp.bench.__main__ import available
 from hvd_ngp.bench._scaling_rank import interval_mean, steady_step_seconds, steady_throughput
 from hvd_ngp.bench.scaling import BenchError, per_rank_samples, rank_counts, summarize, time_to
-from hvd_ngp.bench.throughput import WINDOW, ProfEvent, busy_share, outermost_aten_ops, step_profile
+from hvd_ngp.bench.throughput import (WINDOW, ProfEvent, busy_share, launch_sources, outermost_aten_ops,
+                                     step_profile)
 
 
 def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -168,11 +169,34 @@ def test_launch_and_busy_arithmetic():
     assert prof["profiled_step_ms"] == pytest.approx(50e-6)
     assert list(prof["kernel_ms"]) == ["k1", "k2"]  # k0 is outside the window; memcpys are not kernels
     assert prof["kernel_ms"]["k1"] == pytest.approx(19e-6) and prof["kernel_ms"]["k2"] == pytest.approx(10e-6)
+    # one launch from inside aten::mul, one direct driver call with no kernel matched, one graph replay
+    assert prof["launch_sources"] == {"CUDA graph replay": 0.5, "aten::mul": 0.5, "cuLaunchKernel": 0.5}
     on_cpu = step_profile(cuda, 2, cuda=False)
+    assert on_cpu["launch_sources"] == {}
     assert on_cpu["launches_per_step"] is None and on_cpu["gpu_busy_share"] is None and on_cpu["aten_ops_per_step"] == 1.5
     assert on_cpu["kernel_ms"] == {}
     with pytest.raises(RuntimeError, match="expected one"):
         step_profile(cuda[1:], 2, cuda=True)
+
+
+def test_launch_sources_name_the_host_code_behind_each_launch():
+    ev = lambda name, act, t0, t1, thread=1, corr=0: ProfEvent(name, act, thread, t0, t1, corr)  # noqa: E731
+    events = [
+        ev("Optimizer.step#Adam.step", "user_annotation", 0, 50), ev("aten::_foreach_add_", "cpu_op", 5, 20),
+        ev("cudaLaunchKernel", "cuda_runtime", 6, 7, corr=1), ev("cudaLaunchKernel", "cuda_runtime", 8, 9, corr=2),
+        ev("aten::copy_", "cpu_op", 60, 70), ev("cudaMemcpyAsync", "cuda_runtime", 61, 62, corr=3),  # not a launch
+        ev("cudaLaunchKernel", "cuda_runtime", 63, 64, corr=4),
+        ev("cuLaunchKernel", "cuda_driver", 80, 81, corr=5), ev("_march", "kernel", 82, 90, corr=5),  # Triton
+        ev("cuLaunchKernel", "cuda_driver", 91, 92, corr=6),  # no kernel event matched: the call's name
+        ev("cudaGraphLaunch", "cuda_runtime", 100, 101, corr=7), ev("k_in_graph", "kernel", 102, 110, corr=7),
+        ev("aten::copy_", "cpu_op", 200, 210, thread=2), ev("cudaLaunchKernel", "cuda_runtime", 201, 202, thread=2),
+        ev("cudaLaunchKernel", "cuda_runtime", 300, 301, thread=3, corr=8),  # no host range on its thread
+        ev("elementwise_kernel", "kernel", 302, 303, corr=8)]
+    assert launch_sources(events, 2) == {
+        "Optimizer.step#Adam.step": 1.0,  # the outermost range, not the aten op inside it
+        "aten::copy_": 1.0,  # one per thread: ranges are matched on the launch's own thread
+        "CUDA graph replay": 0.5, "_march (direct launch)": 0.5, "cuLaunchKernel": 0.5,
+        "elementwise_kernel (direct launch)": 0.5}
 
 
 def test_throughput_bench_reports_launches_and_busy_share_on_cpu(tmp_path, scene_cache):
@@ -184,6 +208,7 @@ def test_throughput_bench_reports_launches_and_busy_share_on_cpu(tmp_path, scene
     (run,) = json.loads(out.read_text())["training"]
     assert run["profiled_steps"] == 2 and run["profiled_step_ms"] > 0
     assert run["launches_per_step"] is None and run["kernels_per_step"] is None and run["gpu_busy_share"] is None
+    assert run["launch_sources"] == {}  # no launches on the CPU, so no launch-source table
     assert run["aten_ops_per_step"] > 50  # a NeRF step dispatches hundreds of operators
     assert run["samples_per_sec"] > 0 and "backward" in run["stages_ms"]  # the existing fields stay
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| backend"))

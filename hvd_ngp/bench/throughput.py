@@ -67,13 +67,15 @@ _VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's raw names: cudaLaunchKernel_v
 
 
 class ProfEvent(NamedTuple):
-    """One profiler event: ``activity`` as kineto names it (cpu_op, cuda_runtime, cuda_driver, kernel, ...)."""
+    """One profiler event: ``activity`` as kineto names it (cpu_op, cuda_runtime, cuda_driver, kernel, ...);
+    ``correlation`` links a launch call to the kernels it launched (0: unknown)."""
 
     name: str
     activity: str
     thread: int
     start_ns: int
     end_ns: int
+    correlation: int = 0
 
 
 def busy_share(intervals: Iterable[tuple[int, int]], start: int, end: int) -> float:
@@ -133,7 +135,47 @@ def step_profile(events: list[ProfEvent], n_steps: int, cuda: bool) -> dict:
             "kernels_per_step": len(kernels) / n_steps if cuda else None,
             "gpu_busy_share": busy_share(kernels, start, end) if cuda else None,
             "aten_ops_per_step": outermost_aten_ops(inside) / n_steps,
-            "kernel_ms": kernel_times(inside, n_steps) if cuda else {}}
+            "kernel_ms": kernel_times(inside, n_steps) if cuda else {},
+            "launch_sources": launch_sources(inside, n_steps) if cuda else {}}
+
+
+TOP_SOURCES = 20  # launch sources listed in the profile
+GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "cuGraphLaunch"})
+
+
+def launch_sources(events: list[ProfEvent], n_steps: int) -> dict[str, float]:
+    """Host-side launches per step by where they came from (the ``TOP_SOURCES`` most frequent, most first):
+    the outermost host operator or range around the launch call on its thread (``aten::copy_``,
+    ``Optimizer.step#...``); outside any, "CUDA graph replay" for a graph launch, else the kernel launched
+    (matched by correlation: Triton kernels, which Python launches directly), else the call's name. What
+    the ``<= 10`` launches of issue 16 have to fold."""
+    ranges: dict[int, list[ProfEvent]] = defaultdict(list)
+    kernel_of: dict[int, str] = {}
+    for e in events:
+        if e.activity in ("cpu_op", "user_annotation"):
+            ranges[e.thread].append(e)
+        elif e.activity == "kernel" and e.correlation:
+            kernel_of.setdefault(e.correlation, e.name)
+    for evs in ranges.values():
+        evs.sort(key=lambda e: (e.start_ns, -e.end_ns))  # an enclosing range before the ranges it holds
+    counts: dict[str, int] = defaultdict(int)
+    for e in events:
+        call = _VERSION_SUFFIX.sub("", e.name)
+        if call not in LAUNCH_CALLS:
+            continue
+        outer = next((r for r in ranges.get(e.thread, ()) if r.start_ns <= e.start_ns and e.end_ns <= r.end_ns),
+                     None)
+        if outer is not None:
+            source = outer.name
+        elif call in GRAPH_LAUNCHES:
+            source = "CUDA graph replay"
+        elif e.correlation in kernel_of:
+            source = f"{kernel_of[e.correlation][:60]} (direct launch)"
+        else:
+            source = call
+        counts[source[:80]] += 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_SOURCES]
+    return {name: n / n_steps for name, n in ranked}
 
 
 TOP_KERNELS = 25  # kernels listed by name in the profile
@@ -174,7 +216,8 @@ def profile_steps(step: Callable[[int], object], n_steps: int, device: torch.dev
             for i in range(1, n_steps + 1):
                 step(i)
             sync(device)  # the window's end waits for its kernels
-    events = [ProfEvent(e.name(), activity_of(e), e.start_thread_id(), e.start_ns(), e.end_ns())
+    events = [ProfEvent(e.name(), activity_of(e), e.start_thread_id(), e.start_ns(), e.end_ns(),
+                        int(getattr(e, "correlation_id", lambda: 0)() or 0))
               for e in prof.profiler.kineto_results.events()]
     return step_profile(events, n_steps, device.type == "cuda")
 
@@ -218,7 +261,7 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
     first = opts.warmup_steps + 2 * opts.steps
     launches = profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev) if opts.profile_steps else \
         {"profiled_steps": 0, "profiled_step_ms": None, "launches_per_step": None, "kernels_per_step": None,
-         "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}}
+         "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}, "launch_sources": {}}
     ev = tr.evaluate(n_views=opts.eval_views) if opts.eval_views else {"psnr": float("nan")}
     result = {
         "backend": backend, "precision": args.precision,  # resolved by Trainer.build (--precision auto)
@@ -400,6 +443,8 @@ def main(argv: list[str] | None = None) -> dict:
     mlp_table = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in mlp_rows]
     kernels = [{"kernel (device ms/step)": name[:70], r["backend"]: f"{ms:.3f}"}
                for r in training for name, ms in r["kernel_ms"].items()]
+    sources = [{"launch source": name[:70], r["backend"]: f"{n:.1f}"}
+               for r in training for name, n in r["launch_sources"].items()]
     text = "\n\n".join([
         f"Device: {device}; scene {opts.scene}; {opts.target_samples} samples/step target; precision {opts.precision}; "
         f"{opts.warmup_steps} warm-up steps, {opts.steps} timed steps.",
@@ -410,6 +455,8 @@ def main(argv: list[str] | None = None) -> dict:
         table(stage_rows, ["stage (ms/step)", *[r["backend"] for r in training]]),
         *(["Longest kernels under the profiler (device time per step):",
            table(kernels, ["kernel (device ms/step)", *[r["backend"] for r in training]])] if kernels else []),
+        *(["Host-side launches per step by source (the outermost host operator around each launch call):",
+           table(sources, ["launch source", *[r["backend"] for r in training]])] if sources else []),
         f"Hash grid ({spec.n_levels} levels x {spec.n_features_per_level}, 2^{spec.log2_hashmap_size} table), "
         f"{opts.points} points:",
         table(grid_table, list(grid_table[0])),
