@@ -66,6 +66,8 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}.json")):
           {k: round(v, 2) for k, v in r["stages_ms"].items()})
     for name, ms in list(r.get("kernel_ms", {}).items())[:8]:
         print(f"    {ms:7.3f} ms  {name[:100]}")
+    for name, n in list(r.get("launch_sources", {}).items())[:12]:
+        print(f"    {n:5.1f} launches/step  {name[:90]}")
 PY
 }
 png_stage() {  # instant-ngp reads PNG: the WebP stage of lego written back as PNG in $S/lego_png
