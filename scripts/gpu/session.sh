@@ -21,6 +21,7 @@
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
 #                                              # hash grid as 8 levels x 4 features, --defer_verdict on, both
+#   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
 #   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off vs bf16 + fused MLPs
@@ -298,6 +299,10 @@ PY
     done
     grep -h -A12 "^| implementation" $out/t84_default_1.log | head -14
     late_table "t84_*"
+    ;;
+  launches16)  # issue 16: one profiled late-training bench of the defaults: kernels and host launches by source
+    bench_late tl_default 1 $PWD
+    late_table "tl_*"
     ;;
   ingp_steps)  # instant-ngp itself trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
     root=/tmp/ingp/instant-ngp
