@@ -6,8 +6,8 @@
 #   bash scripts/gpu/session.sh tests OUT      # the GPU test files, one pytest process each, HVD_NGP_REQUIRE_GPU=1
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
 #   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60/120 s
-#                                                            # and after 6000 and 30000 steps (HVD_NGP_EXTRA: more flags,
-#                                                            # HVD_NGP_TAG: a suffix for the run's folder)
+#                                                            # and after 6000 and 30000 steps (HVD_NGP_VARIANT: one of
+#                                                            # recipe14's variants instead of the defaults)
 #   bash scripts/gpu/session.sh quality16 OUT [SECONDS]   # the default vs fp32 on a time budget, 2 seeds (HVD_NGP_VARIANTS=default:
 #                                                         it alone; HVD_NGP_SEEDS=1: one seed, for 300 s runs that fill a call)
 #   bash scripts/gpu/session.sh defaults16 OUT   # graphed-step GPU tests; throughput of the default vs fp32 without drawing ahead
@@ -15,14 +15,14 @@
 #   bash scripts/gpu/session.sh defer16 OUT      # the graphed step's GPU test; throughput of the default vs --defer_verdict on
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: the defaults vs one change each (sparse hash Adam, occupancy
 #                                                      ramp, --sample_fill 1.05, Xavier, L2, black background, the 8x4 grid,
-#                                                      fp32 MLPs, finest level 4096, 2^21 table entries), equal steps (HVD_NGP_EXTRA: e.g. --eval_at_steps 6000;
+#                                                      fp32 MLPs, finest level 4096, 2^21 table entries), equal steps (HVD_NGP_EXTRA: flags without spaces, e.g. --eval_at_steps 6000;
 #                                                      HVD_NGP_TIMEOUT: seconds per run)
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
 #                                              # hash grid as 8 levels x 4 features, --defer_verdict on, both
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
-#   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS)
+#   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
 #   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off vs bf16 + fused MLPs
 #   bash scripts/gpu/session.sh setup18 OUT, then setup18b OUT   # setup.sh offline (.stage/wh, .stage/wh2 carried), twice
@@ -80,6 +80,24 @@ for split in ("train", "test"):
         cv2.imwrite(str(dst / split / (f.stem + ".png")), cv2.imread(str(f), cv2.IMREAD_UNCHANGED))
     (dst / f"transforms_{split}.json").write_text((src / f"transforms_{split}.json").read_text())
 PY
+}
+variant_flags() {  # NAME: the trainer flags of one recipe variant into the array extra (JSON stays one word)
+  case $1 in
+    base) extra=() ;;
+    grid84) extra=(--encoding "$GRID84") ;;
+    fp32) extra=(--precision fp32) ;;
+    res4096) extra=(--encoding '{"desired_resolution": 4096}') ;;  # nerfacc's finest level on lego's box
+    t21) extra=(--encoding '{"log2_hashmap_size": 21}') ;;
+    res4096t21) extra=(--encoding '{"desired_resolution": 4096, "log2_hashmap_size": 21}') ;;
+    grid84fp32) extra=(--encoding "$GRID84" --precision fp32) ;;
+    sparse) extra=(--optimizer '{"nested": {"nested": {"sparse_hash_updates": true}}}') ;;
+    ramp) extra=(--marching '{"update_schedule": "ramp"}') ;;
+    fill) extra=(--sample_fill 1.05) ;;
+    xavier) extra=(--density_network '{"initialization": "xavier"}' --rgb_network '{"initialization": "xavier"}') ;;
+    l2) extra=(--loss '{"otype": "L2"}') ;;
+    black) extra=(--train_background black) ;;
+    *) echo "unknown variant $1 (see variant_flags in $0)" >&2; exit 2 ;;
+  esac
 }
 case $step in
   prepare)  # development machine: lego as lossless WebP (pixels with alpha 0 zeroed), fox, instant-ngp, a wheel
@@ -317,10 +335,11 @@ PY
       $S/lego_png/transforms_test.json ${HVD_NGP_STEPS:-6000,30000} $out/ingp_steps.json 2>&1 | tr "\r" "\n" \
       | grep -E "^step|rror")
     ;;
-  fox)  # issue 14: fox on a 60 s budget with --holdout_every 8, the defaults (HVD_NGP_SEEDS, default 1337 1)
+  fox)  # issue 14: fox on a 60 s budget with --holdout_every 8, the defaults or HVD_NGP_VARIANT (HVD_NGP_SEEDS, default 1337 1)
+    variant_flags ${HVD_NGP_VARIANT:-base}
     for seed in ${HVD_NGP_SEEDS:-1337 1}; do
       python3 -m hvd_ngp.train --scene $S/fox --holdout_every 8 --time_budget_s 60 --eval_at_s 15,30 --seed $seed \
-        --log_every 4000 --save_renders 0 ${HVD_NGP_EXTRA:-} --out_dir $out/fox_$seed >$out/fox_$seed.log 2>&1
+        --log_every 4000 --save_renders 0 "${extra[@]}" --out_dir $out/fox_$seed >$out/fox_$seed.log 2>&1
     done
     runs_table "$out" "fox_*"
     ;;
@@ -338,23 +357,11 @@ PY
     # on the GPU (HVD_NGP_SEEDS: one call per seed fits; HVD_NGP_VARIANTS: a subset)
     T="timeout ${HVD_NGP_TIMEOUT:-0} python3 -m hvd_ngp.train --scene $S/lego --n_steps ${3:-6000} --log_every 3000 --save_renders 0"
     [ -n "${HVD_NGP_EXTRA:-}" ] && T="$T $HVD_NGP_EXTRA"
+    variants=${HVD_NGP_VARIANTS:-base sparse ramp fill xavier l2 black grid84}
+    for v in $variants; do variant_flags $v; done  # every name known before any run starts
     for seed in ${HVD_NGP_SEEDS:-1337 1}; do
-      for v in ${HVD_NGP_VARIANTS:-base sparse ramp fill xavier l2 black grid84}; do
-        case $v in
-          base) extra=() ;;
-          grid84) extra=(--encoding "$GRID84") ;;
-          fp32) extra=(--precision fp32) ;;
-          res4096) extra=(--encoding '{"desired_resolution": 4096}') ;;  # nerfacc's finest level on lego's box
-          t21) extra=(--encoding '{"log2_hashmap_size": 21}') ;;
-          res4096t21) extra=(--encoding '{"desired_resolution": 4096, "log2_hashmap_size": 21}') ;;
-          grid84fp32) extra=(--encoding "$GRID84" --precision fp32) ;;
-          sparse) extra=(--optimizer '{"nested": {"nested": {"sparse_hash_updates": true}}}') ;;
-          ramp) extra=(--marching '{"update_schedule": "ramp"}') ;;
-          fill) extra=(--sample_fill 1.05) ;;
-          xavier) extra=(--density_network '{"initialization": "xavier"}' --rgb_network '{"initialization": "xavier"}') ;;
-          l2) extra=(--loss '{"otype": "L2"}') ;;
-          black) extra=(--train_background black) ;;
-        esac
+      for v in $variants; do
+        variant_flags $v
         $T --seed $seed "${extra[@]}" --out_dir $out/r14_${v}_$seed >$out/r14_${v}_$seed.log 2>&1 &
       done
       wait
@@ -375,9 +382,9 @@ PY
     runs_table "$out" "q_*"
     ;;
   quality)
-    seed=${3:-1337}; secs=${4:-60}
+    seed=${3:-1337}; secs=${4:-60}; v=${HVD_NGP_VARIANT:-base}; variant_flags $v; tag=; [ $v = base ] || tag=_$v
     python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --eval_at_steps 6000,30000 \
-      --seed "$seed" --log_every 4000 --save_renders 0 ${HVD_NGP_EXTRA:-} --out_dir $out/lego_${secs}s_seed$seed${HVD_NGP_TAG:-} 2>&1 \
+      --seed "$seed" --log_every 4000 --save_renders 0 "${extra[@]}" --out_dir $out/lego_${secs}s_seed$seed$tag 2>&1 \
       | grep -E "test PSNR|done|error|step [0-9]*000\]"
     ;;
   ingp)
