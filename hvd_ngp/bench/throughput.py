@@ -66,6 +66,12 @@ WINDOW = "hvd_ngp.bench.profiled_steps"  # the record_function around the measur
 _VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's raw names: cudaLaunchKernel_v7000
 
 
+def launch_call(name: str) -> str | None:
+    """A host event's name -> the launch call it is (version suffix dropped), or None if it launches nothing."""
+    call = _VERSION_SUFFIX.sub("", name)
+    return call if call in LAUNCH_CALLS else None
+
+
 class ProfEvent(NamedTuple):
     """One profiler event: ``activity`` as kineto names it (cpu_op, cuda_runtime, cuda_driver, kernel, ...);
     ``correlation`` links a launch call to the kernels it launched (0: unknown)."""
@@ -129,7 +135,7 @@ def step_profile(events: list[ProfEvent], n_steps: int, cuda: bool) -> dict:
     inside = [e._replace(activity="gpu_user_annotation") if e.activity == "kernel" and e.name in host_names else e
               for e in events if start <= e.start_ns < end and e.name != WINDOW]
     kernels = [(e.start_ns, e.end_ns) for e in inside if e.activity == "kernel"]
-    launches = sum(_VERSION_SUFFIX.sub("", e.name) in LAUNCH_CALLS for e in inside)
+    launches = sum(launch_call(e.name) is not None for e in inside)
     return {"profiled_steps": n_steps, "profiled_step_ms": (end - start) / 1e6 / n_steps,
             "launches_per_step": launches / n_steps if cuda else None,
             "kernels_per_step": len(kernels) / n_steps if cuda else None,
@@ -160,8 +166,8 @@ def launch_sources(events: list[ProfEvent], n_steps: int) -> dict[str, float]:
         evs.sort(key=lambda e: (e.start_ns, -e.end_ns))  # an enclosing range before the ranges it holds
     counts: dict[str, int] = defaultdict(int)
     for e in events:
-        call = _VERSION_SUFFIX.sub("", e.name)
-        if call not in LAUNCH_CALLS:
+        call = launch_call(e.name)
+        if call is None:
             continue
         outer = next((r for r in ranges.get(e.thread, ()) if r.start_ns <= e.start_ns and e.end_ns <= r.end_ns),
                      None)

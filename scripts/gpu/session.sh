@@ -15,8 +15,9 @@
 #   bash scripts/gpu/session.sh defer16 OUT      # the graphed step's GPU test; throughput of the default vs --defer_verdict on
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: the defaults vs one change each (sparse hash Adam, occupancy
 #                                                      ramp, --sample_fill 1.05, Xavier, L2, black background, the 8x4 grid,
-#                                                      fp32 MLPs, finest level 4096, 2^21 table entries), equal steps (HVD_NGP_EXTRA: flags without spaces, e.g. --eval_at_steps 6000;
-#                                                      HVD_NGP_TIMEOUT: seconds per run)
+#                                                      fp32 MLPs, finest level 4096, 2^21 table entries), equal steps
+#                                                      (variant_flags; HVD_NGP_EXTRA: flags without spaces, e.g.
+#                                                      --eval_at_steps 6000; HVD_NGP_TIMEOUT: seconds per run)
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
