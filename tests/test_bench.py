@@ -13,7 +13,7 @@ from conftest import ROOT, TINY_ARGS
 from hvd_ngp.bench.__main__ import available
 from hvd_ngp.bench._scaling_rank import interval_mean, steady_step_seconds, steady_throughput
 from hvd_ngp.bench.scaling import BenchError, per_rank_samples, rank_counts, summarize, time_to
-from hvd_ngp.bench.throughput import (WINDOW, ProfEvent, busy_share, launch_sources, outermost_aten_ops,
+from hvd_ngp.bench.throughput import (WINDOW, ProfEvent, busy_share, host_profile, launch_sources, outermost_aten_ops,
                                      step_profile)
 
 
@@ -199,16 +199,42 @@ def test_launch_sources_name_the_host_code_behind_each_launch():
         "elementwise_kernel (direct launch)": 0.5}
 
 
+def _slow_host_work(n: int) -> int:
+    total = 0
+    for k in range(n):  # pure Python: all of it is this function's self time
+        total += k
+    return total
+
+
+def test_host_profile_ranks_the_host_functions_by_self_time_per_step():
+    calls = []
+
+    def step(i):
+        calls.append(i)
+        _slow_host_work(200_000)
+        sum(range(100))
+
+    prof = host_profile(step, 3, top=4)
+    assert calls == [0, 1, 2] and len(prof) <= 4
+    name, ms = next(iter(prof.items()))  # the costliest first, in ms per step
+    assert "(_slow_host_work)" in name and name.startswith("test_bench.py:") and ms > 0.5
+    assert ms > 10 * max(v for k, v in prof.items() if "(sum)" in k or "built-in method builtins.sum" in k)
+    assert list(prof.values()) == sorted(prof.values(), reverse=True)
+    assert host_profile(step, 0) == {} and calls == [0, 1, 2]
+
+
 def test_throughput_bench_reports_launches_and_busy_share_on_cpu(tmp_path, scene_cache):
     out = tmp_path / "throughput.json"
     proc = bench("throughput", "--device", "cpu", "--backends", "torch", "--warmup_steps", "2", "--steps", "1",
-                 "--profile_steps", "2", "--points", "256", "--repeat", "1", "--json", str(out), "--markdown", "",
+                 "--profile_steps", "2", "--host_profile_steps", "2", "--points", "256", "--repeat", "1", "--json", str(out), "--markdown", "",
                  "--", *TINY_ARGS, "--scene_cache", str(scene_cache), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = json.loads(out.read_text())["training"]
     assert run["profiled_steps"] == 2 and run["profiled_step_ms"] > 0
     assert run["launches_per_step"] is None and run["kernels_per_step"] is None and run["gpu_busy_share"] is None
     assert run["launch_sources"] == {}  # no launches on the CPU, so no launch-source table
+    assert 0 < len(run["host_self_ms"]) <= 15 and all(ms >= 0 for ms in run["host_self_ms"].values())
+    assert "costliest functions over 2 steps under cProfile" in proc.stdout
     assert run["aten_ops_per_step"] > 50  # a NeRF step dispatches hundreds of operators
     assert run["samples_per_sec"] > 0 and "backward" in run["stages_ms"]  # the existing fields stay
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| backend"))

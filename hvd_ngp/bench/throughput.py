@@ -16,6 +16,10 @@ GPU busy share (union of the kernels' device intervals / wall time of the profil
 profiler slows the host, so on a launch-bound step this is a lower bound) and outermost aten
 operators per step. On the CPU there are no launches: launches and GPU busy print "n/a" and the
 aten operator count is the stand-in.
+
+``--host_profile_steps`` more steps under cProfile: the host's own time per step in its costliest
+functions (self time, cProfile's overhead included), which says where a launch-bound step spends the
+host's time: Python, launches, or waiting for the device (``synchronize``, ``item``, ``tolist``).
 """
 
 from __future__ import annotations
@@ -228,8 +232,27 @@ def profile_steps(step: Callable[[int], object], n_steps: int, device: torch.dev
     return step_profile(events, n_steps, device.type == "cuda")
 
 
+def host_profile(step: Callable[[int], object], n_steps: int, top: int = 15) -> dict[str, float]:
+    """Run ``step(0..n_steps-1)`` under cProfile -> {"file:line(function)": self ms per step}, the ``top``
+    costliest first (host time only: a function that waits for the device counts its wait)."""
+    import cProfile
+    import os
+    import pstats
+
+    if n_steps <= 0:
+        return {}
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(n_steps):
+        step(i)
+    prof.disable()
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]  # type: ignore[attr-defined]
+    return {f"{os.path.basename(file)}:{line}({func})": self_s / n_steps * 1e3
+            for (file, line, func), (_, _, self_s, _, _) in rows}
+
+
 def trainer_args(opts: argparse.Namespace, backend: str) -> argparse.Namespace:
-    profiled = opts.profile_steps + 1 if opts.profile_steps else 0
+    profiled = (opts.profile_steps + 1 if opts.profile_steps else 0) + opts.host_profile_steps
     argv = ["--scene", opts.scene, "--backend", backend, "--precision", opts.precision, "--device", opts.device,
             "--target_samples", str(opts.target_samples),
             "--n_steps", str(opts.warmup_steps + 2 * opts.steps + profiled),
@@ -268,6 +291,9 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
     launches = profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev) if opts.profile_steps else \
         {"profiled_steps": 0, "profiled_step_ms": None, "launches_per_step": None, "kernels_per_step": None,
          "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}, "launch_sources": {}}
+    after = first + (opts.profile_steps + 1 if opts.profile_steps else 0)
+    host = host_profile(lambda i: tr.step(after + i), opts.host_profile_steps)
+    sync(dev)
     ev = tr.evaluate(n_views=opts.eval_views) if opts.eval_views else {"psnr": float("nan")}
     result = {
         "backend": backend, "precision": args.precision,  # resolved by Trainer.build (--precision auto)
@@ -275,7 +301,7 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
         "samples_per_step": float(samples) / opts.steps, "rays_per_step": rays / opts.steps,
         "warmup_seconds": warm_s, "stages_ms": timer.mean_ms(), "test_psnr_after": ev["psnr"],
         "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else None,
-        **launches,
+        **launches, "host_self_ms": host,
     }
     del tr
     gc.collect()
@@ -403,6 +429,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--profile_steps", type=int, default=3,
                    help="steps under torch.profiler for launches/step and GPU busy (0: skip)")
+    p.add_argument("--host_profile_steps", type=int, default=0,
+                   help="steps under cProfile for the host's costliest functions (0: skip)")
     p.add_argument("--eval_views", type=int, default=0, help="test views for a PSNR sanity check after training")
     p.add_argument("--points", type=int, default=1 << 18, help="points for the micro-benchmarks")
     p.add_argument("--repeat", type=int, default=20)
@@ -413,8 +441,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags")
     opts = p.parse_args(argv)
     opts.extra = [a for a in opts.extra if a != "--"]
-    if opts.profile_steps < 0:
-        p.error(f"--profile_steps must be >= 0, got {opts.profile_steps}")
+    for name in ("profile_steps", "host_profile_steps"):
+        if getattr(opts, name) < 0:
+            p.error(f"--{name} must be >= 0, got {getattr(opts, name)}")
     dev = dist.init(opts.device).device
     if opts.backends == "all":
         fast = triton_available(dev.type) and dev.type == "cuda"
@@ -451,6 +480,8 @@ def main(argv: list[str] | None = None) -> dict:
                for r in training for name, ms in r["kernel_ms"].items()]
     sources = [{"launch source": name[:70], r["backend"]: f"{n:.1f}"}
                for r in training for name, n in r["launch_sources"].items()]
+    host = [{"host function (self ms/step)": name[:70], r["backend"]: f"{ms:.3f}"}
+            for r in training for name, ms in r["host_self_ms"].items()]
     text = "\n\n".join([
         f"Device: {device}; scene {opts.scene}; {opts.target_samples} samples/step target; precision {opts.precision}; "
         f"{opts.warmup_steps} warm-up steps, {opts.steps} timed steps.",
@@ -463,6 +494,8 @@ def main(argv: list[str] | None = None) -> dict:
            table(kernels, ["kernel (device ms/step)", *[r["backend"] for r in training]])] if kernels else []),
         *(["Host-side launches per step by source (the outermost host operator around each launch call):",
            table(sources, ["launch source", *[r["backend"] for r in training]])] if sources else []),
+        *([f"The host's costliest functions over {opts.host_profile_steps} steps under cProfile (self time per step):",
+           table(host, ["host function (self ms/step)", *[r["backend"] for r in training]])] if host else []),
         f"Hash grid ({spec.n_levels} levels x {spec.n_features_per_level}, 2^{spec.log2_hashmap_size} table), "
         f"{opts.points} points:",
         table(grid_table, list(grid_table[0])),

@@ -18,7 +18,10 @@
 #                                                      fp32 MLPs, finest level 4096, 2^21 table entries), equal steps
 #                                                      (variant_flags; HVD_NGP_EXTRA: flags without spaces, e.g.
 #                                                      --eval_at_steps 6000; HVD_NGP_TIMEOUT: seconds per run)
+#   bash scripts/gpu/session.sh budget14 OUT [SECONDS]   # issue 14: the defaults vs variants (HVD_NGP_VARIANTS) on one time
+#                                                        # budget, one run at a time, evaluations at 60 s and at the end
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
+#   bash scripts/gpu/session.sh ingp_fox OUT   # instant-ngp itself on fox, 60 s, the 7 views --holdout_every 8 holds out
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
 #                                              # hash grid as 8 levels x 4 features, --defer_verdict on, both
@@ -52,10 +55,10 @@ gpu_tests() {  # FILE...: each GPU test file in its own pytest process; the whol
   done
 }
 bench_late() {  # NAME ROUND TREE [-- TRAINER FLAGS]: bench throughput of TREE at a late-training ray count (2000
-  # warm-up steps; round 1 also profiles 3 steps) into $out/NAME_ROUND.{json,log}
+  # warm-up steps; round 1 also profiles 3 steps, and 50 under cProfile) into $out/NAME_ROUND.{json,log}
   local name=$1_$2 round=$2 dir=$3; shift 3
   (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 150 python3 -m hvd_ngp.bench throughput --scene $S/lego \
-    --backends triton --warmup_steps 2000 --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? 3 : 0)) \
+    --backends triton --warmup_steps 2000 --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? 3 : 0)) --host_profile_steps $((round == 1 ? 50 : 0)) \
     --json $out/$name.json --markdown '' "$@" >$out/$name.log 2>&1 || tail -5 $out/$name.log)
 }
 late_table() {  # GLOB: one line per bench_late run (speed, rays, launches, GPU busy, stages), its longest kernels
@@ -70,6 +73,8 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}.json")):
         print(f"    {ms:7.3f} ms  {name[:100]}")
     for name, n in list(r.get("launch_sources", {}).items())[:12]:
         print(f"    {n:5.1f} launches/step  {name[:90]}")
+    for name, ms in list(r.get("host_self_ms", {}).items())[:15]:
+        print(f"    {ms:7.3f} host ms/step  {name[:90]}")
 PY
 }
 png_stage() {  # instant-ngp reads PNG: the WebP stage of lego written back as PNG in $S/lego_png
@@ -336,6 +341,18 @@ PY
       $S/lego_png/transforms_test.json ${HVD_NGP_STEPS:-6000,30000} $out/ingp_steps.json 2>&1 | tr "\r" "\n" \
       | grep -E "^step|rror")
     ;;
+  ingp_fox)  # instant-ngp itself on fox at 15/30/60 s, the same 7 held-out views as --holdout_every 8, scored our way
+    python3 - <<'PY'
+import json, os
+root = "/tmp/stage/fox"; tf = json.load(open(f"{root}/transforms.json"))
+frames = [f for f in tf["frames"] if os.path.isfile(os.path.join(root, f["file_path"]))]  # 17 images are absent
+for name, keep in (("train", lambda i: i % 8 != 0), ("test", lambda i: i % 8 == 0)):
+    json.dump({**tf, "frames": [f for i, f in enumerate(frames) if keep(i)]}, open(f"{root}/transforms_ingp_{name}.json", "w"))
+print(f"fox for instant-ngp: {len(frames)} frames, every 8th held out")
+PY
+    bash $S/ingp/run_ingp.sh $S/fox/transforms_ingp_train.json $S/fox/transforms_ingp_test.json 15,30,60 $out/ingp_fox.json \
+      2>&1 | grep -E "budget|dB|rror"
+    ;;
   fox)  # issue 14: fox on a 60 s budget with --holdout_every 8, the defaults or HVD_NGP_VARIANT (HVD_NGP_SEEDS, default 1337 1)
     variant_flags ${HVD_NGP_VARIANT:-base}
     for seed in ${HVD_NGP_SEEDS:-1337 1}; do
@@ -370,6 +387,19 @@ PY
     runs_table "$out" "r14_*"
     grep -H "test PSNR" $out/r14_*.log | sed "s|$out/||"  # the evaluations of a run cut short too (HVD_NGP_TIMEOUT)
     for f in $out/r14_*.log; do grep -l -E "Error|error" "$f" && tail -3 "$f"; done
+    ;;
+  budget14)  # issue 14: the defaults vs recipe variants on one time budget (SECONDS, default 120), one run at a time (the
+    # same host: a per-second comparison), an evaluation at 60 s and at the end (HVD_NGP_VARIANTS, HVD_NGP_SEEDS)
+    variants=${HVD_NGP_VARIANTS:-base res4096 t21}; secs=${3:-120}
+    for v in $variants; do variant_flags $v; done
+    for seed in ${HVD_NGP_SEEDS:-1337}; do
+      for v in $variants; do
+        variant_flags $v
+        python3 -m hvd_ngp.train --scene $S/lego --time_budget_s $secs --eval_at_s 60 --seed $seed --log_every 4000 \
+          --save_renders 0 "${extra[@]}" --out_dir $out/b14_${v}_$seed >$out/b14_${v}_$seed.log 2>&1 || tail -3 $out/b14_${v}_$seed.log
+      done
+    done
+    runs_table "$out" "b14_*"
     ;;
   quality16)  # issues 14/16: the default (bf16 + fused MLPs, draw ahead) against fp32 on a time budget, two seeds, one at a time
     variants=${HVD_NGP_VARIANTS:-default fp32}; at=15,30; [ "${3:-60}" -gt 60 ] && at=60,120
