@@ -32,6 +32,10 @@ if not triton_available(DEV.type):
 from hvd_ngp.render.composite_triton import composite, count_until_opaque  # noqa: E402
 from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton, vector_atomics_here  # noqa: E402
 from hvd_ngp.render.march_triton import march_packed  # noqa: E402
+from hvd_ngp.data import load_scene  # noqa: E402
+from hvd_ngp.data.draw_triton import draw_rays, search_steps  # noqa: E402
+from hvd_ngp.data.pixels import StackedPixels  # noqa: E402
+from hvd_ngp.data.sampler import RaySampler  # noqa: E402
 
 SMALL = DEV.type == "cpu"  # the interpreter is slow: smaller problems, same coverage
 
@@ -334,8 +338,9 @@ def test_inference_render_within_a_small_workspace_equals_the_exact_one():
 
 # --- the GPU compiler, without a GPU ---------------------------------------------------------------------
 
-TRITON_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int64: "*i64",
-                torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8", torch.bool: "*i1"}
+TRITON_TYPES = {torch.float64: "*fp64", torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
+                torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8",
+                torch.bool: "*i1"}
 
 
 def launch_record(fn, args: tuple, kwargs: dict) -> dict:
@@ -390,6 +395,76 @@ def exercise_kernels() -> None:
         s, c = sigma.to(dtype).requires_grad_(True), rgb.to(dtype).requires_grad_(True)
         sum(x.sum() for x in composite(s, c, dt, t, start, count)).backward()
         count_until_opaque(s.detach(), dt, start, count, 1e-2)
+    tiles = {k: torch.zeros(2, dtype=torch.int64) for k in ("image", "x0", "y0")}
+    tiles.update(w=torch.ones(2, dtype=torch.int64), h=torch.ones(2, dtype=torch.int64))
+    for offsets, weight, images in ((None, None, torch.zeros(1, 1, 1, 4, dtype=torch.uint8)),
+                                    (torch.rand(3, 2), torch.ones(2), torch.zeros(1, 1, 1, 4, dtype=torch.float16))):
+        draw_rays(torch.rand(3, dtype=torch.float64), torch.rand(3, 2), offsets, torch.tensor([0.5, 1.0], dtype=torch.float64),
+                  torch.arange(2), tiles, weight, images, torch.zeros(2, dtype=torch.int64), torch.ones(1, dtype=torch.int64),
+                  torch.eye(3, 4)[None], torch.ones(1, 4))
+
+
+@pytest.mark.parametrize("jitter,scored,image_dtype", [(False, False, "uint8"), (True, True, "uint8"),
+                                                      (False, True, "fp16")])
+def test_fused_ray_draw_matches_the_torch_draw(scene_cache, jitter, scored, image_dtype):
+    """The same generator and seed: the same pixels, tiles, colours and weights, bit for bit; the same rays
+    to float rounding; the generator left in the same state (batches can be un-drawn either way)."""
+    frames = load_scene("builtin", scene_cache=scene_cache).train
+    store = StackedPixels(frames, DEV, on_device=True, image_dtype=image_dtype)
+    ref, fast = (RaySampler(frames, 1, 2, 7, DEV, jitter, store=store, tile_size=16, fused=mode) for mode in ("off", "on"))
+    assert ref.fused_why_not == "off" and fast.fused_why_not is None
+    if scored:  # importance weights, and tiles that are never drawn (score 0: repeated CDF entries)
+        scores = torch.rand(ref.grid.n_tiles, generator=torch.Generator().manual_seed(3))
+        scores[::3] = 0.0
+        ref.set_scores(scores)
+        fast.set_scores(scores)
+    for n in (1, 37, 300):
+        a, b = ref.sample(n), fast.sample(n)
+        for name in ("pixel", "tile", "rgba", "weight"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None) == (name == "weight" and not scored), name
+            if x is not None:
+                assert x.dtype == y.dtype and torch.equal(x, y), name
+        assert torch.equal(a.origins, b.origins)
+        torch.testing.assert_close(b.directions, a.directions, rtol=0, atol=2e-6)
+    assert torch.equal(ref.generator.get_state(), fast.generator.get_state())
+    ref.set_resolution(2)  # a coarser resolution is the torch path's alone: the fused sampler falls back to it
+    fast.set_resolution(2)
+    a, b = ref.sample(64), fast.sample(64)
+    assert torch.equal(a.pixel, b.pixel) and torch.equal(a.directions, b.directions)
+
+
+def test_fused_ray_draw_searches_the_cdf_as_searchsorted_right():
+    """Draws landing exactly on CDF entries, on repeated entries and at the ends pick the tile that
+    ``torch.searchsorted(cdf, u, right=True)`` (clamped to the last) picks."""
+    cdf = torch.tensor([0.25, 0.25, 0.5, 0.75, 1.0], dtype=torch.float64, device=DEV)
+    u = torch.tensor([0.0, 0.1, 0.25, 0.3, 0.5, 0.74, 0.75, 0.999, 1.0], dtype=torch.float64, device=DEV)
+    active = torch.tensor([4, 0, 3, 1, 2], device=DEV)
+    n_tiles = 5
+    tiles = {"image": torch.zeros(n_tiles, dtype=torch.int64, device=DEV),
+             "x0": torch.arange(n_tiles, device=DEV) * 2, "y0": torch.zeros(n_tiles, dtype=torch.int64, device=DEV),
+             "w": torch.full((n_tiles,), 2, device=DEV), "h": torch.full((n_tiles,), 2, device=DEV)}
+    images = torch.randint(0, 256, (1, 2, 10, 4), dtype=torch.uint8, device=DEV)
+    c2w = torch.eye(3, 4, device=DEV)[None]
+    out = draw_rays(u, torch.zeros(9, 2, device=DEV), None, cdf, active, tiles, None, images,
+                    torch.zeros(2, dtype=torch.int64, device=DEV), torch.tensor([10], device=DEV), c2w,
+                    torch.tensor([[1.0, 1.0, 5.0, 1.0]], device=DEV))
+    expected = active[torch.searchsorted(cdf, u, right=True).clamp(max=4)]
+    assert out["tile"].tolist() == expected.tolist() == [4, 4, 3, 3, 1, 1, 2, 2, 2]
+    assert out["pixel"].tolist() == (expected * 2).tolist()  # each tile's first pixel (pick 0, row 0)
+    assert torch.equal(out["rgba"], images[0, 0, expected * 2].float() / 255.0)
+    assert out["weight"] is None and [search_steps(n) for n in (1, 2, 5, 8)] == [1, 2, 3, 4]
+
+
+def test_fused_ray_draw_says_where_it_does_not_apply(scene_cache):
+    frames = load_scene("builtin", scene_cache=scene_cache).train
+    auto = RaySampler(frames, 0, 1, 0, DEV, fused="auto")
+    assert (auto.fused_why_not is None) == (DEV.type == "cuda")
+    host = StackedPixels(frames, DEV, on_device=False)
+    with pytest.raises(ValueError, match="the images are not on the device"):
+        RaySampler(frames, 0, 1, 0, DEV, store=host, fused="on", prefetch=False)
+    with pytest.raises(ValueError, match="fused must be one of"):
+        RaySampler(frames, 0, 1, 0, DEV, fused="yes")
 
 
 def test_every_kernel_compiles_for_hopper(tmp_path, monkeypatch):
@@ -415,7 +490,7 @@ def test_every_kernel_compiles_for_hopper(tmp_path, monkeypatch):
     exercise_kernels()
     names = {r["kernel"] for r in launches.values()}
     assert names == {"_hashgrid_fwd", "_hashgrid_bwd", "_march", "_composite_fwd", "_composite_bwd",
-                     "_count_until_opaque", "_mlp_fwd", "_mlp_bwd"}, names
+                     "_count_until_opaque", "_mlp_fwd", "_mlp_bwd", "_draw_rays"}, names
     for record in [r for r in launches.values() if r["kernel"] == "_hashgrid_bwd" and r["constexprs"]["F"] == 2]:
         assert record["constexprs"]["PAIRS"] is False  # the interpreter adds one feature per atomic;
         paired = {**record, "constexprs": {**record["constexprs"], "PAIRS": True}}  # sm_90 pairs them (inline PTX)

@@ -55,6 +55,7 @@ class DataSettings:
     dynamic_resolution: int
     dynamic_resolution_plateau: float
     train_ray_jitter: bool = False
+    fused_draw: str = "auto"
 
     @staticmethod
     def add_options(p: argparse.ArgumentParser) -> None:
@@ -66,6 +67,10 @@ class DataSettings:
         g.add_argument("--train_ray_jitter", choices=("on", "off"), default="off",
                        help="off: training rays through pixel centres (instant-ngp's snap_to_pixel_centers, and how "
                             "evaluation renders); on: a random position inside the pixel")
+        g.add_argument("--fused_draw", choices=("auto", "off"), default="auto",
+                       help="auto: on a CUDA GPU with the images there, pinhole cameras without distortion and full "
+                            "resolution, draw each batch of training rays in one Triton kernel instead of about forty "
+                            "small ones (the same random numbers, pixels and colours); off: the torch path, the reference")
         g.add_argument("--sampling_floor", type=float, default=0.25,
                        help="share of rays drawn uniformly whatever the strategy, so no pixel starves (bounds importance "
                             "weights by 1/floor)")
@@ -149,7 +154,7 @@ class DataSettings:
                             "device" if args.preload == "gpu" else args.preload, args.image_dtype,
                             float(args.device_image_budget_gb), float(args.host_image_budget_gb),
                             int(args.num_workers), max(int(dyn), 1), float(args.dynamic_resolution_plateau),
-                            args.train_ray_jitter == "on")
+                            args.train_ray_jitter == "on", args.fused_draw)
 
 
 def make_store(frames: Frames, placement: Placement, device: torch.device, settings: DataSettings
@@ -207,7 +212,8 @@ class DataPipeline:
         def build_sampler() -> RaySampler:
             store = make_store(frames, placement, rt.device, settings)
             return RaySampler(frames, rt.rank, rt.size, args.seed, rt.device, settings.train_ray_jitter, store=store,
-                              tile_size=settings.tile_size, shard_by=shard_by, floor=settings.floor)
+                              tile_size=settings.tile_size, shard_by=shard_by, floor=settings.floor,
+                              fused=settings.fused_draw)
 
         sampler = build_sampler() if dist.elastic() else dist.agree(build_sampler, "loading the training images")
         pipeline = DataPipeline(settings, sampler, placement,
@@ -237,7 +243,8 @@ class DataPipeline:
             return old
         old.stop_prefetch()
         sampler = RaySampler(old.frames, rank, size, seed, old.device, old.jitter, store=old.store,
-                             tile_size=old.tile_size, shard_by=old.shard_by, epoch=max(old.epoch, 0), floor=old.floor)
+                             tile_size=old.tile_size, shard_by=old.shard_by, epoch=max(old.epoch, 0), floor=old.floor,
+                             fused=old.fused)
         scores = self.complexity if self.error_map is None or not self.error_map.updates else self.error_map.error
         if scores is not None:
             sampler.set_scores(scores)
@@ -300,7 +307,8 @@ class DataPipeline:
         s, smp = self.settings, self.sampler
         parts = [f"images {self.placement.describe()}",
                  f"shards by {smp.shard_by} ({smp.tile_size} px tiles, {smp.grid.n_tiles} in all)",
-                 "training rays " + ("jittered inside pixels" if s.train_ray_jitter else "through pixel centres"),
+                 "training rays " + ("jittered inside pixels" if s.train_ray_jitter else "through pixel centres")
+                 + (", drawn by one Triton kernel" if smp.fused_why_not is None else ""),
                  f"sampling {s.sampling}"
                  + (f" (floor {s.floor:g}, importance weights {'on' if s.importance_weights else 'off'})"
                     if s.sampling != "uniform" else ""),

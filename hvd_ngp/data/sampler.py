@@ -17,6 +17,10 @@ pixel block and its colour is the block's mean: training sees the images at 1/F 
 Each rank draws with its own generator seeded by the GLOBAL rank. Pixel colours come from a pixel
 store (``pixels``): on the device, everything happens there; in host memory, batches are drawn
 and gathered on the CPU one step ahead in a background thread and copied asynchronously.
+
+``fused`` (``--fused_draw``): with images on a CUDA device, pinhole cameras without distortion and
+full resolution, everything after the random numbers is one Triton kernel (``draw_triton``) instead
+of about forty small ones; the random numbers, and so the pixels and colours, are the same.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ from .cameras import DirectionMaps, pixel_rays
 from .pixels import StackedPixels, StreamedPixels
 from .scene import Frames
 from .shards import TileGrid, auto_tile_size, shard_tiles, shard_units
+from ..triton_support import triton_available
+
+#: --fused_draw: auto (one Triton kernel per batch on a CUDA GPU where it applies), on (also under the
+#: interpreter on a CPU; an error where it does not apply), off (the torch path)
+FUSED_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -88,12 +97,13 @@ class RaySampler:
     ``store``: where the pixels live (default: all images on ``device``). ``tile_size`` 0: automatic.
     ``shard_by``: 'tile' or 'image' (streamed scenes shard whole images). ``floor``: the uniform share.
     ``stream_passes``: rays drawn per resident pixel before a streamed store swaps in its next chunk.
+    ``fused``: one of ``FUSED_MODES`` (see the module docstring); ``fused_why_not`` says why it is not used.
     """
 
     def __init__(self, frames: Frames, rank: int, world_size: int, seed: int, device: torch.device,
                  jitter: bool = True, *, store: StackedPixels | StreamedPixels | None = None, tile_size: int = 0,
                  shard_by: str = "tile", epoch: int = 0, floor: float = 0.25, prefetch: bool = True,
-                 stream_passes: float = STREAM_PASSES) -> None:
+                 stream_passes: float = STREAM_PASSES, fused: str = "off") -> None:
         if not 0.0 < floor <= 1.0:
             raise ValueError(f"the uniform floor must be in (0, 1], got {floor}")
         self.frames = frames
@@ -127,6 +137,29 @@ class RaySampler:
         self._drawn_since_rotation = 0
         self.epoch = -1
         self.set_epoch(epoch)
+        if fused not in FUSED_MODES:
+            raise ValueError(f"fused must be one of {FUSED_MODES}, got {fused!r}")
+        self.fused = fused
+        self.fused_why_not = "off" if fused == "off" else self._fused_reason(fused)
+        if fused == "on" and self.fused_why_not:
+            raise ValueError(f"the fused ray draw does not apply here: {self.fused_why_not}")
+        if self.fused_why_not is None:  # the kernel's tables, once: int64 tile fields, float32 cameras
+            G = self._grid
+            self._tiles = {k: getattr(G, k).to(torch.int64).contiguous() for k in ("image", "x0", "y0", "w", "h")}
+            self._pixel_offset, self._width = G.pixel_offset.to(torch.int64), G.width.to(torch.int64)
+            self._c2w32, self._intr32 = self.c2w.float().contiguous(), self.intrinsics.float().contiguous()
+
+    def _fused_reason(self, mode: str) -> str | None:
+        """None when batches can be drawn by the Triton kernel, else why not."""
+        reasons = [
+            (mode == "auto" and self.device.type != "cuda", "the device is not a CUDA GPU"),
+            (not triton_available(self.device.type), "Triton cannot run on this device"),
+            (not (isinstance(self.store, StackedPixels) and self.store.on_device), "the images are not on the device"),
+            (self.index_device != self.device, "the pixels are drawn on another device"),
+            (self.has_distortion or self.has_fisheye, "the cameras have lens distortion or are fisheye"),
+        ]
+        found = [why for bad, why in reasons if bad]
+        return "; ".join(found) if found else None
 
     @property
     def version(self) -> int:
@@ -274,9 +307,23 @@ class RaySampler:
     def sample(self, n_rays: int) -> RayBatch:
         """``n_rays`` training rays from this rank's shard (no host synchronisation on the device path)."""
         self._maybe_rotate(n_rays)
+        if self.fused_why_not is None and self.resolution == 1:
+            return self._draw_fused(n_rays)
         d = self._draw(n_rays) if self.store.on_device else self._take(n_rays).to(self.device)
         o, dirs = self._rays(d.img, d.u, d.v)
         return RayBatch(o, dirs, d.rgba, d.pixel, d.weight, d.tile)
+
+    def _draw_fused(self, n: int) -> RayBatch:
+        """``_draw`` + ``_rays`` in one kernel, from the same random numbers drawn in the same order."""
+        from .draw_triton import draw_rays
+
+        g, dev = self.generator, self.index_device
+        u = torch.rand(n, generator=g, device=dev, dtype=torch.float64)
+        pick = torch.rand((n, 2), generator=g, device=dev)
+        off = torch.rand((n, 2), generator=g, device=dev) if self.jitter else None
+        out = draw_rays(u, pick, off, self._cdf, self._active, self._tiles, self._weight, self.store.images,
+                        self._pixel_offset, self._width, self._c2w32, self._intr32)
+        return RayBatch(out["origins"], out["directions"], out["rgba"], out["pixel"], out["weight"], out["tile"])
 
     def rays_for_pixels(self, pixel: Tensor, jitter: bool | None = None) -> RayBatch:
         """Rays through global pixel ids ``[R]`` (sub-pixel jitter when training), full resolution, no weights."""
