@@ -25,6 +25,7 @@
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
 #                                              # hash grid as 8 levels x 4 features, --defer_verdict on, both
+#   bash scripts/gpu/session.sh draw16 OUT     # issue 16: fused ray draw: GPU parity tests, throughput with it vs --fused_draw off
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -324,6 +325,15 @@ PY
     grep -h -A12 "^| implementation" $out/t84_default_1.log | head -14
     late_table "t84_*"
     ;;
+  draw16)  # issue 16: the fused ray draw's GPU tests, then late-training throughput with it (auto) and without (off),
+    # alternating, two rounds (round 1 profiled: launches, kernels, the host's costliest functions)
+    gpu_tests tests/test_kernels.py
+    for round in 1 2; do
+      bench_late draw_auto $round $PWD
+      bench_late draw_off $round $PWD -- --fused_draw off
+    done
+    late_table "draw_*"
+    ;;
   launches16)  # issue 16: one profiled late-training bench of the defaults: kernels and host launches by source
     bench_late tl_default 1 $PWD
     late_table "tl_*"
@@ -392,6 +402,10 @@ PY
     # same host: a per-second comparison), an evaluation at 60 s and at the end (HVD_NGP_VARIANTS, HVD_NGP_SEEDS)
     variants=${HVD_NGP_VARIANTS:-base res4096 t21}; secs=${3:-120}
     for v in $variants; do variant_flags $v; done
+    # Triton compiles the kernels into its cache during the first run: a short throwaway run first, so no
+    # variant's budget pays for it (on 2026-12-02 the first of three ran the fewest steps: 17592 against 18256, 19008)
+    python3 -m hvd_ngp.train --scene $S/lego --n_steps 300 --n_eval_views 1 --log_every 300 --save_renders 0 \
+      --out_dir /tmp/b14_warm >/dev/null 2>&1
     for seed in ${HVD_NGP_SEEDS:-1337}; do
       for v in $variants; do
         variant_flags $v
