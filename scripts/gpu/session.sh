@@ -78,6 +78,16 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}.json")):
         print(f"    {ms:7.3f} host ms/step  {name[:90]}")
 PY
 }
+against_defaults() {  # TEST_FILE TAG FLAG...: that GPU test file, then late-training throughput of the defaults
+  # (TAG_default) against the defaults with the trainer flags (TAG_changed), alternating, two rounds
+  local test=$1 tag=$2; shift 2
+  gpu_tests "$test"
+  for round in 1 2; do
+    bench_late ${tag}_default $round $PWD
+    bench_late ${tag}_changed $round $PWD -- "$@"
+  done
+  late_table "${tag}_*"
+}
 png_stage() {  # instant-ngp reads PNG: the WebP stage of lego written back as PNG in $S/lego_png
   python3 - <<'PY'
 import pathlib, cv2
@@ -305,14 +315,8 @@ PY
     late_table "tk_*"
     ;;
   defer16)  # --defer_verdict: the GPU test of the graphed step (replay against eager, deferred too), then bench
-    # throughput late in training of the default against --defer_verdict on, alternating, two rounds
-    gpu_tests tests/test_graphed.py
-    for round in 1 2; do
-      bench_late td_default $round $PWD
-      bench_late td_defer $round $PWD -- --defer_verdict on
-    done
-    late_table "td_*"
-    ;;
+    # throughput late in training of the default against --defer_verdict on
+    against_defaults tests/test_graphed.py td --defer_verdict on ;;
   speed84)  # issue 16: the graphed step's GPU tests, then bench throughput late in training: the defaults, the
     # hash grid as 8 levels x 4 features (instant-ngp's base.json), --defer_verdict on, and both; two rounds
     gpu_tests tests/test_graphed.py
@@ -325,15 +329,9 @@ PY
     grep -h -A12 "^| implementation" $out/t84_default_1.log | head -14
     late_table "t84_*"
     ;;
-  draw16)  # issue 16: the fused ray draw's GPU tests, then late-training throughput with it (auto) and without (off),
-    # alternating, two rounds (round 1 profiled: launches, kernels, the host's costliest functions)
-    gpu_tests tests/test_kernels.py
-    for round in 1 2; do
-      bench_late draw_auto $round $PWD
-      bench_late draw_off $round $PWD -- --fused_draw off
-    done
-    late_table "draw_*"
-    ;;
+  draw16)  # issue 16: the fused ray draw's GPU tests, then late-training throughput with it (the default, auto) and
+    # without it (--fused_draw off)
+    against_defaults tests/test_kernels.py draw --fused_draw off ;;
   launches16)  # issue 16: one profiled late-training bench of the defaults: kernels and host launches by source
     bench_late tl_default 1 $PWD
     late_table "tl_*"
