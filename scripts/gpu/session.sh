@@ -21,6 +21,7 @@
 #   bash scripts/gpu/session.sh budget14 OUT [SECONDS]   # issue 14: the defaults vs variants (HVD_NGP_VARIANTS) on one time
 #                                                        # budget, one run at a time, evaluations at 60 s and at the end
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
+#   bash scripts/gpu/session.sh scale19 OUT    # issue 19 (2+ GPUs, .whl_hvd carried): NCCL tests, bench scaling, model parallel
 #   bash scripts/gpu/session.sh ingp_fox OUT   # instant-ngp itself on fox, 60 s, the 7 views --holdout_every 8 holds out
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
@@ -136,6 +137,7 @@ PY
     mkdir -p .whl && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 -d .whl configargparse
     mkdir -p .whl_tcnn && cp "$src"/wheels/tinycudann-*.whl .whl_tcnn/  # 12 MB: carry it only with room to spare
+    mkdir -p .whl_hvd && cp "$src"/wheels/horovod-*-cp312-*.whl .whl_hvd/  # 23 MB, NCCL: for scale19 on several GPUs
     # the offline set-up's wheelhouse for the GPU image (Python 3.12; it has torch, triton and OpenCV), in two
     # carries of < 64 MiB, with the tiny-cuda-nn source tarball
     rm -rf .stage/wh .stage/wh2 /tmp/wh_full && mkdir -p .stage/wh .stage/wh2
@@ -155,7 +157,7 @@ PY
     [ -d .stage/ingp ] && cp -r .stage/ingp $S/
     for part in .stage/wh .stage/wh2; do [ -d $part ] && mkdir -p $S/wh && cp $part/* $S/wh/; done
     [ -d .stage/old ] && rm -rf $S/old && cp -r .stage/old $S/old
-    for w in .whl .whl_tcnn; do  # configargparse; the tinycudann GPU wheel (for tcnn rows), carried on its own
+    for w in .whl .whl_tcnn .whl_hvd; do  # configargparse; tinycudann (tcnn rows) and Horovod (scale19), carried alone
       ls $w/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site $w/*.whl
     done
     echo "staged: lego train $(ls $S/lego/train 2>/dev/null | wc -l), test $(ls $S/lego/test | wc -l); fox $(ls $S/fox/images 2>/dev/null | wc -l)"
@@ -348,6 +350,25 @@ PY
       /opt/torch/.venv/bin/python3 "$repo"/scripts/gpu/ingp_steps.py $root $S/lego_png/transforms_train.json \
       $S/lego_png/transforms_test.json ${HVD_NGP_STEPS:-6000,30000} $out/ingp_steps.json 2>&1 | tr "\r" "\n" \
       | grep -E "^step|rror")
+    ;;
+  scale19)  # issue 19, on nvidia-h200-x2 (or x4/x8; .whl_hvd staged): NCCL tests at 2 ranks, then bench scaling on lego
+    # (1, 2, 4, 8 ranks as the GPUs allow; weak and strong; time to 33/34/35 dB; the raw NCCL ceiling), then model
+    # parallel K = 2 against K = 1 at 2 ranks (HVD_NGP_SECONDS: training seconds per run, default 90)
+    export PATH=/tmp/site/bin:$PATH; secs=${HVD_NGP_SECONDS:-90}
+    n=$(nvidia-smi -L | wc -l); ranks=1; for k in 2 4 8; do [ $k -le $n ] && ranks=$ranks,$k; done
+    for f in tests/test_parallel.py tests/test_parallel_comm.py; do
+      HVD_NGP_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider "$f" 2>&1 | tail -3
+    done
+    timeout 500 python3 -m hvd_ngp.bench scaling --ranks $ranks --mode both --psnr_targets 33,34,35 \
+      --out_dir $out/scaling --json $out/scaling.json --markdown $out/BENCH_scaling.md \
+      --note "$n x H200 (one host), lego, all 200 test views" -- --scene $S/lego --n_steps 1000000 \
+      --time_budget_s $secs --eval_at_s 15,30,60,$secs --log_every 2000 --save_renders 0 2>&1 | tail -30
+    for k in 1 2; do
+      timeout 300 horovodrun -np 2 -H localhost:2 python3 -m hvd_ngp.train --scene $S/lego --model_parallel $k \
+        --time_budget_s $secs --eval_at_s 30,60 --log_every 2000 --save_renders 0 --out_dir $out/mp_k$k 2>&1 \
+        | grep -E "model parallel|exchange|test PSNR|done|rror" | tail -8
+    done
+    rm -rf $out/scaling/*/renders
     ;;
   ingp_fox)  # instant-ngp itself on fox at 15/30/60 s, the same 7 held-out views as --holdout_every 8, scored our way
     python3 - <<'PY'
