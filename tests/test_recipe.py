@@ -212,3 +212,31 @@ def test_fused_adam_on_request_follows_the_foreach_one():
     OptimizerChain.parse(fused_block, "cpu.json").adam["fused"] = "yes"
     with pytest.raises(ConfigError, match="cpu.json: optimizer Adam.fused must be true, false or \"auto\""):
         make_optimizer(fields[0], fused_block, "cpu.json")
+
+
+def test_density_bias_shifts_the_density_logit():
+    """``network.density_bias`` b: sigma = exp(first density-MLP output + b) (nerfacc's -1), the colours and
+    the geometry features unchanged; anything but a finite number is an error naming the config."""
+    from hvd_ngp.model.field import NGPField
+
+    args = parse_args(["--scene", "builtin", "--config", str(CPU_CONFIG)], default_config=CPU_CONFIG)
+    aabb = torch.tensor([[0.0] * 3, [1.0] * 3])
+    x, d = torch.rand(64, 3), torch.nn.functional.normalize(torch.randn(64, 3), dim=-1)
+    outs = []
+    for bias in (None, -1.0):
+        model = json.loads(json.dumps(args.model))
+        if bias is not None:
+            model["network"]["density_bias"] = bias
+        torch.manual_seed(0)
+        field = NGPField(model, aabb)
+        outs.append((field.query_density(x), field(x, d)))
+    (sigma0, geo0), (rgb0, _) = outs[0]
+    (sigma1, geo1), (rgb1, _) = outs[1]
+    torch.testing.assert_close(sigma1, sigma0 * torch.exp(torch.tensor(-1.0)))
+    assert torch.equal(geo0, geo1) and torch.equal(rgb0, rgb1)
+    for bad in ("-1", float("nan"), True):
+        model = json.loads(json.dumps(args.model))
+        model["network"]["density_bias"] = bad
+        model["_source"] = "cpu.json"
+        with pytest.raises(ConfigError, match="cpu.json: network.density_bias must be a finite number"):
+            NGPField(model, aabb)

@@ -6,6 +6,8 @@ scene's ``aabb`` and unit directions.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -97,7 +99,8 @@ def _call(module: nn.Module, x: Tensor, n_rows: Tensor | None) -> Tensor:
 class NGPField(nn.Module):
     """Radiance field over ``aabb`` (``[2, 3]``, world units).
 
-    query_density: x ``[N, 3]`` -> (sigma ``[N]``, geo_feat ``[N, G]``)
+    query_density: x ``[N, 3]`` -> (sigma ``[N]``, geo_feat ``[N, G]``); sigma = exp(geo_feat[:, 0] +
+    ``network.density_bias``) (gradient clamped: ``trunc_exp``)
     forward:       x ``[N, 3]``, d ``[N, 3]`` -> (rgb ``[N, 3]`` in [0, 1], sigma ``[N]``)
 
     ``query_density(x, n_rows)``: only rows ``< n_rows`` (a device scalar) are needed. The Triton kernels
@@ -117,6 +120,10 @@ class NGPField(nn.Module):
             raise ConfigError(f"{source}: network.n_output_dims must be >= 1, got {n_geo}")
         self.density_mlp = make_mlp(net, self.encoding.n_output_dims, n_geo, "network", source, backend,
                                     fused_training)
+        bias = net.get("density_bias", 0.0)
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise ConfigError(f"{source}: network.density_bias must be a finite number, got {bias!r}")
+        self.density_bias = float(bias)  # sigma = exp(first output + bias): instant-ngp 0, nerfacc -1
         self.dir_encoding = make_direction_encoding(model["dir_encoding"], source)
         rgb = model["rgb_network"]
         out_act = rgb.get("output_activation", "Sigmoid")
@@ -132,7 +139,8 @@ class NGPField(nn.Module):
 
     def query_density(self, x: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         h = _call(self.density_mlp, _call(self.encoding, self.normalize(x), n_rows).to(x.dtype), n_rows)
-        return trunc_exp(h[:, 0].float()), h
+        logit = h[:, 0].float()
+        return trunc_exp(logit + self.density_bias if self.density_bias else logit), h
 
     def forward(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
         sigma, geo = self.query_density(x)

@@ -15,7 +15,7 @@
 #   bash scripts/gpu/session.sh defer16 OUT      # the graphed step's GPU test; throughput of the default vs --defer_verdict on
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: the defaults vs one change each (sparse hash Adam, occupancy
 #                                                      ramp, --sample_fill 1.05, Xavier, L2, black background, the 8x4 grid,
-#                                                      fp32 MLPs, finest level 4096, 2^21 table entries), equal steps
+#                                                      fp32 MLPs, finest level 4096, 2^21 table entries, density exp(x - 1)), equal steps
 #                                                      (variant_flags; HVD_NGP_EXTRA: flags without spaces, e.g.
 #                                                      --eval_at_steps 6000; HVD_NGP_TIMEOUT: seconds per run)
 #   bash scripts/gpu/session.sh budget14 OUT [SECONDS]   # issue 14: the defaults vs variants (HVD_NGP_VARIANTS) on one time
@@ -114,6 +114,7 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     xavier) extra=(--density_network '{"initialization": "xavier"}' --rgb_network '{"initialization": "xavier"}') ;;
     l2) extra=(--loss '{"otype": "L2"}') ;;
     black) extra=(--train_background black) ;;
+    shift1) extra=(--density_network '{"density_bias": -1}') ;;  # nerfacc's density exp(x - 1)
     *) echo "unknown variant $1 (see variant_flags in $0)" >&2; exit 2 ;;
   esac
 }
