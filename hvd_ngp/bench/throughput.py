@@ -246,7 +246,8 @@ def host_profile(step: Callable[[int], object], n_steps: int, top: int = 15) -> 
     for i in range(n_steps):
         step(i)
     prof.disable()
-    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]  # type: ignore[attr-defined]
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
     return {f"{os.path.basename(file)}:{line}({func})": self_s / n_steps * 1e3
             for (file, line, func), (_, _, self_s, _, _) in rows}
 

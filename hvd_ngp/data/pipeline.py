@@ -68,9 +68,10 @@ class DataSettings:
                        help="off: training rays through pixel centres (instant-ngp's snap_to_pixel_centers, and how "
                             "evaluation renders); on: a random position inside the pixel")
         g.add_argument("--fused_draw", choices=("auto", "off"), default="auto",
-                       help="auto: on a CUDA GPU with the images there, pinhole cameras without distortion and full "
-                            "resolution, draw each batch of training rays in one Triton kernel instead of about forty "
-                            "small ones (the same random numbers, pixels and colours); off: the torch path, the reference")
+                       help="auto: on a CUDA GPU with the images there, pinhole cameras without distortion and "
+                            "full resolution, draw each batch of training rays in one Triton kernel instead of about "
+                            "forty small ones (the same random numbers, pixels and colours); off: the torch path, "
+                            "the reference")
         g.add_argument("--sampling_floor", type=float, default=0.25,
                        help="share of rays drawn uniformly whatever the strategy, so no pixel starves (bounds importance "
                             "weights by 1/floor)")

@@ -15,18 +15,21 @@
 #   bash scripts/gpu/session.sh defer16 OUT      # the graphed step's GPU test; throughput of the default vs --defer_verdict on
 #   bash scripts/gpu/session.sh recipe14 OUT [STEPS]   # issue 14: the defaults vs one change each (sparse hash Adam, occupancy
 #                                                      ramp, --sample_fill 1.05, Xavier, L2, black background, the 8x4 grid,
-#                                                      fp32 MLPs, finest level 4096, 2^21 table entries, density exp(x - 1)), equal steps
+#                                                      fp32 MLPs, finest level 4096, 2^21 table entries, density
+#                                                      exp(x - 1)), equal steps
 #                                                      (variant_flags; HVD_NGP_EXTRA: flags without spaces, e.g.
 #                                                      --eval_at_steps 6000; HVD_NGP_TIMEOUT: seconds per run)
-#   bash scripts/gpu/session.sh budget14 OUT [SECONDS]   # issue 14: the defaults vs variants (HVD_NGP_VARIANTS) on one time
-#                                                        # budget, one run at a time, evaluations at 60 s and at the end
+#   bash scripts/gpu/session.sh budget14 OUT [SECONDS]   # issue 14: the defaults vs variants (HVD_NGP_VARIANTS) on one
+#                                                        # time budget, one run at a time, evaluations at 60 s and the end
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
-#   bash scripts/gpu/session.sh scale19 OUT    # issue 19 (2+ GPUs, .whl_hvd carried): NCCL tests, bench scaling, model parallel
+#   bash scripts/gpu/session.sh scale19 OUT    # issue 19 (2+ GPUs, .whl_hvd carried): NCCL tests, bench scaling,
+#                                              # model parallel
 #   bash scripts/gpu/session.sh ingp_fox OUT   # instant-ngp itself on fox, 60 s, the 7 views --holdout_every 8 holds out
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
 #                                              # hash grid as 8 levels x 4 features, --defer_verdict on, both
-#   bash scripts/gpu/session.sh draw16 OUT     # issue 16: fused ray draw: GPU parity tests, throughput with it vs --fused_draw off
+#   bash scripts/gpu/session.sh draw16 OUT     # issue 16: fused ray draw: GPU parity tests, throughput with it and
+#                                              # with --fused_draw off
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
