@@ -107,6 +107,9 @@ def test_desired_resolution_sets_per_level_scale():
     ({"n_levelz": 4}, "unknown encoding key"),
     ({"vector_atomics": "yes"}, "vector_atomics must be true or false"),
     ({"table_dtype": "float16"}, "needs the triton backend"),
+    ({"merge_runs_below": -1}, "merge_runs_below must be a resolution >= 0"),
+    ({"merge_runs_below": True}, "merge_runs_below must be a resolution >= 0"),
+    ({"merge_runs_below": 256}, "merge_runs_below needs the triton backend"),
 ])
 def test_invalid_encoding_blocks_are_refused(block, message):
     with pytest.raises(ConfigError, match=message):
@@ -114,14 +117,15 @@ def test_invalid_encoding_blocks_are_refused(block, message):
 
 
 def test_kernel_options_are_not_grid_keys(monkeypatch):
-    """table_dtype and vector_atomics tell the Triton kernels how to run: the grid (and the memory plan
-    built from it) ignores them, the Triton encoding receives them."""
-    block = {"n_levels": 4, "log2_hashmap_size": 10, "table_dtype": "float16", "vector_atomics": True}
+    """table_dtype, vector_atomics and merge_runs_below tell the Triton kernels how to run: the grid (and the
+    memory plan built from it) ignores them, the Triton encoding receives them."""
+    block = {"n_levels": 4, "log2_hashmap_size": 10, "table_dtype": "float16", "vector_atomics": True,
+             "merge_runs_below": 300}
     assert HashGridSpec.from_config(block) == HashGridSpec.from_config({"n_levels": 4, "log2_hashmap_size": 10})
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
     enc = make_position_encoding(block, "triton")
-    assert enc.table_dtype == torch.float16 and enc.vector_atomics
+    assert enc.table_dtype == torch.float16 and enc.vector_atomics and enc.merge_runs_below == 300
 
 
 def test_cpp_kernel_matches_torch_reference():

@@ -67,6 +67,43 @@ def test_hashgrid_matches_reference(spec, table_dtype, vector_atomics):
     assert_mostly_close(fast.params.grad, ref.params.grad, 1e-4)
 
 
+def rays_of_points(n: int, per_ray: int, step: float, seed: int) -> torch.Tensor:
+    """``[n, 3]`` points in the unit cube, ``per_ray`` consecutive ones ``step`` apart along random rays
+    (neighbours share cells at coarse levels, as a training step's samples)."""
+    gen = torch.Generator().manual_seed(seed)
+    rays = -(-n // per_ray)
+    origins = torch.rand(rays, 1, 3, generator=gen) * 0.6 + 0.2
+    dirs = torch.nn.functional.normalize(torch.randn(rays, 1, 3, generator=gen), dim=-1)
+    t = torch.arange(per_ray, dtype=torch.float32)[None, :, None] * step
+    return (origins + dirs * t).reshape(-1, 3)[:n].clamp(0.0, 1.0)
+
+
+@pytest.mark.parametrize("spec,merge", [(HashGridSpec(6, 2, 12, 4, 2.0), 1 << 20), (HashGridSpec(6, 2, 12, 4, 2.0), 20),
+                                        (HashGridSpec(5, 4, 10, 8, 1.6), 64)])
+def test_hashgrid_backward_merging_runs_matches_reference(spec, merge):
+    """``merge_runs_below``: the gradients of points along rays (long runs on one row at coarse levels), of
+    uniform points (runs of one) and of a device count below the rows equal the reference's."""
+    torch.manual_seed(1)
+    ref = HashGridTorch(spec).to(DEV)
+    fast = HashGridTriton(spec, merge_runs_below=merge).to(DEV)
+    assert fast.merge_runs_below == merge
+    with torch.no_grad():
+        ref.params.normal_()
+        fast.params.copy_(ref.params)
+    n = 700 if SMALL else 1 << 16
+    for x, count in ((rays_of_points(n, 40, 1 / 256, 2).to(DEV), None), (torch.rand(n, 3, device=DEV), None),
+                     (rays_of_points(n, 40, 1 / 256, 3).to(DEV), n - 201)):
+        ref.params.grad = fast.params.grad = None
+        rows = n if count is None else count
+        g = torch.randn(n, spec.n_output_dims, device=DEV)
+        (ref(x[:rows]) * g[:rows]).sum().backward()
+        out = fast(x) if count is None else fast(x, torch.tensor(count, device=DEV))
+        (out * g).sum().backward()
+        assert_mostly_close(fast.params.grad, ref.params.grad, 1e-4)
+    with pytest.raises(ValueError, match="merge_runs_below must be >= 0"):
+        HashGridTriton(spec, merge_runs_below=-1)
+
+
 def test_hashgrid_keeps_a_nan_point_inside_the_table():
     """A NaN position (an unwritten buffer slot) gets NaN features and NaN gradients in the table rows it
     lands on, but its rows stay inside the table: on the CPU its cast to int32 is INT_MIN, which indexed
@@ -373,6 +410,10 @@ def exercise_kernels() -> None:
         enc = HashGridTriton(HashGridSpec(4, 2, 10, 8, 2.0), dtype)
         enc(torch.rand(64, 3)).sum().backward()
         enc(torch.rand(64, 3), torch.tensor(40)).sum().backward()  # the density pass's device count
+    for features in (2, 4):  # the backward that merges runs on one row (coarse levels), with and without a count
+        enc = HashGridTriton(HashGridSpec(4, features, 10, 8, 2.0), merge_runs_below=16)
+        enc(torch.rand(64, 3)).sum().backward()
+        enc(torch.rand(64, 3), torch.tensor(40)).sum().backward()
     from hvd_ngp.model.mlp_triton import fused_mlp
 
     # the fused MLPs of the default config (density 32-64-16, colour 32-64-64-3) in every math, a generic

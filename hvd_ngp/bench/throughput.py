@@ -345,6 +345,7 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
 
         impls += [("triton fp32 table", HashGridTriton(spec).to(dev)),
                   ("triton fp32 table, vector atomics", HashGridTriton(spec, vector_atomics=True).to(dev)),
+                  ("triton fp32 table, runs merged at levels <= 300", HashGridTriton(spec, merge_runs_below=300).to(dev)),
                   ("triton fp16 table", HashGridTriton(spec, torch.float16).to(dev))]
     if dev.type == "cuda" and tcnn_available():
         from ..model.encoding.tcnn import TcnnEncoding

@@ -28,8 +28,8 @@
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
 #                                              # hash grid as 8 levels x 4 features, --defer_verdict on, both
-#   bash scripts/gpu/session.sh draw16 OUT     # issue 16: fused ray draw: GPU parity tests, throughput with it and
-#                                              # with --fused_draw off
+#   bash scripts/gpu/session.sh fast16 OUT     # issue 16: kernel GPU tests; throughput of the defaults, --fused_draw off,
+#                                              # the backward merging runs (merge_runs_below 300), with vector atomics
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -335,9 +335,22 @@ PY
     grep -h -A12 "^| implementation" $out/t84_default_1.log | head -14
     late_table "t84_*"
     ;;
-  draw16)  # issue 16: the fused ray draw's GPU tests, then late-training throughput with it (the default, auto) and
-    # without it (--fused_draw off)
-    against_defaults tests/test_kernels.py draw --fused_draw off ;;
+  fast16)  # issue 16: the kernels' GPU tests (fused ray draw, run-merging backward), then late-training throughput,
+    # alternating, two rounds: the defaults, --fused_draw off, the backward merging runs at levels <= 300, and that
+    # with vector atomics (round 1 profiled: launches, kernels, the host's costliest functions; micro table of round 1)
+    gpu_tests tests/test_kernels.py
+    for round in 1 2; do
+      bench_late f_default $round $PWD
+      bench_late f_drawoff $round $PWD -- --fused_draw off
+      bench_late f_merge $round $PWD -- --encoding '{"merge_runs_below": 300}'
+      bench_late f_mergeva $round $PWD -- --encoding '{"merge_runs_below": 300, "vector_atomics": true}'
+    done
+    grep -h -A14 "^| implementation" $out/f_default_1.log | head -16
+    late_table "f_*" >$out/fast16_table.txt  # comes back whole; the one-line rows here
+    grep -v "^    " $out/fast16_table.txt
+    # back (7 files): the table, round 1's JSONs, the log with the micro table, the pytest log
+    rm -f $out/f_*_2.* $out/f_drawoff_1.log $out/f_merge_1.log $out/f_mergeva_1.log
+    ;;
   launches16)  # issue 16: one profiled late-training bench of the defaults: kernels and host launches by source
     bench_late tl_default 1 $PWD
     late_table "tl_*"

@@ -58,7 +58,8 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
 
     ``table_dtype`` ("float32" | "float16") is the precision the Triton backend gathers from;
     ``vector_atomics`` (true | false, default false) lets its backward add both features of a corner with
-    one atomic on sm_90+ (``hashgrid_triton``)."""
+    one atomic on sm_90+; ``merge_runs_below`` (resolution, default 0: off) sums runs of consecutive points
+    on one table row before their atomic at the levels that coarse (``hashgrid_triton``)."""
     table_dtype = block.get("table_dtype", "float32")
     if table_dtype not in TABLE_DTYPES:
         raise ConfigError(f"{source}: encoding.table_dtype must be one of {sorted(TABLE_DTYPES)}, got {table_dtype!r}")
@@ -67,11 +68,16 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
     vector_atomics = block.get("vector_atomics", False)
     if not isinstance(vector_atomics, bool):
         raise ConfigError(f"{source}: encoding.vector_atomics must be true or false, got {vector_atomics!r}")
+    merge = block.get("merge_runs_below", 0)
+    if isinstance(merge, bool) or not isinstance(merge, int) or merge < 0:
+        raise ConfigError(f"{source}: encoding.merge_runs_below must be a resolution >= 0 (0: off), got {merge!r}")
+    if merge and backend != "triton":
+        raise ConfigError(f"{source}: encoding.merge_runs_below needs the triton backend (got {backend})")
     spec = HashGridSpec.from_config(block, source)
     if backend == "triton":
         from .hashgrid_triton import HashGridTriton
 
-        return HashGridTriton(spec, TABLE_DTYPES[table_dtype], vector_atomics=vector_atomics)
+        return HashGridTriton(spec, TABLE_DTYPES[table_dtype], vector_atomics=vector_atomics, merge_runs_below=merge)
     if backend == "tcnn":
         from .tcnn import TcnnEncoding
 

@@ -10,6 +10,11 @@ operations; opt-in until its parity test and timing have run on a GPU (it compil
 With ``table_dtype=torch.float16`` the forward gathers from a half-precision copy of the (fp32 master)
 table, halving its cache footprint (2^19 x 16 x 2 halves = 32 MiB, inside an H100/H200's L2);
 gradients and the optimizer stay in fp32.
+
+Along a ray, consecutive samples share a cell at the coarse levels (a 16^3 level's cell spans dozens
+of samples), so the backward's atomics pile onto a few addresses. ``merge_runs_below=R`` sums, at the
+levels of resolution <= R, each run of consecutive points (within a block) on the same row of a corner
+first, with a segmented scan, and adds the run's sum with one atomic (opt-in until timed on a GPU).
 """
 
 from __future__ import annotations
@@ -23,21 +28,27 @@ from .hashgrid import HashGridSpec, HashGridTorch
 
 
 @triton.jit
-def _corner(cx, cy, cz, fx, fy, fz, C: tl.constexpr, res, size, hashed):
-    """Row (within the level) and trilinear weight of corner C (bit d = offset along dim d)."""
+def _corner_row(cx, cy, cz, C: tl.constexpr, res, size, hashed):
+    """Row (within the level) of corner C of cells ``c*`` (bit d = offset along dim d)."""
     X = cx + (C & 1)
     Y = cy + ((C >> 1) & 1)
     Z = cz + ((C >> 2) & 1)
-    wx = fx if (C & 1) else 1.0 - fx
-    wy = fy if ((C >> 1) & 1) else 1.0 - fy
-    wz = fz if ((C >> 2) & 1) else 1.0 - fz
     if hashed:
         h = X.to(tl.uint32) ^ (Y.to(tl.uint32) * 2654435761) ^ (Z.to(tl.uint32) * 805459861)
         row = (h & (size - 1).to(tl.uint32)).to(tl.int32)
     else:
         lin = X + Y * res + Z * res * res
         row = lin % size
-    return row, wx * wy * wz
+    return row
+
+
+@triton.jit
+def _corner(cx, cy, cz, fx, fy, fz, C: tl.constexpr, res, size, hashed):
+    """Row (within the level) and trilinear weight of corner C (bit d = offset along dim d)."""
+    wx = fx if (C & 1) else 1.0 - fx
+    wy = fy if ((C >> 1) & 1) else 1.0 - fy
+    wz = fz if ((C >> 2) & 1) else 1.0 - fz
+    return _corner_row(cx, cy, cz, C, res, size, hashed), wx * wy * wz
 
 
 @triton.jit
@@ -46,6 +57,21 @@ def _rows(count_ptr, N, HAS_COUNT: tl.constexpr):
     if HAS_COUNT:
         N = tl.minimum(N, tl.load(count_ptr).to(tl.int32))
     return N
+
+
+@triton.jit
+def _cells_of(x_ptr, i, m, scale, res):
+    """Cell corners ``c*`` (int32, clamped into the grid) and fractions ``f*`` of points ``i`` (where ``m``)."""
+    px = tl.load(x_ptr + i * 3 + 0, mask=m, other=0.0) * scale + 0.5
+    py = tl.load(x_ptr + i * 3 + 1, mask=m, other=0.0) * scale + 0.5
+    pz = tl.load(x_ptr + i * 3 + 2, mask=m, other=0.0) * scale + 0.5
+    gx, gy, gz = tl.floor(px), tl.floor(py), tl.floor(pz)
+    # Inputs in [0, 1] give cells in [0, res - 1] already; the clamp keeps a NaN input (its int cast is
+    # INT_MIN on the CPU) from indexing outside the table: it only gets NaN weights.
+    cx = tl.minimum(tl.maximum(gx.to(tl.int32), 0), res - 1)
+    cy = tl.minimum(tl.maximum(gy.to(tl.int32), 0), res - 1)
+    cz = tl.minimum(tl.maximum(gz.to(tl.int32), 0), res - 1)
+    return cx, cy, cz, px - gx, py - gy, pz - gz
 
 
 @triton.jit
@@ -61,16 +87,7 @@ def _point_cells(x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
     size = tl.load(size_ptr + level)
     offset = tl.load(offset_ptr + level)
     hashed = tl.load(hashed_ptr + level) != 0
-    px = tl.load(x_ptr + i * 3 + 0, mask=m, other=0.0) * scale + 0.5
-    py = tl.load(x_ptr + i * 3 + 1, mask=m, other=0.0) * scale + 0.5
-    pz = tl.load(x_ptr + i * 3 + 2, mask=m, other=0.0) * scale + 0.5
-    gx, gy, gz = tl.floor(px), tl.floor(py), tl.floor(pz)
-    fx, fy, fz = px - gx, py - gy, pz - gz
-    # Inputs in [0, 1] give cells in [0, res - 1] already; the clamp keeps a NaN input (its int cast is
-    # INT_MIN on the CPU) from indexing outside the table: it only gets NaN weights.
-    cx = tl.minimum(tl.maximum(gx.to(tl.int32), 0), res - 1)
-    cy = tl.minimum(tl.maximum(gy.to(tl.int32), 0), res - 1)
-    cz = tl.minimum(tl.maximum(gz.to(tl.int32), 0), res - 1)
+    cx, cy, cz, fx, fy, fz = _cells_of(x_ptr, i, m, scale, res)
     return i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed
 
 
@@ -105,15 +122,34 @@ def _red_add_pair(ptr, a, b, m):
 
 
 @triton.jit
+def _restart_sum(fa, a, fb, b):
+    """Combine of a segmented inclusive sum: a segment restarts where its flag is set."""
+    return fa | fb, tl.where(fb != 0, b, a + b)
+
+
+@triton.jit
+def _restart_sum2(fa, a0, a1, fb, b0, b1):
+    """``_restart_sum`` over two values at once (a feature pair)."""
+    return fa | fb, tl.where(fb != 0, b0, a0 + b0), tl.where(fb != 0, b1, a1 + b1)
+
+
+@triton.jit
 def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, count_ptr,
-                  N, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr,
-                  PAIRS: tl.constexpr):
-    """``PAIRS`` (F == 2, sm_90+): both features of a corner in one vector atomic, else one per feature."""
+                  N, merge_res, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr,
+                  PAIRS: tl.constexpr, MERGE: tl.constexpr):
+    """``PAIRS`` (F == 2, sm_90+): both features of a corner in one vector atomic, else one per feature.
+    ``MERGE``: at levels of resolution <= ``merge_res``, consecutive points whose corner falls on the same
+    row add their sum with one atomic (``_hashgrid_bwd_runs``)."""
     N = _rows(count_ptr, N, HAS_COUNT)
     if tl.program_id(0) * BLOCK >= N:
         return
     i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
         x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
+    if MERGE:
+        if res <= merge_res:
+            _hashgrid_bwd_runs(x_ptr, grad_out_ptr, grad_table_ptr, i, m, level, cx, cy, cz, fx, fy, fz, res, size,
+                               offset, hashed, tl.load(scale_ptr + level), N, L, F, BLOCK, PAIRS)
+            return
     if PAIRS:
         g_row = grad_out_ptr + i.to(tl.int64) * (L * 2) + level * 2
         g0 = tl.load(g_row, mask=m, other=0.0).to(tl.float32)
@@ -129,6 +165,39 @@ def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_
             row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
             ptr = grad_table_ptr + (offset + row)[:, None].to(tl.int64) * F + f[None, :]
             tl.atomic_add(ptr, w[:, None] * g, mask=m[:, None], sem="relaxed")
+
+
+@triton.jit
+def _hashgrid_bwd_runs(x_ptr, grad_out_ptr, grad_table_ptr, i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset,
+                       hashed, scale, N, L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr, PAIRS: tl.constexpr):
+    """The backward at a coarse level, where a ray's consecutive samples share cells: per corner, a run of
+    consecutive points (within the block) on the same table row is summed in registers (a segmented scan)
+    and its last point adds the run's sum with one atomic, instead of one atomic per point."""
+    first = tl.program_id(0) * BLOCK
+    mp = m & (i > first)  # the previous point is in this block
+    mn = (i + 1 < N) & (i + 1 < first + BLOCK)  # the next point is in this block and computed
+    pcx, pcy, pcz, _, _, _ = _cells_of(x_ptr, i - 1, mp, scale, res)
+    ncx, ncy, ncz, _, _, _ = _cells_of(x_ptr, i + 1, mn, scale, res)
+    if PAIRS:
+        g_row = grad_out_ptr + i.to(tl.int64) * (L * 2) + level * 2
+        g0 = tl.load(g_row, mask=m, other=0.0).to(tl.float32)
+        g1 = tl.load(g_row + 1, mask=m, other=0.0).to(tl.float32)
+    else:
+        f = tl.arange(0, F)
+        g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :], mask=m[:, None],
+                    other=0.0).to(tl.float32)
+    for C in tl.static_range(8):
+        row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
+        start = (~(mp & (_corner_row(pcx, pcy, pcz, C, res, size, hashed) == row))).to(tl.int32)
+        last = m & ~(mn & (_corner_row(ncx, ncy, ncz, C, res, size, hashed) == row))
+        if PAIRS:
+            _, s0, s1 = tl.associative_scan((start, w * g0, w * g1), 0, _restart_sum2)
+            _red_add_pair(grad_table_ptr + (offset + row).to(tl.int64) * 2, s0, s1, last)
+        else:
+            flags = tl.broadcast_to(start[:, None], (BLOCK, F))
+            _, run = tl.associative_scan((flags, w[:, None] * g), 0, _restart_sum)
+            ptr = grad_table_ptr + (offset + row)[:, None].to(tl.int64) * F + f[None, :]
+            tl.atomic_add(ptr, run, mask=last[:, None], sem="relaxed")
 
 
 BLOCK = 128
@@ -162,8 +231,9 @@ class _HashGridTritonFunction(torch.autograd.Function):
         if n:
             pairs = F == 2 and enc.vector_atomics and vector_atomics_here(x.device)
             _hashgrid_bwd[(triton.cdiv(n, BLOCK), L)](x, grad.contiguous(), grad_table, *enc.level_tensors(),
-                                                      x if ctx.n_rows is None else ctx.n_rows, n, L=L, F=F,
-                                                      HAS_COUNT=ctx.n_rows is not None, BLOCK=BLOCK, PAIRS=pairs)
+                                                      x if ctx.n_rows is None else ctx.n_rows, n, enc.merge_runs_below,
+                                                      L=L, F=F, HAS_COUNT=ctx.n_rows is not None, BLOCK=BLOCK,
+                                                      PAIRS=pairs, MERGE=enc.merge_runs_below > 0)
         return None, grad_table.to(enc.params.dtype), None, None
 
 
@@ -175,16 +245,21 @@ class HashGridTriton(HashGridTorch):
     all N (static sizes for CUDA-graph replay), programs past the count return at once, and output rows
     ``>= n_rows`` are zeros. ``vector_atomics=True``: the backward adds a feature pair with one atomic
     where it can (``vector_atomics_here``; the benchmark's comparison; not yet run on a GPU).
+    ``merge_runs_below=R`` (> 0): at levels of resolution <= R the backward sums each run of consecutive
+    points on the same table row first and adds it with one atomic (``_hashgrid_bwd_runs``).
     """
 
     skips_rows = True  # forward takes n_rows (the field passes the count through)
 
     def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32,
-                 vector_atomics: bool = False) -> None:
+                 vector_atomics: bool = False, merge_runs_below: int = 0) -> None:
         super().__init__(spec)
         if spec.n_features_per_level & (spec.n_features_per_level - 1):
             raise ValueError("the Triton hash grid needs a power-of-two n_features_per_level")
+        if merge_runs_below < 0:
+            raise ValueError(f"merge_runs_below must be >= 0, got {merge_runs_below}")
         self.table_dtype, self.vector_atomics = table_dtype, vector_atomics
+        self.merge_runs_below = int(merge_runs_below)
         self._levels: tuple[Tensor, ...] | None = None
 
     def level_tensors(self) -> tuple[Tensor, ...]:
