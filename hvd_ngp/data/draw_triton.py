@@ -99,7 +99,7 @@ def _draw_rays(u_ptr, pick_ptr, off_ptr, cdf_ptr, A, active_ptr, t_img_ptr, t_x0
 
 
 def search_steps(n: int) -> int:
-    """Halvings a binary search over ``n`` entries needs to close its interval (0 for none)."""
+    """Halvings that close a binary search's interval over ``n`` entries (at least one)."""
     return max(int(n).bit_length(), 1)
 
 
