@@ -122,6 +122,22 @@ def _red_add_pair(ptr, a, b, m):
 
 
 @triton.jit
+def _pair_grads(grad_out_ptr, i, m, level, L: tl.constexpr):
+    """The output gradients of points ``i`` at ``level``, two features: (g0, g1) ``[BLOCK]`` fp32."""
+    g_row = grad_out_ptr + i.to(tl.int64) * (L * 2) + level * 2
+    return tl.load(g_row, mask=m, other=0.0).to(tl.float32), tl.load(g_row + 1, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _feature_grads(grad_out_ptr, i, m, level, L: tl.constexpr, F: tl.constexpr):
+    """The output gradients of points ``i`` at ``level``: (feature index ``[F]``, ``[BLOCK, F]`` fp32)."""
+    f = tl.arange(0, F)
+    g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :], mask=m[:, None],
+                other=0.0).to(tl.float32)
+    return f, g
+
+
+@triton.jit
 def _restart_sum(fa, a, fb, b):
     """Combine of a segmented inclusive sum: a segment restarts where its flag is set."""
     return fa | fb, tl.where(fb != 0, b, a + b)
@@ -151,16 +167,12 @@ def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_
                                offset, hashed, tl.load(scale_ptr + level), N, L, F, BLOCK, PAIRS)
             return
     if PAIRS:
-        g_row = grad_out_ptr + i.to(tl.int64) * (L * 2) + level * 2
-        g0 = tl.load(g_row, mask=m, other=0.0).to(tl.float32)
-        g1 = tl.load(g_row + 1, mask=m, other=0.0).to(tl.float32)
+        g0, g1 = _pair_grads(grad_out_ptr, i, m, level, L)
         for C in tl.static_range(8):
             row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
             _red_add_pair(grad_table_ptr + (offset + row).to(tl.int64) * 2, w * g0, w * g1, m)
     else:
-        f = tl.arange(0, F)
-        g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :], mask=m[:, None],
-                    other=0.0).to(tl.float32)
+        f, g = _feature_grads(grad_out_ptr, i, m, level, L, F)
         for C in tl.static_range(8):
             row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
             ptr = grad_table_ptr + (offset + row)[:, None].to(tl.int64) * F + f[None, :]
@@ -179,13 +191,9 @@ def _hashgrid_bwd_runs(x_ptr, grad_out_ptr, grad_table_ptr, i, m, level, cx, cy,
     pcx, pcy, pcz, _, _, _ = _cells_of(x_ptr, i - 1, mp, scale, res)
     ncx, ncy, ncz, _, _, _ = _cells_of(x_ptr, i + 1, mn, scale, res)
     if PAIRS:
-        g_row = grad_out_ptr + i.to(tl.int64) * (L * 2) + level * 2
-        g0 = tl.load(g_row, mask=m, other=0.0).to(tl.float32)
-        g1 = tl.load(g_row + 1, mask=m, other=0.0).to(tl.float32)
+        g0, g1 = _pair_grads(grad_out_ptr, i, m, level, L)
     else:
-        f = tl.arange(0, F)
-        g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :], mask=m[:, None],
-                    other=0.0).to(tl.float32)
+        f, g = _feature_grads(grad_out_ptr, i, m, level, L, F)
     for C in tl.static_range(8):
         row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
         start = (~(mp & (_corner_row(pcx, pcy, pcz, C, res, size, hashed) == row))).to(tl.int32)
