@@ -252,8 +252,13 @@ def host_profile(step: Callable[[int], object], n_steps: int, top: int = 15) -> 
             for (file, line, func), (_, _, self_s, _, _) in rows}
 
 
+def torch_profiler_steps(opts: argparse.Namespace) -> int:
+    """Steps ``profile_steps`` runs: the profiled ones and the unmeasured first one (none when off)."""
+    return opts.profile_steps + 1 if opts.profile_steps else 0
+
+
 def trainer_args(opts: argparse.Namespace, backend: str) -> argparse.Namespace:
-    profiled = (opts.profile_steps + 1 if opts.profile_steps else 0) + opts.host_profile_steps
+    profiled = torch_profiler_steps(opts) + opts.host_profile_steps
     argv = ["--scene", opts.scene, "--backend", backend, "--precision", opts.precision, "--device", opts.device,
             "--target_samples", str(opts.target_samples),
             "--n_steps", str(opts.warmup_steps + 2 * opts.steps + profiled),
@@ -292,7 +297,7 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
     launches = profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev) if opts.profile_steps else \
         {"profiled_steps": 0, "profiled_step_ms": None, "launches_per_step": None, "kernels_per_step": None,
          "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}, "launch_sources": {}}
-    after = first + (opts.profile_steps + 1 if opts.profile_steps else 0)
+    after = first + torch_profiler_steps(opts)
     host = host_profile(lambda i: tr.step(after + i), opts.host_profile_steps)
     sync(dev)
     ev = tr.evaluate(n_views=opts.eval_views) if opts.eval_views else {"psnr": float("nan")}

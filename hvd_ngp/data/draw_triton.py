@@ -112,6 +112,7 @@ def draw_rays(u: Tensor, pick: Tensor, offsets: Tensor | None, cdf: Tensor, acti
     None: pixel centres); cdf ``[A]`` float64 over the drawable tiles ``active`` ``[A]``; tiles: the tile
     grid's ``image``, ``x0``, ``y0``, ``w``, ``h`` ``[T]``; weight ``[A]`` or None; images ``[N, H, W, 4]`` uint8
     or float16; pixel_offset, width ``[N(+1)]``; c2w ``[N, 3, 4]``; intrinsics ``[N, 4]`` (fx, fy, cx, cy).
+    Index tensors int64, the rest float32, all contiguous (the sampler prepares them once).
     -> origins, directions ``[n, 3]``, rgba ``[n, 4]``, pixel, tile ``[n]`` int64, weight ``[n]`` (or None).
     """
     n, dev = u.shape[0], u.device
@@ -124,14 +125,11 @@ def draw_rays(u: Tensor, pick: Tensor, offsets: Tensor | None, cdf: Tensor, acti
     if images.dtype not in (torch.uint8, torch.float16) or images.stride(3) != 1:
         raise TypeError(f"images must be [N, H, W, 4] uint8 or float16 with packed channels, got {images.dtype} "
                         f"with strides {images.stride()}")
-    longs = {k: tiles[k].to(torch.int64).contiguous() for k in ("image", "x0", "y0", "w", "h")}
     s_img, s_y, s_x, _ = images.stride()
     _draw_rays[(triton.cdiv(n, BLOCK),)](
-        u.contiguous(), pick.contiguous(), u if offsets is None else offsets.contiguous(), cdf.contiguous(),
-        cdf.shape[0], active.to(torch.int64).contiguous(), longs["image"], longs["x0"], longs["y0"], longs["w"],
-        longs["h"], u if weight is None else weight.contiguous(), images, s_img, s_y, s_x,
-        pixel_offset.to(torch.int64).contiguous(), width.to(torch.int64).contiguous(),
-        c2w.float().contiguous(), intrinsics.float().contiguous(), out["origins"], out["directions"], out["rgba"],
+        u, pick, u if offsets is None else offsets, cdf, cdf.shape[0], active, tiles["image"], tiles["x0"],
+        tiles["y0"], tiles["w"], tiles["h"], u if weight is None else weight, images, s_img, s_y, s_x,
+        pixel_offset, width, c2w, intrinsics, out["origins"], out["directions"], out["rgba"],
         out["pixel"], out["tile"], out["rgba"] if weight is None else out["weight"], n,
         STEPS=search_steps(cdf.shape[0]), JITTER=offsets is not None, WEIGHTED=weight is not None,
         HALF=images.dtype == torch.float16, BLOCK=BLOCK)

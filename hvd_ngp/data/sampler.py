@@ -146,7 +146,8 @@ class RaySampler:
         if self.fused_why_not is None:  # the kernel's tables, once: int64 tile fields, float32 cameras
             G = self._grid
             self._tiles = {k: getattr(G, k).to(torch.int64).contiguous() for k in ("image", "x0", "y0", "w", "h")}
-            self._pixel_offset, self._width = G.pixel_offset.to(torch.int64), G.width.to(torch.int64)
+            self._pixel_offset = G.pixel_offset.to(torch.int64).contiguous()
+            self._width = G.width.to(torch.int64).contiguous()
             self._c2w32, self._intr32 = self.c2w.float().contiguous(), self.intrinsics.float().contiguous()
 
     def _fused_reason(self, mode: str) -> str | None:
@@ -155,7 +156,6 @@ class RaySampler:
             (mode == "auto" and self.device.type != "cuda", "the device is not a CUDA GPU"),
             (not triton_available(self.device.type), "Triton cannot run on this device"),
             (not (isinstance(self.store, StackedPixels) and self.store.on_device), "the images are not on the device"),
-            (self.index_device != self.device, "the pixels are drawn on another device"),
             (self.has_distortion or self.has_fisheye, "the cameras have lens distortion or are fisheye"),
         ]
         found = [why for bad, why in reasons if bad]

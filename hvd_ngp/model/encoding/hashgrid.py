@@ -22,7 +22,8 @@ PRIMES = (1, 2654435761, 805459861)
 UINT32 = 0xFFFFFFFF
 
 
-KERNEL_OPTIONS = ("table_dtype", "vector_atomics", "merge_runs_below")  # encoding keys of the Triton backend, not of the grid
+#: encoding keys of the Triton backend, not of the grid
+KERNEL_OPTIONS = ("table_dtype", "vector_atomics", "merge_runs_below")
 
 
 @dataclass(frozen=True)
