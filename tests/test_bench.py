@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, TINY_ARGS
+from conftest import ROOT, TINY_ARGS, TINY_ENCODING
 from hvd_ngp.bench.__main__ import available
 from hvd_ngp.bench._scaling_rank import interval_mean, steady_step_seconds, steady_throughput
 from hvd_ngp.bench.scaling import BenchError, per_rank_samples, rank_counts, summarize, time_to
@@ -242,3 +243,32 @@ def test_throughput_bench_reports_launches_and_busy_share_on_cpu(tmp_path, scene
         "backend", "precision", "M samples/s", "vs torch", "step ms", "samples/step", "rays/step", "peak GiB",
         "launches/step", "GPU busy", "aten ops/step"]
     assert re.search(r"^\| torch +\| fp32 .*\| n/a +\| n/a +\| n/a +\| \d+ +\|$", proc.stdout, re.M), proc.stdout
+
+
+def test_throughput_bench_applies_triton_only_encoding_options_to_its_triton_builds_only(scene_cache):
+    """``bench throughput --backends triton -- --encoding '{"merge_runs_below": 300}'`` on a GPU failed with
+    "merge_runs_below needs the triton backend (got torch)": the MLP micro-benchmark builds a torch reference
+    field beside the triton one. The bench's torch-side builds (that reference, a torch training run, the scaling
+    bench's parameter count) take the grid without the Triton kernels' options; the trainer keeps the error."""
+    import torch
+
+    from hvd_ngp.bench._scaling_rank import gradient_sizes
+    from hvd_ngp.bench.throughput import bench_mlp, bench_training, trainer_args
+    from hvd_ngp.errors import ConfigError
+    from hvd_ngp.model.field import NGPField
+
+    kernel = json.dumps({**json.loads(TINY_ENCODING), "table_dtype": "float16", "vector_atomics": True,
+                         "merge_runs_below": 300})
+    opts = argparse.Namespace(scene="builtin", config=None, precision="auto", device="cpu", target_samples=1024,
+                              warmup_steps=1, steps=1, profile_steps=0, host_profile_steps=0, eval_views=0, seed=0,
+                              points=64, repeat=1, no_compile=True,
+                              extra=[*TINY_ARGS, "--encoding", kernel, "--scene_cache", str(scene_cache)])
+    model = trainer_args(opts, "torch").model
+    assert model["encoding"]["merge_runs_below"] == 300 and model["encoding"]["n_levels"] == 4
+    with pytest.raises(ConfigError, match="needs the triton backend"):  # what a user's --backend torch still gets
+        NGPField(model, torch.tensor([[0.0] * 3, [1.0] * 3]), "torch")
+    rows = bench_mlp(opts, model, torch.device("cpu"))
+    assert [r["implementation"] for r in rows] == ["torch eager fp32", "torch eager fp16 autocast"]
+    assert sum(gradient_sizes(model).values()) > 0
+    run = bench_training(opts, "torch")
+    assert run["backend"] == "torch" and run["samples_per_sec"] > 0

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from hvd_ngp.model.encoding import make_direction_encoding, make_position_encoding
-from hvd_ngp.model.encoding.hashgrid import HashGridSpec, HashGridTorch
+from hvd_ngp.model.encoding import make_direction_encoding, make_position_encoding, model_for_backend
+from hvd_ngp.model.encoding.hashgrid import MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
 from hvd_ngp.model.encoding.sh import sh_encode
 from hvd_ngp.errors import ConfigError
 
@@ -109,11 +109,28 @@ def test_desired_resolution_sets_per_level_scale():
     ({"table_dtype": "float16"}, "needs the triton backend"),
     ({"merge_runs_below": -1}, "merge_runs_below must be a resolution >= 0"),
     ({"merge_runs_below": True}, "merge_runs_below must be a resolution >= 0"),
-    ({"merge_runs_below": 256}, "merge_runs_below needs the triton backend"),
 ])
 def test_invalid_encoding_blocks_are_refused(block, message):
     with pytest.raises(ConfigError, match=message):
         make_position_encoding({"otype": "HashGrid", **block}, "torch", "net.json")
+
+
+def test_model_for_backend_drops_the_kernel_options_for_other_backends_only():
+    """The benchmarks' own torch/cpp/tcnn builds beside a triton run take the grid without the Triton kernels'
+    options (make_position_encoding refuses a float16 table there); triton and auto keep them."""
+    block = {"n_levels": 4, "log2_hashmap_size": 10, "table_dtype": "float16", "vector_atomics": True,
+             "merge_runs_below": 300}
+    model = {"encoding": block, "network": {}, "_source": "net.json"}
+    for backend in ("torch", "cpp", "tcnn"):
+        out = model_for_backend(model, backend)
+        assert out["encoding"] == {"n_levels": 4, "log2_hashmap_size": 10} and out["network"] is model["network"]
+        make_position_encoding(out["encoding"], "torch")
+    assert model["encoding"] is block and len(block) == 5  # the caller's config is left as it was
+    assert model_for_backend(model, "triton") is model and model_for_backend(model, "auto") is model
+    plain = {"encoding": {"n_levels": 4}}
+    assert model_for_backend(plain, "torch") is plain
+    with pytest.raises(ConfigError, match="net.json: encoding.merge_runs_below must be a resolution >= 0"):
+        model_for_backend({**model, "encoding": {"merge_runs_below": -1}}, "torch")  # dropped only once valid
 
 
 def test_kernel_options_are_not_grid_keys(monkeypatch):
@@ -126,6 +143,10 @@ def test_kernel_options_are_not_grid_keys(monkeypatch):
     pytest.importorskip("triton")
     enc = make_position_encoding(block, "triton")
     assert enc.table_dtype == torch.float16 and enc.vector_atomics and enc.merge_runs_below == 300
+    assert make_position_encoding({"n_levels": 4}, "triton").merge_runs_below == MERGE_RUNS_BELOW == 300  # default
+    assert make_position_encoding({"n_levels": 4, "merge_runs_below": 0}, "triton").merge_runs_below == 0
+    for backend in ("torch", "cpp"):  # the other backends' gradients are the same sums: they ignore it
+        assert make_position_encoding({"n_levels": 4, "merge_runs_below": 256}, backend).spec.n_levels == 4
 
 
 def test_cpp_kernel_matches_torch_reference():

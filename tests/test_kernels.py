@@ -79,10 +79,12 @@ def rays_of_points(n: int, per_ray: int, step: float, seed: int) -> torch.Tensor
 
 
 @pytest.mark.parametrize("spec,merge", [(HashGridSpec(6, 2, 12, 4, 2.0), 1 << 20), (HashGridSpec(6, 2, 12, 4, 2.0), 20),
+                                        (HashGridSpec(6, 2, 12, 4, 2.0), 0),
                                         (HashGridSpec(5, 4, 10, 8, 1.6), 64)])
 def test_hashgrid_backward_merging_runs_matches_reference(spec, merge):
-    """``merge_runs_below``: the gradients of points along rays (long runs on one row at coarse levels), of
-    uniform points (runs of one) and of a device count below the rows equal the reference's."""
+    """``merge_runs_below`` (0: off, every point adds its own atomics): the gradients of points along rays (long
+    runs on one row at coarse levels), of uniform points (runs of one) and of a device count below the rows
+    equal the reference's."""
     torch.manual_seed(1)
     ref = HashGridTorch(spec).to(DEV)
     fast = HashGridTriton(spec, merge_runs_below=merge).to(DEV)

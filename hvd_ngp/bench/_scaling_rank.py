@@ -21,6 +21,7 @@ import torch
 from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..errors import run_cli
+from ..model.encoding import model_for_backend
 from ..model.field import NGPField
 from ..tools.launch import split_program_args
 from ..training.trainer import run
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def gradient_sizes(model: dict) -> dict[str, int]:
     """Parameter name -> number of values of the field this config builds (what the optimizer reduces)."""
-    field = NGPField(model, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]), "torch")
+    field = NGPField(model_for_backend(model, "torch"), torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]), "torch")
     return {name: p.numel() for name, p in field.named_parameters()}
 
 

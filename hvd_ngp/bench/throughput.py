@@ -36,8 +36,8 @@ from torch import Tensor
 
 from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
-from ..model.encoding import BACKENDS
-from ..model.encoding.hashgrid import HashGridSpec, HashGridTorch
+from ..model.encoding import BACKENDS, model_for_backend, resolve_backend
+from ..model.encoding.hashgrid import MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
 from ..model.encoding.tcnn import tcnn_available
 from ..triton_support import triton_available
 from ..observe.profiling import StageTimer
@@ -269,9 +269,11 @@ def trainer_args(opts: argparse.Namespace, backend: str) -> argparse.Namespace:
 
 
 def bench_training(opts: argparse.Namespace, backend: str) -> dict:
-    """End-to-end samples/s and the per-stage breakdown of one backend."""
+    """End-to-end samples/s and the per-stage breakdown of one backend. The encoding's Triton-only kernel options
+    (``-- --encoding '{"table_dtype": "float16"}'``) apply to the triton run; the others train without them."""
     args = trainer_args(opts, backend)
     dev = dist.init(args.device).device
+    args.model = model_for_backend(args.model, resolve_backend(backend, dev))  # auto: as Trainer.build resolves it
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     tr = Trainer.build(args)
@@ -348,9 +350,9 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
     if triton_available(dev.type):
         from ..model.encoding.hashgrid_triton import HashGridTriton
 
-        impls += [("triton fp32 table", HashGridTriton(spec).to(dev)),
+        impls += [(f"triton fp32 table (runs merged at levels <= {MERGE_RUNS_BELOW})", HashGridTriton(spec).to(dev)),
+                  ("triton fp32 table, runs not merged", HashGridTriton(spec, merge_runs_below=0).to(dev)),
                   ("triton fp32 table, vector atomics", HashGridTriton(spec, vector_atomics=True).to(dev)),
-                  ("triton fp32 table, runs merged at levels <= 300", HashGridTriton(spec, merge_runs_below=300).to(dev)),
                   ("triton fp16 table", HashGridTriton(spec, torch.float16).to(dev))]
     if dev.type == "cuda" and tcnn_available():
         from ..model.encoding.tcnn import TcnnEncoding
@@ -384,7 +386,8 @@ def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[
         (["tcnn"] if dev.type == "cuda" and tcnn_available() else [])
     fused_model = {**model, "network": {**model["network"], "fused": True},
                    "rgb_network": {**model["rgb_network"], "fused": True}}  # the fused MLPs are opt-in
-    fields = {b: NGPField(fused_model if b == "triton" else model, aabb, b).to(dev) for b in backends}
+    fields = {b: NGPField(fused_model if b == "triton" else model_for_backend(model, b), aabb, b).to(dev)
+              for b in backends}
     n_in = fields["torch"].encoding.n_output_dims
     feats = torch.randn(opts.points, n_in, device=dev)
     dirs = torch.nn.functional.normalize(torch.randn(opts.points, 3, device=dev), dim=-1)

@@ -29,7 +29,7 @@
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
 #                                              # hash grid as 8 levels x 4 features, --defer_verdict on, both
 #   bash scripts/gpu/session.sh fast16 OUT     # issue 16: kernel GPU tests; throughput of the defaults, --fused_draw off,
-#                                              # the backward merging runs (merge_runs_below 300), with vector atomics
+#                                              # the backward not merging runs (merge_runs_below 0), vector atomics
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -336,20 +336,20 @@ PY
     late_table "t84_*"
     ;;
   fast16)  # issue 16: the kernels' GPU tests (fused ray draw, run-merging backward), then late-training throughput,
-    # alternating, two rounds: the defaults, --fused_draw off, the backward merging runs at levels <= 300, and that
-    # with vector atomics (round 1 profiled: launches, kernels, the host's costliest functions; micro table of round 1)
+    # alternating, two rounds: the defaults, --fused_draw off, the backward without merging runs (merge_runs_below 0),
+    # the defaults with vector atomics (round 1 profiled: launches, kernels, the host's costliest functions; micro table of round 1)
     gpu_tests tests/test_kernels.py
     for round in 1 2; do
       bench_late f_default $round $PWD
       bench_late f_drawoff $round $PWD -- --fused_draw off
-      bench_late f_merge $round $PWD -- --encoding '{"merge_runs_below": 300}'
-      bench_late f_mergeva $round $PWD -- --encoding '{"merge_runs_below": 300, "vector_atomics": true}'
+      bench_late f_nomerge $round $PWD -- --encoding '{"merge_runs_below": 0}'
+      bench_late f_va $round $PWD -- --encoding '{"vector_atomics": true}'
     done
     grep -h -A14 "^| implementation" $out/f_default_1.log | head -16
     late_table "f_*" >$out/fast16_table.txt  # comes back whole; the one-line rows here
     grep -v "^    " $out/fast16_table.txt
     # back (7 files): the table, round 1's JSONs, the log with the micro table, the pytest log
-    rm -f $out/f_*_2.* $out/f_drawoff_1.log $out/f_merge_1.log $out/f_mergeva_1.log
+    rm -f $out/f_*_2.* $out/f_drawoff_1.log $out/f_nomerge_1.log $out/f_va_1.log
     ;;
   launches16)  # issue 16: one profiled late-training bench of the defaults: kernels and host launches by source
     bench_late tl_default 1 $PWD

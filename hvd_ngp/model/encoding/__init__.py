@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError
-from .hashgrid import HashGridSpec, HashGridTorch
+from .hashgrid import KERNEL_OPTIONS, MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
 from .sh import SphericalHarmonics
 
 BACKENDS = ("auto", "torch", "cpp", "triton", "tcnn")
@@ -58,21 +58,12 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
 
     ``table_dtype`` ("float32" | "float16") is the precision the Triton backend gathers from;
     ``vector_atomics`` (true | false, default false) lets its backward add both features of a corner with
-    one atomic on sm_90+; ``merge_runs_below`` (resolution, default 0: off) sums runs of consecutive points
-    on one table row before their atomic at the levels that coarse (``hashgrid_triton``)."""
-    table_dtype = block.get("table_dtype", "float32")
-    if table_dtype not in TABLE_DTYPES:
-        raise ConfigError(f"{source}: encoding.table_dtype must be one of {sorted(TABLE_DTYPES)}, got {table_dtype!r}")
+    one atomic on sm_90+; ``merge_runs_below`` (resolution, default ``MERGE_RUNS_BELOW``; 0: off) sums runs of
+    consecutive points on one table row before their atomic at the levels that coarse (``hashgrid_triton``).
+    The other backends ignore both (same gradients); a float16 table needs the triton backend."""
+    table_dtype, vector_atomics, merge = kernel_options(block, source)
     if table_dtype != "float32" and backend != "triton":
         raise ConfigError(f"{source}: encoding.table_dtype {table_dtype!r} needs the triton backend (got {backend})")
-    vector_atomics = block.get("vector_atomics", False)
-    if not isinstance(vector_atomics, bool):
-        raise ConfigError(f"{source}: encoding.vector_atomics must be true or false, got {vector_atomics!r}")
-    merge = block.get("merge_runs_below", 0)
-    if isinstance(merge, bool) or not isinstance(merge, int) or merge < 0:
-        raise ConfigError(f"{source}: encoding.merge_runs_below must be a resolution >= 0 (0: off), got {merge!r}")
-    if merge and backend != "triton":
-        raise ConfigError(f"{source}: encoding.merge_runs_below needs the triton backend (got {backend})")
     spec = HashGridSpec.from_config(block, source)
     if backend == "triton":
         from .hashgrid_triton import HashGridTriton
@@ -91,6 +82,34 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
     return HashGridTorch(spec)
 
 
+def kernel_options(block: dict, source: str = "config") -> tuple[str, bool, int]:
+    """The Triton kernels' options of an ``encoding`` block (``KERNEL_OPTIONS``), validated and defaulted:
+    (table_dtype, vector_atomics, merge_runs_below)."""
+    table_dtype = block.get("table_dtype", "float32")
+    if table_dtype not in TABLE_DTYPES:
+        raise ConfigError(f"{source}: encoding.table_dtype must be one of {sorted(TABLE_DTYPES)}, got {table_dtype!r}")
+    vector_atomics = block.get("vector_atomics", False)
+    if not isinstance(vector_atomics, bool):
+        raise ConfigError(f"{source}: encoding.vector_atomics must be true or false, got {vector_atomics!r}")
+    merge = block.get("merge_runs_below", MERGE_RUNS_BELOW)
+    if isinstance(merge, bool) or not isinstance(merge, int) or merge < 0:
+        raise ConfigError(f"{source}: encoding.merge_runs_below must be a resolution >= 0 (0: off), got {merge!r}")
+    return table_dtype, vector_atomics, merge
+
+
+def model_for_backend(model: dict, backend: str) -> dict:
+    """``model`` (a merged config: ``args.model``) for a build on ``backend`` that a tool picks itself rather than
+    the user (the benchmarks' torch references and parameter counts beside the backend under test): on a
+    concrete backend other than triton, the encoding block less the Triton kernels' options (``KERNEL_OPTIONS``,
+    validated first), which do not change the grid; else ``model`` itself. The trainer does not call it: there
+    ``--backend torch`` with a float16 table stays make_position_encoding's error."""
+    block = model["encoding"]
+    kernel_options(block, model.get("_source", "config"))
+    if backend in ("triton", "auto") or not any(key in block for key in KERNEL_OPTIONS):
+        return model
+    return {**model, "encoding": {k: v for k, v in block.items() if k not in KERNEL_OPTIONS}}
+
+
 def make_direction_encoding(block: dict, source: str = "config") -> nn.Module:
     """Spherical harmonics of unit directions from an instant-ngp ``dir_encoding`` block (every backend)."""
     block = dict(block)
@@ -105,5 +124,6 @@ def make_direction_encoding(block: dict, source: str = "config") -> nn.Module:
     return SphericalHarmonics(int(block.get("degree", 4)))
 
 
-__all__ = ["BACKENDS", "FAST_RENDERER_BACKENDS", "HashGridSpec", "HashGridTorch", "SphericalHarmonics",
-           "make_direction_encoding", "make_position_encoding", "resolve_backend"]
+__all__ = ["BACKENDS", "FAST_RENDERER_BACKENDS", "KERNEL_OPTIONS", "HashGridSpec", "HashGridTorch",
+           "SphericalHarmonics", "kernel_options", "make_direction_encoding", "make_position_encoding",
+           "model_for_backend", "resolve_backend"]

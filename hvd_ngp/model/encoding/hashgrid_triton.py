@@ -6,7 +6,7 @@ scalars and its slice of the table is the working set. The backward scatters int
 with relaxed atomic adds (Triton's default acquire-release order is not needed for a sum). With
 ``vector_atomics=True`` and two features per level on Hopper or newer, one vector atomic per corner
 adds both features (``red.global.add.v2.f32``, as tiny-cuda-nn's half2 atomics), halving the atomic
-operations; opt-in until its parity test and timing have run on a GPU (it compiles for sm_90 in CI).
+operations; opt-in (no gain beyond the spread between rounds on an H100 or H200; docs/BENCHMARKS.md).
 With ``table_dtype=torch.float16`` the forward gathers from a half-precision copy of the (fp32 master)
 table, halving its cache footprint (2^19 x 16 x 2 halves = 32 MiB, inside an H100/H200's L2);
 gradients and the optimizer stay in fp32.
@@ -14,7 +14,7 @@ gradients and the optimizer stay in fp32.
 Along a ray, consecutive samples share a cell at the coarse levels (a 16^3 level's cell spans dozens
 of samples), so the backward's atomics pile onto a few addresses. ``merge_runs_below=R`` sums, at the
 levels of resolution <= R, each run of consecutive points (within a block) on the same row of a corner
-first, with a segmented scan, and adds the run's sum with one atomic (opt-in until timed on a GPU).
+first, with a segmented scan, and adds the run's sum with one atomic (the default, R = 300; 0: off).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .hashgrid import HashGridSpec, HashGridTorch
+from .hashgrid import MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
 
 
 @triton.jit
@@ -252,15 +252,16 @@ class HashGridTriton(HashGridTorch):
     device scalar): only points ``< n_rows`` are encoded (and back-propagated); the grid stays sized for
     all N (static sizes for CUDA-graph replay), programs past the count return at once, and output rows
     ``>= n_rows`` are zeros. ``vector_atomics=True``: the backward adds a feature pair with one atomic
-    where it can (``vector_atomics_here``; the benchmark's comparison; not yet run on a GPU).
-    ``merge_runs_below=R`` (> 0): at levels of resolution <= R the backward sums each run of consecutive
-    points on the same table row first and adds it with one atomic (``_hashgrid_bwd_runs``).
+    where it can (``vector_atomics_here``).
+    ``merge_runs_below=R`` (default ``MERGE_RUNS_BELOW``; 0: off): at levels of resolution <= R the backward
+    sums each run of consecutive points on the same table row first and adds it with one atomic
+    (``_hashgrid_bwd_runs``).
     """
 
     skips_rows = True  # forward takes n_rows (the field passes the count through)
 
     def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32,
-                 vector_atomics: bool = False, merge_runs_below: int = 0) -> None:
+                 vector_atomics: bool = False, merge_runs_below: int = MERGE_RUNS_BELOW) -> None:
         super().__init__(spec)
         if spec.n_features_per_level & (spec.n_features_per_level - 1):
             raise ValueError("the Triton hash grid needs a power-of-two n_features_per_level")
