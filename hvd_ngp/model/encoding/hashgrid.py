@@ -25,7 +25,8 @@ UINT32 = 0xFFFFFFFF
 #: encoding keys of the Triton backend, not of the grid
 KERNEL_OPTIONS = ("table_dtype", "vector_atomics", "merge_runs_below")
 #: the Triton backward sums runs of consecutive points on one table row at levels of resolution <= this
-#: (``merge_runs_below``): 48 against 57 M samples/s late in lego training on one H100 (docs/BENCHMARKS.md)
+#: (``merge_runs_below``): 53.9 / 57.1 against 48.2 / 48.4 M samples/s late in lego training on one H100
+#: (docs/BENCHMARKS.md)
 MERGE_RUNS_BELOW = 300
 
 
