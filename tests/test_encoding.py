@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hvd_ngp.model.encoding import make_direction_encoding, make_position_encoding, model_for_backend
-from hvd_ngp.model.encoding.hashgrid import MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
+from hvd_ngp.model.encoding.hashgrid import MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch, scaled_to_extent
 from hvd_ngp.model.encoding.sh import sh_encode
 from hvd_ngp.errors import ConfigError
 
@@ -98,6 +98,27 @@ def test_desired_resolution_sets_per_level_scale():
     assert spec.per_level_scale == pytest.approx(math.exp(math.log(2048 / 16) / 15))
     finest = spec.level_layout()[-1][0] + 1
     assert finest == pytest.approx(2048, rel=1e-4)
+
+
+def test_desired_resolution_is_per_world_unit_as_in_instant_ngp():
+    """instant-ngp's finest level is 2048 x aabb_scale across the box: fox (aabb_scale 4, a box of side 4)
+    gets 8192, lego (side 1) 2048; a model-parallel region of half the side half of that."""
+    from hvd_ngp.model.field import NGPField
+    from hvd_ngp.config import parse_args
+
+    block = {"n_levels": 8, "n_features_per_level": 4, "base_resolution": 16, "desired_resolution": 2048}
+    for extent, finest in ((1.0, 2048), (4.0, 8192), (0.5, 1024)):
+        spec = HashGridSpec.from_config(scaled_to_extent(block, extent))
+        assert spec.level_layout()[-1][0] + 1 == pytest.approx(finest, rel=1e-4)
+    assert scaled_to_extent(block, 4.0) is not block and block["desired_resolution"] == 2048
+    explicit = {**block, "per_level_scale": 1.5}  # an explicit scale wins, as in instant-ngp
+    assert scaled_to_extent(explicit, 4.0) is explicit
+    assert scaled_to_extent({**block, "desired_resolution": 64}, 0.1)["desired_resolution"] == 16  # not below the base
+    model = parse_args([]).model  # base.json: 2048
+    fox = NGPField(model, torch.tensor([[-1.5] * 3, [2.5] * 3]), "torch")
+    lego = NGPField(model, torch.tensor([[-0.0] * 3, [1.0] * 3]), "torch")
+    assert fox.encoding.spec.level_layout()[-1][0] + 1 == pytest.approx(4 * 2048, rel=1e-4)
+    assert lego.encoding.spec.level_layout()[-1][0] + 1 == pytest.approx(2048, rel=1e-4)
 
 
 @pytest.mark.parametrize("block, message", [

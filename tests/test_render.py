@@ -95,20 +95,33 @@ def test_march_skips_free_cells_and_grid_update_is_max_decay():
     torch.testing.assert_close(grid.density, before * 0.5)
 
 
-def test_occupied_cells_are_visible_and_above_the_threshold_or_the_visible_mean():
-    grid = OccupancyGrid(AABB, resolution=4, threshold=0.5)
+def test_occupied_cells_are_visible_and_above_the_threshold_or_the_mean_of_cascade_0():
+    grid = OccupancyGrid(AABB, resolution=4, n_cascades=2, threshold=0.5)
     g = torch.Generator().manual_seed(3)
-    grid.density.copy_(torch.rand(grid.density.shape, generator=g) * 0.2)  # all below the threshold
     grid.visible.copy_(torch.rand(grid.visible.shape, generator=g) > 0.3)
+    # all below the threshold, unseen cells 0 (as update stores them); the outer cascade nearly empty
+    grid.density.copy_(torch.rand(grid.density.shape, generator=g) * 0.2 * grid.visible)
+    grid.density[1].mul_(0.01)
     grid.refresh_occupied()
-    mean = grid.density[grid.visible].mean()  # below 0.5: the mean of the visible cells decides
+    mean = grid.density[0].mean()  # instant-ngp: over every cell of cascade 0, the outer ones left out
+    assert 0 < mean < 0.5 and mean > grid.density.mean()
     assert torch.equal(grid.occupied, grid.visible & (grid.density > mean))
+    assert grid.occupied[0].any() and not grid.occupied[1].any()
     grid.density.mul_(10.0)  # now the threshold is below the mean
     grid.refresh_occupied()
     assert torch.equal(grid.occupied, grid.visible & (grid.density > 0.5))
-    grid.visible.zero_()  # nothing visible: nothing occupied (no division by zero)
+    grid.visible.zero_()  # nothing visible: nothing occupied
     grid.refresh_occupied()
     assert not grid.occupied.any()
+
+
+def test_grid_update_stores_the_finest_step_optical_thickness_in_every_cascade():
+    """instant-ngp stores sigma * dt_min in each cascade; scaling by 2^k (the step rays take there) marked
+    thin outer density occupied too readily (fox: a third of the grid)."""
+    dist.init("cpu")
+    grid = OccupancyGrid(torch.tensor([[-1.5] * 3, [2.5] * 3]), resolution=4, n_cascades=3, threshold=0.01)
+    grid.update(lambda x: torch.full((x.shape[0],), 3.0), step_size=0.002, step=0, warmup_steps=10, seed=0)
+    torch.testing.assert_close(grid.density, torch.full_like(grid.density, 3.0 * 0.002))
 
 
 def test_cascades_cover_nested_boxes():

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .encoding import make_direction_encoding, make_position_encoding
+from .encoding import make_direction_encoding, make_position_encoding, scaled_to_extent
 from ..errors import ConfigError
 
 MLP_TYPES = ("FullyFusedMLP", "CutlassMLP", "MLP")
@@ -113,7 +113,8 @@ class NGPField(nn.Module):
         super().__init__()
         source = model.get("_source", "config")
         self.register_buffer("aabb", aabb.float().clone())
-        self.encoding = make_position_encoding(model["encoding"], backend, source)
+        extent = float((self.aabb[1] - self.aabb[0]).max())  # desired_resolution is per world unit
+        self.encoding = make_position_encoding(scaled_to_extent(model["encoding"], extent), backend, source)
         net = model["network"]
         n_geo = int(net.get("n_output_dims", 16))
         if n_geo < 1:

@@ -2,9 +2,10 @@
 
 instant-ngp's scheme: ``n_cascades`` nested grids of ``resolution^3`` cells around the scene centre,
 cascade k covering half-extent ``h0 * 2^k``; every update decays the stored optical thickness
-(``sigma * dt``) by ``decay`` and takes the max with fresh density samples at jittered points of
-chosen cells (all cells during warm-up, then a quarter uniformly and a quarter among occupied
-cells); a cell is occupied when its value exceeds ``min(threshold, mean)``.
+(``sigma * dt_min``, the finest step size, in every cascade) by ``decay`` and takes the max with
+fresh density samples at jittered points of chosen cells (all cells during warm-up, then a quarter
+uniformly and a quarter among occupied cells); a cell is occupied when its value exceeds
+``min(threshold, mean)``, the mean taken over cascade 0.
 
 Across ranks: the cells to refresh are drawn from a generator seeded by (seed, step) — the same
 on every rank — each rank evaluates its 1/size share, and the fresh values are reduced with Max,
@@ -89,8 +90,9 @@ class OccupancyGrid(nn.Module):
                chunk: int = 1 << 18, box: Tensor | None = None, share: tuple[int, int] | None = None) -> None:
         """Refresh the grid (collective: every rank calls it at the same step).
 
-        Stored values are optical thicknesses ``sigma * step_size * 2^k`` for cascade k (the step size
-        rays use at that scale), compared with ``min(threshold, mean)``.
+        Stored values are optical thicknesses ``sigma * step_size`` in every cascade (instant-ngp's
+        setting: the finest step size, not the larger one rays take in outer cascades, so thin density
+        far out is not marked occupied 2^k times more readily), compared with ``min(threshold, mean)``.
 
         Model parallel: ``density_fn`` is this rank's region field, ``box`` ``[2, 3]`` its region and
         ``share`` (index, count) its part among the region's copies. The rank refreshes only the chosen
@@ -130,17 +132,17 @@ class OccupancyGrid(nn.Module):
             if box is not None:
                 x = torch.minimum(torch.maximum(x, box[0]), box[1])
             sigma = density_fn(x).float()
-            scale = torch.pow(2.0, (idx // self.resolution ** 3).float()) * step_size
-            fresh.scatter_reduce_(0, idx, sigma * scale, reduce="amax")
+            fresh.scatter_reduce_(0, idx, sigma * step_size, reduce="amax")
         fresh = dist.allreduce(fresh, "max", name="occupancy.update")
         decayed = torch.maximum(self.density * self.decay, fresh.view_as(self.density))
         self.density.copy_(torch.where(self.visible, decayed, torch.zeros_like(decayed)))
         self.refresh_occupied()
 
     def refresh_occupied(self) -> None:
-        """occupied = visible and above min(threshold, mean over visible cells) (on the device: no host read)."""
-        visible = self.visible.float()
-        mean = (self.density * visible).sum() / visible.sum().clamp(min=1.0)  # 0 when no cell is visible
+        """occupied = visible and above min(threshold, mean over cascade 0's cells) (on the device: no host
+        read). As instant-ngp: the mean counts every cell of the innermost cascade, unseen ones as 0
+        (their stored value), so the mostly empty outer cascades do not pull the threshold down."""
+        mean = self.density[0].mean()
         self.occupied.copy_(self.visible & (self.density > mean.clamp(max=self.threshold)))
 
     @torch.no_grad()

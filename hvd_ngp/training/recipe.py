@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ..cluster.comm import CommSettings
 from ..data import Scene
 from ..errors import ConfigError
-from ..model.encoding.hashgrid import HashGridSpec
+from ..model.encoding.hashgrid import HashGridSpec, scaled_to_extent
 from ..model.field import NGPField
 from ..observe.memory import STEP_COSTS, TrainingFootprint, training_footprint
 from ..render import StepSchedule
@@ -161,7 +161,8 @@ def model_footprint(args: argparse.Namespace, scene: Scene, model: dict | None =
     """Training's memory from the config alone, before anything is built (``observe.memory.check_fit``);
     ``model``: the config this rank builds (model parallel: one region's, ``model_parallel.region_model``)."""
     model = model or args.model
-    spec = HashGridSpec.from_config(model["encoding"], model["_source"])
+    extent = float((scene.aabb[1] - scene.aabb[0]).max())
+    spec = HashGridSpec.from_config(scaled_to_extent(model["encoding"], extent), model["_source"])
     n_params = spec.n_params * spec.n_features_per_level + MLP_PARAMS_ALLOWANCE  # table entries x features
     block = model["marching"]
     cells = int(block["grid_resolution"]) ** 3 * n_cascades_for(scene.aabb_scale)

@@ -108,6 +108,7 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     grid84) extra=(--encoding "$GRID84") ;;
     fp32) extra=(--precision fp32) ;;
     res4096) extra=(--encoding '{"desired_resolution": 4096}') ;;  # nerfacc's finest level on lego's box
+    res512) extra=(--encoding '{"desired_resolution": 512}') ;;  # fox (box side 4): the finest level before it scaled with the box
     t21) extra=(--encoding '{"log2_hashmap_size": 21}') ;;
     res4096t21) extra=(--encoding '{"desired_resolution": 4096, "log2_hashmap_size": 21}') ;;
     grid84fp32) extra=(--encoding "$GRID84" --precision fp32) ;;
@@ -398,6 +399,28 @@ print(f"fox for instant-ngp: {len(frames)} frames, every 8th held out")
 PY
     bash $S/ingp/run_ingp.sh $S/fox/transforms_ingp_train.json $S/fox/transforms_ingp_test.json 15,30,60 $out/ingp_fox.json \
       2>&1 | grep -E "budget|dB|rror"
+    python3 - <<'PY'  # its counters from the last snapshot (gzip'd msgpack; msgpack from .whl): rays per step, grid occupancy
+import glob, gzip, msgpack
+snap = sorted(glob.glob("/tmp/ingp_snap_*.ingp"), key=lambda p: int(p.split("_")[-1][:-5]))[-1]
+raw = open(snap, "rb").read()
+data = msgpack.unpackb(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw, raw=False, strict_map_key=False)
+def find(d, key):
+    if isinstance(d, dict):
+        if key in d: return d[key]
+        for v in d.values():
+            r = find(v, key)
+            if r is not None: return r
+grid = find(data, "density_grid_binary")
+cells = 128 ** 3
+print(snap, {k: find(data, k) for k in ("rays_per_batch", "measured_batch_size", "measured_batch_size_before_compaction")})
+if isinstance(grid, (bytes, bytearray)):
+    n = len(grid) // 2 // cells if len(grid) >= 2 * cells else 0  # fp16 density per cell
+    import numpy as np
+    g = np.frombuffer(grid[: n * cells * 2], dtype=np.float16).astype(np.float32).reshape(n, cells) if n else None
+    if g is not None:
+        mean = max(float(np.clip(g[0], 0, None).mean()), 0.0)
+        print("instant-ngp grid: cascades", n, "occupied per cascade", [round(float((c > min(0.01, mean)).mean()), 4) for c in g])
+PY
     ;;
   fox)  # issue 14: fox on a 60 s budget with --holdout_every 8, the defaults or HVD_NGP_VARIANT (HVD_NGP_SEEDS, default 1337 1)
     variant_flags ${HVD_NGP_VARIANT:-base}

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError
-from .hashgrid import KERNEL_OPTIONS, MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
+from .hashgrid import KERNEL_OPTIONS, MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch, scaled_to_extent
 from .sh import SphericalHarmonics
 
 BACKENDS = ("auto", "torch", "cpp", "triton", "tcnn")
@@ -126,4 +126,4 @@ def make_direction_encoding(block: dict, source: str = "config") -> nn.Module:
 
 __all__ = ["BACKENDS", "FAST_RENDERER_BACKENDS", "KERNEL_OPTIONS", "HashGridSpec", "HashGridTorch",
            "SphericalHarmonics", "kernel_options", "make_direction_encoding", "make_position_encoding",
-           "model_for_backend", "resolve_backend"]
+           "model_for_backend", "resolve_backend", "scaled_to_extent"]

@@ -30,6 +30,24 @@ KERNEL_OPTIONS = ("table_dtype", "vector_atomics", "merge_runs_below")
 MERGE_RUNS_BELOW = 300
 
 
+def scaled_to_extent(block: dict, extent: float) -> dict:
+    """The ``encoding`` block for a field whose box's longest side is ``extent`` world units.
+
+    ``desired_resolution`` is the finest level's resolution per world unit (instant-ngp: over the unit
+    cube, so a scene of ``aabb_scale`` 4 gets 4 x 2048 cells across its box); the block given to the
+    grid, which sees the box as [0, 1]^3, has it multiplied by ``extent``. An explicit
+    ``per_level_scale`` wins, as in instant-ngp (``desired_resolution`` is then ignored)."""
+    if "desired_resolution" not in block or "per_level_scale" in block:
+        return block
+    desired = block["desired_resolution"]
+    if isinstance(desired, bool) or not isinstance(desired, (int, float)):
+        return block  # HashGridSpec.from_config names the bad value
+    scaled, base = desired * float(extent), block.get("base_resolution", HashGridSpec.base_resolution)
+    if isinstance(base, int) and desired >= base:  # a small box (a model-parallel region): not below the base
+        scaled = max(scaled, base)
+    return {**block, "desired_resolution": scaled}
+
+
 @dataclass(frozen=True)
 class HashGridSpec:
     """Validated hash-grid hyper-parameters plus the derived per-level layout."""
