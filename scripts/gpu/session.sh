@@ -21,7 +21,8 @@
 #                                                      --eval_at_steps 6000; HVD_NGP_TIMEOUT: seconds per run)
 #   bash scripts/gpu/session.sh budget14 OUT [SECONDS]   # issue 14: the defaults vs variants (HVD_NGP_VARIANTS) on one
 #                                                        # time budget, one run at a time, evaluations at 60 s and the end
-#   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried)
+#   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried;
+#                                              # HVD_NGP_BUDGETS: seconds, default 15,30,60)
 #   bash scripts/gpu/session.sh scale19 OUT    # issue 19 (2+ GPUs, .whl_hvd carried): NCCL tests, bench scaling,
 #                                              # model parallel
 #   bash scripts/gpu/session.sh ingp_fox OUT   # instant-ngp itself on fox, 60 s, the 7 views --holdout_every 8 holds out
@@ -494,5 +495,5 @@ PY
   ingp)
     png_stage
     bash $S/ingp/run_ingp.sh /tmp/stage/lego_png/transforms_train.json /tmp/stage/lego_png/transforms_test.json \
-      15,30,60 $out/ingp.json 2>&1 | grep -E "budget|dB" ;;
+      ${HVD_NGP_BUDGETS:-15,30,60} $out/ingp.json 2>&1 | grep -E "budget|dB" ;;
 esac
