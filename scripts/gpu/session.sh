@@ -31,6 +31,8 @@
 #                                              # hash grid as 8 levels x 4 features, --defer_verdict on, both
 #   bash scripts/gpu/session.sh fast16 OUT     # issue 16: kernel GPU tests; throughput of the defaults, --fused_draw off,
 #                                              # the backward not merging runs (merge_runs_below 0), vector atomics
+#   bash scripts/gpu/session.sh sync16 OUT     # issue 16: sync-free stop flag; throughput of .stage/old (HVD_NGP_OLD=b8b45fc),
+#                                              # this tree, --defer_verdict on
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -175,12 +177,12 @@ PY
     ;;
   memory)
     T="python3 -m hvd_ngp.train --scene $S/lego --n_steps 2000 --log_every 1000 --save_renders 0"
-    $T --gpu_memory_gb 8 --out_dir $out/lego_cap8 2>&1 | grep -E "GPU memory|step 2000|done|error"
-    $T --out_dir $out/lego_free 2>&1 | grep -E "GPU memory|step 2000|done|error"
+    $T --gpu_memory_gb 8 --out_dir $out/lego_cap8 2>&1 | grep --line-buffered -E "GPU memory|step 2000|done|error"
+    $T --out_dir $out/lego_free 2>&1 | grep --line-buffered -E "GPU memory|step 2000|done|error"
     python3 -m hvd_ngp.bench memory --scene $S/lego --n_steps 2000 --budgets 0,16,8 --json $out/bench_memory.json \
       --markdown $out/BENCH_memory.md 2>&1 | tail -8
     python3 -m hvd_ngp.train --scene $S/fox --holdout_every 8 --gpu_memory_gb 16 --time_budget_s 60 --eval_at_s 15,30 \
-      --log_every 2000 --save_renders 0 --out_dir $out/fox_cap16 2>&1 | grep -E "GPU memory|test PSNR|done|error|step [0-9]*000\]"
+      --log_every 2000 --save_renders 0 --out_dir $out/fox_cap16 2>&1 | grep --line-buffered -E "GPU memory|test PSNR|done|error|step [0-9]*000\]"
     ;;
   probe)  # what the image has (for the wheelhouse) and the machine
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader; nproc
@@ -221,7 +223,7 @@ PY
       --save_renders 0 --out_dir $out/cap8_60s >$out/cap8_60s.log 2>&1
     for cap in 8 0; do
       python3 -m hvd_ngp.render --load_snapshot $out/free_a/snap.pt --scene $S/lego --video none --gpu_memory_gb $cap \
-        --out_dir $out/render_cap$cap 2>&1 | grep -E "PSNR|views/s|error" | tail -2
+        --out_dir $out/render_cap$cap 2>&1 | grep --line-buffered -E "PSNR|views/s|error" | tail -2
     done
     python3 - "$out" <<'PY'
 import json, pathlib, sys
@@ -247,7 +249,7 @@ PY
     for b in tcnn triton; do
       start=$(date +%s)
       .venv/bin/horovodrun -np 1 -H localhost:1 .venv/bin/python -m hvd_ngp.train --scene $S/lego --backend $b --n_steps 2000 \
-        --log_every 1000 --save_renders 0 --out_dir $out/hvd_$b 2>&1 | grep -E "backend|step 2000|test PSNR|error|Error" | cut -c1-200 | tail -4
+        --log_every 1000 --save_renders 0 --out_dir $out/hvd_$b 2>&1 | grep --line-buffered -E "backend|step 2000|test PSNR|error|Error" | cut -c1-200 | tail -4
       echo "horovodrun $b: $(( $(date +%s) - start )) s"
     done
     .venv/bin/hvd-ngp-doctor 2>&1 | tail -12
@@ -337,6 +339,19 @@ PY
     grep -h -A12 "^| implementation" $out/t84_default_1.log | head -14
     late_table "t84_*"
     ;;
+  sync16)  # issue 16: the stop flag written without a host sync (tests), then late-training throughput, alternating,
+    # two rounds: $S/old (prepare with HVD_NGP_OLD=b8b45fc: the flag written as tail[1] = float, a stream sync each
+    # step), this tree, this tree with --defer_verdict on (no host read of the verdict inside a step)
+    gpu_tests tests/test_failures.py tests/test_graphed.py
+    for round in 1 2; do
+      bench_late s_old $round $S/old
+      bench_late s_default $round $PWD
+      bench_late s_defer $round $PWD -- --defer_verdict on
+    done
+    late_table "s_*" >$out/sync16_table.txt
+    grep -v "^    " $out/sync16_table.txt
+    rm -f $out/s_*_2.* $out/s_*_1.log
+    ;;
   fast16)  # issue 16: the kernels' GPU tests (fused ray draw, run-merging backward), then late-training throughput,
     # alternating, two rounds: the defaults, --fused_draw off, the backward without merging runs (merge_runs_below 0),
     # the defaults with vector atomics (round 1 profiled: launches, kernels, the host's costliest functions; micro table of round 1)
@@ -368,7 +383,7 @@ PY
     (cd $root && LD_LIBRARY_PATH="$cuda_root/lib64:$cuda_root/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
       /opt/torch/.venv/bin/python3 "$repo"/scripts/gpu/ingp_steps.py $root $S/lego_png/transforms_train.json \
       $S/lego_png/transforms_test.json ${HVD_NGP_STEPS:-6000,30000} $out/ingp_steps.json 2>&1 | tr "\r" "\n" \
-      | grep -E "^step|rror")
+      | grep --line-buffered -E "^step|rror")
     ;;
   scale19)  # issue 19, on nvidia-h200-x2 (or x4/x8; .whl_hvd staged): NCCL tests at 2 ranks, then bench scaling on lego
     # (1, 2, 4, 8 ranks as the GPUs allow; weak and strong; time to 33/34/35 dB; the raw NCCL ceiling), then model
@@ -385,7 +400,7 @@ PY
     for k in 1 2; do
       timeout 300 horovodrun -np 2 -H localhost:2 python3 -m hvd_ngp.train --scene $S/lego --model_parallel $k \
         --time_budget_s $secs --eval_at_s 30,60 --log_every 2000 --save_renders 0 --out_dir $out/mp_k$k 2>&1 \
-        | grep -E "model parallel|exchange|test PSNR|done|rror" | tail -8
+        | grep --line-buffered -E "model parallel|exchange|test PSNR|done|rror" | tail -8
     done
     rm -rf $out/scaling/*/renders
     ;;
@@ -399,7 +414,7 @@ for name, keep in (("train", lambda i: i % 8 != 0), ("test", lambda i: i % 8 == 
 print(f"fox for instant-ngp: {len(frames)} frames, every 8th held out")
 PY
     bash $S/ingp/run_ingp.sh $S/fox/transforms_ingp_train.json $S/fox/transforms_ingp_test.json 15,30,60 $out/ingp_fox.json \
-      2>&1 | grep -E "budget|dB|rror"
+      2>&1 | grep --line-buffered -E "budget|dB|rror"
     python3 - <<'PY'  # its counters from the last snapshot (gzip'd msgpack; msgpack from .whl): rays per step, grid occupancy
 import glob, gzip, msgpack
 snap = sorted(glob.glob("/tmp/ingp_snap_*.ingp"), key=lambda p: int(p.split("_")[-1][:-5]))[-1]
@@ -490,10 +505,10 @@ PY
     seed=${3:-1337}; secs=${4:-60}; v=${HVD_NGP_VARIANT:-base}; variant_flags $v; tag=; [ $v = base ] || tag=_$v
     python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --eval_at_steps 6000,30000 \
       --seed "$seed" --log_every 4000 --save_renders 0 "${extra[@]}" --out_dir $out/lego_${secs}s_seed$seed$tag 2>&1 \
-      | grep -E "test PSNR|done|error|step [0-9]*000\]"
+      | grep --line-buffered -E "test PSNR|done|error|step [0-9]*000\]"
     ;;
   ingp)
     png_stage
     bash $S/ingp/run_ingp.sh /tmp/stage/lego_png/transforms_train.json /tmp/stage/lego_png/transforms_test.json \
-      ${HVD_NGP_BUDGETS:-15,30,60} $out/ingp.json 2>&1 | grep -E "budget|dB" ;;
+      ${HVD_NGP_BUDGETS:-15,30,60} $out/ingp.json 2>&1 | grep --line-buffered -E "budget|dB" ;;
 esac
