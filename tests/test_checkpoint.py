@@ -146,8 +146,9 @@ def test_mismatched_snapshot_is_a_clear_error(tmp_path):
     args = parse_args(["--config", str(CPU_CONFIG)])  # a bigger model
     big = build(0)
     big.field = NGPField(args.model, AABB)
-    with pytest.raises(HvdNgpError, match="s.pt: does not match this model"):
+    with pytest.raises(HvdNgpError, match="s.pt: does not match this model") as err:
         restore(big, snap, "s.pt", reseed=lambda: None)
+    assert "size mismatch for encoding." in str(err.value) and "\n" not in str(err.value)  # the tensor, one line
 
 
 def test_manager_keeps_the_newest_and_resumes_from_the_newest_valid(tmp_path):

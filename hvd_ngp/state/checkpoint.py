@@ -272,8 +272,15 @@ def restore_snapshot(state: dict, field: torch.nn.Module, grid: torch.nn.Module,
         if averaged:
             load_average(field, state.get("ema") or {})
     except (RuntimeError, KeyError, ValueError) as exc:
-        raise SnapshotError(f"{source}: does not match this model/config: {str(exc).splitlines()[0]}") from None
+        raise SnapshotError(f"{source}: does not match this model/config: {first_problem(exc)}") from None
     return int(state["step"])
+
+
+def first_problem(exc: BaseException) -> str:
+    """torch's state-dict error in one line: its heading and the first tensor it names (``size mismatch
+    for encoding.params: ...``), not the whole list."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " ".join(lines[:2]) if lines else type(exc).__name__
 
 
 def _load_shared(ts: TrainState, snap: dict, source: str) -> None:
@@ -291,7 +298,7 @@ def _load_region(ts: TrainState, state: dict, source: str) -> None:
         ts.field.load_state_dict(state["model"])
         ts.optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, KeyError, ValueError) as exc:
-        raise SnapshotError(f"{source}: does not match this model/config: {str(exc).splitlines()[0]}") from None
+        raise SnapshotError(f"{source}: does not match this model/config: {first_problem(exc)}") from None
     if ts.ema is not None:
         ts.ema.load_state_dict(state.get("ema") or {})
 
