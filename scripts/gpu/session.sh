@@ -122,6 +122,7 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     l2) extra=(--loss '{"otype": "L2"}') ;;
     black) extra=(--train_background black) ;;
     shift1) extra=(--density_network '{"density_bias": -1}') ;;  # nerfacc's density exp(x - 1)
+    budgetlr) extra=(--budget_lr_decay on) ;;  # learning rate x0.33 at 50/75/90% of the time budget
     *) echo "unknown variant $1 (see variant_flags in $0)" >&2; exit 2 ;;
   esac
 }
