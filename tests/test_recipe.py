@@ -214,6 +214,39 @@ def test_fused_adam_on_request_follows_the_foreach_one():
         make_optimizer(fields[0], fused_block, "cpu.json")
 
 
+def test_l2_on_the_hash_table_is_opt_in_and_pulls_untouched_entries_towards_zero():
+    """``l2_reg_encoding`` (nerfacc's instant-ngp decays every parameter; instant-ngp only the MLPs):
+    default 0; with it, a table entry whose gradient is zero still shrinks; refused beside sparse updates."""
+    from hvd_ngp.model.field import NGPField
+    from hvd_ngp.training.recipe import make_optimizer
+
+    args = parse_args(["--config", str(CPU_CONFIG)])
+    field = NGPField(args.model, torch.tensor([[0.0] * 3, [1.0] * 3]))
+    block = json.loads(json.dumps(args.model["optimizer"]))
+    adam = OptimizerChain.parse(block, "cpu.json").adam
+    opt, _ = make_optimizer(field, block, "cpu.json")
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.0, adam.get("l2_reg", 1e-6)]
+    adam["l2_reg_encoding"] = 0.1
+    opt, _ = make_optimizer(field, block, "cpu.json")
+    table = opt.param_groups[0]["params"][0]
+    with torch.no_grad():
+        table.copy_(torch.linspace(-1, 1, table.numel()).view_as(table))  # the start is within 1e-4 of 0
+    before = table.detach().clone()
+    for p in field.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    away = before.abs() > 1e-3
+    assert opt.param_groups[0]["weight_decay"] == 0.1 and away.float().mean() > 0.99
+    assert torch.all((table.detach() - before)[away] * before[away] < 0)  # every entry moved towards 0
+    for bad, message in ((-1.0, "must be a number in"), ("1e-6", "must be a number in")):
+        adam["l2_reg_encoding"] = bad
+        with pytest.raises(ConfigError, match=f"cpu.json: optimizer Adam.l2_reg_encoding {message}"):
+            make_optimizer(field, block, "cpu.json")
+    adam.update({"l2_reg_encoding": 1e-6, "sparse_hash_updates": True})
+    with pytest.raises(ConfigError, match="needs dense hash-table updates"):
+        make_optimizer(field, block, "cpu.json")
+
+
 def test_density_bias_shifts_the_density_logit():
     """``network.density_bias`` b: sigma = exp(first density-MLP output + b) (nerfacc's -1), the colours and
     the geometry features unchanged; anything but a finite number is an error naming the config."""

@@ -77,7 +77,8 @@ def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
 
 def make_optimizer(field: NGPField, block: dict, source: str, capturable: bool = False
                    ) -> tuple[torch.optim.Adam, callable]:
-    """Adam (L2 on the MLP weights only; the hash table sparse with ``sparse_hash_updates``; torch's
+    """Adam (L2 ``l2_reg`` on the MLP weights, ``l2_reg_encoding`` on the hash table, default 0 as in
+    instant-ngp; the hash table sparse with ``sparse_hash_updates``; torch's
     fused single-kernel implementation with ``"fused": true``, and by default (``"auto"``) for the graphed step)
     and ``lr_at(step)`` for the ExponentialDecay schedule (see ``optim``). ``capturable``: Adam's step
     can be captured in a CUDA graph (``training.graphed``; its step counts live on the device)."""
@@ -89,9 +90,15 @@ def make_optimizer(field: NGPField, block: dict, source: str, capturable: bool =
         raise ConfigError(f"{source}: optimizer Adam.fused must be true, false or \"auto\", got {fused!r}")
     if fused == "auto":  # one H200, lego: graph B's GPU time 0.42 -> 0.16 ms per step (docs/BENCHMARKS.md)
         fused = capturable and all(p.is_cuda for p in field.parameters())
+    sparse = bool(adam.get("sparse_hash_updates", False))
+    l2_table = adam.get("l2_reg_encoding", 0.0)  # nerfacc's instant-ngp decays the table too; instant-ngp does not
+    if isinstance(l2_table, bool) or not isinstance(l2_table, (int, float)) or not 0.0 <= l2_table < 1.0:
+        raise ConfigError(f"{source}: optimizer Adam.l2_reg_encoding must be a number in [0, 1), got {l2_table!r}")
+    if l2_table and sparse:
+        raise ConfigError(f"{source}: optimizer Adam.l2_reg_encoding needs dense hash-table updates "
+                          f"(sparse_hash_updates false): the sparse rule leaves untouched entries alone")
     opt = Adam(
-        [{"params": field.encoding_parameters(), "weight_decay": 0.0,
-          "sparse": bool(adam.get("sparse_hash_updates", False))},
+        [{"params": field.encoding_parameters(), "weight_decay": float(l2_table), "sparse": sparse},
          {"params": field.mlp_parameters(), "weight_decay": float(adam.get("l2_reg", 1e-6))}],
         lr=lr, betas=(float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.99))),
         eps=float(adam.get("epsilon", 1e-15)), capturable=capturable, **({"fused": True} if fused else {}))
