@@ -2,6 +2,7 @@
 # Measurements on the lent GPU machine (no network there), in steps that fit one call each.
 # Here, on the development machine, once: bash scripts/gpu/session.sh prepare   (fills .stage/ from ../shared,
 # or from HVD_NGP_SHARED)
+#   HVD_NGP_OLD=<commit> bash scripts/gpu/session.sh old   # here: that commit's tree in .stage/old (for sync16, restructure)
 #   bash scripts/gpu/session.sh stage          # copy the carried .stage/* pieces to /tmp/stage (lego, fox, wheels)
 #   bash scripts/gpu/session.sh tests OUT      # the GPU test files, one pytest process each, HVD_NGP_REQUIRE_GPU=1
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
@@ -145,7 +146,7 @@ for split, parts in (("train", ("train",)), ("test", ("test_a", "test_b"))):
 PY
     rm -rf .stage/fox .stage/ingp && cp -r "$src/data/fox" .stage/fox && cp -r "$src/anchors/instant-ngp" .stage/ingp
     mkdir -p .whl && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-      --implementation cp --platform manylinux_2_28_x86_64 -d .whl configargparse
+      --implementation cp --platform manylinux_2_28_x86_64 -d .whl configargparse msgpack
     mkdir -p .whl_tcnn && cp "$src"/wheels/tinycudann-*.whl .whl_tcnn/  # 12 MB: carry it only with room to spare
     mkdir -p .whl_hvd && cp "$src"/wheels/horovod-*-cp312-*.whl .whl_hvd/  # 23 MB, NCCL: for scale19 on several GPUs
     # the offline set-up's wheelhouse for the GPU image (Python 3.12; it has torch, triton and OpenCV), in two
@@ -158,6 +159,10 @@ PY
     # HVD_NGP_OLD=<commit>: that commit's tree in .stage/old, for the restructure step's side-by-side benchmark
     if [ -n "${HVD_NGP_OLD:-}" ]; then rm -rf .stage/old && mkdir -p .stage/old && git archive "$HVD_NGP_OLD" | tar -x -C .stage/old; fi
     du -sh .stage/* .stage/lego/*
+    ;;
+  old)  # development machine: .stage/old, the tree of commit HVD_NGP_OLD alone (prepare does it too, with everything else)
+    rm -rf .stage/old && mkdir -p .stage/old && git archive "${HVD_NGP_OLD:?set HVD_NGP_OLD=<commit>}" | tar -x -C .stage/old
+    du -sh .stage/old
     ;;
   stage)
     mkdir -p $S/lego/test /tmp/site
