@@ -125,6 +125,7 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     shift1) extra=(--density_network '{"density_bias": -1}') ;;  # nerfacc's density exp(x - 1)
     budgetlr) extra=(--budget_lr_decay on) ;;  # learning rate x0.33 at 50/75/90% of the time budget
     l2enc) extra=(--optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # nerfacc: L2 on the table too
+    budgetl2) extra=(--budget_lr_decay on --optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # both: nerfacc's recipe
     *) echo "unknown variant $1 (see variant_flags in $0)" >&2; exit 2 ;;
   esac
 }
