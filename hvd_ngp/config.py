@@ -231,10 +231,11 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                    help="graphed steps: draw the next step's rays while the GPU runs this one's forward and "
                         "backward (the same rays as off; images on the device only); auto: wherever it can, "
                         "on: also say in the log why it cannot")
-    g.add_argument("--defer_verdict", choices=("on", "off"), default="off",
+    g.add_argument("--defer_verdict", choices=("auto", "on", "off"), default="auto",
                    help="graphed steps with torch's fused Adam: the optimizer graph skips a non-finite step on the "
                         "GPU and the host reads the non-finite guard's verdict during the next step, so it never "
-                        "waits for the GPU inside a step (the log says why not where it cannot)")
+                        "waits for the GPU inside a step. auto: wherever it can; on: also say in the log why it "
+                        "cannot; off: the host waits for the verdict every step")
     g.add_argument("--gpu_memory_gb", type=float, default=0.0,
                    help="GPU memory this process may use, in GiB: step buffers, evaluation and rendering chunks are "
                         "planned from it, and the process is capped to it (0: the GPU's free memory at start minus a "

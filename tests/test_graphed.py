@@ -233,6 +233,27 @@ def test_a_deferred_verdict_skips_on_the_device_as_the_waiting_step_does(scene_c
     assert all(torch.equal(a, b) for a, b in zip(wait.state.ema.average, defer.state.ema.average))
 
 
+@pytest.mark.parametrize("optimizer,limit,flag,deferred,said", [
+    (FUSED_ADAM, 10, "auto", True, False), (FUSED_ADAM, 10, "on", True, False), (FUSED_ADAM, 10, "off", False, False),
+    (None, 10, "auto", False, False), (None, 10, "on", False, True), (FUSED_ADAM, 0, "on", False, True)])
+def test_the_verdict_is_deferred_by_default_wherever_it_can_be(scene_cache, tmp_path, capsys, optimizer, limit, flag,
+                                                                 deferred, said):
+    """--defer_verdict auto (the default) defers wherever fused Adam and a guard allow, silently elsewhere; on says
+    in the log why it cannot; off never defers."""
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    assert parse_args([]).defer_verdict == "auto"
+    extra = ["--optimizer", optimizer] if optimizer else []
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton",
+                                                "--nonfinite_limit", str(limit), *extra)))
+    capsys.readouterr()
+    step = GraphedStep.build(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, tr.renderer, tr.guard,
+                             tr.args.precision, True, "none", 1 << 12, defer_verdict=flag)
+    assert step.defer_verdict is deferred
+    assert ("deferred verdict: off (" in capsys.readouterr().err) is said
+
+
 @needs_interpreter
 def test_a_deferred_verdict_stops_at_the_limit_naming_the_same_steps(scene_cache, tmp_path):
     """Non-finite steps 2 and 3 with a limit of 2: the waiting step raises during step 3, the deferred one

@@ -11,7 +11,8 @@ read of its two flags); then graph B replayed (the optimizer step, Adam with ``c
 and its learning rate in a device tensor). Rows past ``n`` are parked outside the scene box: they
 march no sample and are left out of the loss, so the loss is the eager one.
 
-That read is the step's one wait for the GPU. ``--defer_verdict on`` (torch's fused Adam) removes it:
+That read is the step's one wait for the GPU. ``--defer_verdict`` (default ``auto``: wherever torch's fused
+Adam and the guard allow) removes it:
 graph B itself skips a step whose reduced loss flag is set (the fused kernel's ``found_inf``), the
 flags are copied to the host without blocking, and ``GraphedStep.settle`` hands them to the guard
 during the next step (after its graph A is launched) or when the trainer asks (evaluation,
@@ -193,16 +194,17 @@ class GraphedStep:
     @staticmethod
     def build(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, march: Marching, loss_fn,
               renderer, guard: NonFiniteGuard | None, precision: str, weight_gradient: bool, compression: str,
-              max_rays: int, defer_verdict: str = "off") -> "GraphedStep":
+              max_rays: int, defer_verdict: str = "auto") -> "GraphedStep":
         """The trainer's graphed step: flat gradients (a tail for the guard's flags) and the step, logged.
-        ``defer_verdict`` (``--defer_verdict``): ``on`` defers it where ``why_not_deferred`` allows, else
-        says in the log why not."""
+        ``defer_verdict`` (``--defer_verdict``): ``auto`` and ``on`` defer it where ``why_not_deferred``
+        allows; ``on`` also says in the log why not."""
         grads = FlatGradients(field.named_parameters(), tail=guard.width if guard else 0)
-        why_not = why_not_deferred(optimizer, guard) if defer_verdict == "on" else None
-        if why_not:
+        wanted = defer_verdict in ("auto", "on")
+        why_not = why_not_deferred(optimizer, guard) if wanted else None
+        if why_not and defer_verdict == "on":
             dist.log(f"deferred verdict: off ({why_not})")
         step = GraphedStep(field, grid, optimizer, march, loss_fn, renderer, grads, guard, precision, weight_gradient,
-                           compression, max_rays, defer_verdict=defer_verdict == "on" and why_not is None)
+                           compression, max_rays, defer_verdict=wanted and why_not is None)
         verdict = "; the non-finite verdict read one step later" if step.defer_verdict else ""
         dist.log(f"CUDA graphs: on (the step is captured after {step.eager_steps} eager steps; gradients in flat "
                  f"buffers, {grads.describe()}{verdict})")
