@@ -393,3 +393,74 @@ def test_graph_replay_follows_the_eager_step_on_a_gpu(scene_cache, tmp_path):
     assert off_deferred <= max(0.03, 2 * spread), (
         f"deferred-verdict 20-step mean losses differ from eager by up to {off_deferred:.3g} (relative), two eager "
         f"runs by {spread:.3g}; deferred {windows(deferred).tolist()}")
+
+
+# ------------------------------------------------------------------------------------------ the grid's update
+
+
+def test_graphed_grid_update_needs_a_graphed_step_and_says_so(scene_cache, tmp_path, capsys):
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    assert parse_args([]).graph_grid_update == "off"
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--graph_grid_update", "on")))
+    assert tr.grid_graph is None
+    assert "graphed grid update: off (the step is not graphed" in capsys.readouterr().err
+
+
+def test_grid_update_through_fixed_buffers_trains_as_the_eager_update(scene_cache, tmp_path, monkeypatch):
+    """GraphedGridUpdate's body without a graph (its random numbers drawn into buffers reused at every update,
+    the merge after it) gives the eager update's grid and losses, bit for bit, across warm-up and 7 updates
+    after it."""
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.graphed import GraphedGridUpdate
+    from hvd_ngp.training.trainer import Trainer
+
+    called, call = [], GraphedGridUpdate.__call__
+    monkeypatch.setattr(GraphedGridUpdate, "__call__", lambda self, step: (called.append(step), call(self, step)))
+    runs = []
+    for fixed in (False, True):
+        tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(fixed), "--n_steps", "36",
+                                                    "--marching", '{"warmup_steps": 8, "update_interval": 4}')))
+        if fixed:
+            tr.use_grid_graph("on", capture=False)
+            assert tr.grid_graph is not None
+        losses = [float(tr.step(i)[0].loss) for i in range(36)]
+        runs.append((losses, tr.grid.density.clone(), tr.grid.occupied.clone()))
+    (losses, density, occupied), (losses_fixed, density_fixed, occupied_fixed) = runs
+    assert called == [8, 12, 16, 20, 24, 28, 32]
+    assert losses == losses_fixed
+    assert torch.equal(density, density_fixed) and torch.equal(occupied, occupied_fixed)
+    assert 0 < float(occupied.float().mean()) < 1
+
+
+def test_graphed_grid_update_equals_the_eager_one_on_a_gpu(scene_cache, tmp_path):
+    """The grid's update replayed as a CUDA graph against the eager update on the GPU, a real field whose
+    weights change between updates (the replay must read them afresh): the same grid, bit for bit, after
+    warm-up and 8 updates; one capture."""
+    gpu_or_skip()
+    import copy
+
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.graphed import GraphedGridUpdate
+    from hvd_ngp.training.trainer import Trainer
+
+    tr = Trainer.build(parse_args(["--scene_cache", str(scene_cache), "--device", "cuda", "--backend", "triton",
+                                   "--n_steps", "1", "--out_dir", str(tmp_path)]))
+    density = lambda x: tr.field.query_density(x)[0]  # noqa: E731
+    eager, graphed = copy.deepcopy(tr.grid), copy.deepcopy(tr.grid)
+    update = GraphedGridUpdate(graphed, density, 0.01, seed=3)
+    for step in range(0, 160, 16):
+        eager.update(density, 0.01, step, 32, 3)
+        if step < 32:
+            graphed.update(density, 0.01, step, 32, 3)
+        else:
+            update(step)
+        torch.cuda.synchronize()
+        assert torch.equal(eager.density, graphed.density), step
+        assert torch.equal(eager.occupied, graphed.occupied), step
+        with torch.no_grad():
+            for p in tr.field.parameters():
+                p.mul_(1.05)
+    assert update.captures == 1
+    assert 0 < float(graphed.occupied.float().mean()) < 1

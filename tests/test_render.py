@@ -176,10 +176,10 @@ def test_cells_drawn_among_the_occupied_are_occupied_and_cover_them_evenly():
     grid = OccupancyGrid(AABB, resolution=4, n_cascades=2)
     g = torch.Generator().manual_seed(5)
     grid.occupied.copy_(torch.rand(grid.occupied.shape, generator=g) > 0.8)
-    drawn = grid.draw_occupied(20000, g)
+    drawn = grid.draw_occupied(torch.rand(20000, generator=g, dtype=torch.float64))
     flat = grid.occupied.view(-1)
     assert flat[drawn].all()
     counts = torch.bincount(drawn, minlength=flat.numel())[flat].float()
     assert counts.min() > 0 and (counts.max() - counts.min()) / counts.mean() < 0.6  # about 20000 / 26 each
     grid.occupied.zero_()
-    assert grid.draw_occupied(8, g).tolist() == [grid.n_cells - 1] * 8  # nothing occupied: a harmless refresh
+    assert grid.draw_occupied(torch.rand(8, generator=g, dtype=torch.float64)).tolist() == [grid.n_cells - 1] * 8  # nothing occupied: a harmless refresh

@@ -100,27 +100,61 @@ class OccupancyGrid(nn.Module):
         then gives every cell the densest of its overlapping regions, so every rank holds the same grid
         (the union of the region grids, each region's cascades clipped to its box).
         """
-        rt = dist.runtime()
-        dev = self.density.device
-        g = torch.Generator(device=dev)
+        cells, offset = self.draw_cells(step, warmup_steps, seed)
+        self.merge(self.evaluate(cells, offset, density_fn, step_size, chunk, box, share))
+
+    def _seeded(self, step: int, seed: int) -> torch.Generator:
+        """The update's random stream at ``step``: seeded by (seed, step), the same on every rank."""
+        g = torch.Generator(device=self.density.device)
         g.manual_seed((seed * 1_000_003 + step) % (2 ** 63))
-        n = self.n_cells
+        return g
+
+    def draw_cells(self, step: int, warmup_steps: int, seed: int) -> tuple[Tensor, Tensor]:
+        """The cells to refresh ``[M]`` long and the jittered points in them ``[M, 3]``: every cell during
+        warm-up, else ``n // 4`` uniformly and ``n // 4`` among the occupied cells (``random_draws`` then
+        ``pick``: the random numbers first, in one fixed order, so a graph can replay the rest)."""
         if step < warmup_steps:
-            cells = torch.arange(n, device=dev)
-        else:
-            quarter = max(n // 4, 1)
-            uniform = torch.randint(0, n, (quarter,), generator=g, device=dev)
-            cells = torch.cat([uniform, self.draw_occupied(quarter, g)])
-        offset = torch.rand((cells.numel(), 3), generator=g, device=dev)
+            n = self.n_cells
+            cells = torch.arange(n, device=self.density.device)
+            return cells, torch.rand((n, 3), generator=self._seeded(step, seed), device=cells.device)
+        uniform, u, offset = self.random_draws(step, seed)
+        return self.pick(uniform, u), offset
+
+    def random_draws(self, step: int, seed: int, out: tuple[Tensor, Tensor, Tensor] | None = None
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+        """After warm-up: ``uniform`` ``[Q]`` long cells, ``u`` ``[Q]`` float64 in [0, 1) (which occupied cell),
+        ``offset`` ``[2Q, 3]`` (the points in the cells), Q = ``n // 4``; written into ``out`` when given."""
+        g, dev = self._seeded(step, seed), self.density.device
+        quarter = max(self.n_cells // 4, 1)
+        if out is None:
+            out = (torch.empty(quarter, dtype=torch.long, device=dev), torch.empty(quarter, dtype=torch.float64, device=dev),
+                   torch.empty((2 * quarter, 3), device=dev))
+        uniform, u, offset = out
+        torch.randint(0, self.n_cells, (quarter,), generator=g, out=uniform)
+        torch.rand(quarter, generator=g, dtype=torch.float64, out=u)
+        torch.rand((2 * quarter, 3), generator=g, out=offset)
+        return uniform, u, offset
+
+    def pick(self, uniform: Tensor, u: Tensor) -> Tensor:
+        """The refreshed cells ``[2Q]`` from ``random_draws``: the uniform ones, then ``u`` mapped onto the
+        occupied cells (``draw_occupied``). No host read."""
+        return torch.cat([uniform, self.draw_occupied(u)])
+
+    def evaluate(self, cells: Tensor, offset: Tensor, density_fn: DensityFn, step_size: float,
+                 chunk: int = 1 << 18, box: Tensor | None = None, share: tuple[int, int] | None = None) -> Tensor:
+        """This rank's fresh optical thickness ``[K * R^3]`` (0 where it evaluated nothing): its share of
+        ``cells`` ``[M]`` at ``offset`` ``[M, 3]`` (see ``update`` for ``box`` and ``share``). No collective,
+        no host read (without ``box``), so a CUDA graph can hold it."""
+        rt = dist.runtime()
         if box is None:
             mine, my_offset = cells[rt.rank::rt.size], offset[rt.rank::rt.size]
         else:
-            box = box.to(dev)
+            box = box.to(cells.device)
             lo, hi = self.cell_positions(cells, torch.zeros_like(offset)), self.cell_positions(cells, torch.ones_like(offset))
             overlaps = ((hi > box[0]) & (lo < box[1])).all(dim=-1)
             index, count = share or (0, 1)
             mine, my_offset = cells[overlaps][index::count], offset[overlaps][index::count]
-        fresh = torch.zeros(n, device=dev)
+        fresh = torch.zeros(self.n_cells, device=cells.device)
         for start in range(0, mine.numel(), chunk):
             idx = mine[start:start + chunk]
             x = self.cell_positions(idx, my_offset[start:start + chunk])
@@ -128,19 +162,24 @@ class OccupancyGrid(nn.Module):
                 x = torch.minimum(torch.maximum(x, box[0]), box[1])
             sigma = density_fn(x).float()
             fresh.scatter_reduce_(0, idx, sigma * step_size, reduce="amax")
-        fresh = dist.allreduce(fresh, "max", name="occupancy.update")
+        return fresh
+
+    def merge(self, fresh: Tensor) -> None:
+        """Every rank's ``fresh`` ``[K * R^3]`` reduced with Max (collective; in place), then decay, max and the
+        occupied bits."""
+        fresh = dist.allreduce_(fresh, "max", name="occupancy.update")
         decayed = torch.maximum(self.density * self.decay, fresh.view_as(self.density))
         self.density.copy_(torch.where(self.visible, decayed, torch.zeros_like(decayed)))
         self.refresh_occupied()
 
-    def draw_occupied(self, count: int, generator: torch.Generator) -> Tensor:
-        """``count`` cells drawn uniformly among the occupied ones -> ``[count]`` long, without reading
-        anything back to the host (no ``nonzero``: fixed sizes, so the update never waits for the GPU).
-        With no cell occupied every draw is the last cell (refreshing it is harmless)."""
+    def draw_occupied(self, u: Tensor) -> Tensor:
+        """Cells drawn uniformly among the occupied ones, one per ``u`` ``[count]`` (uniform in [0, 1), float64)
+        -> ``[count]`` long, without reading anything back to the host (no ``nonzero``: fixed sizes, so the
+        update never waits for the GPU). With no cell occupied every draw is the last cell (refreshing it
+        is harmless)."""
         seen = torch.cumsum(self.occupied.view(-1), 0)  # [n] occupied cells up to and including each
         total = seen[-1]
-        r = torch.rand(count, generator=generator, device=seen.device, dtype=torch.float64) * total
-        r = torch.minimum(r.long(), (total - 1).clamp(min=0))  # the r-th occupied cell, 0-based
+        r = torch.minimum((u * total).long(), (total - 1).clamp(min=0))  # the r-th occupied cell, 0-based
         return torch.searchsorted(seen, r, right=True).clamp(max=seen.numel() - 1)
 
     def refresh_occupied(self) -> None:

@@ -379,6 +379,60 @@ class GraphedStep:
         return self.guard.decide(flags.tolist(), step)
 
 
+class GraphedGridUpdate:
+    """``OccupancyGrid.update`` after warm-up (``--graph_grid_update``) with most of its launches replayed as one
+    CUDA graph: about a hundred small kernels every ``update_interval`` steps become a handful.
+
+    Per update, on the host: the update's random numbers drawn eagerly into fixed buffers
+    (``OccupancyGrid.random_draws``: three kernels, seeded by (seed, step) as the eager update's); one replay
+    (the occupied-cell pick, this rank's share of the density evaluations, their scatter into the fresh
+    values ``[K * R^3]``); then ``OccupancyGrid.merge`` eagerly (the Max allreduce across ranks, which no
+    graph may hold, then decay and threshold: a few kernels). The same grid as the eager update. Warm-up
+    updates (every cell) and model-parallel regions stay eager. ``capture=False`` runs the same body
+    without a graph (the CPU's parity test).
+    """
+
+    def __init__(self, grid: OccupancyGrid, density_fn, step_size: float, seed: int, chunk: int = 1 << 18,
+                 capture: bool = True) -> None:
+        self.grid, self.density_fn, self.step_size, self.seed, self.chunk = grid, density_fn, step_size, seed, chunk
+        self.capture = capture
+        self.draws = grid.random_draws(0, seed)  # fixed buffers, refilled at every update
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.fresh: Tensor | None = None
+        self.captures = 0
+
+    @torch.no_grad()
+    def _body(self) -> Tensor:
+        uniform, u, offset = self.draws
+        return self.grid.evaluate(self.grid.pick(uniform, u), offset, self.density_fn, self.step_size, self.chunk)
+
+    @torch.no_grad()
+    def _capture(self) -> None:
+        dev = self.grid.density.device
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # a warm-up pass first (allocations, kernels compiled): nothing kept
+            self._body()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self.fresh = self._body()
+        self.graph = graph
+        self.captures += 1
+
+    @torch.no_grad()
+    def __call__(self, step: int) -> None:
+        """The update of step ``step`` (collective, as ``OccupancyGrid.update``; after warm-up only)."""
+        self.grid.random_draws(step, self.seed, out=self.draws)
+        if not self.capture:
+            self.grid.merge(self._body())
+            return
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        self.grid.merge(self.fresh)
+
+
 def why_not_deferred(optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> str | None:
     """None when the graphed step can leave the skip to the device (``--defer_verdict``), else why not."""
     if guard is None:
@@ -390,5 +444,5 @@ def why_not_deferred(optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | N
     return None
 
 
-__all__ = ["CaptureKey", "EAGER_STEPS", "GraphedStep", "MODES", "eligibility", "portable_state", "ray_capacity",
-           "set_learning_rate", "use_graphs", "why_not_deferred"]
+__all__ = ["CaptureKey", "EAGER_STEPS", "GraphedGridUpdate", "GraphedStep", "MODES", "eligibility", "portable_state",
+           "ray_capacity", "set_learning_rate", "use_graphs", "why_not_deferred"]

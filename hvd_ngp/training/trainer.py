@@ -45,7 +45,7 @@ from ..state.failures import NonFiniteGuard, Watchdog
 from ..state.trainstate import TrainState, make_rank_streams
 from .ahead import Draw, DrawAhead
 from .budget import RayBudget
-from .graphed import GraphedStep, eligibility, set_learning_rate, use_graphs
+from .graphed import GraphedGridUpdate, GraphedStep, eligibility, set_learning_rate, use_graphs
 from .evaluate import BACKGROUNDS, evaluate
 from .model_parallel import ModelParallel, hash_parameters, plan_partition, region_model
 from .optim import OptimizerChain, make_ema
@@ -110,6 +110,7 @@ class Trainer:
     mp: ModelParallel | None = None  # --model_parallel K > 1: this rank's region and the segment exchange
     mp_reports: list = dc_field(default_factory=list)  # per log interval (model parallel)
     ahead: DrawAhead | None = None  # --draw_ahead (graphed steps): the next step's rays, drawn early
+    grid_graph: GraphedGridUpdate | None = None  # --graph_grid_update: the grid's update after warm-up, graphed
     # each step once its verdict is known: (result, ray count), at once or, with --defer_verdict, during the next
     # step or at ``settle``; the run loop sums the interval's losses and samples there
     on_settled: Callable[[StepResult, int], None] | None = None
@@ -238,6 +239,7 @@ class Trainer:
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
                      state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed, mp=mp)
         tr.use_draw_ahead(args.draw_ahead)
+        tr.use_grid_graph(args.graph_grid_update)
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
         if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
             data.load_state_dict(state.progress["data"])
@@ -255,6 +257,21 @@ class Trainer:
             dist.log(f"draw ahead: off ({why_not})")
         self.ahead = DrawAhead() if wanted and why_not is None else None
         self.state.before_pack = None if self.ahead is None else self.ahead.rewind
+
+    def use_grid_graph(self, mode: str, capture: bool = True) -> None:
+        """``--graph_grid_update on``: the occupancy grid's updates after warm-up replayed as a CUDA graph
+        (``GraphedGridUpdate``), where the step is graphed and the grid is not split into regions; the log
+        says why not elsewhere. ``capture=False``: the same code without a graph (tests on the CPU)."""
+        self.grid_graph = None
+        if mode != "on":
+            return
+        why_not = "the step is not graphed (--cuda_graphs)" if self.graphed is None and capture else None
+        why_not = why_not or ("model-parallel regions update their own parts" if self.mp is not None else None)
+        if why_not:
+            dist.log(f"graphed grid update: off ({why_not})")
+            return
+        self.grid_graph = GraphedGridUpdate(self.grid, lambda x: self.field.query_density(x)[0],
+                                            self.march.schedule.dt_min, self.args.seed, capture=capture)
 
     def lr_multiplier(self) -> float:
         """The learning-rate rule (``--lr_scaling``) for the current world (an elastic one changes size)."""
@@ -279,7 +296,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             set_learning_rate(group, self.lr_at(step) * self.lr_multiplier() * self.budget_lr_factor)
         if self.march.update_due(step):
-            if self.mp is None:
+            if self.grid_graph is not None and step >= self.march.warmup_steps:
+                self.grid_graph(step)
+            elif self.mp is None:
                 self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
                                  self.march.warmup_steps, args.seed)
             else:  # each region refreshes the cells overlapping its box, shared among its copies

@@ -34,6 +34,8 @@
 #                                              # the backward not merging runs (merge_runs_below 0), vector atomics
 #   bash scripts/gpu/session.sh sync16 OUT     # issue 16: sync-free stop flag; throughput of .stage/old (HVD_NGP_OLD=b8b45fc),
 #                                              # this tree, --defer_verdict on
+#   bash scripts/gpu/session.sh grid16 OUT     # issue 16: graphed grid update: GPU tests; throughput of the defaults and
+#                                              # --graph_grid_update on (train, transforms carried)
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -359,6 +361,17 @@ PY
     late_table "s_*" >$out/sync16_table.txt
     grep -v "^    " $out/sync16_table.txt
     rm -f $out/s_*_2.* $out/s_*_1.log
+    ;;
+  grid16)  # issue 16: the graphed grid update (GPU test against the eager update), then late-training throughput,
+    # alternating, two rounds: the defaults against --graph_grid_update on
+    gpu_tests tests/test_graphed.py
+    for round in 1 2; do
+      bench_late g_default $round $PWD
+      bench_late g_grid $round $PWD -- --graph_grid_update on
+    done
+    late_table "g_*" >$out/grid16_table.txt
+    grep -v "^    " $out/grid16_table.txt
+    rm -f $out/g_*_2.* $out/g_*_1.log
     ;;
   fast16)  # issue 16: the kernels' GPU tests (fused ray draw, run-merging backward), then late-training throughput,
     # alternating, two rounds: the defaults, --fused_draw off, the backward without merging runs (merge_runs_below 0),
