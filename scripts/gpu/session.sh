@@ -127,6 +127,8 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     shift1) extra=(--density_network '{"density_bias": -1}') ;;  # nerfacc's density exp(x - 1)
     budgetlr) extra=(--budget_lr_decay on) ;;  # learning rate x0.33 at 50/75/90% of the time budget
     l2enc) extra=(--optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # nerfacc: L2 on the table too
+    ema999) extra=(--optimizer '{"decay": 0.999}') ;;  # the evaluated weights averaged over ~1000 steps instead of ~20
+    rgb128) extra=(--rgb_network '{"n_neurons": 128}') ;;  # a wider colour MLP (lego's view-dependent shine)
     budgetl2) extra=(--budget_lr_decay on --optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # both: nerfacc's recipe
     *) echo "unknown variant $1 (see variant_flags in $0)" >&2; exit 2 ;;
   esac
