@@ -116,3 +116,16 @@ def test_the_first_step_is_set_up_not_training_time(tmp_path, scene_cache, monke
     assert 1.0 <= result.metrics["train_seconds"] < 3.0 and result.metrics["steps"] > 8
     first = re.search(r"\] first step ([0-9.]+) s, not counted in the training time", capsys.readouterr().err)
     assert first and float(first.group(1)) >= 3.0
+
+
+def test_the_first_steps_samples_are_left_out_of_its_interval_as_its_time(tmp_path, scene_cache):
+    """samples/s is samples over the time they took: the first log interval counts the steps after the first."""
+    import json
+
+    from hvd_ngp.training.trainer import run
+
+    out = tmp_path / "o"
+    run(parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
+                    "--n_steps", "8", "--log_every", "4", "--out_dir", str(out), "--save_renders", "0"]))
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["interval_steps"] for r in records if "interval_steps" in r] == [3, 4]

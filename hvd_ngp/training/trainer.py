@@ -440,9 +440,16 @@ def run(args: argparse.Namespace) -> RunResult:
     def first_step(stats) -> None:
         """The process's first step, off the training clock and the monitor's interval (the watchdog stays
         armed): on a GPU it compiles the Triton kernels when their cache is cold (about 15 s on one H200),
-        which is set-up, like loading the scene, not training time in a --time_budget_s."""
-        with clock.paused(), monitor.paused():
-            tr.step(ts.step)
+        which is set-up, like loading the scene, not training time in a --time_budget_s. Its samples are
+        left out of the interval as well (settled here, before ``on_settled`` is back), so samples/s stays
+        samples over the time they took."""
+        keep, tr.on_settled = tr.on_settled, None
+        try:
+            with clock.paused(), monitor.paused():
+                tr.step(ts.step)
+                tr.settle()
+        finally:
+            tr.on_settled = keep
         stats.started += clock.last_pause
         set_up[0] = True
         dist.log(f"[step {ts.step + 1}] first step {clock.last_pause:.1f} s, not counted in the training time "
