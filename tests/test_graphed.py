@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from conftest import gpu_or_skip, tiny_cpu_args
+from conftest import gpu_or_skip, run_ranks, tiny_cpu_args
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.training.graphed import (RAY_QUANTUM, CaptureKey, GraphedStep, eligibility, ray_capacity,
                                       set_learning_rate, use_graphs)
@@ -432,6 +432,17 @@ def test_grid_update_through_fixed_buffers_trains_as_the_eager_update(scene_cach
     assert losses == losses_fixed
     assert torch.equal(density, density_fixed) and torch.equal(occupied, occupied_fixed)
     assert 0 < float(occupied.float().mean()) < 1
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_grid_update_through_fixed_buffers_on_two_ranks(scene_cache, tmp_path, controller):
+    """Its merge reduces the ranks' fresh values in place: the same grid on both ranks, as the eager update's."""
+    proc = run_ranks(["tests/parallel/check_grid_update.py", str(scene_cache), str(tmp_path)], controller=controller,
+                     timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "CHECK grid_update OK (2 ranks)" in out, out[-4000:]
 
 
 def test_graphed_grid_update_equals_the_eager_one_on_a_gpu(scene_cache, tmp_path):
