@@ -72,6 +72,12 @@ bench_late() {  # NAME ROUND TREE [-- TRAINER FLAGS]: bench throughput of TREE a
     --backends triton --warmup_steps 2000 --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? 3 : 0)) --host_profile_steps $((round == 1 ? 50 : 0)) \
     --json $out/$name.json --markdown '' "$@" >$out/$name.log 2>&1 || tail -5 $out/$name.log)
 }
+late_finish() {  # PREFIX NAME: late_table of the PREFIX_* runs into $out/NAME_table.txt, printed without its kernel
+  # lines; round 2's files and round 1's logs removed (at most 8 files come back from the machine)
+  late_table "${1}_*" >$out/$2_table.txt
+  grep -v "^    " $out/$2_table.txt
+  rm -f $out/${1}_*_2.* $out/${1}_*_1.log
+}
 late_table() {  # GLOB: one line per bench_late run (speed, rays, launches, GPU busy, stages), its longest kernels
   python3 - "$out" "$1" <<'PY'
 import json, pathlib, sys
@@ -360,9 +366,7 @@ PY
       bench_late s_default $round $PWD
       bench_late s_defer $round $PWD -- --defer_verdict on
     done
-    late_table "s_*" >$out/sync16_table.txt
-    grep -v "^    " $out/sync16_table.txt
-    rm -f $out/s_*_2.* $out/s_*_1.log
+    late_finish s sync16
     ;;
   grid16)  # issue 16: the graphed grid update (GPU test against the eager update), then late-training throughput,
     # alternating, two rounds: the defaults against --graph_grid_update on
@@ -371,9 +375,7 @@ PY
       bench_late g_default $round $PWD
       bench_late g_grid $round $PWD -- --graph_grid_update on
     done
-    late_table "g_*" >$out/grid16_table.txt
-    grep -v "^    " $out/grid16_table.txt
-    rm -f $out/g_*_2.* $out/g_*_1.log
+    late_finish g grid16
     ;;
   fast16)  # issue 16: the kernels' GPU tests (fused ray draw, run-merging backward), then late-training throughput,
     # alternating, two rounds: the defaults, --fused_draw off, the backward without merging runs (merge_runs_below 0),
