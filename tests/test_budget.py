@@ -24,6 +24,15 @@ def test_the_fast_path_aims_at_the_fill_share_of_the_target_within_the_marching_
     assert budget.n_rays == rays
 
 
+def test_counts_in_one_tensor_are_taken_as_they_are():
+    """The graphed step hands its three counts as one ``[3]`` tensor (no stack kernel): the same ray count."""
+    stats = torch.tensor([0.1, 0.1, float(1 << 16), float(1 << 17), 1000.0])
+    apart, together = (RayBudget(4096, target=1 << 16, max_rays=1 << 20, candidate_factor=4.0) for _ in range(2))
+    apart.update(_result(1 << 16, 1 << 17, 1000))
+    together.update(StepResult(stats[0], stats[1], stats[2], stats[3], stats[4], counts=stats[2:5]))
+    assert together.n_rays == apart.n_rays == 896
+
+
 def test_the_reference_path_aims_at_the_target_itself():
     budget = RayBudget(4096, target=1 << 16, max_rays=1 << 20, fill=1.05)  # no fixed buffers: fill unused
     budget.update(_result(1 << 16, 1 << 17, 1000))

@@ -97,6 +97,10 @@ def test_the_flags_hold_the_loss_verdict_and_the_stop_request(stop):
     tail = torch.full((2,), 7.0)
     guard.fold_stop(tail)  # the loss flag (written on the device by the graphed step) stays
     assert tail.tolist() == [7.0, float(stop)]
+    zeroed = torch.tensor([7.0, 0.0])
+    version = zeroed._version
+    guard.fold_stop(zeroed, zeroed=True)  # the graphed step's zeroed tail: written only for a stop
+    assert zeroed.tolist() == [7.0, float(stop)] and (zeroed._version > version) == stop
 
 
 def test_writing_the_flags_on_a_gpu_does_not_wait_for_it():

@@ -111,11 +111,14 @@ class NonFiniteGuard:
         self._write(loss, tail)
         self._folded = tail
 
-    def fold_stop(self, tail: torch.Tensor) -> None:
+    def fold_stop(self, tail: torch.Tensor, zeroed: bool = False) -> None:
         """Write only the stop flag into ``tail[1]`` (the loss flag is already there: a graphed step writes
-        it on the device, ``training.graphed``)."""
+        it on the device, ``training.graphed``). ``zeroed``: ``tail[1]`` is known to be 0 (the graphed step
+        zeroes the tail every step), so only a requested stop is written: no kernel on an ordinary step."""
         if self._stop_requested is not None:
-            write_flag(tail, 1, self._stop_requested())
+            stop = self._stop_requested()
+            if stop or not zeroed:
+                write_flag(tail, 1, stop)
 
     def adopt(self, tail: torch.Tensor) -> None:
         """This step's flags are in ``tail`` ``[width]`` already (written on the device and reduced with the

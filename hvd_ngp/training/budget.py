@@ -82,8 +82,10 @@ class RayBudget:
         if not isinstance(res.n_samples, Tensor):
             self._adapt(res.n_samples, res.n_candidates, res.n_valid)
             return self.n_rays
-        counts = torch.stack([torch.as_tensor(v, device=res.loss.device).float()
-                              for v in (res.n_samples, res.n_candidates, res.n_valid)])
+        counts = res.counts
+        if counts is None:
+            counts = torch.stack([torch.as_tensor(v, device=res.loss.device).float()
+                                  for v in (res.n_samples, res.n_candidates, res.n_valid)])
         host, event = copy_to_host(counts)
         self._pending.append((event, host))
         while apply and self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):

@@ -346,7 +346,8 @@ class GraphedStep:
         if after_forward is not None:
             after_forward()
         if self.guard is not None and self.guard.carries_stop:
-            self.guard.fold_stop(self.grads.tail)  # before the allreduce: the stop flag travels with it
+            # before the allreduce: the stop flag travels with it (graph A zeroed the tail: a kernel only for a stop)
+            self.guard.fold_stop(self.grads.tail, zeroed=True)
         pending = self.grads.allreduce_start(compression=self.compression)  # no call at size 1
         if meanwhile is not None:
             meanwhile()
@@ -365,7 +366,7 @@ class GraphedStep:
         timer.mark("optimizer")
         stats = stats.clone()  # the next replay overwrites the graph's outputs
         return StepResult(stats[0], stats[1], stats[2], stats[3], stats[4], skipped, ray_loss[:n].clone(),
-                          valid[:n].clone())
+                          valid[:n].clone(), counts=stats[2:5])
 
     def settle(self) -> bool | None:
         """The deferred verdict on the last step (``guard.decide``: it may raise ``NonFiniteError``), waiting

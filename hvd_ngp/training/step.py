@@ -75,6 +75,9 @@ class StepResult:
     skipped: bool | None = False
     ray_loss: Tensor | None = None
     valid: Tensor | None = None
+    # the three counts in one device tensor ``[3]`` float (samples, candidates, valid rays) where the step has
+    # them so (the graphed step): ``RayBudget.update`` copies it to the host as it is, with no stack kernel
+    counts: Tensor | None = None
 
 
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -325,7 +325,7 @@ class Trainer:
         if self.mp is None:
             self.budget.update(res, apply=self.ahead is None)  # drawing ahead: the count changes where it draws
         else:  # the replica's K ranks adapt to the same count, so they keep drawing the same rays
-            self.budget.update(replace(res, n_samples=self.mp.take_step_samples()))
+            self.budget.update(replace(res, n_samples=self.mp.take_step_samples(), counts=None))
         if res.skipped is None:  # decided during the next step (its graph A launched) or by settle()
             self._unsettled = (step, res, rays, n_rays)
         else:
