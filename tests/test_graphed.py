@@ -233,6 +233,7 @@ def test_a_deferred_verdict_skips_on_the_device_as_the_waiting_step_does(scene_c
     assert all(torch.equal(a, b) for a, b in zip(wait.state.ema.average, defer.state.ema.average))
 
 
+@needs_interpreter
 @pytest.mark.parametrize("optimizer,limit,flag,deferred,said", [
     (FUSED_ADAM, 10, "auto", True, False), (FUSED_ADAM, 10, "on", True, False), (FUSED_ADAM, 10, "off", False, False),
     (None, 10, "auto", False, False), (None, 10, "on", False, True), (FUSED_ADAM, 0, "on", False, True)])
@@ -382,17 +383,18 @@ def test_graph_replay_follows_the_eager_step_on_a_gpu(scene_cache, tmp_path):
     assert torch.isfinite(graph).all() and torch.isfinite(deferred).all()
     # compare 20-step means; the hash grid's atomic adds make GPU runs of one seed drift apart (different
     # sample counts, then different ray counts and draws): two eager runs measure how far
+    # apart; a graphed run may lie outside the band the two eager runs span by at most twice their spread
     windows = lambda c: c.view(10, 20).mean(dim=1)  # noqa: E731
-    rel = lambda a, b: float(((windows(a) - windows(b)).abs() / windows(b)).max())  # noqa: E731
-    spread, off = rel(eager_again, eager), rel(graph, eager)
+    low, high = torch.minimum(windows(eager), windows(eager_again)), torch.maximum(windows(eager), windows(eager_again))
+    spread = float(((high - low) / low).max())
+    outside = lambda c: float(((windows(c) - high).clamp(min=0) + (low - windows(c)).clamp(min=0)).div(low).max())  # noqa: E731
     assert windows(graph)[-1] < 0.5 * windows(graph)[0], f"the graphed run did not learn: {windows(graph).tolist()}"
-    assert off <= max(0.03, 2 * spread), (
-        f"graphed 20-step mean losses differ from eager by up to {off:.3g} (relative), two eager runs by {spread:.3g}; "
-        f"eager {windows(eager).tolist()}, eager again {windows(eager_again).tolist()}, graphed {windows(graph).tolist()}")
-    off_deferred = rel(deferred, eager)
-    assert off_deferred <= max(0.03, 2 * spread), (
-        f"deferred-verdict 20-step mean losses differ from eager by up to {off_deferred:.3g} (relative), two eager "
-        f"runs by {spread:.3g}; deferred {windows(deferred).tolist()}")
+    for name, curve in (("graphed", graph), ("deferred-verdict", deferred)):
+        off = outside(curve)
+        assert off <= max(0.03, 2 * spread), (
+            f"{name} 20-step mean losses lie up to {off:.3g} (relative) outside the two eager runs, which differ by up "
+            f"to {spread:.3g}; eager {windows(eager).tolist()}, eager again {windows(eager_again).tolist()}, "
+            f"{name} {windows(curve).tolist()}")
 
 
 # ------------------------------------------------------------------------------------------ the grid's update

@@ -143,6 +143,10 @@ class NGPField(nn.Module):
         logit = h[:, 0].float()
         return trunc_exp(logit + self.density_bias if self.density_bias else logit), h
 
+    def density(self, x: Tensor, n_rows: Tensor | None = None) -> Tensor:
+        """sigma ``[N]`` alone: the renderers' and the occupancy grid's density callback."""
+        return self.query_density(x, n_rows)[0]
+
     def forward(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
         sigma, geo = self.query_density(x)
         rgb = torch.sigmoid(self.rgb_mlp(torch.cat([self.dir_encoding(d).to(geo.dtype), geo], dim=-1)).float())

@@ -230,8 +230,13 @@ class PiecewiseField(torch.nn.Module):
             b = b.index_copy(0, sel, v.to(b.dtype))
         return a, b
 
-    def query_density(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def query_density(self, x: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``n_rows`` is accepted for the renderers' sake and ignored: every row is computed."""
         return self._dispatch(x, lambda f, sel: f.query_density(x[sel]))
+
+    def density(self, x: Tensor, n_rows: Tensor | None = None) -> Tensor:
+        """sigma ``[M]`` alone (the renderers' density callback)."""
+        return self.query_density(x)[0]
 
     def forward(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
         return self._dispatch(x, lambda f, sel: f(x[sel], d[sel]))

@@ -82,7 +82,7 @@ class ViewRenderer:
                                                 self.early_termination, self.chunk, step_offset)
             w, h = frames.image_size(index)
             return rgb.clamp(0, 1).view(h, w, 3)
-        rgb, _ = render_image(field, lambda x: field.query_density(x)[0], o, d, field.aabb, self.grid, self.schedule,
+        rgb, _ = render_image(field, field.density, o, d, field.aabb, self.grid, self.schedule,
                               background, self.early_termination, fast=self.fast, budget=self.budget,
                               workspace=self.workspace, row_bytes=self.row_bytes, step_offset=step_offset)
         w, h = frames.image_size(index)

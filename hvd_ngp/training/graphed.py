@@ -53,7 +53,7 @@ from ..state.failures import NonFiniteGuard
 from .budget import copy_to_host
 from .evaluate import composite_background
 from .recipe import Marching
-from .step import AUTOCAST, StepResult, density_of, masked_mean, ray_losses
+from .step import AUTOCAST, StepResult, masked_mean, ray_losses
 
 #: steps run eagerly (same code, no capture) before the first capture
 EAGER_STEPS = 16
@@ -147,6 +147,16 @@ def portable_state(optimizer: torch.optim.Optimizer, state: dict) -> dict:
             entry["step"] = entry["step"].detach().to("cpu", torch.float32)
         entries[key] = entry
     return {"state": entries, "param_groups": groups}
+
+
+def warm_up(body: Callable[[], object], device: torch.device) -> None:
+    """Run ``body`` once on a side stream before it is captured (allocations made, kernels compiled; its
+    results are discarded), ordered after and before the current stream's work."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream(device).wait_stream(side)
 
 
 class GraphedStep:
@@ -272,7 +282,7 @@ class GraphedStep:
         autocast = self.precision in AUTOCAST
         with torch.autocast("cuda", dtype=AUTOCAST.get(self.precision, torch.float32), enabled=autocast,
                             cache_enabled=False):  # a cast cache would outlive the capture
-            out = self.renderer(field, density_of(field), origins, directions, field.aabb, self.grid,
+            out = self.renderer(field, field.density, origins, directions, field.aabb, self.grid,
                                 self.march.schedule, self.march.early_termination, inp["jitter"])
         valid = out.valid & active
         pred, per_channel, loss, trained = ray_losses(out.rgb, out.opacity, background, target, self.loss_fn, valid,
@@ -297,11 +307,7 @@ class GraphedStep:
         """Capture graphs A (forward and backward) and B (optimizer step) for ``key``; the inputs hold this
         step's rays. A warm-up pass on a side stream first (its gradients are discarded)."""
         self.graphs = self.outputs = None
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self._forward_backward()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        warm_up(self._forward_backward, self.device)
         pool = torch.cuda.graph_pool_handle()
         forward_backward, update = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         # thread_local: the sampler's prefetch thread (images in host memory) may copy to the GPU meanwhile
@@ -409,12 +415,7 @@ class GraphedGridUpdate:
 
     @torch.no_grad()
     def _capture(self) -> None:
-        dev = self.grid.density.device
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # a warm-up pass first (allocations, kernels compiled): nothing kept
-            self._body()
-        torch.cuda.current_stream(dev).wait_stream(side)
+        warm_up(self._body, self.grid.density.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.fresh = self._body()

@@ -151,7 +151,7 @@ class ModelParallel:
             for s in range(0, origins.shape[0], chunk):
                 o, d = origins[s:s + chunk], directions[s:s + chunk]
                 j = None if step_offset == 0.5 else torch.full((o.shape[0],), step_offset, device=o.device)
-                out = self(field, lambda x: field.query_density(x)[0], o, d, field.aabb, grid, schedule,
+                out = self(field, field.density, o, d, field.aabb, grid, schedule,
                            early_termination, j)
                 rgbs.append(out.rgb.float() + background * (1.0 - out.opacity.float()[:, None]))
                 depths.append(out.depth)

@@ -38,15 +38,6 @@ def masked_mean(values: Tensor, valid: Tensor | None, weight: Tensor | None = No
     return (values * w[:, None]).sum() / (count * values.shape[1]).clamp(min=1.0)
 
 
-
-def density_of(field: NGPField):
-    """The renderers' density callback ``x [M, 3] (, n_rows) -> sigma [M]``: the fast renderer passes the
-    count of filled rows (``n_rows``), the reference one does not."""
-    def density(x: Tensor, n_rows: Tensor | None = None) -> Tensor:
-        return field.query_density(x, n_rows)[0]
-    return density
-
-
 def ray_losses(rgb: Tensor, opacity: Tensor, background: Tensor, target: Tensor, loss_fn, valid: Tensor | None,
                weight: Tensor | None, weight_gradient: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The step's loss terms from rendered ``rgb`` ``[R, 3]`` and ``opacity`` ``[R]`` over ``background``
@@ -114,13 +105,12 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     ray_loss: list[Tensor] = []
     valids: list[Tensor | None] = []
     optimizer.zero_grad()
-    density = density_of(field)
     for a, b in zip(bounds[:-1], bounds[1:]):
         if a == b:
             continue
         part, share = slice(a, b), (b - a) / n
         with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
-            out = render(field, density, rays.origins[part], rays.directions[part], field.aabb, grid, march.schedule,
+            out = render(field, field.density, rays.origins[part], rays.directions[part], field.aabb, grid, march.schedule,
                          march.early_termination, None if jitter is None else jitter[part], timer=timer)
         valid = getattr(out, "valid", None)
         weight = None if rays.weight is None else rays.weight[part]

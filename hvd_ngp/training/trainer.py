@@ -270,7 +270,7 @@ class Trainer:
         if why_not:
             dist.log(f"graphed grid update: off ({why_not})")
             return
-        self.grid_graph = GraphedGridUpdate(self.grid, lambda x: self.field.query_density(x)[0],
+        self.grid_graph = GraphedGridUpdate(self.grid, self.field.density,
                                             self.march.schedule.dt_min, self.args.seed, capture=capture)
 
     def lr_multiplier(self) -> float:
@@ -299,11 +299,11 @@ class Trainer:
             if self.grid_graph is not None and step >= self.march.warmup_steps:
                 self.grid_graph(step)
             elif self.mp is None:
-                self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
+                self.grid.update(self.field.density, self.march.schedule.dt_min, step,
                                  self.march.warmup_steps, args.seed)
             else:  # each region refreshes the cells overlapping its box, shared among its copies
                 g = self.mp.groups
-                self.grid.update(lambda x: self.field.query_density(x)[0], self.march.schedule.dt_min, step,
+                self.grid.update(self.field.density, self.march.schedule.dt_min, step,
                                  self.march.warmup_steps, args.seed, box=self.mp.box, share=(g.replica, g.replicas))
             timer.mark("occupancy update")
         n_rays = self.budget.n_rays * self.args.comm.backward_passes_per_step  # the budget is per backward pass
