@@ -99,6 +99,11 @@ def test_scaling_end_to_end_on_cpu(scene_cache, tmp_path):
     assert [c["tensor"].split(" (")[0] for c in ceiling] == ["hash grid", "all gradients"]
     assert all(c["backend"] == "gloo" and c["horovod_s"] > 0 and c["raw_s"] > 0 for c in ceiling)
     assert summary["runs"][0]["ceiling"] == []  # nothing to reduce at 1 rank
+    # a sharded Adam update (reduce-scatter, 1/2 of the values each, all-gather) gives the allreduced one's values
+    update = summary["runs"][1]["update"]
+    assert update["max_difference"] < 1e-5 and update["allreduce_update_s"] > 0 and update["sharded_update_s"] > 0
+    assert update["values"] % 2 == 0 and summary["runs"][0]["update"] is None
+    assert re.search(r"^\| weak +\| 2 +\| [\d.]+ +\| [\d.]+ ms +\| [\d.]+ ms +\| [\d.]+x +\| ", proc.stdout, re.M)
     # the table printed, and the dated section with the command
     assert one["mode"] == two["mode"] == "weak" and one["samples_per_rank_step"] == two["samples_per_rank_step"] == 1024
     assert re.search(r"^\| weak +\| 2 +\| 1 +\| 1024 +\| [\d.]+ +\| [\d.]+ +\| [\d.]+x +\| [\d.]+% +\| n/a +\| "

@@ -4,6 +4,11 @@ Both time the same tensors in the same processes: the largest gradient (the hash
 every gradient of the model in flight together (Horovod fuses them like the optimizer does; the
 raw side reduces one flat buffer of the same total size, the best a fused allreduce can do).
 Bus bandwidth = 2 (n - 1) / n x bytes / time, NCCL's convention, comparable across rank counts.
+
+``measure_update`` times the two ways to apply one Adam update of all parameters: allreduce the flat
+gradient and update every value on every rank (what training does), or reduce-scatter it, update this
+rank's 1/n of the values and all-gather them (a sharded optimizer), and checks that both give the same
+parameters.
 """
 
 from __future__ import annotations
@@ -86,3 +91,51 @@ def measure(gradients: dict[str, int], block: DistributedBlock, repeats: int = 2
     finally:
         tdist.destroy_process_group()
     return rows
+
+
+def _adam(param: torch.Tensor) -> torch.optim.Optimizer:
+    """Adam as training configures it (fused on a GPU) over one flat parameter."""
+    return torch.optim.Adam([param], lr=1e-2, betas=(0.9, 0.99), eps=1e-15, fused=param.is_cuda)
+
+
+def measure_update(gradients: dict[str, int], repeats: int = 20, seed: int = 0) -> dict | None:
+    """Allreduce + Adam on every value against reduce-scatter + Adam on this rank's 1/n + all-gather, over
+    one flat fp32 buffer of all ``gradients``' values (padded to a multiple of the rank count): {values,
+    bytes, allreduce_update_s, sharded_update_s, speedup (allreduce / sharded), max_difference (largest
+    parameter difference after one update both ways from the same start)}; None at size 1.
+
+    Collective: every rank calls it with the same ``gradients``.
+    """
+    rt = dist.runtime()
+    if rt.size == 1:
+        return None
+    device, n = rt.device, rt.size
+    total = -(-sum(gradients.values()) // n) * n
+    chunk, lo = total // n, rt.rank * (total // n)
+    start = torch.randn(total, generator=torch.Generator().manual_seed(seed)).to(device)  # the same on every rank
+    grad = torch.randn(total, generator=torch.Generator().manual_seed(seed + 1 + rt.rank)).to(device)
+
+    full = start.clone().requires_grad_(True)
+    full_opt = _adam(full)
+    shard = start[lo:lo + chunk].clone().requires_grad_(True)
+    shard_opt = _adam(shard)
+    gathered: list[torch.Tensor] = []
+
+    def allreduce_update() -> None:
+        full.grad = dist.allreduce(grad, "avg", name="bench.update.allreduce")
+        full_opt.step()
+
+    def sharded_update() -> None:
+        shard.grad = dist.reducescatter(grad, "avg", name="bench.update.reducescatter")
+        shard_opt.step()
+        gathered[:] = [dist.allgather(shard.detach(), name="bench.update.allgather")]
+
+    with torch.no_grad():  # one update each way from the same start: the same parameters
+        allreduce_update()
+        sharded_update()
+        difference = float((gathered[0] - full).abs().max())
+        difference = float(dist.allreduce(torch.tensor([difference]), "max", name="bench.update.difference"))
+        allreduce_s = _median_seconds(allreduce_update, device, repeats)
+        sharded_s = _median_seconds(sharded_update, device, repeats)
+    return {"values": total, "bytes": 4 * total, "allreduce_update_s": allreduce_s, "sharded_update_s": sharded_s,
+            "speedup": allreduce_s / sharded_s, "max_difference": difference}

@@ -2,10 +2,11 @@
 
     python -m hvd_ngp.bench._scaling_rank --result PATH [--ceiling_repeats N] -- <trainer options>
 
-1. the allreduce ceiling (Horovod vs raw torch.distributed) for this model's gradient sizes;
+1. the allreduce ceiling (Horovod vs raw torch.distributed) for this model's gradient sizes, and one
+   Adam update of them allreduced against sharded (reduce-scatter, 1/n of the update, all-gather);
 2. training as ``hvd_ngp.train`` does it; its monitor measures, per log interval, the share of time
    blocked in collectives, GPU utilisation and energy (NVML);
-3. rank 0 writes {samples per rank and step, throughput, seconds per step, communication share, GPU utilization, energy, PSNR history, ceiling}.
+3. rank 0 writes {samples per rank and step, throughput, seconds per step, communication share, GPU utilization, energy, PSNR history, ceiling, update}.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     comm = args.comm
     rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
     ceiling = _collectives.measure(gradient_sizes(args.model), comm.block, opts.ceiling_repeats)
+    update = _collectives.measure_update(gradient_sizes(args.model), opts.ceiling_repeats, args.seed)
 
     result = run(args)  # the monitor measures comm share, GPU utilisation and energy per log interval
     if rt.is_root:
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             "energy_j": energy, "samples_per_joule": samples / energy if energy else None,
             "test_psnr": result.metrics["test_psnr"],
             "psnr_curve": [(c["seconds"], c["psnr"]) for c in result.metrics["curve"]],
-            "communication": result.metrics["communication"], "ceiling": ceiling,
+            "communication": result.metrics["communication"], "ceiling": ceiling, "update": update,
         }
         Path(opts.result).parent.mkdir(parents=True, exist_ok=True)
         Path(opts.result).write_text(json.dumps(out, indent=1))

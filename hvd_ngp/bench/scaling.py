@@ -133,7 +133,7 @@ def fmt(value: float | None, spec: str, unit: str = "") -> str:
 
 
 def render(rows: list[dict], results: list[dict], targets: list[float]) -> str:
-    """The scaling table and the allreduce-ceiling table (plain text that is also Markdown)."""
+    """The scaling table, the allreduce-ceiling table and the update table (plain text that is also Markdown)."""
     def reached(row: dict, t: float) -> str:
         s = row["time_to_psnr"][str(t)]
         return "not reached" if s is None else f"{s:.1f} s"
@@ -157,6 +157,15 @@ def render(rows: list[dict], results: list[dict], targets: list[float]) -> str:
     if c_cells:
         out += "\n\nAllreduce of the same gradient sizes, same processes (median; bus bandwidth):\n\n"
         out += table(c_cells, c_columns)
+    u_columns = ["mode", "ranks", "MiB", "allreduce + Adam on all", "reduce-scatter + Adam on 1/n + all-gather",
+                 "sharded speedup", "largest difference"]
+    u_cells = [dict(zip(u_columns, [
+        r.get("mode", "weak"), r["ranks"], f"{u['bytes'] / 2**20:.1f}", f"{1e3 * u['allreduce_update_s']:.2f} ms",
+        f"{1e3 * u['sharded_update_s']:.2f} ms", f"{u['speedup']:.2f}x", f"{u['max_difference']:.1e}"]))
+        for r in results if (u := r.get("update"))]
+    if u_cells:
+        out += "\n\nOne Adam update of every parameter, allreduced or sharded, same processes (median):\n\n"
+        out += table(u_cells, u_columns)
     return out
 
 

@@ -279,6 +279,15 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     return _hvd.allgather(tensor, name=name)
 
 
+def reducescatter(tensor: torch.Tensor, op: str = "avg", name: str | None = None) -> torch.Tensor:
+    """This rank's block of the reduced ``tensor`` (op: sum | avg): ``[n / size, ...]`` when ``size`` divides
+    the ``n`` rows (Horovod gives the first ranks one row more otherwise). A copy at size 1."""
+    if _hvd is None or _runtime.size == 1:
+        return tensor.clone()
+    with COMM_CLOCK.blocking(tensor):
+        return _hvd.reducescatter(tensor, op=getattr(_hvd, _OPS[op]), name=name)
+
+
 def allgather_object(obj: T, name: str | None = None) -> list[T]:
     """Every rank's ``obj``, ordered by rank (picklable objects only; for small metadata)."""
     if _hvd is None or _runtime.size == 1:
