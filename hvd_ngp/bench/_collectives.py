@@ -111,7 +111,8 @@ def measure_update(gradients: dict[str, int], repeats: int = 20, seed: int = 0) 
         return None
     device, n = rt.device, rt.size
     total = -(-sum(gradients.values()) // n) * n
-    chunk, lo = total // n, rt.rank * (total // n)
+    chunk = total // n
+    lo = rt.rank * chunk
     start = torch.randn(total, generator=torch.Generator().manual_seed(seed)).to(device)  # the same on every rank
     grad = torch.randn(total, generator=torch.Generator().manual_seed(seed + 1 + rt.rank)).to(device)
 

@@ -6,7 +6,8 @@
    Adam update of them allreduced against sharded (reduce-scatter, 1/n of the update, all-gather);
 2. training as ``hvd_ngp.train`` does it; its monitor measures, per log interval, the share of time
    blocked in collectives, GPU utilisation and energy (NVML);
-3. rank 0 writes {samples per rank and step, throughput, seconds per step, communication share, GPU utilization, energy, PSNR history, ceiling, update}.
+3. rank 0 writes {samples per rank and step, throughput, seconds per step, communication share, GPU
+   utilization, energy, PSNR history, ceiling, update}.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(trainer_argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
     comm = args.comm
     rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
-    ceiling = _collectives.measure(gradient_sizes(args.model), comm.block, opts.ceiling_repeats)
-    update = _collectives.measure_update(gradient_sizes(args.model), opts.ceiling_repeats, args.seed)
+    sizes = gradient_sizes(args.model)  # builds the model on the CPU once
+    ceiling = _collectives.measure(sizes, comm.block, opts.ceiling_repeats)
+    update = _collectives.measure_update(sizes, opts.ceiling_repeats, args.seed)
 
     result = run(args)  # the monitor measures comm share, GPU utilisation and energy per log interval
     if rt.is_root:

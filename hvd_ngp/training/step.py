@@ -110,8 +110,8 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
             continue
         part, share = slice(a, b), (b - a) / n
         with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
-            out = render(field, field.density, rays.origins[part], rays.directions[part], field.aabb, grid, march.schedule,
-                         march.early_termination, None if jitter is None else jitter[part], timer=timer)
+            out = render(field, field.density, rays.origins[part], rays.directions[part], field.aabb, grid,
+                         march.schedule, march.early_termination, None if jitter is None else jitter[part], timer=timer)
         valid = getattr(out, "valid", None)
         weight = None if rays.weight is None else rays.weight[part]
         pred, per_channel, reported, backpropagated = ray_losses(out.rgb, out.opacity, background[part], target[part],
