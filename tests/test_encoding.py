@@ -130,6 +130,7 @@ def test_desired_resolution_is_per_world_unit_as_in_instant_ngp():
     ({"table_dtype": "float16"}, "needs the triton backend"),
     ({"merge_runs_below": -1}, "merge_runs_below must be a resolution >= 0"),
     ({"merge_runs_below": True}, "merge_runs_below must be a resolution >= 0"),
+    ({"feature_major": "yes"}, "feature_major must be true or false"),
 ])
 def test_invalid_encoding_blocks_are_refused(block, message):
     with pytest.raises(ConfigError, match=message):
@@ -140,13 +141,13 @@ def test_model_for_backend_drops_the_kernel_options_for_other_backends_only():
     """The benchmarks' own torch/cpp/tcnn builds beside a triton run take the grid without the Triton kernels'
     options (make_position_encoding refuses a float16 table there); triton and auto keep them."""
     block = {"n_levels": 4, "log2_hashmap_size": 10, "table_dtype": "float16", "vector_atomics": True,
-             "merge_runs_below": 300}
+             "merge_runs_below": 300, "feature_major": False}
     model = {"encoding": block, "network": {}, "_source": "net.json"}
     for backend in ("torch", "cpp", "tcnn"):
         out = model_for_backend(model, backend)
         assert out["encoding"] == {"n_levels": 4, "log2_hashmap_size": 10} and out["network"] is model["network"]
         make_position_encoding(out["encoding"], "torch")
-    assert model["encoding"] is block and len(block) == 5  # the caller's config is left as it was
+    assert model["encoding"] is block and len(block) == 6  # the caller's config is left as it was
     assert model_for_backend(model, "triton") is model and model_for_backend(model, "auto") is model
     plain = {"encoding": {"n_levels": 4}}
     assert model_for_backend(plain, "torch") is plain
@@ -155,15 +156,16 @@ def test_model_for_backend_drops_the_kernel_options_for_other_backends_only():
 
 
 def test_kernel_options_are_not_grid_keys(monkeypatch):
-    """table_dtype, vector_atomics and merge_runs_below tell the Triton kernels how to run: the grid (and the
-    memory plan built from it) ignores them, the Triton encoding receives them."""
+    """table_dtype, vector_atomics, merge_runs_below and feature_major tell the Triton kernels how to run: the grid
+    (and the memory plan built from it) ignores them, the Triton encoding receives them."""
     block = {"n_levels": 4, "log2_hashmap_size": 10, "table_dtype": "float16", "vector_atomics": True,
-             "merge_runs_below": 300}
+             "merge_runs_below": 300, "feature_major": False}
     assert HashGridSpec.from_config(block) == HashGridSpec.from_config({"n_levels": 4, "log2_hashmap_size": 10})
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
     enc = make_position_encoding(block, "triton")
     assert enc.table_dtype == torch.float16 and enc.vector_atomics and enc.merge_runs_below == 300
+    assert not enc.feature_major and make_position_encoding({"n_levels": 4}, "triton").feature_major  # default on
     assert make_position_encoding({"n_levels": 4}, "triton").merge_runs_below == MERGE_RUNS_BELOW == 300  # default
     assert make_position_encoding({"n_levels": 4, "merge_runs_below": 0}, "triton").merge_runs_below == 0
     for backend in ("torch", "cpp"):  # the other backends' gradients are the same sums: they ignore it

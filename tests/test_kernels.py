@@ -67,6 +67,29 @@ def test_hashgrid_matches_reference(spec, table_dtype, vector_atomics):
     assert_mostly_close(fast.params.grad, ref.params.grad, 1e-4)
 
 
+def test_hashgrid_output_layouts_agree():
+    """Feature-major output (the default: the transpose of a contiguous ``[L * F, N]``) and row-major output give the
+    same features and table gradients, whatever the layout of the incoming gradient."""
+    spec = HashGridSpec(6, 2, 12, 4, 2.0)
+    torch.manual_seed(2)
+    cols, rows = HashGridTriton(spec).to(DEV), HashGridTriton(spec, feature_major=False).to(DEV)
+    assert cols.feature_major and not rows.feature_major
+    with torch.no_grad():
+        cols.params.normal_()
+        rows.params.copy_(cols.params)
+    n = 300 if SMALL else 1 << 15
+    x = rays_of_points(n, 30, 1 / 128, 5).to(DEV)
+    a, b = cols(x), rows(x)
+    assert a.stride() == (1, n) and b.stride() == (spec.n_output_dims, 1)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    g = torch.randn(spec.n_output_dims, n, device=DEV).t()  # column-major, as the fused MLP hands it back
+    for grad in (g, g.contiguous()):
+        cols.params.grad = rows.params.grad = None
+        a.backward(grad, retain_graph=True)
+        b.backward(grad, retain_graph=True)
+        torch.testing.assert_close(cols.params.grad, rows.params.grad, rtol=1e-5, atol=1e-6)
+
+
 def rays_of_points(n: int, per_ray: int, step: float, seed: int) -> torch.Tensor:
     """``[n, 3]`` points in the unit cube, ``per_ray`` consecutive ones ``step`` apart along random rays
     (neighbours share cells at coarse levels, as a training step's samples)."""

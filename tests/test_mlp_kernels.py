@@ -80,6 +80,31 @@ def test_fused_mlp_fp32_matches_torch(shape, n):
         assert all(float(a.abs().sum()) == 0 for a in gw)
 
 
+@pytest.mark.parametrize("n", ROWS[2:])
+def test_fused_mlp_reads_and_writes_a_column_major_input(n):
+    """The input as the hash grid lays it out (the transpose of a contiguous ``[K, N]``): the same output and
+    gradients as a row-major copy, and the input's gradient comes back in the input's layout; with a row
+    count too."""
+    n_in, block, n_out = DENSITY
+    m = mlp(n_in, block, n_out)
+    x_cols = torch.randn(n_in, n, device=DEV).t()
+    assert x_cols.stride() == (1, n)
+    g = torch.randn(n, n_out, device=DEV)
+    for count in (None, max(n // 2, 1)):
+        def fn(x):
+            return m(x) if count is None else m(x, torch.tensor(count, device=DEV))
+        x = x_cols.detach().clone().t().contiguous().t().requires_grad_(True)  # column-major leaf
+        m.zero_grad(set_to_none=True)
+        y = fn(x)
+        (y.float() * g).sum().backward()
+        y_ref, gx_ref, gw_ref = run(m, x_cols.contiguous(), g, fn)
+        assert x.grad.stride() == (1, n)
+        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(x.grad, gx_ref, rtol=1e-5, atol=1e-6)
+        for p, b in zip(m.parameters(), gw_ref):
+            torch.testing.assert_close(p.grad, b, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape", [DENSITY, COLOUR, GENERIC[0]], ids=["density", "colour", "w16d3"])
 @pytest.mark.parametrize("n", ROWS)
 def test_fused_mlp_fp16_matches_torch_autocast(shape, n):

@@ -351,6 +351,7 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
         from ..model.encoding.hashgrid_triton import HashGridTriton
 
         impls += [(f"triton fp32 table (runs merged at levels <= {MERGE_RUNS_BELOW})", HashGridTriton(spec).to(dev)),
+                  ("triton fp32 table, row-major output", HashGridTriton(spec, feature_major=False).to(dev)),
                   ("triton fp32 table, runs not merged", HashGridTriton(spec, merge_runs_below=0).to(dev)),
                   ("triton fp32 table, vector atomics", HashGridTriton(spec, vector_atomics=True).to(dev)),
                   ("triton fp16 table", HashGridTriton(spec, torch.float16).to(dev))]

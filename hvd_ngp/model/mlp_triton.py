@@ -20,6 +20,9 @@ is fp32 throughout; "tf32" is fp32 with tf32 tensor-core products. ``FusedMLP`` 
 the autocast state (``--precision``), otherwise tf32 when ``torch.backends.cuda.matmul.allow_tf32``
 is set (what torch's own fp32 matmuls would do), else ieee.
 
+The input may have any 2-D strides: the hash grid's feature-major output (``[L * F, N]`` in memory) is read
+as it lies, and its gradient is written in the same layout.
+
 ``n_rows`` (optional int32/int64 device scalar): only rows ``< n_rows`` are computed; the grid is
 sized for all rows (static sizes for CUDA-graph replay) and programs past the count do nothing. Output
 rows ``>= n_rows`` (and their input gradients) are zeros.
@@ -89,11 +92,12 @@ def _load_w(w_ptr, J: tl.constexpr, K: tl.constexpr, J_P: tl.constexpr, K_P: tl.
 
 
 @triton.jit
-def _mlp_fwd(x_ptr, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, out_ptr, count_ptr, N,
+def _mlp_fwd(x_ptr, x_row, x_col, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, out_ptr, count_ptr, N,
              IN: tl.constexpr, IN_P: tl.constexpr, H: tl.constexpr, OUT: tl.constexpr, OUT_P: tl.constexpr,
              DEPTH: tl.constexpr, RELU: tl.constexpr, DOT: tl.constexpr, HAS_COUNT: tl.constexpr,
              BLOCK: tl.constexpr):
-    """out ``[N, OUT]`` = MLP(x ``[N, IN]``); weights ``[H, IN]``, ``[H, H]`` x (DEPTH - 1), ``[OUT, H]``."""
+    """out ``[N, OUT]`` = MLP(x ``[N, IN]``, element ``(r, k)`` at ``x_ptr + r * x_row + k * x_col``); weights
+    ``[H, IN]``, ``[H, H]`` x (DEPTH - 1), ``[OUT, H]``."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     N = _rows(count_ptr, N, HAS_COUNT)
@@ -108,7 +112,7 @@ def _mlp_fwd(x_ptr, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, out_ptr, count_ptr,
     for blk in range(pid, tl.cdiv(N, BLOCK), n_prog):
         r = (blk * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
         rm = r < N
-        x = tl.load(x_ptr + r[:, None] * IN + k[None, :], mask=rm[:, None] & (k < IN)[None, :], other=0.0)
+        x = tl.load(x_ptr + r[:, None] * x_row + k[None, :] * x_col, mask=rm[:, None] & (k < IN)[None, :], other=0.0)
         h = _cast(_act(_mm(_cast(x, DOT), w0t, DOT), RELU), DOT)
         if DEPTH >= 2:
             h = _cast(_act(_mm(h, w1t, DOT), RELU), DOT)
@@ -142,13 +146,13 @@ def _add_grad(dw_ptr, dw, J: tl.constexpr, K: tl.constexpr, J_P: tl.constexpr, K
 
 
 @triton.jit
-def _mlp_bwd(x_ptr, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, g_out_ptr, g_x_ptr,
+def _mlp_bwd(x_ptr, x_row, x_col, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, g_out_ptr, g_x_ptr, g_x_row, g_x_col,
              g_in_ptr, g_h1_ptr, g_h2_ptr, g_out_w_ptr, count_ptr, N,
              IN: tl.constexpr, IN_P: tl.constexpr, H: tl.constexpr, OUT: tl.constexpr, OUT_P: tl.constexpr,
              DEPTH: tl.constexpr, RELU: tl.constexpr, DOT: tl.constexpr, HAS_COUNT: tl.constexpr,
              NEED_GX: tl.constexpr, BLOCK: tl.constexpr):
-    """Gradients of ``_mlp_fwd``: g_x ``[N, IN]`` (when NEED_GX) and each weight's (fp32, added into
-    ``g_*_ptr``), from g_out ``[N, OUT]``; the forward is recomputed block by block."""
+    """Gradients of ``_mlp_fwd``: g_x ``[N, IN]`` (strides ``g_x_row``, ``g_x_col``; when NEED_GX) and each
+    weight's (fp32, added into ``g_*_ptr``), from g_out ``[N, OUT]``; the forward is recomputed block by block."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     N = _rows(count_ptr, N, HAS_COUNT)
@@ -173,7 +177,7 @@ def _mlp_bwd(x_ptr, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, g_out_ptr, g_x_ptr,
         r = (blk * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
         rm = r < N
         xm = rm[:, None] & (k < IN)[None, :]
-        a0 = _cast(tl.load(x_ptr + r[:, None] * IN + k[None, :], mask=xm, other=0.0), DOT)
+        a0 = _cast(tl.load(x_ptr + r[:, None] * x_row + k[None, :] * x_col, mask=xm, other=0.0), DOT)
         z1 = _mm(a0, w0t, DOT)
         a = _cast(_act(z1, RELU), DOT)
         a1 = a
@@ -192,7 +196,7 @@ def _mlp_bwd(x_ptr, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, g_out_ptr, g_x_ptr,
             g, dw1 = _back(g, z2, a1, w1, dw1, RELU, DOT, True)
         g, dw0 = _back(g, z1, a0, w0, dw0, RELU, DOT, NEED_GX)
         if NEED_GX:
-            tl.store(g_x_ptr + r[:, None] * IN + k[None, :], g, mask=xm)
+            tl.store(g_x_ptr + r[:, None] * g_x_row + k[None, :] * g_x_col, g, mask=xm)
     if pid < n_blocks:
         _add_grad(g_in_ptr, dw0, H, IN, H, IN_P)
         if DEPTH >= 2:
@@ -242,7 +246,7 @@ class _FusedMLPFunction(torch.autograd.Function):
         out = alloc(n, weights[-1].shape[0], device=x.device, dtype=out_dtype)
         if n:
             _mlp_fwd[(programs(n, FWD_BLOCK, x.device),)](
-                x, *_weight_args(weights), out, x if n_rows is None else n_rows, n,
+                x, *x.stride(), *_weight_args(weights), out, x if n_rows is None else n_rows, n,
                 **_constexprs(weights, relu, dot, n_rows is not None), BLOCK=FWD_BLOCK, num_warps=FWD_WARPS)
         ctx.save_for_backward(x, *weights)
         ctx.n_rows, ctx.relu, ctx.dot = n_rows, relu, dot
@@ -255,15 +259,25 @@ class _FusedMLPFunction(torch.autograd.Function):
         need_gx = ctx.needs_input_grad[0]
         flat = torch.zeros(sum(w.numel() for w in weights), device=x.device, dtype=torch.float32)
         grads = [g.view(w.shape) for g, w in zip(flat.split([w.numel() for w in weights]), weights)]
-        g_x = (torch.empty_like(x) if n_rows is None else torch.zeros_like(x)) if need_gx else None
+        g_x = _same_layout(x, torch.empty if n_rows is None else torch.zeros) if need_gx else None
+        g_x_args = (x, 0, 0) if g_x is None else (g_x, *g_x.stride())  # a placeholder without NEED_GX (never written)
         if n:
             _mlp_bwd[(programs(n, BWD_BLOCK, x.device),)](
-                x, *_weight_args(weights), grad.contiguous(), x if g_x is None else g_x, *_weight_args(grads),
+                x, *x.stride(), *_weight_args(weights), grad.contiguous(), *g_x_args, *_weight_args(grads),
                 x if n_rows is None else n_rows, n, **_constexprs(weights, ctx.relu, ctx.dot, n_rows is not None),
                 NEED_GX=need_gx, BLOCK=BWD_BLOCK, num_warps=BWD_WARPS)
         elif need_gx:
             g_x.zero_()
         return (g_x, None, None, None, *(g.to(w.dtype) for g, w in zip(grads, weights)))
+
+
+def _same_layout(x: Tensor, alloc) -> Tensor:
+    """A new ``[N, K]`` tensor (``alloc``: torch.empty or torch.zeros) laid out as ``x``: column-major where ``x``
+    is the transpose of a contiguous ``[K, N]`` (the hash grid's feature-major output), else row-major."""
+    n, k = x.shape
+    if n > 1 and k > 1 and x.stride() == (1, n):
+        return alloc(k, n, device=x.device, dtype=x.dtype).t()
+    return alloc(n, k, device=x.device, dtype=x.dtype)
 
 
 def fused_mlp(x: Tensor, weights: list[Tensor] | tuple[Tensor, ...], relu: bool = True, dot: str = "ieee",
@@ -275,7 +289,7 @@ def fused_mlp(x: Tensor, weights: list[Tensor] | tuple[Tensor, ...], relu: bool 
         raise ValueError(f"dot must be one of {DOTS}, got {dot!r}")
     if not FusedMLP.supports(weights[0].shape[0], len(weights) - 1):
         raise ValueError(f"the fused MLP takes widths {WIDTHS} and 1..{MAX_HIDDEN_LAYERS} hidden layers")
-    return _FusedMLPFunction.apply(x.contiguous(), n_rows, relu, dot, *weights)
+    return _FusedMLPFunction.apply(x, n_rows, relu, dot, *weights)
 
 
 def autocast_dot(device_type: str) -> str:
@@ -315,7 +329,7 @@ class FusedMLP(nn.Sequential):
         if not self.train_fused and torch.is_grad_enabled():
             return super().forward(x)  # the torch twin; rows past n_rows are computed too, and unused
         w = tuple(m.weight for m in self._linears)
-        return _FusedMLPFunction.apply(x.contiguous(), n_rows, self.relu, autocast_dot(x.device.type), *w)
+        return _FusedMLPFunction.apply(x, n_rows, self.relu, autocast_dot(x.device.type), *w)
 
     def reference(self, x: Tensor) -> Tensor:
         return super().forward(x)

@@ -36,6 +36,9 @@
 #                                              # this tree, --defer_verdict on
 #   bash scripts/gpu/session.sh grid16 OUT     # issue 16: graphed grid update: GPU tests; throughput of the defaults and
 #                                              # --graph_grid_update on (train, transforms carried)
+#   bash scripts/gpu/session.sh where16 OUT    # issue 16: one profiled late-training run of the defaults, 25 kernels
+#   bash scripts/gpu/session.sh layout16 OUT   # issue 16: kernel GPU tests; throughput of the hash grid's output
+#                                              # feature-major (default) vs row-major (train, transforms carried)
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -79,14 +82,15 @@ late_finish() {  # PREFIX NAME: late_table of the PREFIX_* runs into $out/NAME_t
   rm -f $out/${1}_*_2.* $out/${1}_*_1.log
 }
 late_table() {  # GLOB: one line per bench_late run (speed, rays, launches, GPU busy, stages), its longest kernels
+  # (HVD_NGP_KERNELS of them, default 8)
   python3 - "$out" "$1" <<'PY'
-import json, pathlib, sys
+import json, os, pathlib, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}.json")):
   for r in json.load(open(f))["training"]:
     print(f.stem, r.get("precision"), f"{r['samples_per_sec'] / 1e6:.2f} M samples/s, {r['step_ms']:.2f} ms/step,",
-          f"{r['rays_per_step']:.0f} rays/step, launches {r.get('launches_per_step')}, GPU busy {r.get('gpu_busy_share')},",
-          {k: round(v, 2) for k, v in r["stages_ms"].items()})
-    for name, ms in list(r.get("kernel_ms", {}).items())[:8]:
+          f"{r['rays_per_step']:.0f} rays/step, launches {r.get('launches_per_step')}, kernels {r.get('kernels_per_step')},",
+          f"GPU busy {r.get('gpu_busy_share')},", {k: round(v, 2) for k, v in r["stages_ms"].items()})
+    for name, ms in list(r.get("kernel_ms", {}).items())[:int(os.environ.get("HVD_NGP_KERNELS", 8))]:
         print(f"    {ms:7.3f} ms  {name[:100]}")
     for name, n in list(r.get("launch_sources", {}).items())[:12]:
         print(f"    {n:5.1f} launches/step  {name[:90]}")
@@ -367,6 +371,20 @@ PY
       bench_late s_defer $round $PWD -- --defer_verdict on
     done
     late_finish s sync16
+    ;;
+  where16)  # issue 16: one profiled late-training run of the defaults, all its kernels listed (bench keeps 25)
+    bench_late w_default 1 $PWD
+    HVD_NGP_KERNELS=25 late_table "w_*"
+    ;;
+  layout16)  # issue 16: the hash grid's output feature-major (the default, [L*F, N] in memory) against row-major: the
+    # kernels' GPU tests, then late-training throughput alternating, two rounds (round 1 profiled; micro table of round 1)
+    gpu_tests tests/test_kernels.py tests/test_mlp_kernels.py
+    for round in 1 2; do
+      bench_late l_cols $round $PWD
+      bench_late l_rows $round $PWD -- --encoding '{"feature_major": false}'
+    done
+    grep -h -A12 "^| implementation" $out/l_cols_1.log | head -14
+    late_finish l layout16
     ;;
   grid16)  # issue 16: the graphed grid update (GPU test against the eager update), then late-training throughput,
     # alternating, two rounds: the defaults against --graph_grid_update on

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError
-from .hashgrid import KERNEL_OPTIONS, MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch, scaled_to_extent
+from .hashgrid import FEATURE_MAJOR, KERNEL_OPTIONS, MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch, scaled_to_extent
 from .sh import SphericalHarmonics
 
 BACKENDS = ("auto", "torch", "cpp", "triton", "tcnn")
@@ -59,16 +59,18 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
     ``table_dtype`` ("float32" | "float16") is the precision the Triton backend gathers from;
     ``vector_atomics`` (true | false, default false) lets its backward add both features of a corner with
     one atomic on sm_90+; ``merge_runs_below`` (resolution, default ``MERGE_RUNS_BELOW``; 0: off) sums runs of
-    consecutive points on one table row before their atomic at the levels that coarse (``hashgrid_triton``).
-    The other backends ignore both (same gradients); a float16 table needs the triton backend."""
-    table_dtype, vector_atomics, merge = kernel_options(block, source)
+    consecutive points on one table row before their atomic at the levels that coarse (``hashgrid_triton``);
+    ``feature_major`` (true | false, default ``FEATURE_MAJOR``) lays its output out as ``[L * F, N]`` in memory.
+    The other backends ignore them (same values and gradients); a float16 table needs the triton backend."""
+    table_dtype, vector_atomics, merge, feature_major = kernel_options(block, source)
     if table_dtype != "float32" and backend != "triton":
         raise ConfigError(f"{source}: encoding.table_dtype {table_dtype!r} needs the triton backend (got {backend})")
     spec = HashGridSpec.from_config(block, source)
     if backend == "triton":
         from .hashgrid_triton import HashGridTriton
 
-        return HashGridTriton(spec, TABLE_DTYPES[table_dtype], vector_atomics=vector_atomics, merge_runs_below=merge)
+        return HashGridTriton(spec, TABLE_DTYPES[table_dtype], vector_atomics=vector_atomics, merge_runs_below=merge,
+                              feature_major=feature_major)
     if backend == "tcnn":
         from .tcnn import TcnnEncoding
 
@@ -82,9 +84,9 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
     return HashGridTorch(spec)
 
 
-def kernel_options(block: dict, source: str = "config") -> tuple[str, bool, int]:
+def kernel_options(block: dict, source: str = "config") -> tuple[str, bool, int, bool]:
     """The Triton kernels' options of an ``encoding`` block (``KERNEL_OPTIONS``), validated and defaulted:
-    (table_dtype, vector_atomics, merge_runs_below)."""
+    (table_dtype, vector_atomics, merge_runs_below, feature_major)."""
     table_dtype = block.get("table_dtype", "float32")
     if table_dtype not in TABLE_DTYPES:
         raise ConfigError(f"{source}: encoding.table_dtype must be one of {sorted(TABLE_DTYPES)}, got {table_dtype!r}")
@@ -94,7 +96,10 @@ def kernel_options(block: dict, source: str = "config") -> tuple[str, bool, int]
     merge = block.get("merge_runs_below", MERGE_RUNS_BELOW)
     if isinstance(merge, bool) or not isinstance(merge, int) or merge < 0:
         raise ConfigError(f"{source}: encoding.merge_runs_below must be a resolution >= 0 (0: off), got {merge!r}")
-    return table_dtype, vector_atomics, merge
+    feature_major = block.get("feature_major", FEATURE_MAJOR)
+    if not isinstance(feature_major, bool):
+        raise ConfigError(f"{source}: encoding.feature_major must be true or false, got {feature_major!r}")
+    return table_dtype, vector_atomics, merge, feature_major
 
 
 def model_for_backend(model: dict, backend: str) -> dict:

@@ -23,11 +23,13 @@ UINT32 = 0xFFFFFFFF
 
 
 #: encoding keys of the Triton backend, not of the grid
-KERNEL_OPTIONS = ("table_dtype", "vector_atomics", "merge_runs_below")
+KERNEL_OPTIONS = ("table_dtype", "vector_atomics", "merge_runs_below", "feature_major")
 #: the Triton backward sums runs of consecutive points on one table row at levels of resolution <= this
 #: (``merge_runs_below``): 53.9 / 57.1 against 48.2 / 48.4 M samples/s late in lego training on one H100
 #: (docs/BENCHMARKS.md)
 MERGE_RUNS_BELOW = 300
+#: the Triton forward writes its output feature-major (``[L * F, N]`` in memory, seen as ``[N, L * F]``)
+FEATURE_MAJOR = True
 
 
 def scaled_to_extent(block: dict, extent: float) -> dict:

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .hashgrid import MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
+from .hashgrid import FEATURE_MAJOR, MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
 
 
 @triton.jit
@@ -92,8 +92,10 @@ def _point_cells(x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
 
 
 @triton.jit
-def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, count_ptr, N,
-                  L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr):
+def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, out_row, out_col, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr,
+                  count_ptr, N, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr):
+    """out ``[N, L * F]`` (element ``(i, c)`` at ``out_ptr + i * out_row + c * out_col``) = the features of
+    points x ``[N, 3]``."""
     N = _rows(count_ptr, N, HAS_COUNT)
     if tl.program_id(0) * BLOCK >= N:  # past the filled rows: nothing to do
         return
@@ -106,7 +108,7 @@ def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, scale_ptr, res_ptr, size_ptr, offse
         ptr = table_ptr + (offset + row)[:, None].to(tl.int64) * F + f[None, :]
         v = tl.load(ptr, mask=m[:, None], other=0.0).to(tl.float32)
         acc += w[:, None] * v
-    out = out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :]
+    out = out_ptr + i[:, None].to(tl.int64) * out_row + (level * F + f[None, :]).to(tl.int64) * out_col
     tl.store(out, acc, mask=m[:, None])
 
 
@@ -122,18 +124,18 @@ def _red_add_pair(ptr, a, b, m):
 
 
 @triton.jit
-def _pair_grads(grad_out_ptr, i, m, level, L: tl.constexpr):
+def _pair_grads(grad_out_ptr, g_row, g_col, i, m, level):
     """The output gradients of points ``i`` at ``level``, two features: (g0, g1) ``[BLOCK]`` fp32."""
-    g_row = grad_out_ptr + i.to(tl.int64) * (L * 2) + level * 2
-    return tl.load(g_row, mask=m, other=0.0).to(tl.float32), tl.load(g_row + 1, mask=m, other=0.0).to(tl.float32)
+    g = grad_out_ptr + i.to(tl.int64) * g_row + (level * 2).to(tl.int64) * g_col
+    return tl.load(g, mask=m, other=0.0).to(tl.float32), tl.load(g + g_col, mask=m, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _feature_grads(grad_out_ptr, i, m, level, L: tl.constexpr, F: tl.constexpr):
+def _feature_grads(grad_out_ptr, g_row, g_col, i, m, level, F: tl.constexpr):
     """The output gradients of points ``i`` at ``level``: (feature index ``[F]``, ``[BLOCK, F]`` fp32)."""
     f = tl.arange(0, F)
-    g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * (L * F) + level * F + f[None, :], mask=m[:, None],
-                other=0.0).to(tl.float32)
+    g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * g_row + (level * F + f[None, :]).to(tl.int64) * g_col,
+                mask=m[:, None], other=0.0).to(tl.float32)
     return f, g
 
 
@@ -150,10 +152,11 @@ def _restart_sum2(fa, a0, a1, fb, b0, b1):
 
 
 @triton.jit
-def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, count_ptr,
-                  N, merge_res, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr,
-                  PAIRS: tl.constexpr, MERGE: tl.constexpr):
-    """``PAIRS`` (F == 2, sm_90+): both features of a corner in one vector atomic, else one per feature.
+def _hashgrid_bwd(x_ptr, grad_out_ptr, g_row, g_col, grad_table_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr,
+                  hashed_ptr, count_ptr, N, merge_res, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr,
+                  BLOCK: tl.constexpr, PAIRS: tl.constexpr, MERGE: tl.constexpr):
+    """The table's gradient from the output's (``[N, L * F]``, element ``(i, c)`` at ``grad_out_ptr + i * g_row +
+    c * g_col``). ``PAIRS`` (F == 2, sm_90+): both features of a corner in one vector atomic, else one per feature.
     ``MERGE``: at levels of resolution <= ``merge_res``, consecutive points whose corner falls on the same
     row add their sum with one atomic (``_hashgrid_bwd_runs``)."""
     N = _rows(count_ptr, N, HAS_COUNT)
@@ -163,16 +166,16 @@ def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_
         x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
     if MERGE:
         if res <= merge_res:
-            _hashgrid_bwd_runs(x_ptr, grad_out_ptr, grad_table_ptr, i, m, level, cx, cy, cz, fx, fy, fz, res, size,
-                               offset, hashed, tl.load(scale_ptr + level), N, L, F, BLOCK, PAIRS)
+            _hashgrid_bwd_runs(x_ptr, grad_out_ptr, g_row, g_col, grad_table_ptr, i, m, level, cx, cy, cz, fx, fy, fz,
+                               res, size, offset, hashed, tl.load(scale_ptr + level), N, L, F, BLOCK, PAIRS)
             return
     if PAIRS:
-        g0, g1 = _pair_grads(grad_out_ptr, i, m, level, L)
+        g0, g1 = _pair_grads(grad_out_ptr, g_row, g_col, i, m, level)
         for C in tl.static_range(8):
             row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
             _red_add_pair(grad_table_ptr + (offset + row).to(tl.int64) * 2, w * g0, w * g1, m)
     else:
-        f, g = _feature_grads(grad_out_ptr, i, m, level, L, F)
+        f, g = _feature_grads(grad_out_ptr, g_row, g_col, i, m, level, F)
         for C in tl.static_range(8):
             row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
             ptr = grad_table_ptr + (offset + row)[:, None].to(tl.int64) * F + f[None, :]
@@ -180,8 +183,9 @@ def _hashgrid_bwd(x_ptr, grad_out_ptr, grad_table_ptr, scale_ptr, res_ptr, size_
 
 
 @triton.jit
-def _hashgrid_bwd_runs(x_ptr, grad_out_ptr, grad_table_ptr, i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset,
-                       hashed, scale, N, L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr, PAIRS: tl.constexpr):
+def _hashgrid_bwd_runs(x_ptr, grad_out_ptr, g_row, g_col, grad_table_ptr, i, m, level, cx, cy, cz, fx, fy, fz, res,
+                       size, offset, hashed, scale, N, L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr,
+                       PAIRS: tl.constexpr):
     """The backward at a coarse level, where a ray's consecutive samples share cells: per corner, a run of
     consecutive points (within the block) on the same table row is summed in registers (a segmented scan)
     and its last point adds the run's sum with one atomic, instead of one atomic per point."""
@@ -191,9 +195,9 @@ def _hashgrid_bwd_runs(x_ptr, grad_out_ptr, grad_table_ptr, i, m, level, cx, cy,
     pcx, pcy, pcz, _, _, _ = _cells_of(x_ptr, i - 1, mp, scale, res)
     ncx, ncy, ncz, _, _, _ = _cells_of(x_ptr, i + 1, mn, scale, res)
     if PAIRS:
-        g0, g1 = _pair_grads(grad_out_ptr, i, m, level, L)
+        g0, g1 = _pair_grads(grad_out_ptr, g_row, g_col, i, m, level)
     else:
-        f, g = _feature_grads(grad_out_ptr, i, m, level, L, F)
+        f, g = _feature_grads(grad_out_ptr, g_row, g_col, i, m, level, F)
     for C in tl.static_range(8):
         row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
         start = (~(mp & (_corner_row(pcx, pcy, pcz, C, res, size, hashed) == row))).to(tl.int32)
@@ -221,11 +225,15 @@ class _HashGridTritonFunction(torch.autograd.Function):
     def forward(ctx, x: Tensor, params: Tensor, enc: "HashGridTriton", n_rows: Tensor | None) -> Tensor:
         n, L, F = x.shape[0], enc.spec.n_levels, enc.spec.n_features_per_level
         table = params if enc.table_dtype == torch.float32 else params.detach().to(enc.table_dtype)
-        out = (torch.empty if n_rows is None else torch.zeros)(n, L * F, device=x.device, dtype=torch.float32)
+        alloc = torch.empty if n_rows is None else torch.zeros
+        if enc.feature_major:  # [L * F, N] in memory: a program's stores (a level's features of its points) coalesce
+            out = alloc(L * F, n, device=x.device, dtype=torch.float32).t()
+        else:
+            out = alloc(n, L * F, device=x.device, dtype=torch.float32)
         if n:
             count = x if n_rows is None else n_rows  # a placeholder pointer without a count (never read)
-            _hashgrid_fwd[(triton.cdiv(n, BLOCK), L)](x, table, out, *enc.level_tensors(), count, n, L=L, F=F,
-                                                      HAS_COUNT=n_rows is not None, BLOCK=BLOCK)
+            _hashgrid_fwd[(triton.cdiv(n, BLOCK), L)](x, table, out, *out.stride(), *enc.level_tensors(), count, n,
+                                                      L=L, F=F, HAS_COUNT=n_rows is not None, BLOCK=BLOCK)
         ctx.save_for_backward(x)
         ctx.enc, ctx.n_rows = enc, n_rows
         return out
@@ -238,7 +246,7 @@ class _HashGridTritonFunction(torch.autograd.Function):
         grad_table = torch.zeros(enc.params.shape, device=x.device, dtype=torch.float32)
         if n:
             pairs = F == 2 and enc.vector_atomics and vector_atomics_here(x.device)
-            _hashgrid_bwd[(triton.cdiv(n, BLOCK), L)](x, grad.contiguous(), grad_table, *enc.level_tensors(),
+            _hashgrid_bwd[(triton.cdiv(n, BLOCK), L)](x, grad, *grad.stride(), grad_table, *enc.level_tensors(),
                                                       x if ctx.n_rows is None else ctx.n_rows, n, enc.merge_runs_below,
                                                       L=L, F=F, HAS_COUNT=ctx.n_rows is not None, BLOCK=BLOCK,
                                                       PAIRS=pairs, MERGE=enc.merge_runs_below > 0)
@@ -256,12 +264,17 @@ class HashGridTriton(HashGridTorch):
     ``merge_runs_below=R`` (default ``MERGE_RUNS_BELOW``; 0: off): at levels of resolution <= R the backward
     sums each run of consecutive points on the same table row first and adds it with one atomic
     (``_hashgrid_bwd_runs``).
+    ``feature_major`` (default ``FEATURE_MAJOR``): the output is the transpose of a ``[L * F, N]`` tensor
+    (strides ``(1, N)``, as tiny-cuda-nn lays out its encodings), so that one program's stores, a level's
+    features of consecutive points, are contiguous; else row-major ``[N, L * F]`` (8 bytes per level in each
+    128-byte row). Same values either way; the fused MLP (``mlp_triton``) reads and writes any strides.
     """
 
     skips_rows = True  # forward takes n_rows (the field passes the count through)
 
     def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32,
-                 vector_atomics: bool = False, merge_runs_below: int = MERGE_RUNS_BELOW) -> None:
+                 vector_atomics: bool = False, merge_runs_below: int = MERGE_RUNS_BELOW,
+                 feature_major: bool = FEATURE_MAJOR) -> None:
         super().__init__(spec)
         if spec.n_features_per_level & (spec.n_features_per_level - 1):
             raise ValueError("the Triton hash grid needs a power-of-two n_features_per_level")
@@ -269,6 +282,7 @@ class HashGridTriton(HashGridTorch):
             raise ValueError(f"merge_runs_below must be >= 0, got {merge_runs_below}")
         self.table_dtype, self.vector_atomics = table_dtype, vector_atomics
         self.merge_runs_below = int(merge_runs_below)
+        self.feature_major = bool(feature_major)
         self._levels: tuple[Tensor, ...] | None = None
 
     def level_tensors(self) -> tuple[Tensor, ...]:
