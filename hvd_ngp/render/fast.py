@@ -108,12 +108,11 @@ class FastRenderer:
                  aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,
                  jitter: Tensor | None, timer: StageTimer = NULL_TIMER) -> FastRenderResult:
         R = origins.shape[0]
-        packed = march_packed(origins, directions, aabb, grid, schedule, jitter, self.candidate_capacity)
+        packed = march_packed(origins, directions, aabb, grid, schedule, jitter, self.candidate_capacity,
+                              positions=True)
         timer.mark("march")
-        ray_c = packed.ray.long().clamp(max=R - 1)
-        with torch.no_grad():
-            x = origins[ray_c] + directions[ray_c] * packed.t[:, None]
-            sigma0 = sigma_fn(x, n_rows=packed.total)  # slots >= total are not read below
+        with torch.no_grad():  # the march wrote the positions: slots >= total are unwritten, and not read below
+            sigma0 = sigma_fn(packed.x, n_rows=packed.total)
             keep = count_until_opaque(sigma0, packed.dt, packed.start, packed.count, early_termination)
         timer.mark("density pass")
         src, ray, start, count, fits = compact(keep, packed.start, self.sample_capacity)

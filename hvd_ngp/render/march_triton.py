@@ -70,11 +70,11 @@ def _dt_cascade(dt, cell0):
 
 
 @triton.jit
-def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t_ptr, dt_ptr, ray_ptr, R,
+def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t_ptr, dt_ptr, ray_ptr, x_ptr, R,
            lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, c_x, c_y, c_z, h_x, h_y, h_z, cell0,
            dt_min, dt_max, t1, t2, s1, s2, lc, near, max_steps, capacity,
            RES: tl.constexpr, K: tl.constexpr, CONE: tl.constexpr, WRITE: tl.constexpr, BLOCK: tl.constexpr,
-           SEGMENT: tl.constexpr, NSEG: tl.constexpr):
+           SEGMENT: tl.constexpr, NSEG: tl.constexpr, WRITE_X: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     seg = tl.program_id(1)
     m = r < R
@@ -130,6 +130,10 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
             tl.store(t_ptr + slot, t, mask=ok)
             tl.store(dt_ptr + slot, dt, mask=ok)
             tl.store(ray_ptr + slot, r, mask=ok)
+            if WRITE_X:  # the sample's position o + t d, as the density pass would compute it
+                tl.store(x_ptr + slot * 3 + 0, px, mask=ok)
+                tl.store(x_ptr + slot * 3 + 1, py, mask=ok)
+                tl.store(x_ptr + slot * 3 + 2, pz, mask=ok)
         n += emit.to(tl.int32)
         # An empty cell: jump to the last lattice step before the cell's exit; the steps in between are in
         # the same cell, at the same cascade (checked below), so they would sample nothing either.
@@ -166,7 +170,8 @@ class PackedSamples:
 
     t, dt ``[C]`` float32; ray ``[C]`` int32 (``R`` in unused slots); start, count ``[R]`` int32 (count 0
     for rays that did not fit); fits ``[R]`` bool: the ray's samples are all here; total: device
-    scalar, the samples written.
+    scalar, the samples written; x ``[C, 3]`` float32: the samples' positions (``positions=True``; unused
+    slots unwritten), else None.
     """
 
     t: Tensor
@@ -176,6 +181,7 @@ class PackedSamples:
     count: Tensor
     fits: Tensor
     total: Tensor
+    x: Tensor | None = None
 
 
 def schedule_constants(schedule: StepSchedule) -> tuple[float, ...]:
@@ -231,17 +237,18 @@ def march_counts(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupa
     o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter)
     seg_count = torch.zeros(R, common["NSEG"], device=origins.device, dtype=torch.int32)
     if R:
-        _march[grid_fn](o, d, j, bits, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, R, *consts, 0,
-                        WRITE=False, **common)
+        _march[grid_fn](o, d, j, bits, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, R,
+                        *consts, 0, WRITE=False, WRITE_X=False, **common)
     return seg_count
 
 
 def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
                 jitter: Tensor | None, seg_count: Tensor, capacity: int,
-                out: tuple[Tensor, Tensor, Tensor] | None = None) -> PackedSamples:
+                out: tuple[Tensor, Tensor, Tensor] | None = None, positions: bool = False) -> PackedSamples:
     """The write pass: the candidates ``seg_count`` (from ``march_counts``) counted, packed into ``capacity``
     slots; ``out``: (t, dt, ray) workspace buffers of at least ``capacity`` slots to write into (reused
-    across calls), else new ones."""
+    across calls), else new ones. ``positions``: also write each sample's position (``PackedSamples.x``),
+    saving the density pass the gathers that would compute it over every slot."""
     R = origins.shape[0]
     dev = origins.device
     o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter)
@@ -256,21 +263,23 @@ def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupan
     else:
         t, dt, ray = (buf[:capacity] for buf in out)
     ray.fill_(R)
+    x = torch.empty(capacity, 3, device=dev, dtype=torch.float32) if positions else None
     start = (ends - count).to(torch.int32)
     fits = ends <= capacity
     count = torch.where(fits, count, torch.zeros_like(count))
     if R and capacity:
-        _march[grid_fn](o, d, j, bits, seg_count, seg_start, fits.to(torch.int8), t, dt, ray, R, *consts, capacity,
-                        WRITE=True, **common)
+        _march[grid_fn](o, d, j, bits, seg_count, seg_start, fits.to(torch.int8), t, dt, ray, t if x is None else x, R,
+                        *consts, capacity, WRITE=True, WRITE_X=x is not None, **common)
     total = (count.to(torch.int64)).sum()
-    return PackedSamples(t, dt, ray, start, count, fits, total)
+    return PackedSamples(t, dt, ray, start, count, fits, total, x)
 
 
 def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
-                 jitter: Tensor | None, capacity: int | None) -> PackedSamples:
+                 jitter: Tensor | None, capacity: int | None, positions: bool = False) -> PackedSamples:
     """March R rays (``[R, 3]`` each) into at most ``capacity`` packed samples (see the module docstring).
-    ``capacity=None`` sizes the buffers exactly, at the cost of one host synchronisation."""
+    ``capacity=None`` sizes the buffers exactly, at the cost of one host synchronisation. ``positions``: see
+    ``march_write``."""
     seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter)
     if capacity is None:
         capacity = int(seg_count.sum())
-    return march_write(origins, directions, aabb, grid, schedule, jitter, seg_count, capacity)
+    return march_write(origins, directions, aabb, grid, schedule, jitter, seg_count, capacity, positions=positions)

@@ -39,6 +39,8 @@
 #   bash scripts/gpu/session.sh where16 OUT    # issue 16: one profiled late-training run of the defaults, 25 kernels
 #   bash scripts/gpu/session.sh layout16 OUT   # issue 16: kernel GPU tests; throughput of the hash grid's output
 #                                              # feature-major (default) vs row-major (train, transforms carried)
+#   bash scripts/gpu/session.sh march16 OUT    # issue 16: positions written by the march: GPU tests; throughput of
+#                                              # .stage/old (HVD_NGP_OLD=ea0a058) vs this tree
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -385,6 +387,19 @@ PY
     done
     grep -h -A12 "^| implementation" $out/l_cols_1.log | head -14
     late_finish l layout16
+    ;;
+  march16)  # issue 16: the march writes the sample positions (no gathers over every candidate slot in the density pass):
+    # the layout/march/renderer GPU tests and the fused MLP's remaining ones, then late-training throughput of $S/old
+    # (HVD_NGP_OLD=ea0a058: feature-major output, positions computed in torch) and of this tree, alternating, two rounds
+    HVD_NGP_REQUIRE_GPU=1 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py -k \
+      "positions or layouts or march or fast_renderer" 2>&1 | tail -2
+    HVD_NGP_REQUIRE_GPU=1 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_mlp_kernels.py -k \
+      "column_major or skips or field or fast_renderer or training_step or inference_only" 2>&1 | tail -2
+    for round in 1 2; do
+      bench_late m_old $round $S/old
+      bench_late m_new $round $PWD
+    done
+    late_finish m march16
     ;;
   grid16)  # issue 16: the graphed grid update (GPU test against the eager update), then late-training throughput,
     # alternating, two rounds: the defaults against --graph_grid_update on
