@@ -259,7 +259,8 @@ class _FusedMLPFunction(torch.autograd.Function):
         need_gx = ctx.needs_input_grad[0]
         flat = torch.zeros(sum(w.numel() for w in weights), device=x.device, dtype=torch.float32)
         grads = [g.view(w.shape) for g, w in zip(flat.split([w.numel() for w in weights]), weights)]
-        g_x = _same_layout(x, torch.empty if n_rows is None else torch.zeros) if need_gx else None
+        # empty_like/zeros_like keep x's strides: the hash grid's feature-major output gets its gradient in that layout
+        g_x = (torch.empty_like(x) if n_rows is None else torch.zeros_like(x)) if need_gx else None
         g_x_args = (x, 0, 0) if g_x is None else (g_x, *g_x.stride())  # a placeholder without NEED_GX (never written)
         if n:
             _mlp_bwd[(programs(n, BWD_BLOCK, x.device),)](
@@ -269,15 +270,6 @@ class _FusedMLPFunction(torch.autograd.Function):
         elif need_gx:
             g_x.zero_()
         return (g_x, None, None, None, *(g.to(w.dtype) for g, w in zip(grads, weights)))
-
-
-def _same_layout(x: Tensor, alloc) -> Tensor:
-    """A new ``[N, K]`` tensor (``alloc``: torch.empty or torch.zeros) laid out as ``x``: column-major where ``x``
-    is the transpose of a contiguous ``[K, N]`` (the hash grid's feature-major output), else row-major."""
-    n, k = x.shape
-    if n > 1 and k > 1 and x.stride() == (1, n):
-        return alloc(k, n, device=x.device, dtype=x.dtype).t()
-    return alloc(n, k, device=x.device, dtype=x.dtype)
 
 
 def fused_mlp(x: Tensor, weights: list[Tensor] | tuple[Tensor, ...], relu: bool = True, dot: str = "ieee",
