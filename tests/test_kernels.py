@@ -31,7 +31,7 @@ if not triton_available(DEV.type):
 
 from hvd_ngp.render.composite_triton import composite, count_until_opaque  # noqa: E402
 from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton, vector_atomics_here  # noqa: E402
-from hvd_ngp.render.march_triton import march_packed  # noqa: E402
+from hvd_ngp.render.march_triton import CANDIDATE_LAUNCHES, LAUNCH, MarchLaunch, march_packed  # noqa: E402
 from hvd_ngp.data import load_scene  # noqa: E402
 from hvd_ngp.data.draw_triton import draw_rays, search_steps  # noqa: E402
 from hvd_ngp.data.pixels import StackedPixels  # noqa: E402
@@ -266,6 +266,33 @@ def test_march_writes_the_sample_positions_on_request():
     assert n > 0 and n == int(plain.total) and torch.equal(packed.t[:n], plain.t[:n])
     ray = packed.ray[:n].long()
     torch.testing.assert_close(packed.x[:n], o[ray] + d[ray] * packed.t[:n, None], rtol=1e-6, atol=1e-6)
+
+
+def test_every_march_launch_writes_the_same_samples():
+    """Rays per program, steps per segment and warps change only how the work is split: the counts, slots,
+    times and positions are the same under any launch (cascades and a cone; rays run through several
+    segments). On a GPU, ``bench throughput --march_launches`` checks ``CANDIDATE_LAUNCHES`` the same way."""
+    aabb = torch.tensor([[-1.5] * 3, [2.5] * 3], device=DEV)
+    grid = random_grid(aabb, 16, 2, 5)
+    dt = 3 ** 0.5 / 64
+    sch = StepSchedule(dt, dt * 8, 1 / 256, max_steps=256)  # the box's diagonal takes ~200 steps
+    o, d, j = random_rays(24, torch.tensor([0.5] * 3), 3.0, 6)
+    ref = march_packed(o, d, aabb, grid, sch, j, capacity=100000, positions=True, launch=LAUNCH)
+    n = int(ref.total)
+    launches = [MarchLaunch(16, 16, 1), MarchLaunch(8, 32, 2)] if SMALL else list(CANDIDATE_LAUNCHES)
+    assert n > 0 and int(ref.count.max()) > 2 * max(launch.segment for launch in launches)
+    for launch in launches:
+        out = march_packed(o, d, aabb, grid, sch, j, capacity=100000, positions=True, launch=launch)
+        assert torch.equal(out.count, ref.count) and torch.equal(out.start, ref.start), launch
+        assert torch.equal(out.ray[:n], ref.ray[:n]) and torch.equal(out.t[:n], ref.t[:n]), launch
+        assert torch.equal(out.x[:n], ref.x[:n]), launch
+
+
+def test_a_march_launch_takes_powers_of_two_only():
+    with pytest.raises(ValueError, match="segment must be a power of two"):
+        MarchLaunch(64, 48, 2)
+    with pytest.raises(ValueError, match="warps must be a power of two"):
+        MarchLaunch(64, 64, 0)
 
 
 def packed_problem(seed, n_rays=40, max_samples=30):

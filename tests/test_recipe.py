@@ -164,6 +164,21 @@ def test_occupancy_update_cadence_fixed_and_instant_ngp_ramp():
         Marching.from_config({**block, "update_schedule": "often"}, 1, "my.json")
 
 
+def test_march_kernel_launch_from_the_marching_block():
+    from hvd_ngp.render import MarchLaunch
+    from hvd_ngp.training.recipe import Marching
+
+    block = {"steps_per_diagonal": 1024, "grid_resolution": 128, "early_termination": 1e-4, "update_interval": 16,
+             "warmup_steps": 256}
+    assert Marching.from_config(block, 1).launch is None  # the kernel's default
+    launch = Marching.from_config({**block, "kernel_launch": {"block": 32, "warps": 1}}, 1).launch
+    assert launch == MarchLaunch(block=32, segment=MarchLaunch().segment, warps=1)
+    for bad, match in (({"block": 48}, "block must be a power of two"), ({"rays": 32}, "keys among"),
+                       ([32, 64, 1], "must be an object"), ({"warps": True}, "warps must be")):
+        with pytest.raises(ConfigError, match=f"my.json: marching.kernel_launch.*{match}"):
+            Marching.from_config({**block, "kernel_launch": bad}, 1, "my.json")
+
+
 def test_precision_auto_is_bf16_only_for_the_triton_step_on_a_gpu():
     from hvd_ngp.training.recipe import resolve_precision
 

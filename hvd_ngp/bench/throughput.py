@@ -302,6 +302,7 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
     after = first + torch_profiler_steps(opts)
     host = host_profile(lambda i: tr.step(after + i), opts.host_profile_steps)
     sync(dev)
+    marches = bench_march(tr) if dev.type == "cuda" and opts.march_launches else []
     ev = tr.evaluate(n_views=opts.eval_views) if opts.eval_views else {"psnr": float("nan")}
     result = {
         "backend": backend, "precision": args.precision,  # resolved by Trainer.build (--precision auto)
@@ -309,13 +310,47 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
         "samples_per_step": float(samples) / opts.steps, "rays_per_step": rays / opts.steps,
         "warmup_seconds": warm_s, "stages_ms": timer.mean_ms(), "test_psnr_after": ev["psnr"],
         "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else None,
-        **launches, "host_self_ms": host,
+        **launches, "host_self_ms": host, "march_launches": marches,
     }
     del tr
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def bench_march(tr: Trainer, repeat: int = 50) -> list[dict]:
+    """The march (count and write passes, positions written) of one batch at the trained state's ray count,
+    under the launch training used (``marching.kernel_launch``, else ``LAUNCH``) and each other one of
+    ``CANDIDATE_LAUNCHES``: ms per march and speed relative to the first. Every launch must write the same
+    samples (checked: a RuntimeError otherwise). Empty without the fast renderer."""
+    capacity = getattr(tr.renderer, "candidate_capacity", None)
+    if capacity is None:
+        return []
+    from ..render.march_triton import CANDIDATE_LAUNCHES, LAUNCH, march_packed
+
+    dev = tr.rt.device
+    rays = tr.data.sample(tr.budget.n_rays)
+    jitter = torch.rand(rays.origins.shape[0], device=dev, generator=torch.Generator(dev).manual_seed(0))
+    used = tr.march.launch or LAUNCH
+
+    def march(launch):
+        return march_packed(rays.origins, rays.directions, tr.field.aabb, tr.grid, tr.march.schedule, jitter,
+                            capacity, positions=True, launch=launch)
+
+    ref = march(used)
+    total = int(ref.total)
+    rows = []
+    for launch in dict.fromkeys((used, *CANDIDATE_LAUNCHES)):
+        out = march(launch)
+        if int(out.total) != total or not torch.equal(out.t[:total], ref.t[:total]):
+            raise RuntimeError(f"march launch {launch} wrote other samples than {used} ({int(out.total)} vs {total})")
+        rows.append({"launch": f"block {launch.block}, segment {launch.segment}, {launch.warps} warps"
+                     + (" (trained with)" if launch == used else ""), "rays": rays.origins.shape[0],
+                     "samples": total, "ms": timed(lambda launch=launch: march(launch), dev, repeat)})
+    for row in rows:
+        row["speed vs first"] = rows[0]["ms"] / row["ms"]
+    return rows
 
 
 def na(value: float | None, fmt: str) -> str:
@@ -446,6 +481,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--points", type=int, default=1 << 18, help="points for the micro-benchmarks")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--no_compile", action="store_true", help="skip the torch.compile references")
+    p.add_argument("--march_launches", action="store_true",
+                   help="after training, time the march kernel's candidate launches on one batch (GPU, fast renderer)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="runs/bench/throughput.json")
     p.add_argument("--markdown", default="docs/BENCHMARKS.md", help="append a dated section here ('' to skip)")
@@ -493,6 +530,8 @@ def main(argv: list[str] | None = None) -> dict:
                for r in training for name, n in r["launch_sources"].items()]
     host = [{"host function (self ms/step)": name[:70], r["backend"]: f"{ms:.3f}"}
             for r in training for name, ms in r["host_self_ms"].items()]
+    marches = [{"backend": r["backend"], **{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in m.items()}}
+               for r in training for m in r["march_launches"]]
     text = "\n\n".join([
         f"Device: {device}; scene {opts.scene}; {opts.target_samples} samples/step target; precision {opts.precision}; "
         f"{opts.warmup_steps} warm-up steps, {opts.steps} timed steps.",
@@ -507,6 +546,8 @@ def main(argv: list[str] | None = None) -> dict:
            table(sources, ["launch source", *[r["backend"] for r in training]])] if sources else []),
         *([f"The host's costliest functions over {opts.host_profile_steps} steps under cProfile (self time per step):",
            table(host, ["host function (self ms/step)", *[r["backend"] for r in training]])] if host else []),
+        *(["The march (count and write passes) of one batch after training, per launch (same samples each):",
+           table(marches, list(marches[0]))] if marches else []),
         f"Hash grid ({spec.n_levels} levels x {spec.n_features_per_level}, 2^{spec.log2_hashmap_size} table), "
         f"{opts.points} points:",
         table(grid_table, list(grid_table[0])),

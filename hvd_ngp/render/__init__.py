@@ -8,10 +8,10 @@ The package face only re-exports; the code lives in ``schedule`` (sample spacing
 """
 
 from .occupancy import OccupancyGrid
-from .schedule import StepSchedule
+from .schedule import MarchLaunch, StepSchedule
 from .volume import (REFERENCE_LANE_BYTES, REFERENCE_MAX_CHUNK, RenderResult, RGBSigmaFn, Samples, SigmaFn, accumulate,
                      march, max_lanes, reference_chunk, render_image, render_rays, transmittance_weights)
 
-__all__ = ["OccupancyGrid", "REFERENCE_LANE_BYTES", "REFERENCE_MAX_CHUNK", "RGBSigmaFn", "RenderResult", "Samples",
+__all__ = ["MarchLaunch", "OccupancyGrid", "REFERENCE_LANE_BYTES", "REFERENCE_MAX_CHUNK", "RGBSigmaFn", "RenderResult", "Samples",
            "SigmaFn", "StepSchedule", "accumulate", "march", "max_lanes", "reference_chunk", "render_image",
            "render_rays", "transmittance_weights"]

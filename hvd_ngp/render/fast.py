@@ -26,7 +26,7 @@ from .march_triton import march_counts, march_packed, march_write, segments
 from ..observe.memory import RenderCosts, RenderPlan, split_by_capacity
 from .occupancy import OccupancyGrid
 from ..observe.profiling import NULL_TIMER, StageTimer
-from .schedule import StepSchedule
+from .schedule import MarchLaunch, StepSchedule
 
 if TYPE_CHECKING:  # volume imports this module lazily (its fast path): no import back at run time
     from .volume import RGBSigmaFn, SigmaFn
@@ -85,14 +85,16 @@ class FastRenderer:
     ``sigma_fn(x, n_rows=count)``: only the first ``count`` (a device scalar) rows are read back.
 
     ``FastRenderer(c, s)`` keeps fixed sizes; ``FastRenderer.following(budget)`` reads them at every
-    call from ``budget`` (the trainer's ``training.budget.RayBudget``, the one owner of those numbers)."""
+    call from ``budget`` (the trainer's ``training.budget.RayBudget``, the one owner of those numbers).
+    ``launch``: how the march kernel runs (None: ``march_triton.LAUNCH``)."""
 
-    def __init__(self, candidate_capacity: int, sample_capacity: int) -> None:
+    def __init__(self, candidate_capacity: int, sample_capacity: int, launch: MarchLaunch | None = None) -> None:
         self.capacities: Capacities = FixedCapacities(int(candidate_capacity), int(sample_capacity))
+        self.launch = launch
 
     @staticmethod
-    def following(capacities: Capacities) -> "FastRenderer":
-        renderer = FastRenderer(0, 0)
+    def following(capacities: Capacities, launch: MarchLaunch | None = None) -> "FastRenderer":
+        renderer = FastRenderer(0, 0, launch)
         renderer.capacities = capacities
         return renderer
 
@@ -109,7 +111,7 @@ class FastRenderer:
                  jitter: Tensor | None, timer: StageTimer = NULL_TIMER) -> FastRenderResult:
         R = origins.shape[0]
         packed = march_packed(origins, directions, aabb, grid, schedule, jitter, self.candidate_capacity,
-                              positions=True)
+                              positions=True, launch=self.launch)
         timer.mark("march")
         with torch.no_grad():  # the march wrote the positions: slots >= total are unwritten, and not read below
             sigma0 = sigma_fn(packed.x, n_rows=packed.total)

@@ -5,7 +5,7 @@ Twin of ``hvd_ngp.render.volume.march`` (the dense-lane reference): the same sam
 step by step in registers instead of in a [rays, steps] tensor. A step that lands in an empty cell
 jumps over the cell's remaining lattice steps at the same cascade (their samples are the same: none),
 as instant-ngp skips empty space, but onto the same lattice, so the output stays equal to the twin's.
-Each ray's steps are split into segments of ``SEGMENT`` steps marched by different programs, so a few
+Each ray's steps are split into segments of ``MarchLaunch.segment`` steps marched by different programs, so a few
 long rays (large scenes) still fill the GPU; per-segment counts give every segment its place in the
 output. The samples come out packed ray-major into buffers of a fixed ``capacity``; a ray whose
 samples do not all fit gets ``count = 0`` and ``fits = False`` (it renders as empty and the trainer
@@ -24,7 +24,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .occupancy import OccupancyGrid
-from .schedule import StepSchedule
+from .schedule import MarchLaunch, StepSchedule
 
 
 @triton.jit
@@ -193,8 +193,11 @@ def schedule_constants(schedule: StepSchedule) -> tuple[float, ...]:
     return schedule.dt_min, schedule.dt_max, t1, t2, s1, s2, math.log1p(c)
 
 
-BLOCK = 64
-SEGMENT = 64
+#: the launch the renderers use unless the marching block's ``kernel_launch`` says otherwise
+LAUNCH = MarchLaunch()
+#: launches ``bench throughput`` times against ``LAUNCH`` on a late-training batch
+CANDIDATE_LAUNCHES = (MarchLaunch(64, 64, 4), MarchLaunch(64, 64, 2), MarchLaunch(32, 64, 1), MarchLaunch(32, 32, 1),
+                      MarchLaunch(32, 128, 1), MarchLaunch(64, 32, 2), MarchLaunch(128, 64, 4), MarchLaunch(128, 32, 4))
 
 
 def host_values(t: Tensor) -> list:
@@ -209,7 +212,7 @@ def host_values(t: Tensor) -> list:
 
 
 def _launch_args(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
-                 jitter: Tensor | None) -> tuple:
+                 jitter: Tensor | None, launch: MarchLaunch) -> tuple:
     """The tensors and constants both passes of ``_march`` take."""
     R = origins.shape[0]
     o, d = origins.float().contiguous(), directions.float().contiguous()
@@ -218,23 +221,25 @@ def _launch_args(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupa
     lo, hi = host_values(aabb)
     center, half0 = host_values(grid.center), host_values(grid.half0)
     cell0 = 2 * max(half0) / grid.resolution
-    nseg = triton.cdiv(schedule.max_steps, SEGMENT)
-    common = dict(RES=grid.resolution, K=grid.n_cascades, CONE=schedule.cone_angle > 0, BLOCK=BLOCK,
-                  SEGMENT=SEGMENT, NSEG=nseg)
+    nseg = segments(schedule, launch)
+    common = dict(RES=grid.resolution, K=grid.n_cascades, CONE=schedule.cone_angle > 0, BLOCK=launch.block,
+                  SEGMENT=launch.segment, NSEG=nseg, num_warps=launch.warps)
     consts = (*lo, *hi, *center, *half0, cell0, *schedule_constants(schedule), schedule.near, schedule.max_steps)
-    return o, d, j, bits, (triton.cdiv(max(R, 1), BLOCK), nseg), consts, common
+    return o, d, j, bits, (triton.cdiv(max(R, 1), launch.block), nseg), consts, common
 
 
-def segments(schedule: StepSchedule) -> int:
-    """Segments of ``SEGMENT`` steps per ray: the columns of ``march_counts``."""
-    return triton.cdiv(schedule.max_steps, SEGMENT)
+def segments(schedule: StepSchedule, launch: MarchLaunch | None = None) -> int:
+    """Segments of ``launch.segment`` steps per ray (default ``LAUNCH``): the columns of ``march_counts``."""
+    return triton.cdiv(schedule.max_steps, (launch or LAUNCH).segment)
 
 
 def march_counts(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
-                 jitter: Tensor | None) -> Tensor:
-    """The count pass: candidates per ray and segment ``[R, segments(schedule)]`` int32."""
+                 jitter: Tensor | None, launch: MarchLaunch | None = None) -> Tensor:
+    """The count pass: candidates per ray and segment ``[R, segments(schedule, launch)]`` int32 (``launch``:
+    default ``LAUNCH``; the write pass takes the same)."""
     R = origins.shape[0]
-    o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter)
+    o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter,
+                                                          launch or LAUNCH)
     seg_count = torch.zeros(R, common["NSEG"], device=origins.device, dtype=torch.int32)
     if R:
         _march[grid_fn](o, d, j, bits, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, R,
@@ -244,14 +249,16 @@ def march_counts(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupa
 
 def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
                 jitter: Tensor | None, seg_count: Tensor, capacity: int,
-                out: tuple[Tensor, Tensor, Tensor] | None = None, positions: bool = False) -> PackedSamples:
+                out: tuple[Tensor, Tensor, Tensor] | None = None, positions: bool = False,
+                launch: MarchLaunch | None = None) -> PackedSamples:
     """The write pass: the candidates ``seg_count`` (from ``march_counts``) counted, packed into ``capacity``
     slots; ``out``: (t, dt, ray) workspace buffers of at least ``capacity`` slots to write into (reused
     across calls), else new ones. ``positions``: also write each sample's position (``PackedSamples.x``),
-    saving the density pass the gathers that would compute it over every slot."""
+    saving the density pass the gathers that would compute it over every slot. ``launch``: as the count pass's."""
     R = origins.shape[0]
     dev = origins.device
-    o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter)
+    o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter,
+                                                          launch or LAUNCH)
     seg_ends = torch.cumsum(seg_count.view(-1), 0, dtype=torch.int64).view(R, common["NSEG"])
     seg_start = (seg_ends - seg_count).to(torch.int32)
     count = seg_count.sum(1, dtype=torch.int32)
@@ -275,11 +282,13 @@ def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupan
 
 
 def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
-                 jitter: Tensor | None, capacity: int | None, positions: bool = False) -> PackedSamples:
+                 jitter: Tensor | None, capacity: int | None, positions: bool = False,
+                 launch: MarchLaunch | None = None) -> PackedSamples:
     """March R rays (``[R, 3]`` each) into at most ``capacity`` packed samples (see the module docstring).
     ``capacity=None`` sizes the buffers exactly, at the cost of one host synchronisation. ``positions``: see
-    ``march_write``."""
-    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter)
+    ``march_write``; ``launch``: how the kernel is launched (default ``LAUNCH``)."""
+    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter, launch)
     if capacity is None:
         capacity = int(seg_count.sum())
-    return march_write(origins, directions, aabb, grid, schedule, jitter, seg_count, capacity, positions=positions)
+    return march_write(origins, directions, aabb, grid, schedule, jitter, seg_count, capacity, positions=positions,
+                       launch=launch)

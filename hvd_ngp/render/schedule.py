@@ -58,3 +58,21 @@ class StepSchedule:
         geo = t1 * torch.exp((s.clamp(s1, s2) - s1) * math.log1p(self.cone_angle))
         far = t2 + (s - s2) * self.dt_max
         return torch.where(s < s1, lin, torch.where(s < s2, geo, far))
+
+
+@dataclass(frozen=True)
+class MarchLaunch:
+    """How the Triton march kernel is launched: ``block`` rays per program, ``segment`` lattice steps per
+    program along a ray, ``warps`` per program (``block`` lanes fill ``block / 32`` warps; more warps hold
+    copies of the same lanes). Powers of two. Every launch writes the same samples; only the speed differs
+    (``bench throughput --march_launches`` times them side by side late in training)."""
+
+    block: int = 64
+    segment: int = 64
+    warps: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("block", "segment", "warps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"MarchLaunch.{name} must be a power of two >= 1, got {value!r}")

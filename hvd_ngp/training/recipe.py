@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..model.encoding.hashgrid import HashGridSpec, scaled_to_extent
 from ..model.field import NGPField
 from ..observe.memory import STEP_COSTS, TrainingFootprint, training_footprint
-from ..render import StepSchedule
+from ..render import MarchLaunch, StepSchedule
 from ..render.occupancy import OccupancyGrid, n_cascades_for
 from .optim import Adam, OptimizerChain, exponential_decay
 
@@ -35,6 +35,7 @@ class Marching:
     update_interval: int
     warmup_steps: int
     update_ramp: bool = False  # instant-ngp's cadence in the first steps (``update_due``)
+    launch: MarchLaunch | None = None  # ``kernel_launch``: how the Triton march runs (None: its default)
 
     def update_due(self, step: int) -> bool:
         """Whether 0-based ``step`` refreshes the occupancy grid: every ``update_interval`` steps, or with
@@ -67,7 +68,22 @@ class Marching:
             raise ConfigError(f"{source}: marching.update_schedule must be 'fixed' or 'ramp', got {update!r}")
         schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)), near)
         return Marching(schedule, float(block["early_termination"]), int(block["update_interval"]),
-                        int(block["warmup_steps"]), update == "ramp")
+                        int(block["warmup_steps"]), update == "ramp", march_launch(block.get("kernel_launch"), source))
+
+
+def march_launch(value, source: str) -> MarchLaunch | None:
+    """``marching.kernel_launch``: ``{"block": rays per program, "segment": steps per program, "warps": n}``
+    (any subset; powers of two) -> a ``MarchLaunch``; absent -> None (the kernel's default)."""
+    if value is None:
+        return None
+    known = {"block", "segment", "warps"}
+    if not isinstance(value, dict) or not set(value) <= known:
+        raise ConfigError(f"{source}: marching.kernel_launch must be an object with keys among "
+                          f"{sorted(known)}, got {value!r}")
+    try:
+        return MarchLaunch(**value)
+    except ValueError as e:
+        raise ConfigError(f"{source}: marching.kernel_launch: {e}") from None
 
 
 def make_grid(block: dict, scene: Scene) -> OccupancyGrid:

@@ -218,7 +218,7 @@ class Trainer:
         if fast:
             from ..render.fast import FastRenderer
 
-            renderer = FastRenderer.following(budget)  # its buffer sizes are the budget's
+            renderer = FastRenderer.following(budget, march.launch)  # its buffer sizes are the budget's
         stream_rank, stream_size = (groups.replica, groups.replicas) if mp is not None else (rt.rank, rt.size)
         state = TrainState(field, grid, optimizer, scaler, *make_rank_streams(scene.train, args.seed, stream_rank,
                                                                                stream_size, rt.device,

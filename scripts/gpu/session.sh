@@ -41,6 +41,8 @@
 #                                              # feature-major (default) vs row-major (train, transforms carried)
 #   bash scripts/gpu/session.sh march16 OUT    # issue 16: positions written by the march: GPU tests; throughput of
 #                                              # .stage/old (HVD_NGP_OLD=ea0a058) vs this tree
+#   bash scripts/gpu/session.sh launch16 OUT   # issue 16: the march kernel's launches timed on one batch, the fastest
+#                                              # against the defaults end to end (HVD_NGP_VARIANT=launch then uses it)
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -73,7 +75,7 @@ gpu_tests() {  # FILE...: each GPU test file in its own pytest process; the whol
 bench_late() {  # NAME ROUND TREE [-- TRAINER FLAGS]: bench throughput of TREE at a late-training ray count (2000
   # warm-up steps; round 1 also profiles 3 steps, and 50 under cProfile) into $out/NAME_ROUND.{json,log}
   local name=$1_$2 round=$2 dir=$3; shift 3
-  (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 150 python3 -m hvd_ngp.bench throughput --scene $S/lego \
+  (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout ${HVD_NGP_BENCH_TIMEOUT:-150} python3 -m hvd_ngp.bench throughput --scene $S/lego \
     --backends triton --warmup_steps 2000 --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? 3 : 0)) --host_profile_steps $((round == 1 ? 50 : 0)) \
     --json $out/$name.json --markdown '' "$@" >$out/$name.log 2>&1 || tail -5 $out/$name.log)
 }
@@ -138,6 +140,7 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     black) extra=(--train_background black) ;;
     shift1) extra=(--density_network '{"density_bias": -1}') ;;  # nerfacc's density exp(x - 1)
     budgetlr) extra=(--budget_lr_decay on) ;;  # learning rate x0.33 at 50/75/90% of the time budget
+    launch) extra=(--marching "$(cat $S/launch.json)") ;;  # the march launch launch16 found fastest
     l2enc) extra=(--optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # nerfacc: L2 on the table too
     ema999) extra=(--optimizer '{"decay": 0.999}') ;;  # the evaluated weights averaged over ~1000 steps instead of ~20
     rgb128) extra=(--rgb_network '{"n_neurons": 128}') ;;  # a wider colour MLP (lego's view-dependent shine)
@@ -400,6 +403,27 @@ PY
       bench_late m_new $round $PWD
     done
     late_finish m march16
+    ;;
+  launch16)  # issue 16: the march kernel's launches (rays per program, steps per segment, warps): its GPU tests, one
+    # late-training run timing every candidate launch on one batch (--march_launches), then the fastest one
+    # (written to $S/launch.json as a marching block) against the defaults end to end, alternating, two rounds
+    HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py -k \
+      "march or fast_renderer" 2>&1 | tail -2
+    HVD_NGP_BENCH_TIMEOUT=300 bench_late k_table 1 $PWD --march_launches
+    grep -h -A12 "^| backend | launch" $out/k_table_1.log
+    python3 - $out/k_table_1.json $S/launch.json <<'PY'
+import json, re, sys
+rows = json.load(open(sys.argv[1]))["training"][0]["march_launches"]
+best = min(rows, key=lambda r: r["ms"])
+block, segment, warps = map(int, re.findall(r"\d+", best["launch"])[:3])
+json.dump({"kernel_launch": {"block": block, "segment": segment, "warps": warps}}, open(sys.argv[2], "w"))
+print("fastest:", best["launch"], f"{best['ms']:.3f} ms vs {rows[0]['ms']:.3f}")
+PY
+    for round in 1 2; do
+      bench_late k_default $round $PWD
+      bench_late k_launch $round $PWD -- --marching "$(cat $S/launch.json)"
+    done
+    late_finish k launch16
     ;;
   grid16)  # issue 16: the graphed grid update (GPU test against the eager update), then late-training throughput,
     # alternating, two rounds: the defaults against --graph_grid_update on
