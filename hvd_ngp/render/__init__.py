@@ -12,6 +12,6 @@ from .schedule import MarchLaunch, StepSchedule
 from .volume import (REFERENCE_LANE_BYTES, REFERENCE_MAX_CHUNK, RenderResult, RGBSigmaFn, Samples, SigmaFn, accumulate,
                      march, max_lanes, reference_chunk, render_image, render_rays, transmittance_weights)
 
-__all__ = ["MarchLaunch", "OccupancyGrid", "REFERENCE_LANE_BYTES", "REFERENCE_MAX_CHUNK", "RGBSigmaFn", "RenderResult", "Samples",
-           "SigmaFn", "StepSchedule", "accumulate", "march", "max_lanes", "reference_chunk", "render_image",
+__all__ = ["MarchLaunch", "OccupancyGrid", "REFERENCE_LANE_BYTES", "REFERENCE_MAX_CHUNK", "RGBSigmaFn", "RenderResult",
+           "Samples", "SigmaFn", "StepSchedule", "accumulate", "march", "max_lanes", "reference_chunk", "render_image",
            "render_rays", "transmittance_weights"]

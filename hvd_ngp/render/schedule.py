@@ -65,11 +65,13 @@ class MarchLaunch:
     """How the Triton march kernel is launched: ``block`` rays per program, ``segment`` lattice steps per
     program along a ray, ``warps`` per program (``block`` lanes fill ``block / 32`` warps; more warps hold
     copies of the same lanes). Powers of two. Every launch writes the same samples; only the speed differs
-    (``bench throughput --march_launches`` times them side by side late in training)."""
+    (``bench throughput --march_launches`` times them side by side late in training). The defaults were the
+    fastest there: one H200, lego, 2026-12-03, 0.63 -> 0.42 ms of march per step against 64 rays, 64 steps and
+    4 warps (two of them copies), docs/BENCHMARKS.md."""
 
-    block: int = 64
-    segment: int = 64
-    warps: int = 4
+    block: int = 32
+    segment: int = 32
+    warps: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block", "segment", "warps"):
