@@ -14,8 +14,8 @@ from conftest import ROOT, TINY_ARGS, TINY_ENCODING
 from hvd_ngp.bench.__main__ import available
 from hvd_ngp.bench._scaling_rank import interval_mean, steady_step_seconds, steady_throughput
 from hvd_ngp.bench.scaling import BenchError, per_rank_samples, rank_counts, summarize, time_to
-from hvd_ngp.bench.throughput import (WINDOW, ProfEvent, busy_share, host_profile, launch_sources, outermost_aten_ops,
-                                     step_profile)
+from hvd_ngp.bench.throughput import (WINDOW, ProfEvent, busy_share, host_profile, kernel_timeline, launch_sources,
+                                     outermost_aten_ops, step_profile)
 
 
 def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -183,6 +183,20 @@ def test_launch_and_busy_arithmetic():
     assert on_cpu["kernel_ms"] == {}
     with pytest.raises(RuntimeError, match="expected one"):
         step_profile(cuda[1:], 2, cuda=True)
+
+
+def test_kernel_timeline_orders_kernels_and_counts_idle_gaps():
+    ev = lambda name, t0, t1: ProfEvent(name, "kernel", 1, t0, t1)  # noqa: E731
+    # over 2 steps: a 5 us kernel, overlapping long one, 2 us of idle, then a wait of 40 us for the host
+    kernels = [ev("b", 10_000, 15_000), ev("a", 0, 12_000), ev("c", 14_000, 30_000), ev("d", 32_000, 34_000),
+               ev("e", 74_000, 94_000)]
+    out = kernel_timeline(kernels, n_steps=2)
+    assert [row[0] for row in out["kernel_timeline"]] == ["a", "b", "c", "d", "e"]
+    assert out["kernel_timeline"][3] == ["d", 2.0, 2.0] and out["kernel_timeline"][4] == ["e", 40.0, 20.0]
+    gaps = out["kernel_gaps"]
+    assert gaps["idle_ms_per_step"] == pytest.approx(0.021)  # (2 + 40) us over 2 steps
+    assert gaps["short_kernels_per_step"] == 1.0 and gaps["short_kernel_ms_per_step"] == pytest.approx(0.0035)
+    assert gaps["idle_us_before_per_step"] == {"e": 20.0}  # only the gap over 20 us
 
 
 def test_launch_sources_name_the_host_code_behind_each_launch():

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hvd_ngp.model.encoding import make_direction_encoding, make_position_encoding, model_for_backend
-from hvd_ngp.model.encoding.hashgrid import MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch, scaled_to_extent
+from hvd_ngp.model.encoding.hashgrid import (BACKWARD_LAUNCH, FORWARD_LAUNCH, MERGE_RUNS_BELOW, GridLaunch, HashGridSpec,
+                                             HashGridTorch, scaled_to_extent)
 from hvd_ngp.model.encoding.sh import sh_encode
 from hvd_ngp.errors import ConfigError
 
@@ -131,6 +132,9 @@ def test_desired_resolution_is_per_world_unit_as_in_instant_ngp():
     ({"merge_runs_below": -1}, "merge_runs_below must be a resolution >= 0"),
     ({"merge_runs_below": True}, "merge_runs_below must be a resolution >= 0"),
     ({"feature_major": "yes"}, "feature_major must be true or false"),
+    ({"forward_launch": [256, 4]}, "forward_launch must be an object with keys among"),
+    ({"backward_launch": {"block": 96}}, "backward_launch: GridLaunch.block must be a power of two"),
+    ({"backward_launch": {"threads": 96}}, "backward_launch must be an object"),
 ])
 def test_invalid_encoding_blocks_are_refused(block, message):
     with pytest.raises(ConfigError, match=message):
@@ -159,13 +163,14 @@ def test_kernel_options_are_not_grid_keys(monkeypatch):
     """table_dtype, vector_atomics, merge_runs_below and feature_major tell the Triton kernels how to run: the grid
     (and the memory plan built from it) ignores them, the Triton encoding receives them."""
     block = {"n_levels": 4, "log2_hashmap_size": 10, "table_dtype": "float16", "vector_atomics": True,
-             "merge_runs_below": 300, "feature_major": False}
+             "merge_runs_below": 300, "feature_major": False, "backward_launch": {"block": 256}}
     assert HashGridSpec.from_config(block) == HashGridSpec.from_config({"n_levels": 4, "log2_hashmap_size": 10})
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
     enc = make_position_encoding(block, "triton")
     assert enc.table_dtype == torch.float16 and enc.vector_atomics and enc.merge_runs_below == 300
     assert not enc.feature_major and make_position_encoding({"n_levels": 4}, "triton").feature_major  # default on
+    assert enc.backward_launch == GridLaunch(256, BACKWARD_LAUNCH.warps) and enc.forward_launch == FORWARD_LAUNCH
     assert make_position_encoding({"n_levels": 4}, "triton").merge_runs_below == MERGE_RUNS_BELOW == 300  # default
     assert make_position_encoding({"n_levels": 4, "merge_runs_below": 0}, "triton").merge_runs_below == 0
     for backend in ("torch", "cpp"):  # the other backends' gradients are the same sums: they ignore it

@@ -29,8 +29,14 @@ if not triton_available(DEV.type):
         pytest.fail("HVD_NGP_REQUIRE_GPU=1 but the Triton kernels cannot run here", pytrace=False)
     pytest.skip("Triton is not installed (or no GPU and no interpreter)", allow_module_level=True)
 
+from hvd_ngp.render.compact_triton import compact_gather  # noqa: E402
 from hvd_ngp.render.composite_triton import composite, count_until_opaque  # noqa: E402
+from hvd_ngp.render.fast import compact_gather_torch  # noqa: E402
+from hvd_ngp.model.encoding.hashgrid import BACKWARD_LAUNCH, FORWARD_LAUNCH, GridLaunch  # noqa: E402
+from hvd_ngp.model.encoding.hashgrid_triton import CANDIDATE_LAUNCHES as CANDIDATE_GRID_LAUNCHES  # noqa: E402
 from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton, vector_atomics_here  # noqa: E402
+from hvd_ngp.model.encoding.sh import SphericalHarmonics  # noqa: E402
+from hvd_ngp.model.encoding.sh_triton import SphericalHarmonicsTriton  # noqa: E402
 from hvd_ngp.render.march_triton import CANDIDATE_LAUNCHES, LAUNCH, MarchLaunch, march_packed  # noqa: E402
 from hvd_ngp.data import load_scene  # noqa: E402
 from hvd_ngp.data.draw_triton import draw_rays, search_steps  # noqa: E402
@@ -88,6 +94,76 @@ def test_hashgrid_output_layouts_agree():
         a.backward(grad, retain_graph=True)
         b.backward(grad, retain_graph=True)
         torch.testing.assert_close(cols.params.grad, rows.params.grad, rtol=1e-4, atol=1e-5)  # atomics: any order
+
+
+def test_every_hash_grid_launch_computes_the_same_values():
+    """Points per program and warps change only how the work is split: the same encoding bit for bit and the
+    same table gradient to atomic order (run merging spans a block: smaller blocks merge shorter runs). On a
+    GPU, ``bench throughput --grid_launches`` checks ``CANDIDATE_LAUNCHES`` on a trained batch the same way."""
+    spec = HashGridSpec(6, 2, 12, 4, 2.0)
+    torch.manual_seed(3)
+    enc = HashGridTriton(spec).to(DEV)
+    assert (enc.forward_launch, enc.backward_launch) == (FORWARD_LAUNCH, BACKWARD_LAUNCH)
+    with torch.no_grad():
+        enc.params.normal_()
+    n = 300 if SMALL else 1 << 15
+    x = rays_of_points(n, 30, 1 / 128, 7).to(DEV)
+    g = torch.randn(n, spec.n_output_dims, device=DEV)
+    launches = [GridLaunch(32, 1), GridLaunch(256, 8)] if SMALL else list(CANDIDATE_GRID_LAUNCHES)
+    results = []
+    for launch in [FORWARD_LAUNCH, *launches]:
+        enc.forward_launch = enc.backward_launch = launch
+        enc.params.grad = None
+        out = enc(x)
+        out.backward(g)
+        results.append((launch, out.detach(), enc.params.grad.clone()))
+    for launch, out, grad in results[1:]:
+        assert torch.equal(out, results[0][1]), launch
+        torch.testing.assert_close(grad, results[0][2], rtol=1e-4, atol=1e-5, msg=str(launch))
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sh_concat_kernel_matches_its_torch_twin(degree, dtype):
+    """The colour network's input in one kernel: the same basis values (fp32 math, one rounding to the features'
+    dtype) and the features copied whatever their strides; the gradient reaches the features only."""
+    torch.manual_seed(degree)
+    n = 200 if SMALL else 100_003
+    d = torch.nn.functional.normalize(torch.randn(n, 3, device=DEV), dim=-1)
+    geo_t = torch.randn(16, n, device=DEV, dtype=dtype).t().requires_grad_()  # feature-major, as the fused MLP's
+    geo_r = geo_t.detach().contiguous().requires_grad_()
+    fast, ref = SphericalHarmonicsTriton(degree), SphericalHarmonics(degree)
+    out, want = fast.concat(d, geo_t), ref.concat(d, geo_r)
+    assert out.shape == (n, degree ** 2 + 16) and out.dtype == dtype
+    torch.testing.assert_close(out, want, rtol=1e-6 if dtype == torch.float32 else 8e-3, atol=1e-6)
+    g = torch.randn_like(want)
+    out.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(geo_t.grad, geo_r.grad, rtol=0, atol=0)
+    odd = torch.randn(n, 15, device=DEV)  # a width that is not a power of two: the torch twin
+    torch.testing.assert_close(fast.concat(d, odd), ref.concat(d, odd), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("capacity", [0, 50, 1000, 5000])
+def test_compaction_kernel_matches_its_torch_twin(capacity):
+    """The network's rows gathered by one kernel (binary search of each row's ray) equal the torch twin's bit
+    for bit: rays that keep nothing, rays past the capacity (not fitting), rows past the kept samples at
+    the last ray's origin with t = dt = 0."""
+    g = torch.Generator().manual_seed(capacity)
+    R, C = 300, 9000
+    count = torch.randint(0, 30, (R,), generator=g).int()
+    count[::7] = 0
+    start = (torch.cumsum(count, 0) - count).int()
+    keep = torch.minimum(count, torch.randint(0, 30, (R,), generator=g).int())
+    t, dt, x = torch.rand(C, generator=g), torch.rand(C, generator=g), torch.randn(C, 3, generator=g)
+    o, d = torch.randn(R, 3, generator=g), torch.randn(R, 3, generator=g)
+    args = [a.to(DEV) for a in (keep, start, t, dt, x, o, d)]
+    fast, ref = compact_gather(*args, capacity), compact_gather_torch(*args, capacity)
+    if capacity == 1000:
+        assert 0 < int(ref[6].sum()) < R  # some rays fit, the rest do not
+    for a, b, name in zip(fast, ref, ("t", "dt", "x", "d", "start", "count", "fits")):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a, b), name
 
 
 def rays_of_points(n: int, per_ray: int, step: float, seed: int) -> torch.Tensor:

@@ -146,7 +146,35 @@ def step_profile(events: list[ProfEvent], n_steps: int, cuda: bool) -> dict:
             "gpu_busy_share": busy_share(kernels, start, end) if cuda else None,
             "aten_ops_per_step": outermost_aten_ops(inside) / n_steps,
             "kernel_ms": kernel_times(inside, n_steps) if cuda else {},
-            "launch_sources": launch_sources(inside, n_steps) if cuda else {}}
+            "launch_sources": launch_sources(inside, n_steps) if cuda else {},
+            **(kernel_timeline(inside, n_steps) if cuda else {"kernel_timeline": [], "kernel_gaps": {}})}
+
+
+SHORT_KERNEL_US = 10.0  # kernels shorter than this are counted apart in ``kernel_gaps``
+
+
+def kernel_timeline(events: Iterable[ProfEvent], n_steps: int) -> dict:
+    """The device's order of work: ``kernel_timeline``, every kernel in start order as ``[name (70 characters),
+    microseconds idle before it, microseconds it ran]`` (the first one's idle counted from the previous kernel
+    only); ``kernel_gaps``, per step: the idle milliseconds between kernels, the number of kernels and their
+    milliseconds below ``SHORT_KERNEL_US``, and the idle gaps of more than 20 us with the kernel after each (the
+    places where the device waited for the host, not for the launch of the next kernel)."""
+    kernels = sorted((e for e in events if e.activity == "kernel"), key=lambda e: e.start_ns)
+    timeline, idle_ns, long_gaps = [], 0, defaultdict(float)
+    end = None
+    for e in kernels:
+        gap = 0 if end is None else max(e.start_ns - end, 0)
+        idle_ns += gap
+        if gap > 20_000:
+            long_gaps[e.name[:70]] += gap / 1e3 / n_steps
+        timeline.append([e.name[:70], round(gap / 1e3, 2), round((e.end_ns - e.start_ns) / 1e3, 2)])
+        end = e.end_ns if end is None else max(end, e.end_ns)
+    short = [d for _, _, d in timeline if d < SHORT_KERNEL_US]
+    return {"kernel_timeline": timeline,
+            "kernel_gaps": {"idle_ms_per_step": idle_ns / 1e6 / n_steps,
+                            "short_kernels_per_step": len(short) / n_steps,
+                            "short_kernel_ms_per_step": sum(short) / 1e3 / n_steps,
+                            "idle_us_before_per_step": dict(sorted(long_gaps.items(), key=lambda kv: -kv[1])[:10])}}
 
 
 TOP_SOURCES = 20  # launch sources listed in the profile
@@ -298,11 +326,13 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
     first = opts.warmup_steps + 2 * opts.steps
     launches = profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev) if opts.profile_steps else \
         {"profiled_steps": 0, "profiled_step_ms": None, "launches_per_step": None, "kernels_per_step": None,
-         "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}, "launch_sources": {}}
+         "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}, "launch_sources": {},
+         "kernel_timeline": [], "kernel_gaps": {}}
     after = first + torch_profiler_steps(opts)
     host = host_profile(lambda i: tr.step(after + i), opts.host_profile_steps)
     sync(dev)
     marches = bench_march(tr) if dev.type == "cuda" and opts.march_launches else []
+    grids = bench_grid(tr) if dev.type == "cuda" and opts.grid_launches else []
     ev = tr.evaluate(n_views=opts.eval_views) if opts.eval_views else {"psnr": float("nan")}
     result = {
         "backend": backend, "precision": args.precision,  # resolved by Trainer.build (--precision auto)
@@ -311,6 +341,7 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
         "warmup_seconds": warm_s, "stages_ms": timer.mean_ms(), "test_psnr_after": ev["psnr"],
         "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else None,
         **launches, "host_self_ms": host, "march_launches": marches,
+        "grid_launches": grids,
     }
     del tr
     gc.collect()
@@ -350,6 +381,59 @@ def bench_march(tr: Trainer, repeat: int = 50) -> list[dict]:
                      "samples": total, "ms": timed(lambda launch=launch: march(launch), dev, repeat)})
     for row in rows:
         row["speed vs first"] = rows[0]["ms"] / row["ms"]
+    return rows
+
+
+def bench_grid(tr: Trainer, repeat: int = 50) -> list[dict]:
+    """The hash grid's kernels on the points of one batch marched at the trained state's ray count, under each
+    of ``hashgrid_triton.CANDIDATE_LAUNCHES`` (forward and backward alike): ms per forward over every marched
+    point (the density pass) and per forward + backward over the first ``target_samples`` of them (the
+    network pass). Every launch must give the same encoding and, to atomic order, the same table gradient
+    (checked: a RuntimeError otherwise). Empty without the Triton hash grid and the fast renderer."""
+    from ..model.encoding.hashgrid_triton import CANDIDATE_LAUNCHES, HashGridTriton
+    from ..render.march_triton import march_packed
+
+    enc, capacity = tr.field.encoding, getattr(tr.renderer, "candidate_capacity", None)
+    if not isinstance(enc, HashGridTriton) or capacity is None:
+        return []
+    dev = tr.rt.device
+    rays = tr.data.sample(tr.budget.n_rays)
+    jitter = torch.rand(rays.origins.shape[0], device=dev, generator=torch.Generator(dev).manual_seed(0))
+    packed = march_packed(rays.origins, rays.directions, tr.field.aabb, tr.grid, tr.march.schedule, jitter,
+                          capacity, positions=True, launch=tr.march.launch)
+    x = tr.field.normalize(packed.x[:int(packed.total)]).detach().contiguous()
+    x_net = x[:min(x.shape[0], int(tr.args.target_samples))]
+    grad = torch.randn(x_net.shape[0], enc.n_output_dims, device=dev, generator=torch.Generator(dev).manual_seed(1))
+    used = (enc.forward_launch, enc.backward_launch)
+
+    def forward(points: Tensor) -> Tensor:
+        with torch.no_grad():
+            return enc(points)
+
+    def forward_backward() -> Tensor:
+        enc.params.grad = None
+        enc(x_net).backward(grad)
+        return enc.params.grad
+
+    rows, ref = [], None
+    try:
+        for launch in dict.fromkeys((enc.backward_launch, *CANDIDATE_LAUNCHES)):
+            enc.forward_launch = enc.backward_launch = launch
+            out = (forward(x), forward_backward().clone())
+            if ref is None:
+                ref = out
+            elif not torch.equal(out[0], ref[0]) or not torch.allclose(out[1], ref[1], rtol=1e-4, atol=1e-5):
+                raise RuntimeError(f"hash grid launch {launch} computed other values than {rows[0]['launch']}")
+            rows.append({"launch": f"block {launch.block}, {launch.warps} warps" + (" (trained with)" if not rows
+                                                                                     else ""),
+                         "points": x.shape[0], "forward ms": timed(lambda: forward(x), dev, repeat),
+                         "network points": x_net.shape[0], "fwd+bwd ms": timed(forward_backward, dev, repeat)})
+    finally:
+        enc.forward_launch, enc.backward_launch = used
+        enc.params.grad = None
+    for row in rows:
+        row["forward speed"] = rows[0]["forward ms"] / row["forward ms"]
+        row["fwd+bwd speed"] = rows[0]["fwd+bwd ms"] / row["fwd+bwd ms"]
     return rows
 
 
@@ -433,7 +517,7 @@ def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[
     def network(field: NGPField):
         def net(f, d):
             h = field.density_mlp(f)
-            return torch.sigmoid(field.rgb_mlp(torch.cat([field.dir_encoding(d).to(h.dtype), h], -1)).float()), h[:, 0]
+            return torch.sigmoid(field.rgb_mlp(field.dir_encoding.concat(d, h)).float()), h[:, 0]
         return net
 
     rows = []
@@ -483,6 +567,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no_compile", action="store_true", help="skip the torch.compile references")
     p.add_argument("--march_launches", action="store_true",
                    help="after training, time the march kernel's candidate launches on one batch (GPU, fast renderer)")
+    p.add_argument("--grid_launches", action="store_true",
+                   help="after training, time the hash grid kernels' candidate launches on one batch's points (GPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="runs/bench/throughput.json")
     p.add_argument("--markdown", default="docs/BENCHMARKS.md", help="append a dated section here ('' to skip)")
@@ -532,6 +618,9 @@ def main(argv: list[str] | None = None) -> dict:
             for r in training for name, ms in r["host_self_ms"].items()]
     marches = [{"backend": r["backend"], **{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in m.items()}}
                for r in training for m in r["march_launches"]]
+    grid_rows_launch = [{"backend": r["backend"], **{k: (f"{v:.3f}" if isinstance(v, float) else v)
+                                                     for k, v in m.items()}}
+                        for r in training for m in r["grid_launches"]]
     text = "\n\n".join([
         f"Device: {device}; scene {opts.scene}; {opts.target_samples} samples/step target; precision {opts.precision}; "
         f"{opts.warmup_steps} warm-up steps, {opts.steps} timed steps.",
@@ -540,6 +629,11 @@ def main(argv: list[str] | None = None) -> dict:
         f"/ wall time; aten ops/step: outermost aten operators (the CPU's stand-in for launches); over "
         f"{opts.profile_steps} steps under torch.profiler (its overhead makes GPU busy a lower bound).",
         table(stage_rows, ["stage (ms/step)", *[r["backend"] for r in training]]),
+        *([f"Between the kernels ({r['backend']}, per step): idle {r['kernel_gaps']['idle_ms_per_step']:.3f} ms; "
+           f"{r['kernel_gaps']['short_kernels_per_step']:.0f} kernels under {SHORT_KERNEL_US:.0f} us take "
+           f"{r['kernel_gaps']['short_kernel_ms_per_step']:.3f} ms; idle gaps over 20 us (us before the kernel): "
+           f"{ {k: round(v, 1) for k, v in r['kernel_gaps']['idle_us_before_per_step'].items()} }"
+           for r in training if r["kernel_gaps"]]),
         *(["Longest kernels under the profiler (device time per step):",
            table(kernels, ["kernel (device ms/step)", *[r["backend"] for r in training]])] if kernels else []),
         *(["Host-side launches per step by source (the outermost host operator around each launch call):",
@@ -548,6 +642,8 @@ def main(argv: list[str] | None = None) -> dict:
            table(host, ["host function (self ms/step)", *[r["backend"] for r in training]])] if host else []),
         *(["The march (count and write passes) of one batch after training, per launch (same samples each):",
            table(marches, list(marches[0]))] if marches else []),
+        *(["The hash grid's kernels on one batch's marched points after training, per launch (same values each):",
+           table(grid_rows_launch, list(grid_rows_launch[0]))] if grid_rows_launch else []),
         f"Hash grid ({spec.n_levels} levels x {spec.n_features_per_level}, 2^{spec.log2_hashmap_size} table), "
         f"{opts.points} points:",
         table(grid_table, list(grid_table[0])),

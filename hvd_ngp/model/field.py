@@ -125,7 +125,7 @@ class NGPField(nn.Module):
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
             raise ConfigError(f"{source}: network.density_bias must be a finite number, got {bias!r}")
         self.density_bias = float(bias)  # sigma = exp(first output + bias): instant-ngp 0, nerfacc -1
-        self.dir_encoding = make_direction_encoding(model["dir_encoding"], source)
+        self.dir_encoding = make_direction_encoding(model["dir_encoding"], source, backend)
         rgb = model["rgb_network"]
         out_act = rgb.get("output_activation", "Sigmoid")
         if out_act not in ("Sigmoid", "None"):
@@ -149,7 +149,7 @@ class NGPField(nn.Module):
 
     def forward(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
         sigma, geo = self.query_density(x)
-        rgb = torch.sigmoid(self.rgb_mlp(torch.cat([self.dir_encoding(d).to(geo.dtype), geo], dim=-1)).float())
+        rgb = torch.sigmoid(self.rgb_mlp(self.dir_encoding.concat(d, geo)).float())
         return rgb, sigma
 
     def mlp_parameters(self) -> list[nn.Parameter]:

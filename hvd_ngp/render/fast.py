@@ -7,7 +7,9 @@ Per training step (instant-ngp's scheme):
    count); per ray, keep the samples in front of the point where transmittance drops below
    ``early_termination`` (``composite_triton``, which reads each ray's filled slots only);
 3. compact the kept samples into exactly ``sample_capacity`` rows (rays that do not fit are
-   marked invalid and left out of the loss), with ``searchsorted`` instead of a host-side count;
+   marked invalid and left out of the loss), one kernel that finds each row's ray by binary search instead
+   of a host-side count (``compact_triton``; twin ``compact_gather_torch``), gathering the rows' positions
+   as the march wrote them;
 4. the network with gradients on those rows, and differentiable compositing (``composite_triton``).
 Every tensor has a size known before the step starts, so the host never waits for the device;
 sample counts come back as device scalars that the trainer reads asynchronously.
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from .compact_triton import compact_gather
 from .composite_triton import composite, count_until_opaque
 from .march_triton import march_counts, march_packed, march_write, segments
 from ..observe.memory import RenderCosts, RenderPlan, split_by_capacity
@@ -66,6 +69,19 @@ def compact(keep: Tensor, start: Tensor, capacity: int) -> tuple[Tensor, Tensor,
     return src, torch.where(used, ray, torch.full_like(ray, R)), new_start, count, fits
 
 
+def compact_gather_torch(keep: Tensor, start: Tensor, t: Tensor, dt: Tensor, x: Tensor, origins: Tensor,
+                         directions: Tensor, capacity: int) -> tuple[Tensor, ...]:
+    """The network's ``capacity`` rows from the marched samples (twin of ``compact_triton.compact_gather``):
+    keep, start ``[R]``; t, dt ``[C]``, x ``[C, 3]``; origins, directions ``[R, 3]`` -> (t, dt ``[S]``, x, d
+    ``[S, 3]``, start, count ``[R]`` int32, fits ``[R]`` bool). Unused rows: t = dt = 0 at the last ray's origin."""
+    R = keep.shape[0]
+    src, ray, new_start, count, fits = compact(keep, start, capacity)
+    used = ray < R
+    ray_c = ray.clamp(max=R - 1)
+    return (torch.where(used, t[src], 0.0), torch.where(used, dt[src], 0.0),
+            torch.where(used[:, None], x[src], origins[ray_c]), directions[ray_c], new_start.int(), count.int(), fits)
+
+
 class Capacities(Protocol):
     """Buffer sizes of the fast renderer: marched samples and samples through the network per call."""
 
@@ -109,7 +125,6 @@ class FastRenderer:
     def __call__(self, rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor,
                  aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,
                  jitter: Tensor | None, timer: StageTimer = NULL_TIMER) -> FastRenderResult:
-        R = origins.shape[0]
         packed = march_packed(origins, directions, aabb, grid, schedule, jitter, self.candidate_capacity,
                               positions=True, launch=self.launch)
         timer.mark("march")
@@ -117,17 +132,14 @@ class FastRenderer:
             sigma0 = sigma_fn(packed.x, n_rows=packed.total)
             keep = count_until_opaque(sigma0, packed.dt, packed.start, packed.count, early_termination)
         timer.mark("density pass")
-        src, ray, start, count, fits = compact(keep, packed.start, self.sample_capacity)
-        ray_c = ray.clamp(max=R - 1)
-        # unused slots read slot 0, unwritten when nothing was marched: t = 0 keeps their (discarded) network
-        # inputs finite, or a NaN there would reach the weight gradients through 0 * NaN
-        t, dt = torch.where(ray < R, packed.t[src], 0.0), packed.dt[src]
-        d = directions[ray_c]
-        x = origins[ray_c] + d * t[:, None]
+        # unused rows sit at the last ray's origin with t = dt = 0 (finite network inputs: a NaN there would reach
+        # the weight gradients through 0 * NaN), outside every ray's compositing
+        t, dt, x, d, start, count, fits = compact_gather(keep, packed.start, packed.t, packed.dt, packed.x, origins,
+                                                          directions, self.sample_capacity)
         timer.mark("compaction")
         rgb, sigma = rgb_sigma_fn(x, d)
         timer.mark("network fwd")
-        out_rgb, opacity, depth = composite(sigma, rgb, dt, t, start.int(), count.int())
+        out_rgb, opacity, depth = composite(sigma, rgb, dt, t, start, count)
         timer.mark("composite")
         return FastRenderResult(out_rgb, opacity, depth, packed.fits & fits, packed.total, count.sum())
 

@@ -43,6 +43,9 @@
 #                                              # .stage/old (HVD_NGP_OLD=ea0a058) vs this tree
 #   bash scripts/gpu/session.sh launch16 OUT   # issue 16: the march kernel's launches timed on one batch, the fastest
 #                                              # against the defaults end to end (HVD_NGP_VARIANT=launch then uses it)
+#   bash scripts/gpu/session.sh fuse16 OUT     # issue 16: kernel tests; the kernel timeline of a late step; the hash grid
+#                                              # kernels' launches on one batch; .stage/old (HVD_NGP_OLD) vs this tree vs
+#                                              # this tree with the fastest grid launches (HVD_NGP_ROUNDS)
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -424,6 +427,40 @@ PY
       bench_late k_launch $round $PWD -- --marching "$(cat $S/launch.json)"
     done
     late_finish k launch16
+    ;;
+  fuse16)  # issue 16: kernel GPU tests (compaction, SH concat, launches); once per machine, one late-training run of
+    # this tree profiled (the kernel timeline in its JSON) that times the hash grid kernels' launches on one batch
+    # (--grid_launches; the fastest forward and backward written to $S/grid_launch.json as an encoding block);
+    # then .stage/old (HVD_NGP_OLD) vs this tree vs this tree with those launches, alternating, rounds
+    # HVD_NGP_ROUNDS (default "1 2"; round 1 profiled)
+    if [ ! -f $S/grid_launch.json ]; then
+      HVD_NGP_REQUIRE_GPU=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py -k \
+        "launch or march or compaction or sh_concat or fast_renderer" 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -8
+      HVD_NGP_REQUIRE_GPU=1 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_mlp_kernels.py -k \
+        "field or fast_renderer or training_step" 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -8
+      HVD_NGP_BENCH_TIMEOUT=300 HVD_NGP_KERNELS=40 bench_late f_table 1 $PWD --grid_launches
+      grep -h -A12 "^| backend | launch" $out/f_table_1.log
+      grep -h "^Between the kernels" $out/f_table_1.log
+      python3 - $out/f_table_1.json $S/grid_launch.json <<'PY'
+import json, re, sys
+rows = json.load(open(sys.argv[1]))["training"][0]["grid_launches"]
+block = {}
+for key, col in (("forward_launch", "forward ms"), ("backward_launch", "fwd+bwd ms")):
+    best = min(rows, key=lambda r: r[col])
+    b, w = map(int, re.findall(r"\d+", best["launch"])[:2])
+    block[key] = {"block": b, "warps": w}
+    print(f"fastest {key}: {best['launch']} {best[col]:.3f} ms vs {rows[0][col]:.3f}")
+json.dump(block, open(sys.argv[2], "w"))
+PY
+    fi
+    for round in ${HVD_NGP_ROUNDS:-1 2}; do
+      bench_late f_old $round $S/old
+      bench_late f_new $round $PWD
+      bench_late f_grid $round $PWD -- --encoding "$(cat $S/grid_launch.json)"
+    done
+    HVD_NGP_KERNELS=12 late_table "f_*" >$out/fuse16_table_${HVD_NGP_ROUNDS:-1_2}.txt
+    grep -v "^    " $out/fuse16_table_*.txt | grep -v "^f_table"
+    rm -f $out/f_old_*.json $out/f_new_2.* $out/f_grid_2.* $out/f_*_1.log
     ;;
   grid16)  # issue 16: the graphed grid update (GPU test against the eager update), then late-training throughput,
     # alternating, two rounds: the defaults against --graph_grid_update on

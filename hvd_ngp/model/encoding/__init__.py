@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError
-from .hashgrid import FEATURE_MAJOR, KERNEL_OPTIONS, MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch, scaled_to_extent
+from .hashgrid import (BACKWARD_LAUNCH, FEATURE_MAJOR, FORWARD_LAUNCH, KERNEL_OPTIONS, MERGE_RUNS_BELOW, GridLaunch,
+                       HashGridSpec, HashGridTorch, scaled_to_extent)
 from .sh import SphericalHarmonics
 
 BACKENDS = ("auto", "torch", "cpp", "triton", "tcnn")
@@ -60,9 +61,11 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
     ``vector_atomics`` (true | false, default false) lets its backward add both features of a corner with
     one atomic on sm_90+; ``merge_runs_below`` (resolution, default ``MERGE_RUNS_BELOW``; 0: off) sums runs of
     consecutive points on one table row before their atomic at the levels that coarse (``hashgrid_triton``);
-    ``feature_major`` (true | false, default ``FEATURE_MAJOR``) lays its output out as ``[L * F, N]`` in memory.
+    ``feature_major`` (true | false, default ``FEATURE_MAJOR``) lays its output out as ``[L * F, N]`` in memory;
+    ``forward_launch``, ``backward_launch`` (``{"block": points per program, "warps": n}``, powers of two; default
+    ``FORWARD_LAUNCH``, ``BACKWARD_LAUNCH``) say how its two kernels run.
     The other backends ignore them (same values and gradients); a float16 table needs the triton backend."""
-    table_dtype, vector_atomics, merge, feature_major = kernel_options(block, source)
+    table_dtype, vector_atomics, merge, feature_major, launches = kernel_options(block, source)
     if table_dtype != "float32" and backend != "triton":
         raise ConfigError(f"{source}: encoding.table_dtype {table_dtype!r} needs the triton backend (got {backend})")
     spec = HashGridSpec.from_config(block, source)
@@ -70,7 +73,7 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
         from .hashgrid_triton import HashGridTriton
 
         return HashGridTriton(spec, TABLE_DTYPES[table_dtype], vector_atomics=vector_atomics, merge_runs_below=merge,
-                              feature_major=feature_major)
+                              feature_major=feature_major, forward_launch=launches[0], backward_launch=launches[1])
     if backend == "tcnn":
         from .tcnn import TcnnEncoding
 
@@ -84,9 +87,10 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
     return HashGridTorch(spec)
 
 
-def kernel_options(block: dict, source: str = "config") -> tuple[str, bool, int, bool]:
+def kernel_options(block: dict, source: str = "config"
+                   ) -> tuple[str, bool, int, bool, tuple[GridLaunch, GridLaunch]]:
     """The Triton kernels' options of an ``encoding`` block (``KERNEL_OPTIONS``), validated and defaulted:
-    (table_dtype, vector_atomics, merge_runs_below, feature_major)."""
+    (table_dtype, vector_atomics, merge_runs_below, feature_major, (forward launch, backward launch))."""
     table_dtype = block.get("table_dtype", "float32")
     if table_dtype not in TABLE_DTYPES:
         raise ConfigError(f"{source}: encoding.table_dtype must be one of {sorted(TABLE_DTYPES)}, got {table_dtype!r}")
@@ -99,7 +103,20 @@ def kernel_options(block: dict, source: str = "config") -> tuple[str, bool, int,
     feature_major = block.get("feature_major", FEATURE_MAJOR)
     if not isinstance(feature_major, bool):
         raise ConfigError(f"{source}: encoding.feature_major must be true or false, got {feature_major!r}")
-    return table_dtype, vector_atomics, merge, feature_major
+    launches = []
+    for key, default in (("forward_launch", FORWARD_LAUNCH), ("backward_launch", BACKWARD_LAUNCH)):
+        value = block.get(key)
+        if value is None:
+            launches.append(default)
+            continue
+        if not isinstance(value, dict) or not set(value) <= {"block", "warps"}:
+            raise ConfigError(f"{source}: encoding.{key} must be an object with keys among ['block', 'warps'], "
+                              f"got {value!r}")
+        try:
+            launches.append(GridLaunch(**{"block": default.block, "warps": default.warps, **value}))
+        except ValueError as e:
+            raise ConfigError(f"{source}: encoding.{key}: {e}") from None
+    return table_dtype, vector_atomics, merge, feature_major, (launches[0], launches[1])
 
 
 def model_for_backend(model: dict, backend: str) -> dict:
@@ -115,8 +132,9 @@ def model_for_backend(model: dict, backend: str) -> dict:
     return {**model, "encoding": {k: v for k, v in block.items() if k not in KERNEL_OPTIONS}}
 
 
-def make_direction_encoding(block: dict, source: str = "config") -> nn.Module:
-    """Spherical harmonics of unit directions from an instant-ngp ``dir_encoding`` block (every backend)."""
+def make_direction_encoding(block: dict, source: str = "config", backend: str = "torch") -> SphericalHarmonics:
+    """Spherical harmonics of unit directions from an instant-ngp ``dir_encoding`` block (every backend; on the
+    triton backend the colour network's input in one kernel, ``sh_triton``)."""
     block = dict(block)
     otype = block.get("otype", "SphericalHarmonics")
     if otype == "Composite":  # instant-ngp's [SH(dir), Identity(rest)]: we encode directions only
@@ -126,9 +144,13 @@ def make_direction_encoding(block: dict, source: str = "config") -> nn.Module:
         block, otype = nested[0], "SphericalHarmonics"
     if otype != "SphericalHarmonics":
         raise ConfigError(f"{source}: dir_encoding.otype {otype!r} is not supported (expected 'SphericalHarmonics')")
+    if backend == "triton":
+        from .sh_triton import SphericalHarmonicsTriton
+
+        return SphericalHarmonicsTriton(int(block.get("degree", 4)))
     return SphericalHarmonics(int(block.get("degree", 4)))
 
 
-__all__ = ["BACKENDS", "FAST_RENDERER_BACKENDS", "KERNEL_OPTIONS", "HashGridSpec", "HashGridTorch",
+__all__ = ["BACKENDS", "FAST_RENDERER_BACKENDS", "KERNEL_OPTIONS", "GridLaunch", "HashGridSpec", "HashGridTorch",
            "SphericalHarmonics", "kernel_options", "make_direction_encoding", "make_position_encoding",
            "model_for_backend", "resolve_backend", "scaled_to_extent"]

@@ -23,13 +23,34 @@ UINT32 = 0xFFFFFFFF
 
 
 #: encoding keys of the Triton backend, not of the grid
-KERNEL_OPTIONS = ("table_dtype", "vector_atomics", "merge_runs_below", "feature_major")
+KERNEL_OPTIONS = ("table_dtype", "vector_atomics", "merge_runs_below", "feature_major", "forward_launch",
+                  "backward_launch")
 #: the Triton backward sums runs of consecutive points on one table row at levels of resolution <= this
 #: (``merge_runs_below``): 53.9 / 57.1 against 48.2 / 48.4 M samples/s late in lego training on one H100
 #: (docs/BENCHMARKS.md)
 MERGE_RUNS_BELOW = 300
 #: the Triton forward writes its output feature-major (``[L * F, N]`` in memory, seen as ``[N, L * F]``)
 FEATURE_MAJOR = True
+
+
+@dataclass(frozen=True)
+class GridLaunch:
+    """How a Triton hash-grid kernel runs: ``block`` points per program on ``warps`` warps (powers of two).
+    Every launch computes the same encoding (and the same table gradient, to the order of its atomics); only
+    the speed differs (``bench throughput --grid_launches`` times them on a trained batch)."""
+
+    block: int = 128
+    warps: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("block", "warps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"GridLaunch.{name} must be a power of two >= 1, got {value!r}")
+
+
+FORWARD_LAUNCH = GridLaunch()
+BACKWARD_LAUNCH = GridLaunch()
 
 
 def scaled_to_extent(block: dict, extent: float) -> dict:

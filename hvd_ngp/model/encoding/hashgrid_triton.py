@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .hashgrid import FEATURE_MAJOR, MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
+from .hashgrid import (BACKWARD_LAUNCH, FEATURE_MAJOR, FORWARD_LAUNCH, MERGE_RUNS_BELOW, GridLaunch, HashGridSpec,
+                       HashGridTorch)
 
 
 @triton.jit
@@ -212,7 +213,9 @@ def _hashgrid_bwd_runs(x_ptr, grad_out_ptr, g_row, g_col, grad_table_ptr, i, m, 
             tl.atomic_add(ptr, run, mask=last[:, None], sem="relaxed")
 
 
-BLOCK = 128
+#: the launches ``bench throughput --grid_launches`` times on a trained batch (each for forward and backward)
+CANDIDATE_LAUNCHES = (GridLaunch(128, 4), GridLaunch(64, 2), GridLaunch(128, 2), GridLaunch(256, 4),
+                      GridLaunch(256, 8), GridLaunch(512, 4), GridLaunch(512, 8), GridLaunch(32, 1))
 
 
 def vector_atomics_here(device: torch.device) -> bool:
@@ -232,8 +235,10 @@ class _HashGridTritonFunction(torch.autograd.Function):
             out = alloc(n, L * F, device=x.device, dtype=torch.float32)
         if n:
             count = x if n_rows is None else n_rows  # a placeholder pointer without a count (never read)
-            _hashgrid_fwd[(triton.cdiv(n, BLOCK), L)](x, table, out, *out.stride(), *enc.level_tensors(), count, n,
-                                                      L=L, F=F, HAS_COUNT=n_rows is not None, BLOCK=BLOCK)
+            block, warps = enc.forward_launch.block, enc.forward_launch.warps
+            _hashgrid_fwd[(triton.cdiv(n, block), L)](x, table, out, *out.stride(), *enc.level_tensors(), count, n,
+                                                      L=L, F=F, HAS_COUNT=n_rows is not None, BLOCK=block,
+                                                      num_warps=warps)
         ctx.save_for_backward(x)
         ctx.enc, ctx.n_rows = enc, n_rows
         return out
@@ -246,10 +251,11 @@ class _HashGridTritonFunction(torch.autograd.Function):
         grad_table = torch.zeros(enc.params.shape, device=x.device, dtype=torch.float32)
         if n:
             pairs = F == 2 and enc.vector_atomics and vector_atomics_here(x.device)
-            _hashgrid_bwd[(triton.cdiv(n, BLOCK), L)](x, grad, *grad.stride(), grad_table, *enc.level_tensors(),
+            block, warps = enc.backward_launch.block, enc.backward_launch.warps
+            _hashgrid_bwd[(triton.cdiv(n, block), L)](x, grad, *grad.stride(), grad_table, *enc.level_tensors(),
                                                       x if ctx.n_rows is None else ctx.n_rows, n, enc.merge_runs_below,
-                                                      L=L, F=F, HAS_COUNT=ctx.n_rows is not None, BLOCK=BLOCK,
-                                                      PAIRS=pairs, MERGE=enc.merge_runs_below > 0)
+                                                      L=L, F=F, HAS_COUNT=ctx.n_rows is not None, BLOCK=block,
+                                                      PAIRS=pairs, MERGE=enc.merge_runs_below > 0, num_warps=warps)
         return None, grad_table.to(enc.params.dtype), None, None
 
 
@@ -268,13 +274,16 @@ class HashGridTriton(HashGridTorch):
     (strides ``(1, N)``, as tiny-cuda-nn lays out its encodings), so that one program's stores, a level's
     features of consecutive points, are contiguous; else row-major ``[N, L * F]`` (8 bytes per level in each
     128-byte row). Same values either way; the fused MLP (``mlp_triton``) reads and writes any strides.
+    ``forward_launch``, ``backward_launch``: the kernels' ``GridLaunch`` (default ``FORWARD_LAUNCH``,
+    ``BACKWARD_LAUNCH``); the same values and gradients (to atomic order) under any.
     """
 
     skips_rows = True  # forward takes n_rows (the field passes the count through)
 
     def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32,
                  vector_atomics: bool = False, merge_runs_below: int = MERGE_RUNS_BELOW,
-                 feature_major: bool = FEATURE_MAJOR) -> None:
+                 feature_major: bool = FEATURE_MAJOR, forward_launch: GridLaunch = FORWARD_LAUNCH,
+                 backward_launch: GridLaunch = BACKWARD_LAUNCH) -> None:
         super().__init__(spec)
         if spec.n_features_per_level & (spec.n_features_per_level - 1):
             raise ValueError("the Triton hash grid needs a power-of-two n_features_per_level")
@@ -283,6 +292,7 @@ class HashGridTriton(HashGridTorch):
         self.table_dtype, self.vector_atomics = table_dtype, vector_atomics
         self.merge_runs_below = int(merge_runs_below)
         self.feature_major = bool(feature_major)
+        self.forward_launch, self.backward_launch = forward_launch, backward_launch
         self._levels: tuple[Tensor, ...] | None = None
 
     def level_tensors(self) -> tuple[Tensor, ...]:

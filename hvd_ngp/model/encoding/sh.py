@@ -27,7 +27,8 @@ def sh_encode(d: Tensor, degree: int) -> Tensor:
 
 
 class SphericalHarmonics(nn.Module):
-    """``forward(d)``: unit directions ``[N, 3]`` -> ``[N, degree**2]``."""
+    """``forward(d)``: unit directions ``[N, 3]`` -> ``[N, degree**2]``. ``concat(d, geo)``: the colour
+    network's input, ``[N, degree**2 + G]`` in ``geo``'s dtype (the basis values, then ``geo`` ``[N, G]``)."""
 
     def __init__(self, degree: int = 4) -> None:
         super().__init__()
@@ -41,3 +42,6 @@ class SphericalHarmonics(nn.Module):
 
     def forward(self, d: Tensor) -> Tensor:
         return sh_encode(d, self.degree)
+
+    def concat(self, d: Tensor, geo: Tensor) -> Tensor:
+        return torch.cat([self(d).to(geo.dtype), geo], dim=-1)
