@@ -161,7 +161,8 @@ def test_compaction_kernel_matches_its_torch_twin(capacity):
     fast, ref = compact_gather(*args, capacity), compact_gather_torch(*args, capacity)
     if capacity == 1000:
         assert 0 < int(ref[6].sum()) < R  # some rays fit, the rest do not
-    for a, b, name in zip(fast, ref, ("t", "dt", "x", "d", "start", "count", "fits")):
+    assert len(fast) == len(ref) == 8 and int(ref[7]) == int(ref[5].sum())  # total: the rows used
+    for a, b, name in zip(fast, ref, ("t", "dt", "x", "d", "start", "count", "fits", "total")):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         assert torch.equal(a, b), name
 
@@ -436,7 +437,7 @@ def test_fast_renderer_matches_reference_rendering():
     def sigma_fn(x, n_rows=None):  # a soft ball (computes every row)
         return 40.0 * torch.sigmoid(20 * (0.3 - (x - centre).norm(dim=-1)))
 
-    def rgb_sigma_fn(x, dirs):
+    def rgb_sigma_fn(x, dirs, n_rows=None):
         return torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), sigma_fn(x)
 
     ref = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3, j)
@@ -472,7 +473,7 @@ def test_fast_renderer_with_nothing_marched_keeps_gradients_finite():
     encoding = HashGridTriton(HashGridSpec(4, 2, 10, 4, 2.0)).to(DEV)
     head = torch.nn.Linear(8, 4).to(DEV)
 
-    def rgb_sigma_fn(x, dirs):
+    def rgb_sigma_fn(x, dirs, n_rows=None):
         h = head(encoding(x.clamp(0.0, 1.0)))
         return torch.sigmoid(h[:, :3]), torch.exp(h[:, 3])
 
@@ -504,7 +505,7 @@ def test_inference_render_within_a_small_workspace_equals_the_exact_one():
     def sigma_fn(x):
         return 40.0 * torch.sigmoid(20 * (0.3 - (x - centre).norm(dim=-1)))
 
-    def rgb_sigma_fn(x, dirs):
+    def rgb_sigma_fn(x, dirs, n_rows=None):
         return torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), sigma_fn(x)
 
     exact = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3)

@@ -28,6 +28,7 @@ if not triton_available(DEV.type):
 
 from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton  # noqa: E402
 from hvd_ngp.model.mlp_triton import FusedMLP, autocast_dot, fused_mlp  # noqa: E402
+from interpreter_checks import poisoned_memory  # noqa: E402
 
 SMALL = DEV.type == "cpu"
 #: (n_input, block) of the two MLPs of the default config, then generic shapes: padded input and
@@ -234,7 +235,8 @@ def test_hashgrid_skips_rows_past_the_count():
     for n, dtype in ((0, torch.int64), (129, torch.int32), (200, torch.int64), (n_total + 3, torch.int64)):
         k = min(n, n_total)
         enc.zero_grad(set_to_none=True)
-        out = enc(x, torch.tensor(n, device=DEV, dtype=dtype))
+        with poisoned_memory():  # the kernel writes the zeros past the count itself (no zero fill first)
+            out = enc(x, torch.tensor(n, device=DEV, dtype=dtype))
         (out * g).sum().backward()
         assert torch.equal(out[:k], full[:k]) and bool((out[k:] == 0).all())
         grad = enc.params.grad.clone()
@@ -270,11 +272,24 @@ def test_field_on_triton_fuses_both_mlps_and_skips_rows():
     assert bool((geo[77:] == 0).all()) and bool((sigma_part[77:] == 1).all())  # zero features: exp(0)
     with torch.no_grad():  # backends without the kernels compute every row
         torch.testing.assert_close(ref.query_density(x, torch.tensor(77, device=DEV))[0], sigma_ref.detach())
+    # the network pass of a training step: rows < n as the full field, and the gradients of those rows alone
+    field.zero_grad(set_to_none=True)
+    rgb_part, sigma_part = field(x, d, torch.tensor(77, device=DEV))
+    torch.testing.assert_close(rgb_part[:77], rgb[:77].detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sigma_part[:77], sigma[:77].detach(), rtol=1e-5, atol=1e-5)
+    (rgb_part[:77].sum() + sigma_part[:77].sum() + 0 * (rgb_part.sum() + sigma_part.sum())).backward()
+    grads = [p.grad.clone() for p in field.parameters()]
+    field.zero_grad(set_to_none=True)
+    rgb_first, sigma_first = field(x[:77], d[:77])
+    (rgb_first.sum() + sigma_first.sum()).backward()
+    for a, p in zip(grads, field.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-5)
 
 
 def test_fast_renderer_density_pass_reads_only_filled_slots():
-    """The renderer's density pass gets the packed count: a density that is NaN at every row past it
-    (and at every slot of an empty buffer tail) still renders exactly the reference image."""
+    """The renderer's density pass gets the packed count and its network pass the kept count: a field that is
+    NaN at every row past them (and at every slot of an empty buffer tail) still renders exactly the
+    reference image."""
     from hvd_ngp.cluster import dist
     from hvd_ngp.render import StepSchedule, render_rays
     from hvd_ngp.render.fast import FastRenderer
@@ -302,12 +317,20 @@ def test_fast_renderer_density_pass_reads_only_filled_slots():
             s = torch.where(torch.arange(x.shape[0], device=DEV) < n_rows, s, float("nan"))
         return s
 
-    def rgb_sigma_fn(x, dirs):
-        return torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), ball(x)
+    rows = []
+
+    def rgb_sigma_fn(x, dirs, n_rows=None):
+        rgb, s = torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), ball(x)
+        if n_rows is not None:  # the network pass: rows past the kept samples are not read either
+            rows.append(int(n_rows))
+            past = torch.arange(x.shape[0], device=DEV) >= n_rows
+            rgb, s = rgb.masked_fill(past[:, None], float("nan")), s.masked_fill(past, float("nan"))
+        return rgb, s
 
     ref = render_rays(rgb_sigma_fn, ball, o, d, aabb, grid, sch, 1e-3, None)
     out = FastRenderer(ref.n_candidates + 500, 4096)(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3, None)
     assert counts == [ref.n_candidates] and int(out.n_candidates) == ref.n_candidates
+    assert rows == [ref.n_samples] and ref.n_samples < 4096
     assert bool(out.valid.all()) and int(out.n_samples) == ref.n_samples
     torch.testing.assert_close(out.rgb, ref.rgb, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.opacity, ref.opacity, rtol=1e-4, atol=1e-5)

@@ -340,6 +340,9 @@ def test_balance_off_plans_equal_rays_and_loss_scale_follows_the_rays():
     restored = Balancer("off", 0, 2, 10_000)
     restored.load_state_dict(r0.state_dict())
     assert restored.sample_capacity == r0.sample_capacity
+    # an interval with nothing counted (the first log after a resume) keeps the plan: it once asked for max_rays
+    assert not restored.update(RankTimes.from_table(two_ranks(0.0, 0.0, samples=(0.0, 0.0), rays=(0.0, 0.0)), COL))
+    assert restored.equal_rays == 448 and restored.sample_capacity == r0.sample_capacity
     s = Balancer("samples", 0, 2, 1000)
     s.update(RankTimes.from_table(two_ranks(5.0, 5.0, rays=(100.0, 300.0)), COL))
     assert s.loss_scale == pytest.approx(0.5) and s.target_samples == 1000

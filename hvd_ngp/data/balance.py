@@ -98,9 +98,13 @@ class Balancer:
         return self.target_samples
 
     def update(self, times: RankTimes) -> bool:
-        """Plan the next interval from the last one's ``times``; True when the time plan changed."""
+        """Plan the next interval from the last one's ``times``; True when the time plan changed. An interval
+        in which no rank counted a ray or a sample (the first log after a resume: its only step is the
+        uncounted warm-up) keeps the plan as it was: zero samples per ray would ask for ``max_rays``."""
         self.last_spread = times.spread()
         rays = times.rays_per_step
+        if rays.sum() <= 0 or times.samples_per_step.sum() <= 0:
+            return False
         if self.world_size > 1 and rays.sum() > 0 and self.mode != "off":
             self.loss_scale = float(self.world_size * rays[self.rank] / rays.sum())
         if self.mode == "off":

@@ -103,9 +103,9 @@ class NGPField(nn.Module):
     ``network.density_bias``) (gradient clamped: ``trunc_exp``)
     forward:       x ``[N, 3]``, d ``[N, 3]`` -> (rgb ``[N, 3]`` in [0, 1], sigma ``[N]``)
 
-    ``query_density(x, n_rows)``: only rows ``< n_rows`` (a device scalar) are needed. The Triton kernels
-    (hash grid, fused MLP) skip the others, whose values are then those of zero features (sigma = 1);
-    the other backends compute every row. ``fused_training``: the MLPs' default for ``"fused"``
+    ``query_density(x, n_rows)``, ``forward(x, d, n_rows)``: only rows ``< n_rows`` (a device scalar) are
+    needed. The Triton kernels (hash grid, fused MLP) skip the others, whose values are then those of zero
+    features (sigma = 1) and which get no gradient; the other backends compute every row. ``fused_training``: the MLPs' default for ``"fused"``
     (``make_mlp``).
     """
 
@@ -147,9 +147,9 @@ class NGPField(nn.Module):
         """sigma ``[N]`` alone: the renderers' and the occupancy grid's density callback."""
         return self.query_density(x, n_rows)[0]
 
-    def forward(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
-        sigma, geo = self.query_density(x)
-        rgb = torch.sigmoid(self.rgb_mlp(self.dir_encoding.concat(d, geo)).float())
+    def forward(self, x: Tensor, d: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        sigma, geo = self.query_density(x, n_rows)
+        rgb = torch.sigmoid(_call(self.rgb_mlp, self.dir_encoding.concat(d, geo), n_rows).float())
         return rgb, sigma
 
     def mlp_parameters(self) -> list[nn.Parameter]:

@@ -5,8 +5,10 @@ kernels). After the density pass each ray keeps its first ``keep[r]`` marched sa
 ray after ray into exactly ``capacity`` rows (rays past the capacity keep none: ``fits`` false). With
 ``ends`` the running sum of ``keep`` (one ``torch.cumsum``), one program handles ``BLOCK`` rows and
 ``BLOCK`` rays: a row finds its ray by binary search in ``ends`` and copies the sample's t, dt and
-position and the ray's direction; a ray writes its new start, count and whether it fits. Rows past the
-kept samples get t = dt = 0 at the last ray's origin (finite network inputs, left out of the compositing).
+position and the ray's direction; a ray writes its new start, count and whether it fits, and the last ray
+that fits writes the number of rows used (a device scalar: the network's ``n_rows``, so that its Triton
+kernels skip the rest). Rows past the kept samples get t = dt = 0 at the last ray's origin (finite network
+inputs, left out of the compositing).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ BLOCK = 256
 
 @triton.jit
 def _compact_gather(keep_ptr, ends_ptr, pstart_ptr, pt_ptr, pdt_ptr, px_ptr, o_ptr, d_ptr, t_out, dt_out, x_out,
-                    d_out, start_out, count_out, fits_out, R, S, STEPS: tl.constexpr, BLOCK: tl.constexpr):
+                    d_out, start_out, count_out, fits_out, total_out, R, S, STEPS: tl.constexpr,
+                    BLOCK: tl.constexpr):
     lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     # the rays of this program: their place in the rows
     mr = lane < R
@@ -31,6 +34,12 @@ def _compact_gather(keep_ptr, ends_ptr, pstart_ptr, pt_ptr, pdt_ptr, px_ptr, o_p
     tl.store(start_out + lane, (e - k).to(tl.int32), mask=mr)
     tl.store(count_out + lane, tl.where(fits, k, 0).to(tl.int32), mask=mr)
     tl.store(fits_out + lane, fits, mask=mr)
+    # the rows used: the end of the last ray that fits (ends only grow), or 0 when the first does not;
+    # exactly one lane writes it
+    next_fits = tl.load(ends_ptr + lane + 1, mask=lane + 1 < R, other=S + 1) <= S
+    last = mr & fits & ~next_fits
+    none = (lane == 0) & ~fits
+    tl.store(total_out + lane * 0, tl.where(fits, e, 0), mask=last | none)
     # the rows of this program: the first ray whose running sum exceeds the row (R for rows past all)
     ms = lane < S
     s = lane.to(tl.int64)
@@ -64,14 +73,15 @@ def compact_gather(keep: Tensor, start: Tensor, t: Tensor, dt: Tensor, x: Tensor
                    directions: Tensor, capacity: int) -> tuple[Tensor, ...]:
     """keep, start ``[R]`` (samples each ray keeps, where its marched samples begin); t, dt ``[C]``, x ``[C, 3]``
     (the marched samples); origins, directions ``[R, 3]`` -> (t, dt ``[S]``, x, d ``[S, 3]``, start, count
-    ``[R]`` int32, fits ``[R]`` bool) with S = ``capacity``: the network's rows, as ``fast.compact_gather_torch``."""
+    ``[R]`` int32, fits ``[R]`` bool, total ``[]`` int64: the rows used, = count.sum()) with S = ``capacity``:
+    the network's rows, as ``fast.compact_gather_torch``."""
     R, dev = keep.shape[0], keep.device
     if R == 0:
         raise ValueError("compact_gather needs at least one ray")
     out = (torch.empty(capacity, device=dev), torch.empty(capacity, device=dev),
            torch.empty(capacity, 3, device=dev), torch.empty(capacity, 3, device=dev),
            torch.empty(R, device=dev, dtype=torch.int32), torch.empty(R, device=dev, dtype=torch.int32),
-           torch.empty(R, device=dev, dtype=torch.bool))
+           torch.empty(R, device=dev, dtype=torch.bool), torch.empty((), device=dev, dtype=torch.int64))
     ends = torch.cumsum(keep, 0)
     n = max(capacity, R)
     _compact_gather[(triton.cdiv(n, BLOCK),)](keep, ends, start, t, dt, x.contiguous(), origins.contiguous(),

@@ -10,7 +10,9 @@ Per training step (instant-ngp's scheme):
    marked invalid and left out of the loss), one kernel that finds each row's ray by binary search instead
    of a host-side count (``compact_triton``; twin ``compact_gather_torch``), gathering the rows' positions
    as the march wrote them;
-4. the network with gradients on those rows, and differentiable compositing (``composite_triton``).
+4. the network with gradients on those rows (``rgb_sigma_fn(x, d, n_rows=total)``: the Triton kernels skip the
+   rows past the kept samples, which would otherwise pile the hash grid's backward atomics onto one point),
+   and differentiable compositing (``composite_triton``).
 Every tensor has a size known before the step starts, so the host never waits for the device;
 sample counts come back as device scalars that the trainer reads asynchronously.
 """
@@ -73,13 +75,15 @@ def compact_gather_torch(keep: Tensor, start: Tensor, t: Tensor, dt: Tensor, x: 
                          directions: Tensor, capacity: int) -> tuple[Tensor, ...]:
     """The network's ``capacity`` rows from the marched samples (twin of ``compact_triton.compact_gather``):
     keep, start ``[R]``; t, dt ``[C]``, x ``[C, 3]``; origins, directions ``[R, 3]`` -> (t, dt ``[S]``, x, d
-    ``[S, 3]``, start, count ``[R]`` int32, fits ``[R]`` bool). Unused rows: t = dt = 0 at the last ray's origin."""
+    ``[S, 3]``, start, count ``[R]`` int32, fits ``[R]`` bool, total ``[]`` int64: the rows used). Unused rows
+    (``>= total``): t = dt = 0 at the last ray's origin."""
     R = keep.shape[0]
     src, ray, new_start, count, fits = compact(keep, start, capacity)
     used = ray < R
     ray_c = ray.clamp(max=R - 1)
     return (torch.where(used, t[src], 0.0), torch.where(used, dt[src], 0.0),
-            torch.where(used[:, None], x[src], origins[ray_c]), directions[ray_c], new_start.int(), count.int(), fits)
+            torch.where(used[:, None], x[src], origins[ray_c]), directions[ray_c], new_start.int(), count.int(), fits,
+            count.sum())
 
 
 class Capacities(Protocol):
@@ -98,7 +102,8 @@ class FixedCapacities:
 class FastRenderer:
     """Training-time renderer with fixed buffers: ``candidate_capacity`` marched samples and
     ``sample_capacity`` samples through the network with gradients. ``sigma_fn`` is called as
-    ``sigma_fn(x, n_rows=count)``: only the first ``count`` (a device scalar) rows are read back.
+    ``sigma_fn(x, n_rows=count)`` and ``rgb_sigma_fn`` as ``rgb_sigma_fn(x, d, n_rows=count)``: only the first
+    ``count`` (a device scalar) rows are read back, and the rest get no gradient.
 
     ``FastRenderer(c, s)`` keeps fixed sizes; ``FastRenderer.following(budget)`` reads them at every
     call from ``budget`` (the trainer's ``training.budget.RayBudget``, the one owner of those numbers).
@@ -134,14 +139,14 @@ class FastRenderer:
         timer.mark("density pass")
         # unused rows sit at the last ray's origin with t = dt = 0 (finite network inputs: a NaN there would reach
         # the weight gradients through 0 * NaN), outside every ray's compositing
-        t, dt, x, d, start, count, fits = compact_gather(keep, packed.start, packed.t, packed.dt, packed.x, origins,
-                                                          directions, self.sample_capacity)
+        t, dt, x, d, start, count, fits, total = compact_gather(keep, packed.start, packed.t, packed.dt, packed.x,
+                                                                 origins, directions, self.sample_capacity)
         timer.mark("compaction")
-        rgb, sigma = rgb_sigma_fn(x, d)
+        rgb, sigma = rgb_sigma_fn(x, d, n_rows=total)  # the Triton kernels skip the unused rows
         timer.mark("network fwd")
         out_rgb, opacity, depth = composite(sigma, rgb, dt, t, start, count)
         timer.mark("composite")
-        return FastRenderResult(out_rgb, opacity, depth, packed.fits & fits, packed.total, count.sum())
+        return FastRenderResult(out_rgb, opacity, depth, packed.fits & fits, packed.total, total)
 
 
 #: bytes one item of an inference render holds (``observe.memory.RenderCosts``): per ray, the count pass's

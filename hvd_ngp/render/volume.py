@@ -29,7 +29,7 @@ from .occupancy import OccupancyGrid
 from .schedule import StepSchedule
 from ..observe.profiling import NULL_TIMER, StageTimer
 
-RGBSigmaFn = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # x [M,3], d [M,3] -> rgb [M,3], sigma [M]
+RGBSigmaFn = Callable[..., tuple[Tensor, Tensor]]  # x [M,3], d [M,3] -> rgb [M,3], sigma [M]; n_rows as SigmaFn
 SigmaFn = Callable[..., Tensor]  # x [M,3] -> sigma [M]; the fast renderer adds n_rows=count (rows >= count unused)
 
 

@@ -96,21 +96,27 @@ def _point_cells(x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
 def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, out_row, out_col, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr,
                   count_ptr, N, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr):
     """out ``[N, L * F]`` (element ``(i, c)`` at ``out_ptr + i * out_row + c * out_col``) = the features of
-    points x ``[N, 3]``."""
+    points x ``[N, 3]``; with a count, rows past it are written as zeros (``out`` may be uninitialised)."""
+    n_all = N
     N = _rows(count_ptr, N, HAS_COUNT)
-    if tl.program_id(0) * BLOCK >= N:  # past the filled rows: nothing to do
+    f = tl.arange(0, F)
+    if tl.program_id(0) * BLOCK >= N:  # past the filled rows: only zeros to write
+        if HAS_COUNT:
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            c = (tl.program_id(1) * F + f[None, :]).to(tl.int64)
+            out = out_ptr + i[:, None].to(tl.int64) * out_row + c * out_col
+            tl.store(out, tl.zeros((BLOCK, F), dtype=tl.float32), mask=(i < n_all)[:, None])
         return
     i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
         x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
-    f = tl.arange(0, F)
     acc = tl.zeros((BLOCK, F), dtype=tl.float32)
     for C in tl.static_range(8):
         row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
         ptr = table_ptr + (offset + row)[:, None].to(tl.int64) * F + f[None, :]
         v = tl.load(ptr, mask=m[:, None], other=0.0).to(tl.float32)
-        acc += w[:, None] * v
+        acc += w[:, None] * v  # rows past the count (masked loads): zeros
     out = out_ptr + i[:, None].to(tl.int64) * out_row + (level * F + f[None, :]).to(tl.int64) * out_col
-    tl.store(out, acc, mask=m[:, None])
+    tl.store(out, acc, mask=(i < n_all)[:, None])
 
 
 @triton.jit
@@ -228,11 +234,11 @@ class _HashGridTritonFunction(torch.autograd.Function):
     def forward(ctx, x: Tensor, params: Tensor, enc: "HashGridTriton", n_rows: Tensor | None) -> Tensor:
         n, L, F = x.shape[0], enc.spec.n_levels, enc.spec.n_features_per_level
         table = params if enc.table_dtype == torch.float32 else params.detach().to(enc.table_dtype)
-        alloc = torch.empty if n_rows is None else torch.zeros
+        # every row is written (zeros past n_rows): no zero fill first
         if enc.feature_major:  # [L * F, N] in memory: a program's stores (a level's features of its points) coalesce
-            out = alloc(L * F, n, device=x.device, dtype=torch.float32).t()
+            out = torch.empty(L * F, n, device=x.device, dtype=torch.float32).t()
         else:
-            out = alloc(n, L * F, device=x.device, dtype=torch.float32)
+            out = torch.empty(n, L * F, device=x.device, dtype=torch.float32)
         if n:
             count = x if n_rows is None else n_rows  # a placeholder pointer without a count (never read)
             block, warps = enc.forward_launch.block, enc.forward_launch.warps
