@@ -47,6 +47,8 @@
 #                                              # kernels' launches on one batch; .stage/old (HVD_NGP_OLD) vs this tree vs
 #                                              # this tree with the fastest grid launches (HVD_NGP_ROUNDS)
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
+#   bash scripts/gpu/session.sh rows16 OUT     # issue 16: the network pass's row count (GPU tests), then .stage/old
+#                                              # (HVD_NGP_OLD) vs this tree, alternating (HVD_NGP_ROUNDS; round 1 profiled)
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
 #   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off vs bf16 + fused MLPs
@@ -461,6 +463,20 @@ PY
     HVD_NGP_KERNELS=12 late_table "f_*" >$out/fuse16_table_${HVD_NGP_ROUNDS:-1_2}.txt
     grep -v "^    " $out/fuse16_table_*.txt | grep -v "^f_table"
     rm -f $out/f_old_*.json $out/f_new_2.* $out/f_grid_2.* $out/f_*_1.log
+    ;;
+  rows16)  # issue 16: GPU tests of the row counts (hash grid zeros past the count, the field's and the fast
+    # renderer's network pass, compaction), then .stage/old vs this tree at a late-training ray count, alternating
+    gpu_tests tests/test_mlp_kernels.py
+    HVD_NGP_REQUIRE_GPU=1 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py -k \
+      "launch or march or compaction or sh_concat or fast_renderer or count" 2>&1 | grep -E "^(FAILED|ERROR)|passed|failed" | tail -8
+    for round in ${HVD_NGP_ROUNDS:-1 2}; do
+      bench_late r_old $round $S/old
+      bench_late r_new $round $PWD
+    done
+    HVD_NGP_KERNELS=12 late_table "r_*" >$out/rows16_table.txt
+    grep -v "^    " $out/rows16_table.txt
+    grep -h "^Between the kernels" $out/r_*_1.log
+    rm -f $out/r_old_*.json $out/r_*_1.log
     ;;
   grid16)  # issue 16: the graphed grid update (GPU test against the eager update), then late-training throughput,
     # alternating, two rounds: the defaults against --graph_grid_update on
