@@ -83,6 +83,13 @@ def test_interval_record_without_gpus_or_comm_timing_says_null_not_nan():
         assert field in line, line
 
 
+def test_an_interval_with_nothing_counted_says_so():
+    """The first log after a resume holds only the uncounted warm-up step: no zero rates, no infinite PSNR."""
+    rec = interval_record(table([rank_row(steps=0, samples=0, rays=0, loss_sum=0.0, mse_sum=0.0)]), step=30,
+                          train_s=0.3, occupancy=None)
+    assert format_line(rec) == "[step 30] nothing measured yet (the warm-up step is not counted) | 0.3 s"
+
+
 def test_line_names_the_rank_with_the_lowest_utilisation():
     rows = [rank_row(gpu_util=u, gpu_power=600, gpu_energy=1200, gpu_id=r, gpu_mem_used=40 * GIB, gpu_mem_total=140 * GIB)
             for r, u in enumerate([93, 95, 92, 88])]

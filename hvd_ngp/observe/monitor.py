@@ -211,8 +211,12 @@ def _si(x: float) -> str:
 
 
 def format_line(rec: dict[str, Any]) -> str:
-    """One line for humans: ``[step 1200] 98.4 M samples/s | GPU util 91% (min 88% rank 3) | comm 4.1% | ...``."""
+    """One line for humans: ``[step 1200] 98.4 M samples/s | GPU util 91% (min 88% rank 3) | comm 4.1% | ...``;
+    an interval that counted no ray (its one step was the uncounted warm-up, as right after a resume) says so
+    instead of printing zeros and an infinite PSNR."""
     na = "n/a"
+    if rec["samples"] == 0 and rec["rays_per_step"] == 0:
+        return f"[step {rec['step']}] nothing measured yet (the warm-up step is not counted) | {rec['train_s']:.1f} s"
     parts = [f"[step {rec['step']}] {rec['samples_per_s'] / 1e6:.3f} M samples/s"]
     if rec["gpu_util"] is None:
         parts.append(f"GPU util {na}")
