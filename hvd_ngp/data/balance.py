@@ -105,7 +105,7 @@ class Balancer:
         rays = times.rays_per_step
         if rays.sum() <= 0 or times.samples_per_step.sum() <= 0:
             return False
-        if self.world_size > 1 and rays.sum() > 0 and self.mode != "off":
+        if self.world_size > 1 and self.mode != "off":
             self.loss_scale = float(self.world_size * rays[self.rank] / rays.sum())
         if self.mode == "off":
             per_ray = times.samples_per_step.sum() / max(rays.sum(), 1.0)

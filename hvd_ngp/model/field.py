@@ -105,8 +105,8 @@ class NGPField(nn.Module):
 
     ``query_density(x, n_rows)``, ``forward(x, d, n_rows)``: only rows ``< n_rows`` (a device scalar) are
     needed. The Triton kernels (hash grid, fused MLP) skip the others, whose values are then those of zero
-    features (sigma = 1) and which get no gradient; the other backends compute every row. ``fused_training``: the MLPs' default for ``"fused"``
-    (``make_mlp``).
+    features (sigma = 1) and which get no gradient; the other backends compute every row.
+    ``fused_training``: the MLPs' default for ``"fused"`` (``make_mlp``).
     """
 
     def __init__(self, model: dict, aabb: Tensor, backend: str = "torch", fused_training: bool = False) -> None:
