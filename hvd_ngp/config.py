@@ -81,7 +81,8 @@ def load_json_config(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> d
     return data
 
 
-def _json_object(text: str) -> dict:
+def json_object(text: str) -> dict:
+    """argparse ``type``: a command-line JSON object (a block such as ``--marching``), else a usage error."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -289,7 +290,7 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
 
     g = p.add_argument_group("network blocks (JSON merge-patch over the config file's block)")
     for block, option in BLOCK_OPTION.items():
-        g.add_argument(f"--{option}", type=_json_object, default=None, metavar="JSON",
+        g.add_argument(f"--{option}", type=json_object, default=None, metavar="JSON",
                        help=f"patch for the '{block}' block")
     file_parser.known = {a.dest for a in p._actions if a.dest not in BLOCK_OPTION.values()} - {"config", "help"}
     return p

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hvd_ngp.config import CPU_CONFIG, parse_args
+from hvd_ngp.errors import ConfigError
 from hvd_ngp.observe.metrics import mse_to_psnr, ssim
 from hvd_ngp.render.camera_path import look_at_point, orbit
 
@@ -70,6 +71,16 @@ def test_training_curve_and_render_tool(tmp_path, scene_cache):
     assert (tmp_path / "r" / "orbit.mp4").stat().st_size > 0
     assert sorted(p.name for p in (tmp_path / "r" / "test").iterdir()) == ["test_000.png", "test_001.png"]
     assert json.loads((tmp_path / "r" / "render.json").read_text())["video"].endswith("orbit.mp4")
+    # the same views with twice the samples per ray: another image, recorded in render.json
+    trained = json.loads((tmp_path / "r" / "render.json").read_text())["marching"]["steps_per_diagonal"]
+    fine = render_main(["--load_snapshot", str(tmp_path / "s.pt"), "--out_dir", str(tmp_path / "f"), "--video", "none",
+                        "--split_views", "2", "--device", "cpu",
+                        "--marching", json.dumps({"steps_per_diagonal": 2 * trained})])
+    assert fine["marching"]["steps_per_diagonal"] == 2 * trained and np.isfinite(fine["test_psnr"])
+    assert fine["test_psnr"] != out["test_psnr"]
+    with pytest.raises(ConfigError, match="grid_resolution.*s.pt"):
+        render_main(["--load_snapshot", str(tmp_path / "s.pt"), "--out_dir", str(tmp_path / "g"), "--video", "none",
+                     "--device", "cpu", "--marching", '{"grid_resolution": 64}'])
 
 
 def test_orbit_sweeps_only_the_covered_arc():

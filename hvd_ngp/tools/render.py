@@ -19,7 +19,8 @@ from ..state.checkpoint import load_average, read_region, read_snapshot, restore
 from ..data import Frames, load_scene
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.encoding.tcnn import uses_tcnn_layout
-from ..errors import HvdNgpError, SnapshotError
+from ..config import json_object, merge_patch
+from ..errors import ConfigError, HvdNgpError, SnapshotError
 from ..training.evaluate import BACKGROUNDS, ViewRenderer, evaluate, to_uint8
 from ..model.field import NGPField
 from ..observe.memory import MemoryBudget, ranks_on_device
@@ -27,6 +28,22 @@ from ..training.recipe import Marching, make_grid
 from ..render.camera_path import orbit
 from ..render.regions import Partition, PiecewiseField
 from ..training.model_parallel import region_model
+
+
+#: marching keys a render may change: the step along rays and where rays stop (the grid itself is trained)
+RENDER_MARCHING_KEYS = ("steps_per_diagonal", "cone_angle", "early_termination", "near_distance", "max_steps")
+
+
+def render_marching(trained: dict, patch: dict | None, snapshot: str) -> dict:
+    """The marching block to render with: ``trained`` (the snapshot's) with ``patch`` merged in; a key outside
+    ``RENDER_MARCHING_KEYS`` is a ``ConfigError`` naming the snapshot."""
+    if not patch:
+        return trained
+    bad = sorted(set(patch) - set(RENDER_MARCHING_KEYS))
+    if bad:
+        raise ConfigError(f"--marching {', '.join(bad)}: a render of {snapshot} can change only "
+                          f"{', '.join(RENDER_MARCHING_KEYS)} (the occupancy grid is the trained one)")
+    return merge_patch(trained, patch)
 
 
 def path_frames(scene_frames: Frames, c2w: torch.Tensor, max_side: int) -> Frames:
@@ -68,6 +85,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--downscale", type=int, default=None, help="image downscale (default: as in training)")
     p.add_argument("--background", choices=tuple(BACKGROUNDS), default=None)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--marching", type=json_object, default=None, metavar="JSON",
+                   help="merge-patch over the snapshot's marching block for this render, e.g. "
+                        "'{\"steps_per_diagonal\": 2048}' for twice the samples per ray (keys: "
+                        f"{', '.join(RENDER_MARCHING_KEYS)}; the occupancy grid stays the trained one)")
     p.add_argument("--gpu_memory_gb", type=float, default=0.0,
                    help="GPU memory this process may use; renders are chunked to fit (0: the free memory)")
     args = p.parse_args(argv)
@@ -103,12 +124,13 @@ def main(argv: list[str] | None = None) -> dict:
                                 f"{str(exc).splitlines()[0]}") from None
         dist.log(f"model-parallel snapshot: {layout['model_parallel']} regions ({field.partition.describe()})")
     field, grid = field.to(rt.device), grid.to(rt.device)
-    march = Marching.from_config(model["marching"], scene.aabb_scale)
+    marching = render_marching(model["marching"], args.marching, args.load_snapshot)
+    march = Marching.from_config(marching, scene.aabb_scale, "--marching")
     background = args.background or cfg.get("eval_background", "white")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    result: dict = {"snapshot": str(args.load_snapshot), "scene": scene.source}
+    result: dict = {"snapshot": str(args.load_snapshot), "scene": scene.source, "marching": marching}
     n_views = len(scene.test) if args.split_views < 0 else min(args.split_views, len(scene.test))
     if n_views:
         ev = evaluate(field, grid, scene.test, march.schedule, march.early_termination, background, n_views,

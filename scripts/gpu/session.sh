@@ -49,6 +49,10 @@
 #   bash scripts/gpu/session.sh launches16 OUT # issue 16: where the host-side launches of a late-training step come from
 #   bash scripts/gpu/session.sh rows16 OUT     # issue 16: the network pass's row count (GPU tests), then .stage/old
 #                                              # (HVD_NGP_OLD) vs this tree, alternating (HVD_NGP_ROUNDS; round 1 profiled)
+#   bash scripts/gpu/session.sh renders14 OUT  # issue 14: a quality run's snapshot rendered with finer steps along rays
+#                                              # (HVD_NGP_SNAP, HVD_NGP_MARCHINGS)
+#   bash scripts/gpu/session.sh ratio16 OUT    # issue 16: instant-ngp's samples/s; ours (the defaults vs the graphed grid
+#                                              # update, two rounds); triton beside tcnn in one bench run
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
 #   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off vs bf16 + fused MLPs
@@ -78,10 +82,11 @@ gpu_tests() {  # FILE...: each GPU test file in its own pytest process; the whol
   done
 }
 bench_late() {  # NAME ROUND TREE [-- TRAINER FLAGS]: bench throughput of TREE at a late-training ray count (2000
-  # warm-up steps; round 1 also profiles 3 steps, and 50 under cProfile) into $out/NAME_ROUND.{json,log}
+  # warm-up steps; round 1 also profiles HVD_NGP_PROFILE_STEPS steps, default 16: one occupancy update among them, as
+  # in training; and 50 under cProfile) into $out/NAME_ROUND.{json,log}
   local name=$1_$2 round=$2 dir=$3; shift 3
   (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout ${HVD_NGP_BENCH_TIMEOUT:-150} python3 -m hvd_ngp.bench throughput --scene $S/lego \
-    --backends triton --warmup_steps 2000 --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? 3 : 0)) --host_profile_steps $((round == 1 ? 50 : 0)) \
+    --backends triton --warmup_steps 2000 --steps 200 --repeat 3 --no_compile --profile_steps $((round == 1 ? ${HVD_NGP_PROFILE_STEPS:-16} : 0)) --host_profile_steps $((round == 1 ? 50 : 0)) \
     --json $out/$name.json --markdown '' "$@" >$out/$name.log 2>&1 || tail -5 $out/$name.log)
 }
 late_finish() {  # PREFIX NAME: late_table of the PREFIX_* runs into $out/NAME_table.txt, printed without its kernel
@@ -639,8 +644,45 @@ PY
   quality)
     seed=${3:-1337}; secs=${4:-60}; v=${HVD_NGP_VARIANT:-base}; variant_flags $v; tag=; [ $v = base ] || tag=_$v
     python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --eval_at_steps 6000,30000 \
-      --seed "$seed" --log_every 4000 --save_renders 0 "${extra[@]}" --out_dir $out/lego_${secs}s_seed$seed$tag 2>&1 \
-      | grep --line-buffered -E "test PSNR|done|error|step [0-9]*000\]"
+      --seed "$seed" --log_every 4000 --save_renders 0 "${extra[@]}" --out_dir $out/lego_${secs}s_seed$seed$tag \
+      --save_snapshot /tmp/snap_lego_${secs}s_seed$seed$tag.pt 2>&1 | grep --line-buffered -E "test PSNR|done|error|step [0-9]*000\]"
+    ;;
+  renders14)  # issue 14: the snapshot of a quality run (/tmp/snap_lego_*.pt, HVD_NGP_SNAP: its name) rendered over all
+    # test views with each marching patch of HVD_NGP_MARCHINGS (';'-separated JSON; {} is the trained marching)
+    snap=/tmp/${HVD_NGP_SNAP:-snap_lego_300s_seed1337.pt}; k=0
+    IFS=';' read -ra patches <<<"${HVD_NGP_MARCHINGS:-{\};{\"steps_per_diagonal\": 2048\};{\"steps_per_diagonal\": 4096\};{\"early_termination\": 1e-6\}}"
+    for patch in "${patches[@]}"; do
+      k=$((k + 1))
+      python3 -m hvd_ngp.render --load_snapshot $snap --scene $S/lego --video none --marching "$patch" \
+        --out_dir /tmp/renders14_$k 2>&1 | grep --line-buffered -E "PSNR|rror" | sed "s|^|$patch: |"
+      cp /tmp/renders14_$k/render.json $out/render14_$k.json
+    done
+    ;;
+  ratio16)  # issue 16's ratios in one session: instant-ngp's samples/s on lego (ingp_rate.py: 20 s warm, 20 s timed);
+    # ours late in training: the defaults vs --graph_grid_update on (alternating, two rounds, round 1 profiled), then
+    # triton beside tcnn in one bench run (.stage/ingp and .whl_tcnn carried; the lego test views are not needed)
+    root=/tmp/ingp/instant-ngp
+    if [ ! -f $root/build/pyngp.cpython-312-x86_64-linux-gnu.so ]; then
+      mkdir -p /tmp/ingp $root/build && tar xzf $S/ingp/instant-ngp-abe236e-src.tar.gz -C /tmp/ingp
+      gunzip -c $S/ingp/pyngp.cpython-312-x86_64-linux-gnu.so.gz >$root/build/pyngp.cpython-312-x86_64-linux-gnu.so
+    fi
+    mkdir -p $S/lego_png/train && python3 - <<'PY'
+import pathlib, cv2
+src, dst = pathlib.Path("/tmp/stage/lego"), pathlib.Path("/tmp/stage/lego_png")
+for f in (src / "train").glob("*.webp"):
+    cv2.imwrite(str(dst / "train" / (f.stem + ".png")), cv2.imread(str(f), cv2.IMREAD_UNCHANGED))
+(dst / "transforms_train.json").write_text((src / "transforms_train.json").read_text())
+PY
+    repo=$PWD; cuda_root="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
+    (cd $root && PYTHONPATH=/tmp/site LD_LIBRARY_PATH="$cuda_root/lib64:$cuda_root/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+      timeout 120 /opt/torch/.venv/bin/python3 "$repo"/scripts/gpu/ingp_rate.py $root $S/lego_png/transforms_train.json 20 20 \
+      $out/ingp_rate.json 2>&1 | tr "\r" "\n" | grep --line-buffered -E "^instant|rror")
+    for round in ${HVD_NGP_ROUNDS:-1 2}; do
+      bench_late ratio_default $round $PWD
+      bench_late ratio_gridgraph $round $PWD -- --graph_grid_update on
+    done
+    bench_late ratio_tcnn 1 $PWD --backends triton,tcnn
+    late_finish ratio ratio
     ;;
   ingp)
     png_stage
