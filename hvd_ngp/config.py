@@ -228,9 +228,10 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
                    help="replay the training step as CUDA graphs (auto: where it can be, i.e. a CUDA GPU, the triton "
                         "backend, fp32 or bf16, no gradient accumulation, not elastic; on: an error where it "
                         "cannot; off: the eager step, the reference)")
-    g.add_argument("--graph_grid_update", choices=("on", "off"), default="off",
+    g.add_argument("--graph_grid_update", choices=("auto", "on", "off"), default="auto",
                    help="graphed steps: replay the occupancy grid's update after warm-up as a CUDA graph (the same "
-                        "grid; off by default until timed on a GPU); on: the log says why where it cannot")
+                        "grid, about a hundred launches fewer every 16 steps); auto: wherever the step is graphed "
+                        "and the grid is not split into model-parallel regions; on: the log says why where it cannot")
     g.add_argument("--draw_ahead", choices=("auto", "on", "off"), default="auto",
                    help="graphed steps: draw the next step's rays while the GPU runs this one's forward and "
                         "backward (the same rays as off; images on the device only); auto: wherever it can, "

@@ -404,10 +404,12 @@ def test_graphed_grid_update_needs_a_graphed_step_and_says_so(scene_cache, tmp_p
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
-    assert parse_args([]).graph_grid_update == "off"
+    assert parse_args([]).graph_grid_update == "auto"
     tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--graph_grid_update", "on")))
     assert tr.grid_graph is None
     assert "graphed grid update: off (the step is not graphed" in capsys.readouterr().err
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / "auto", "--n_steps", "1")))  # auto: silent
+    assert tr.grid_graph is None and "graphed grid update" not in capsys.readouterr().err
 
 
 def test_grid_update_through_fixed_buffers_trains_as_the_eager_update(scene_cache, tmp_path, monkeypatch):

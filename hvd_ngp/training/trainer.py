@@ -259,16 +259,18 @@ class Trainer:
         self.state.before_pack = None if self.ahead is None else self.ahead.rewind
 
     def use_grid_graph(self, mode: str, capture: bool = True) -> None:
-        """``--graph_grid_update on``: the occupancy grid's updates after warm-up replayed as a CUDA graph
-        (``GraphedGridUpdate``), where the step is graphed and the grid is not split into regions; the log
-        says why not elsewhere. ``capture=False``: the same code without a graph (tests on the CPU)."""
+        """``--graph_grid_update``: the occupancy grid's updates after warm-up replayed as a CUDA graph
+        (``GraphedGridUpdate``), where the step is graphed and the grid is not split into regions (``auto``
+        and ``on``; with ``on`` the log says why not elsewhere). ``capture=False``: the same code without a
+        graph (tests on the CPU)."""
         self.grid_graph = None
-        if mode != "on":
+        if mode == "off":
             return
         why_not = "the step is not graphed (--cuda_graphs)" if self.graphed is None and capture else None
         why_not = why_not or ("model-parallel regions update their own parts" if self.mp is not None else None)
         if why_not:
-            dist.log(f"graphed grid update: off ({why_not})")
+            if mode == "on":
+                dist.log(f"graphed grid update: off ({why_not})")
             return
         self.grid_graph = GraphedGridUpdate(self.grid, self.field.density,
                                             self.march.schedule.dt_min, self.args.seed, capture=capture)

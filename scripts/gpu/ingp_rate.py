@@ -25,9 +25,20 @@ def counters(tb) -> dict:
     tb.save_snapshot(path, False)
     raw = open(path, "rb").read()
     data = msgpack.unpackb(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw, raw=False, strict_map_key=False)
-    rgb = data["nerf"]["rgb"]
-    return {"step": int(tb.training_step), "rays_per_batch": int(rgb["rays_per_batch"]),
-            "measured_batch_size": int(rgb["measured_batch_size"])}
+    return {"step": int(tb.training_step), "rays_per_batch": int(find(data, "rays_per_batch")),
+            "measured_batch_size": int(find(data, "measured_batch_size"))}
+
+
+def find(tree, key: str):
+    """The first value under ``key`` anywhere in a snapshot's nested maps (its layout differs by version)."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        for value in tree.values():
+            found = find(value, key)
+            if found is not None:
+                return found
+    return None
 
 
 tb = ngp.Testbed()
