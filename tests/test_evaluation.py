@@ -72,11 +72,11 @@ def test_training_curve_and_render_tool(tmp_path, scene_cache):
     assert sorted(p.name for p in (tmp_path / "r" / "test").iterdir()) == ["test_000.png", "test_001.png"]
     assert json.loads((tmp_path / "r" / "render.json").read_text())["video"].endswith("orbit.mp4")
     # the same views with twice the samples per ray: another image, recorded in render.json
-    trained = json.loads((tmp_path / "r" / "render.json").read_text())["marching"]["steps_per_diagonal"]
+    trained = json.loads((tmp_path / "r" / "render.json").read_text())["marching"]["eval_steps_per_diagonal"]
     fine = render_main(["--load_snapshot", str(tmp_path / "s.pt"), "--out_dir", str(tmp_path / "f"), "--video", "none",
                         "--split_views", "2", "--device", "cpu",
-                        "--marching", json.dumps({"steps_per_diagonal": 2 * trained})])
-    assert fine["marching"]["steps_per_diagonal"] == 2 * trained and np.isfinite(fine["test_psnr"])
+                        "--marching", json.dumps({"eval_steps_per_diagonal": 2 * trained})])
+    assert fine["marching"]["eval_steps_per_diagonal"] == 2 * trained and np.isfinite(fine["test_psnr"])
     assert fine["test_psnr"] != out["test_psnr"]
     with pytest.raises(ConfigError, match="grid_resolution.*s.pt"):
         render_main(["--load_snapshot", str(tmp_path / "s.pt"), "--out_dir", str(tmp_path / "g"), "--video", "none",

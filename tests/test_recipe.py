@@ -179,6 +179,30 @@ def test_march_kernel_launch_from_the_marching_block():
             Marching.from_config({**block, "kernel_launch": bad}, 1, "my.json")
 
 
+def test_evaluations_march_with_their_own_step_where_the_block_asks():
+    """``eval_steps_per_diagonal``: evaluations and renders take twice the samples per ray at 2048 (one H200,
+    lego at 300 s: +0.16 dB on both seeds, docs/BENCHMARKS.md); training and the grid keep 1024's step."""
+    import math
+
+    from hvd_ngp.config import BASE_CONFIG, load_json_config
+    from hvd_ngp.training.recipe import Marching
+
+    block = {"steps_per_diagonal": 1024, "grid_resolution": 128, "early_termination": 1e-4, "update_interval": 16,
+             "warmup_steps": 256}
+    plain = Marching.from_config(block, 1)
+    assert plain.eval_schedule is None and plain.render_schedule is plain.schedule
+    fine = Marching.from_config({**block, "eval_steps_per_diagonal": 2048}, 4)
+    assert fine.schedule == Marching.from_config(block, 4).schedule
+    assert fine.render_schedule.dt_min == pytest.approx(math.sqrt(3) / 2048)
+    assert fine.render_schedule.dt_max == pytest.approx(fine.schedule.dt_max)  # a coarsest-cascade cell either way
+    assert fine.render_schedule.cone_angle == fine.schedule.cone_angle == pytest.approx(1 / 256)
+    assert Marching.from_config({**block, "eval_steps_per_diagonal": 1024}, 1).eval_schedule is None
+    assert load_json_config(BASE_CONFIG)["marching"]["eval_steps_per_diagonal"] == 2048
+    for bad in (0, -5, 1.5, True, "2048"):
+        with pytest.raises(ConfigError, match="my.json: marching.eval_steps_per_diagonal must be"):
+            Marching.from_config({**block, "eval_steps_per_diagonal": bad}, 1, "my.json")
+
+
 def test_precision_auto_is_bf16_only_for_the_triton_step_on_a_gpu():
     from hvd_ngp.training.recipe import resolve_precision
 

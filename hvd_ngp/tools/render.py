@@ -31,7 +31,7 @@ from ..training.model_parallel import region_model
 
 
 #: marching keys a render may change: the step along rays and where rays stop (the grid itself is trained)
-RENDER_MARCHING_KEYS = ("steps_per_diagonal", "cone_angle", "early_termination", "near_distance", "max_steps")
+RENDER_MARCHING_KEYS = ("eval_steps_per_diagonal", "cone_angle", "early_termination", "near_distance", "max_steps")
 
 
 def render_marching(trained: dict, patch: dict | None, snapshot: str) -> dict:
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--marching", type=json_object, default=None, metavar="JSON",
                    help="merge-patch over the snapshot's marching block for this render, e.g. "
-                        "'{\"steps_per_diagonal\": 2048}' for twice the samples per ray (keys: "
+                        "'{\"eval_steps_per_diagonal\": 4096}' for a finer step along rays (keys: "
                         f"{', '.join(RENDER_MARCHING_KEYS)}; the occupancy grid stays the trained one)")
     p.add_argument("--gpu_memory_gb", type=float, default=0.0,
                    help="GPU memory this process may use; renders are chunked to fit (0: the free memory)")
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"snapshot": str(args.load_snapshot), "scene": scene.source, "marching": marching}
     n_views = len(scene.test) if args.split_views < 0 else min(args.split_views, len(scene.test))
     if n_views:
-        ev = evaluate(field, grid, scene.test, march.schedule, march.early_termination, background, n_views,
+        ev = evaluate(field, grid, scene.test, march.render_schedule, march.early_termination, background, n_views,
                       out / "test", n_views, writer="each_rank", fast=backend in FAST_RENDERER_BACKENDS,
                       budget=budget, protocol=cfg.get("eval_protocol", "std"))
         result.update(test_psnr=ev["psnr"], test_ssim=ev["ssim"], test_views=ev["views"])
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
         frames_dir.mkdir(parents=True, exist_ok=True)
         bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
         field.eval()
-        renderer = ViewRenderer(field, grid, march.schedule, march.early_termination,
+        renderer = ViewRenderer(field, grid, march.render_schedule, march.early_termination,
                                 backend in FAST_RENDERER_BACKENDS, budget)
         for i in range(rt.rank, args.n_frames, rt.size):
             img = renderer.view(path, i, bg)

@@ -36,6 +36,12 @@ class Marching:
     warmup_steps: int
     update_ramp: bool = False  # instant-ngp's cadence in the first steps (``update_due``)
     launch: MarchLaunch | None = None  # ``kernel_launch``: how the Triton march runs (None: its default)
+    eval_schedule: StepSchedule | None = None  # ``eval_steps_per_diagonal``: evaluations and renders (None: ``schedule``)
+
+    @property
+    def render_schedule(self) -> StepSchedule:
+        """The step rule of evaluations and renders (a finer one than training's where the block asks)."""
+        return self.eval_schedule or self.schedule
 
     def update_due(self, step: int) -> bool:
         """Whether 0-based ``step`` refreshes the occupancy grid: every ``update_interval`` steps, or with
@@ -48,27 +54,37 @@ class Marching:
     def from_config(block: dict, scene_aabb_scale: int, source: str = "config") -> "Marching":
         """instant-ngp's constants: ``dt_min = sqrt(3) / steps_per_diagonal`` (the unit cube's diagonal),
         cone angle 1/256 for scenes larger than the unit cube ("auto"), and at most
-        ``dt_min * 2^(cascades-1) * steps_per_diagonal / grid_resolution``."""
+        ``dt_min * 2^(cascades-1) * steps_per_diagonal / grid_resolution``. ``eval_steps_per_diagonal``
+        (absent or null: as training) gives evaluations and renders the same rule with that many steps."""
         steps = int(block["steps_per_diagonal"])
         res = int(block["grid_resolution"])
         if steps <= 0 or res <= 0:
             raise ConfigError(f"{source}: marching.steps_per_diagonal and grid_resolution must be positive")
+        eval_steps = block.get("eval_steps_per_diagonal")
+        if eval_steps is not None and (not isinstance(eval_steps, int) or isinstance(eval_steps, bool)
+                                       or eval_steps <= 0):
+            raise ConfigError(f"{source}: marching.eval_steps_per_diagonal must be a positive integer or null, "
+                              f"got {eval_steps!r}")
         cone = block.get("cone_angle", "auto")
         if cone == "auto":
             cone = 0.0 if scene_aabb_scale <= 1 else 1.0 / 256
         if not isinstance(cone, (int, float)) or cone < 0:
             raise ConfigError(f"{source}: marching.cone_angle must be 'auto' or a number >= 0, got {cone!r}")
-        dt_min = math.sqrt(3.0) / steps
-        dt_max = dt_min * 2 ** (n_cascades_for(scene_aabb_scale) - 1) * max(steps / res, 1.0)
         near = float(block.get("near_distance", 0.1))
         if near < 0:
             raise ConfigError(f"{source}: marching.near_distance must be >= 0, got {near}")
         update = block.get("update_schedule", "fixed")
         if update not in ("fixed", "ramp"):
             raise ConfigError(f"{source}: marching.update_schedule must be 'fixed' or 'ramp', got {update!r}")
-        schedule = StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)), near)
-        return Marching(schedule, float(block["early_termination"]), int(block["update_interval"]),
-                        int(block["warmup_steps"]), update == "ramp", march_launch(block.get("kernel_launch"), source))
+
+        def rule(n: int) -> StepSchedule:
+            dt_min = math.sqrt(3.0) / n
+            dt_max = dt_min * 2 ** (n_cascades_for(scene_aabb_scale) - 1) * max(n / res, 1.0)
+            return StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)), near)
+
+        return Marching(rule(steps), float(block["early_termination"]), int(block["update_interval"]),
+                        int(block["warmup_steps"]), update == "ramp", march_launch(block.get("kernel_launch"), source),
+                        None if eval_steps in (None, steps) else rule(eval_steps))
 
 
 def march_launch(value, source: str) -> MarchLaunch | None:

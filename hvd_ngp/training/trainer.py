@@ -392,7 +392,8 @@ class Trainer:
         peak memory is recorded as the "eval" phase and the cached blocks are released afterwards."""
         with self.averaged_weights(), self.meter.phase("eval"), \
                 out_of_memory_as_error("evaluation", self.memory, EVAL_HINT):
-            return evaluate(self.field, self.grid, self.scene.test, self.march.schedule, self.march.early_termination,
+            return evaluate(self.field, self.grid, self.scene.test, self.march.render_schedule,
+                            self.march.early_termination,
                             self.args.eval_background, self.args.n_eval_views if n_views is None else n_views,
                             save_dir, n_save, fast=self.backend in FAST_RENDERER_BACKENDS and self.mp is None,
                             protocol=self.args.eval_protocol, budget=self.memory, parallel=self.mp)
@@ -414,7 +415,8 @@ def run(args: argparse.Namespace) -> RunResult:
              + f", {args.target_samples} samples/step/rank, MLPs in {args.precision}"
                f"{' (fused kernels)' if getattr(field.density_mlp, 'train_fused', False) else ''}, "
                f"grid {grid.resolution}^3 x {grid.n_cascades}, "
-               f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}")
+               f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}"
+               + (f", evaluations at dt {march.eval_schedule.dt_min:.5f}" if march.eval_schedule else ""))
 
     # ts.progress, saved in checkpoints: "history" (one entry per log interval), "curve" (test PSNR/SSIM
     # against training time), "total_samples", "train_seconds" (training time before this process)
