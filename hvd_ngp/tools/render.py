@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
         dist.log(f"model-parallel snapshot: {layout['model_parallel']} regions ({field.partition.describe()})")
     field, grid = field.to(rt.device), grid.to(rt.device)
     marching = render_marching(model["marching"], args.marching, args.load_snapshot)
-    march = Marching.from_config(marching, scene.aabb_scale, "--marching")
+    march = Marching.from_config(marching, scene.aabb_scale,
+                                 "--marching" if args.marching else f"{args.load_snapshot}: the trained config")
     background = args.background or cfg.get("eval_background", "white")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
