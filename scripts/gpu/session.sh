@@ -154,6 +154,7 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     l2enc) extra=(--optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # nerfacc: L2 on the table too
     ema999) extra=(--optimizer '{"decay": 0.999}') ;;  # the evaluated weights averaged over ~1000 steps instead of ~20
     rgb128) extra=(--rgb_network '{"n_neurons": 128}') ;;  # a wider colour MLP (lego's view-dependent shine)
+    march2048) extra=(--marching '{"steps_per_diagonal": 2048}') ;;  # training's step as fine as evaluations' (half the rays)
     errmap) extra=(--sampling error_map) ;;  # pixels drawn by their recent loss (instant-ngp's error map), weighted back
     huber05) extra=(--loss '{"otype": "Huber", "delta": 0.05}') ;;  # more robust than the default 0.1 (L2 lost 0.6 dB)
     huber02) extra=(--loss '{"otype": "Huber", "delta": 0.2}') ;;
