@@ -17,6 +17,7 @@ root, train_json, warm, window, out = sys.argv[1], sys.argv[2], float(sys.argv[3
 sys.path.insert(0, os.path.join(root, "build"))
 import msgpack  # noqa: E402
 import pyngp as ngp  # noqa: E402
+from ingp_testbed import training_testbed  # noqa: E402
 
 
 def counters(tb) -> dict:
@@ -41,13 +42,7 @@ def find(tree, key: str):
     return None
 
 
-tb = ngp.Testbed()
-tb.root_dir = root
-tb.load_training_data(train_json)
-tb.reload_network_from_file(os.path.join(root, "configs/nerf/base.json"))
-if hasattr(ngp, "TrainMode"):
-    tb.nerf.training.train_mode = ngp.TrainMode.Nerf
-tb.shall_train = True
+tb = training_testbed(ngp, root, train_json)
 t0 = time.perf_counter()
 while time.perf_counter() - t0 < warm:
     tb.frame()

@@ -16,6 +16,7 @@ root, train_json, test_json, counts, out = sys.argv[1], sys.argv[2], sys.argv[3]
 counts = sorted(int(c) for c in counts.split(","))
 sys.path.insert(0, os.path.join(root, "build"))
 import pyngp as ngp  # noqa: E402
+from ingp_testbed import training_testbed  # noqa: E402
 
 
 def to_srgb(linear: np.ndarray) -> np.ndarray:
@@ -46,13 +47,7 @@ def score(snapshot: str) -> tuple[float, int]:
     return float(np.mean(psnrs)), len(psnrs)
 
 
-tb = ngp.Testbed()
-tb.root_dir = root
-tb.load_training_data(train_json)
-tb.reload_network_from_file(os.path.join(root, "configs/nerf/base.json"))
-if hasattr(ngp, "TrainMode"):
-    tb.nerf.training.train_mode = ngp.TrainMode.Nerf
-tb.shall_train = True
+tb = training_testbed(ngp, root, train_json)
 result = {"steps": [], "train_s": [], "psnr_white_1spp": [], "views": 0}
 seconds, snapshots = 0.0, []
 for count in counts:

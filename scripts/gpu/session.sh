@@ -122,6 +122,13 @@ against_defaults() {  # TEST_FILE TAG FLAG...: that GPU test file, then late-tra
   done
   late_table "${tag}_*"
 }
+ingp_unpack() {  # the instant-ngp anchor (.stage/ingp carried) unpacked once into root=/tmp/ingp/instant-ngp
+  root=/tmp/ingp/instant-ngp
+  if [ ! -f $root/build/pyngp.cpython-312-x86_64-linux-gnu.so ]; then
+    mkdir -p /tmp/ingp $root/build && tar xzf $S/ingp/instant-ngp-abe236e-src.tar.gz -C /tmp/ingp
+    gunzip -c $S/ingp/pyngp.cpython-312-x86_64-linux-gnu.so.gz >$root/build/pyngp.cpython-312-x86_64-linux-gnu.so
+  fi
+}
 png_stage() {  # instant-ngp reads PNG: the WebP stage of lego written back as PNG in $S/lego_png
   python3 - <<'PY'
 import pathlib, cv2
@@ -519,11 +526,7 @@ PY
     late_table "tl_*"
     ;;
   ingp_steps)  # instant-ngp itself trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
-    root=/tmp/ingp/instant-ngp
-    if [ ! -f $root/build/pyngp.cpython-312-x86_64-linux-gnu.so ]; then
-      mkdir -p /tmp/ingp $root/build && tar xzf $S/ingp/instant-ngp-abe236e-src.tar.gz -C /tmp/ingp
-      gunzip -c $S/ingp/pyngp.cpython-312-x86_64-linux-gnu.so.gz >$root/build/pyngp.cpython-312-x86_64-linux-gnu.so
-    fi
+    ingp_unpack
     png_stage; repo=$PWD
     cuda_root="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
     (cd $root && LD_LIBRARY_PATH="$cuda_root/lib64:$cuda_root/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
@@ -654,9 +657,9 @@ PY
       --save_snapshot /tmp/snap_lego_${secs}s_seed$seed$tag.pt 2>&1 | grep --line-buffered -E "test PSNR|done|error|step [0-9]*000\]"
     ;;
   renders14)  # issue 14: the snapshot of a quality run (/tmp/snap_lego_*.pt, HVD_NGP_SNAP: its name) rendered over all
-    # test views with each marching patch of HVD_NGP_MARCHINGS (';'-separated JSON; {} is the trained marching)
+    # test views with each marching patch of HVD_NGP_MARCHINGS (';'-separated JSON; {} is the snapshot's own marching)
     snap=/tmp/${HVD_NGP_SNAP:-snap_lego_300s_seed1337.pt}; k=0
-    IFS=';' read -ra patches <<<"${HVD_NGP_MARCHINGS:-{\};{\"steps_per_diagonal\": 2048\};{\"steps_per_diagonal\": 4096\};{\"early_termination\": 1e-6\}}"
+    IFS=';' read -ra patches <<<"${HVD_NGP_MARCHINGS:-{\};{\"eval_steps_per_diagonal\": 1024\};{\"eval_steps_per_diagonal\": 4096\};{\"early_termination\": 1e-6\}}"
     for patch in "${patches[@]}"; do
       k=$((k + 1))
       python3 -m hvd_ngp.render --load_snapshot $snap --scene $S/lego --video none --marching "$patch" \
@@ -667,18 +670,8 @@ PY
   ratio16)  # issue 16's ratios in one session: instant-ngp's samples/s on lego (ingp_rate.py: 20 s warm, 20 s timed);
     # ours late in training: the defaults vs --graph_grid_update on (alternating, two rounds, round 1 profiled), then
     # triton beside tcnn in one bench run (.stage/ingp and .whl_tcnn carried; the lego test views are not needed)
-    root=/tmp/ingp/instant-ngp
-    if [ ! -f $root/build/pyngp.cpython-312-x86_64-linux-gnu.so ]; then
-      mkdir -p /tmp/ingp $root/build && tar xzf $S/ingp/instant-ngp-abe236e-src.tar.gz -C /tmp/ingp
-      gunzip -c $S/ingp/pyngp.cpython-312-x86_64-linux-gnu.so.gz >$root/build/pyngp.cpython-312-x86_64-linux-gnu.so
-    fi
-    mkdir -p $S/lego_png/train && python3 - <<'PY'
-import pathlib, cv2
-src, dst = pathlib.Path("/tmp/stage/lego"), pathlib.Path("/tmp/stage/lego_png")
-for f in (src / "train").glob("*.webp"):
-    cv2.imwrite(str(dst / "train" / (f.stem + ".png")), cv2.imread(str(f), cv2.IMREAD_UNCHANGED))
-(dst / "transforms_train.json").write_text((src / "transforms_train.json").read_text())
-PY
+    ingp_unpack
+    png_stage  # the train split (the test views need not be staged)
     repo=$PWD; cuda_root="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
     (cd $root && PYTHONPATH=/tmp/site LD_LIBRARY_PATH="$cuda_root/lib64:$cuda_root/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
       timeout 120 /opt/torch/.venv/bin/python3 "$repo"/scripts/gpu/ingp_rate.py $root $S/lego_png/transforms_train.json 20 20 \

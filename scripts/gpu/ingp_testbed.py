@@ -1,0 +1,16 @@
+"""The instant-ngp anchor's testbed set up for NeRF training as its base config trains, shared by the GPU
+scripts that drive it (``ingp_steps.py``, ``ingp_rate.py``; run as scripts, so this folder is on sys.path)."""
+import os
+
+
+def training_testbed(ngp, root: str, train_json: str):
+    """A ``pyngp`` (``ngp``) testbed in ``root`` with ``train_json`` loaded, ``configs/nerf/base.json``'s network
+    and NeRF train mode, training on."""
+    tb = ngp.Testbed()
+    tb.root_dir = root
+    tb.load_training_data(train_json)
+    tb.reload_network_from_file(os.path.join(root, "configs/nerf/base.json"))
+    if hasattr(ngp, "TrainMode"):
+        tb.nerf.training.train_mode = ngp.TrainMode.Nerf
+    tb.shall_train = True
+    return tb
