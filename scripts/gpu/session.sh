@@ -167,6 +167,8 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     huber02) extra=(--loss '{"otype": "Huber", "delta": 0.2}') ;;
     decay20k) extra=(--optimizer '{"nested": {"decay_interval": 20000}}') ;;  # x0.33 every 20000 steps, not 10000: 300 s
                                                                                # runs learn nothing after step ~60000 now
+    budgetonly) extra=(--budget_lr_decay on --optimizer '{"nested": {"decay_start": 1000000000}}') ;;  # nerfacc's x0.33 at
+                                                 # 50/75/90% of the budget alone: the full rate for the first 150 s
     budgetl2) extra=(--budget_lr_decay on --optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # both: nerfacc's recipe
     *) echo "unknown variant $1 (see variant_flags in $0)" >&2; exit 2 ;;
   esac
