@@ -21,7 +21,7 @@ import json
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import configargparse
 
@@ -35,6 +35,7 @@ from .observe.monitor import MonitorSettings
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
 DEFAULT_STEPS = 2000
+RAY_COUNT_MULTIPLE = 64  # the adaptive ray count moves in multiples of this (training.budget.RayBudget)
 BASE_CONFIG = CONFIG_DIR / "base.json"
 CPU_CONFIG = CONFIG_DIR / "cpu.json"
 
@@ -133,24 +134,23 @@ class NgpConfigFileParser(configargparse.ConfigFileParser):
         return items
 
 
-def _seconds_list(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in str(text).replace(" ", "").strip("[]").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated seconds, got {text!r}") from None
-    if any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"seconds must be positive, got {text!r}")
-    return sorted(values)
+def _positive_list(kind: type, what: str) -> Callable[[str], list]:
+    """An argparse type: "a,b,c" (or a JSON-like "[a, b]") of positive ``kind`` values -> sorted, without repeats."""
+
+    def parse(text: str) -> list:
+        try:
+            values = [kind(v) for v in str(text).replace(" ", "").strip("[]").split(",") if v]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+        if any(v <= 0 for v in values):
+            raise argparse.ArgumentTypeError(f"{what} must be positive, got {text!r}")
+        return sorted(set(values))
+
+    return parse
 
 
-def _steps_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in str(text).replace(" ", "").strip("[]").split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated step numbers, got {text!r}") from None
-    if any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"step numbers must be positive, got {text!r}")
-    return sorted(set(values))
+_seconds_list = _positive_list(float, "seconds")
+_steps_list = _positive_list(int, "step numbers")
 
 
 def _scalar(value: Any) -> str:
@@ -204,7 +204,7 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--n_steps", type=int, default=None,
                    help=f"training steps (default {DEFAULT_STEPS}; with --time_budget_s alone: until the budget ends)")
     g.add_argument("--time_budget_s", type=float, default=0.0,
-                   help="stop after this many seconds of training (0: no limit); checked every 8 steps on rank 0")
+                   help="stop after this many seconds of training (0: no limit); checked every 8 steps against the slowest rank's training clock")
     g.add_argument("--budget_lr_decay", choices=("on", "off"), default="off",
                    help="with --time_budget_s: learning rate x0.33 at 50%%, 75%% and 90%% of the budget (a step "
                         "schedule keyed on training time, so a fixed budget ends at a low learning rate)")
@@ -311,10 +311,7 @@ def parse_args(argv: Sequence[str] | None = None, default_config: Path | None = 
     explicit = any(a == "--config" or a.startswith("--config=") for a in argv) or "HVD_NGP_CONFIG" in os.environ
     if not explicit:
         argv = ["--config", str(default_config or BASE_CONFIG), *argv]
-    try:
-        args = parser.parse_args(argv)
-    except ConfigError:
-        raise
+    args = parser.parse_args(argv)
     config_path = _config_path(argv) or os.environ.get("HVD_NGP_CONFIG")
     args.config = str(Path(config_path).resolve()) if config_path else None
     args.model = resolve_model(args)
@@ -367,6 +364,9 @@ def validate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--stop_signals: {exc}") from None
     if not 0 < args.sample_fill <= 2:
         raise ConfigError(f"--sample_fill must be in (0, 2], got {args.sample_fill}")
+    if args.max_rays < RAY_COUNT_MULTIPLE:
+        raise ConfigError(f"--max_rays must be at least {RAY_COUNT_MULTIPLE} (the ray count is a multiple of it), "
+                          f"got {args.max_rays}")
     if args.n_rays_init > args.max_rays:
         raise ConfigError(f"--n_rays_init ({args.n_rays_init}) exceeds --max_rays ({args.max_rays})")
     args.comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated

@@ -3,7 +3,8 @@
 parse (``config.parse_args``) -> build (``training.trainer.Trainer.build``, collective) -> loop
 (``training.trainer.run``). The loop, every rank, every step: occupancy update (every
 ``update_interval`` steps, collective) -> sample this rank's rays -> march + render -> loss ->
-backward -> Horovod allreduce inside ``optimizer.step()``. Metrics are reduced once per log
+backward -> the gradient allreduce (Horovod's, started in backward; one flat buffer in the graphed step)
+-> optimizer step. Metrics are reduced once per log
 interval; rank 0 prints and writes files.
 """
 

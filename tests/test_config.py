@@ -85,6 +85,8 @@ def test_unknown_config_keys_and_bad_values_are_refused(tmp_path):
         parse_args(["--config", str(cfg)])
     with pytest.raises(ConfigError, match="n_steps must be positive"):
         parse_args(["--n_steps", "0"])
+    with pytest.raises(ConfigError, match="--max_rays must be at least 64"):  # the count would round to 0 rays
+        parse_args(["--max_rays", "32", "--n_rays_init", "32"])
     blk = write(tmp_path / "blk.json", {"encodings": {"n_levels": 4}})
     with pytest.raises(ConfigError, match="unknown block 'encodings'"):
         parse_args(["--config", str(blk)])

@@ -203,6 +203,26 @@ def test_evaluations_march_with_their_own_step_where_the_block_asks():
             Marching.from_config({**block, "eval_steps_per_diagonal": bad}, 1, "my.json")
 
 
+def test_marching_numbers_out_of_range_are_config_errors_naming_the_file():
+    """A zero update interval would divide by zero at step 0, a negative stop transmittance makes the Triton
+    compositor drop every sample, a candidate factor below 1 gives buffers that hold fewer marched samples than
+    network samples: each is a ``ConfigError`` naming the config."""
+    from hvd_ngp.training.recipe import Marching
+
+    block = {"steps_per_diagonal": 1024, "grid_resolution": 128, "early_termination": 1e-4, "update_interval": 16,
+             "warmup_steps": 256}
+    assert Marching.from_config(block, 1).candidate_factor == 4.0
+    assert Marching.from_config({**block, "candidate_factor": 2.5, "early_termination": 0}, 1).candidate_factor == 2.5
+    for patch, match in (({"update_interval": 0}, "update_interval must be >= 1"),
+                         ({"warmup_steps": -1}, "warmup_steps must be >= 0"),
+                         ({"early_termination": -1e-4}, "early_termination must be in"),
+                         ({"early_termination": 1.0}, "early_termination must be in"),
+                         ({"candidate_factor": 0}, "candidate_factor must be >= 1"),
+                         ({"candidate_factor": 0.5}, "candidate_factor must be >= 1")):
+        with pytest.raises(ConfigError, match=f"my.json: marching.{match}"):
+            Marching.from_config({**block, **patch}, 1, "my.json")
+
+
 def test_precision_auto_is_bf16_only_for_the_triton_step_on_a_gpu():
     from hvd_ngp.training.recipe import resolve_precision
 

@@ -168,7 +168,6 @@ def _mlp_bwd(x_ptr, x_row, x_col, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, g_out
         w2t = _load_w(w_h2_ptr, H, H, H, H, True, DOT)
         w2 = _load_w(w_h2_ptr, H, H, H, H, False, DOT)
         dw2 = tl.zeros((H, H), tl.float32)
-    wot = _load_w(w_out_ptr, OUT, H, OUT_P, H, True, DOT)
     wo = _load_w(w_out_ptr, OUT, H, OUT_P, H, False, DOT)       # [OUT_P, H]
     dwo = tl.zeros((OUT_P, H), tl.float32)
     k = tl.arange(0, IN_P)

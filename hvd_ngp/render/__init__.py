@@ -3,7 +3,7 @@
 
 The package face only re-exports; the code lives in ``schedule`` (sample spacing along a ray),
 ``volume`` (reference marching, transmittance, compositing, chunked images), ``occupancy``,
-``fast`` (the Triton path) and ``camera_path``. The renderer meets the field only through the
+``fast`` (the Triton path), ``regions`` (the scene split into model-parallel boxes) and ``camera_path``. The renderer meets the field only through the
 ``sigma_fn`` / ``rgb_sigma_fn`` callbacks.
 """
 

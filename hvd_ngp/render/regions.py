@@ -231,12 +231,14 @@ class PiecewiseField(torch.nn.Module):
         return a, b
 
     def query_density(self, x: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``n_rows`` is accepted for the renderers' sake and ignored: every row is computed."""
+        """The region fields' density and features of ``x`` ``[M, 3]``; ``n_rows`` (the fast renderer's used
+        rows, here and in ``forward``) is accepted as the field's callbacks take it, and ignored: every row is
+        computed."""
         return self._dispatch(x, lambda f, sel: f.query_density(x[sel]))
 
     def density(self, x: Tensor, n_rows: Tensor | None = None) -> Tensor:
         """sigma ``[M]`` alone (the renderers' density callback)."""
         return self.query_density(x)[0]
 
-    def forward(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, d: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self._dispatch(x, lambda f, sel: f(x[sel], d[sel]))

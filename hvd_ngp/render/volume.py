@@ -190,20 +190,38 @@ def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, d
         chunk = workspace.plan.rays
     else:
         chunk = reference_chunk(available, max_lanes(schedule, aabb), row_bytes or DEFAULT_ROW_BYTES)
+
+    def render(o: Tensor, d: Tensor, j: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        if fast:
+            return render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination,
+                                    workspace, j)
+        out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, j)
+        return out.rgb, out.opacity, out.depth
+
+    return render_in_chunks(render, origins, directions, background, chunk, step_offset)
+
+
+def render_in_chunks(render: Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor, Tensor]],
+                     origins: Tensor, directions: Tensor, background: Tensor, chunk: int,
+                     step_offset: float = 0.5) -> tuple[Tensor, Tensor]:
+    """Rays ``[R, 3]`` rendered ``chunk`` at a time without gradients by ``render(o, d, jitter)`` -> (rgb
+    ``[r, 3]``, opacity ``[r]``, depth ``[r]``): rgb on ``background`` ``[R, 3]``, depth ``[R]``. ``jitter`` is
+    None at ``step_offset`` 0.5 (the renderers' default), else ``step_offset`` for every ray."""
     rgbs, depths = [], []
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):
             o, d = origins[s:s + chunk], directions[s:s + chunk]
             j = None if step_offset == 0.5 else torch.full((o.shape[0],), step_offset, device=o.device)
-            if fast:
-                rgb, opacity, depth = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule,
-                                                       early_termination, workspace, j)
-            else:
-                out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, j)
-                rgb, opacity, depth = out.rgb, out.opacity, out.depth
-            rgbs.append(rgb.float() + background * (1.0 - opacity.float()[:, None]))
+            rgb, opacity, depth = render(o, d, j)
+            rgbs.append(over_background(rgb, opacity, background))
             depths.append(depth)
     return torch.cat(rgbs), torch.cat(depths)
+
+
+def over_background(rgb: Tensor, opacity: Tensor, background: Tensor) -> Tensor:
+    """Rendered (premultiplied) ``rgb`` ``[R, 3]`` of ``opacity`` ``[R]`` over ``background`` ``[R, 3]`` or ``[3]``
+    -> ``[R, 3]`` in fp32."""
+    return rgb.float() + background * (1.0 - opacity.float()[:, None])
 
 
 def max_lanes(schedule: StepSchedule, aabb: Tensor) -> int:

@@ -1,8 +1,9 @@
 """Drawing the next step's rays while the GPU runs this one (``--draw_ahead on``, graphed steps only).
 
-The graphed step waits once per step for its non-finite flags (``training.graphed``). Without this,
-the host draws a step's rays (pixels, ray origins and directions, background and jitter: dozens of
-small kernel launches) only after that wait, while the GPU has nothing queued. With it, the trainer
+The graphed step waits once per step for its gradient allreduce (and, with ``--defer_verdict off``, its
+non-finite flags; ``training.graphed``). Without this, the host draws a step's rays (pixels, ray origins
+and directions, background and jitter: a few launches with the fused draw, dozens without) only after that
+wait, while the GPU has nothing queued. With it, the trainer
 draws step k+1's batch right after launching graph A of step k and starting its gradient allreduce,
 so those launches overlap the GPU's work and (on several ranks) the allreduce; then it waits for
 the allreduce and the flags.

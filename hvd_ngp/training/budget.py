@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..config import RAY_COUNT_MULTIPLE
 from .step import StepResult
 
 if TYPE_CHECKING:
@@ -71,7 +72,8 @@ class RayBudget:
         n = self.target / per_ray
         if self.candidate_capacity:
             n = min(self.fill * n, 0.95 * self.candidate_capacity / (max(candidates, 1.0) / max(valid, 1.0)))
-        self.n_rays = int(min(max(n, 64), self.max_rays)) // 64 * 64
+        step = RAY_COUNT_MULTIPLE
+        self.n_rays = int(min(max(n, step), self.max_rays)) // step * step
         if self.fixed is not None:
             self.n_rays = self.fixed
 

@@ -27,7 +27,6 @@ from ..render import StepSchedule, max_lanes, render_image
 from ..render.volume import reference_chunk
 
 BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
-PROTOCOLS = ("std", "ngp")
 NGP_SPP = 8  # instant-ngp's scripts/run.py
 
 

@@ -26,9 +26,9 @@ count outgrows them or the budget's buffer sizes change (once per log interval a
 first ``EAGER_STEPS`` steps run the same code without capture (Adam's state, the kernels'
 compilation and the ray count settle first).
 
-Not graphed (``eligibility`` says why): the CPU, the reference path, fp16 autocast (its gradient
-scaler reads the device every step), gradient accumulation, elastic jobs, tiny-cuda-nn's sparse
-Adam rule, armed test faults.
+Not graphed (``eligibility`` says why): the CPU, the reference path, the tcnn backend, fp16 autocast
+or fp16 compression across ranks (their gradient scaler reads the device every step), gradient
+accumulation, elastic jobs, tiny-cuda-nn's sparse Adam rule, armed test faults.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ EAGER_STEPS = 16
 #: input rows are planned in multiples of this many rays, with this much headroom over the count
 RAY_QUANTUM = 4096
 RAY_HEADROOM = 1.25
-MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -446,5 +445,5 @@ def why_not_deferred(optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | N
     return None
 
 
-__all__ = ["CaptureKey", "EAGER_STEPS", "GraphedGridUpdate", "GraphedStep", "MODES", "eligibility", "portable_state",
+__all__ = ["CaptureKey", "EAGER_STEPS", "GraphedGridUpdate", "GraphedStep", "eligibility", "portable_state",
            "ray_capacity", "set_learning_rate", "use_graphs", "why_not_deferred"]

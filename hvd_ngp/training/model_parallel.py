@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render.occupancy import OccupancyGrid, camera_coverage
 from ..render.regions import SEGMENT_COLUMNS, Partition, merge, render_segment, split_space
 from ..render.schedule import StepSchedule
-from ..render.volume import RenderResult
+from ..render.volume import RenderResult, render_in_chunks
 
 EXCHANGE_NAME = "model_parallel.segments"
 
@@ -79,14 +79,12 @@ def hash_parameters(field: torch.nn.Module) -> int:
 class ExchangeStats:
     """What the segment exchange cost this rank since the last ``take``."""
 
-    calls: int = 0
     bytes: int = 0
     seconds: float = 0.0
-    replica_samples: list = field(default_factory=list)  # per step: the most samples of a rank in the replica
 
     def take(self) -> "ExchangeStats":
-        out = ExchangeStats(self.calls, self.bytes, self.seconds, self.replica_samples)
-        self.calls, self.bytes, self.seconds, self.replica_samples = 0, 0, 0.0, []
+        out = ExchangeStats(self.bytes, self.seconds)
+        self.bytes, self.seconds = 0, 0.0
         return out
 
 
@@ -125,7 +123,6 @@ class ModelParallel:
         gathered = dist.replica_allgather(local, name=EXCHANGE_NAME)
         self.stats.seconds += time.perf_counter() - start
         self.stats.bytes += gathered.numel() * gathered.element_size()
-        self.stats.calls += 1
         parts = gathered.view(self.groups.model_parallel, R + 1, SEGMENT_COLUMNS)
         self.step_samples.append(int(parts[:, R, 0].max().item()))
         timer.mark("exchange")
@@ -137,7 +134,6 @@ class ModelParallel:
         """The samples the ray budget adapts to this step: per backward pass the largest count of a rank
         in the replica (the same on its K ranks, so they keep drawing equal ray counts), summed."""
         total = sum(self.step_samples)
-        self.stats.replica_samples.append(total)
         self.step_samples = []
         return total
 
@@ -146,17 +142,14 @@ class ModelParallel:
                      step_offset: float = 0.5) -> tuple[Tensor, Tensor]:
         """``render.render_image`` through the exchange (collective in the replica group; every rank of the
         replica passes the same rays and ``chunk``): rgb on ``background`` ``[R, 3]``, depth ``[R]``."""
-        rgbs, depths = [], []
-        with torch.no_grad():
-            for s in range(0, origins.shape[0], chunk):
-                o, d = origins[s:s + chunk], directions[s:s + chunk]
-                j = None if step_offset == 0.5 else torch.full((o.shape[0],), step_offset, device=o.device)
-                out = self(field, field.density, o, d, field.aabb, grid, schedule,
-                           early_termination, j)
-                rgbs.append(out.rgb.float() + background * (1.0 - out.opacity.float()[:, None]))
-                depths.append(out.depth)
+
+        def render(o: Tensor, d: Tensor, j: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+            out = self(field, field.density, o, d, field.aabb, grid, schedule, early_termination, j)
+            return out.rgb, out.opacity, out.depth
+
+        image = render_in_chunks(render, origins, directions, background, chunk, step_offset)
         self.step_samples = []
-        return torch.cat(rgbs), torch.cat(depths)
+        return image
 
     def view_share(self) -> tuple[int, int]:
         """Evaluation: replica d renders views d, d + D, ... (its K ranks together)."""

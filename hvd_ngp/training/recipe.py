@@ -26,6 +26,9 @@ from ..render.occupancy import OccupancyGrid, n_cascades_for
 from .optim import Adam, OptimizerChain, exponential_decay
 
 
+DEFAULT_CANDIDATE_FACTOR = 4.0
+
+
 @dataclass(frozen=True)
 class Marching:
     """Ray-marching settings derived from the ``marching`` block and the scene."""
@@ -37,6 +40,7 @@ class Marching:
     update_ramp: bool = False  # instant-ngp's cadence in the first steps (``update_due``)
     launch: MarchLaunch | None = None  # ``kernel_launch``: how the Triton march runs (None: its default)
     eval_schedule: StepSchedule | None = None  # ``eval_steps_per_diagonal``: evaluations and renders (None: ``schedule``)
+    candidate_factor: float = DEFAULT_CANDIDATE_FACTOR  # marched samples per network sample the fast buffers hold
 
     @property
     def render_schedule(self) -> StepSchedule:
@@ -76,15 +80,33 @@ class Marching:
         update = block.get("update_schedule", "fixed")
         if update not in ("fixed", "ramp"):
             raise ConfigError(f"{source}: marching.update_schedule must be 'fixed' or 'ramp', got {update!r}")
+        interval, warmup = int(block["update_interval"]), int(block["warmup_steps"])
+        if interval < 1:
+            raise ConfigError(f"{source}: marching.update_interval must be >= 1 (steps), got {interval}")
+        if warmup < 0:
+            raise ConfigError(f"{source}: marching.warmup_steps must be >= 0, got {warmup}")
+        early = float(block["early_termination"])
+        if not 0 <= early < 1:
+            raise ConfigError(f"{source}: marching.early_termination must be in [0, 1) (a transmittance), got {early}")
+        factor = candidate_factor(block, source)
 
         def rule(n: int) -> StepSchedule:
             dt_min = math.sqrt(3.0) / n
             dt_max = dt_min * 2 ** (n_cascades_for(scene_aabb_scale) - 1) * max(n / res, 1.0)
             return StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)), near)
 
-        return Marching(rule(steps), float(block["early_termination"]), int(block["update_interval"]),
-                        int(block["warmup_steps"]), update == "ramp", march_launch(block.get("kernel_launch"), source),
-                        None if eval_steps in (None, steps) else rule(eval_steps))
+        return Marching(rule(steps), early, interval, warmup, update == "ramp",
+                        march_launch(block.get("kernel_launch"), source),
+                        None if eval_steps in (None, steps) else rule(eval_steps), factor)
+
+
+def candidate_factor(block: dict, source: str) -> float:
+    """``marching.candidate_factor`` (default 4): the fast renderer's marched-sample slots per network sample."""
+    factor = float(block.get("candidate_factor", DEFAULT_CANDIDATE_FACTOR))
+    if factor < 1:
+        raise ConfigError(f"{source}: marching.candidate_factor must be >= 1 (marched samples per network sample), "
+                          f"got {factor}")
+    return factor
 
 
 def march_launch(value, source: str) -> MarchLaunch | None:
@@ -156,8 +178,8 @@ def make_loss(block: dict, source: str):
 
 
 def resolve_precision(precision: str, device: torch.device, backend: str, model_parallel: bool = False) -> str:
-    """The MLPs' autocast precision ``auto`` stands for: bf16 for the triton backend's graphed step on a
-    CUDA GPU (it then trains the MLPs with the fused kernels, ``model.field``), fp32 elsewhere.
+    """The MLPs' autocast precision ``auto`` stands for: bf16 for the triton backend on a CUDA GPU
+    (it then trains the MLPs with the fused kernels, ``model.field``), fp32 elsewhere.
 
     Measured on one H200 (lego, docs/BENCHMARKS.md): bf16 with the fused MLPs ran 1.3x fp32's samples/s,
     matched it at equal steps (2000 steps: 32.77 against 32.74 dB) and led it on a 60 s budget with both
@@ -205,7 +227,7 @@ def model_footprint(args: argparse.Namespace, scene: Scene, model: dict | None =
     n_params = spec.n_params * spec.n_features_per_level + MLP_PARAMS_ALLOWANCE  # table entries x features
     block = model["marching"]
     cells = int(block["grid_resolution"]) ** 3 * n_cascades_for(scene.aabb_scale)
-    factor = float(block.get("candidate_factor", 4))
+    factor = candidate_factor(block, model["_source"])
     return training_footprint(n_params, PARAMETER_COPIES, cells, int(factor * args.target_samples), args.target_samples,
                               STEP_COSTS)
 

@@ -17,6 +17,7 @@ from ..data.sampler import RayBatch
 from ..model.field import NGPField
 from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render import render_rays
+from ..render.volume import over_background
 from ..render.occupancy import OccupancyGrid
 from ..state.failures import NonFiniteGuard
 from .evaluate import composite_background
@@ -44,7 +45,7 @@ def ray_losses(rgb: Tensor, opacity: Tensor, background: Tensor, target: Tensor,
     ``[R, 3]`` against ``target`` ``[R, 3]``: (pred ``[R, 3]``, per-channel loss ``[R, 3]``, the reported loss
     (weighted by ``weight``), the loss to back-propagate (the same tensor unless ``weight_gradient`` is off
     and there are weights)); means over the ``valid`` rays."""
-    pred = rgb.float() + background * (1.0 - opacity.float()[:, None])
+    pred = over_background(rgb, opacity, background)
     per_channel = loss_fn(pred, target)
     loss = masked_mean(per_channel, valid, weight)
     trained = loss if weight_gradient or weight is None else masked_mean(per_channel, valid)
@@ -89,8 +90,8 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     ``backward_passes`` > 1 splits the rays into that many chunks with one backward pass each
     (gradient accumulation, Horovod's ``backward_passes_per_step``); each chunk's loss is weighted
     by its share of the rays, so on the reference path the summed gradient is the whole batch's.
-    Every rank calls this every step, even with no samples: the allreduce inside ``optimizer.step()``
-    must see every rank. With a gradient scaler (fp16 autocast or fp16 compression), Horovod's
+    Every rank calls this every step, even with no samples: the gradient allreduce (started in
+    backward, waited for by ``optimizer.synchronize()``) must see every rank. With a gradient scaler (fp16 autocast or fp16 compression), Horovod's
     pattern: synchronize (allreduce), unscale, then step without a second synchronisation. With a
     ``guard``, every rank skips the optimizer step when the loss or the reduced gradients are
     non-finite on any rank (``step``: the 1-based step number, for messages and test faults).

@@ -212,7 +212,7 @@ class Trainer:
                      f"over {groups.model_parallel} regions)")
 
         budget = RayBudget(args.n_rays_init, args.target_samples, args.max_rays,
-                           float(args.model["marching"].get("candidate_factor", 4)) if fast else None,
+                           march.candidate_factor if fast else None,
                            args.sample_fill)
         renderer = mp
         if fast:
