@@ -28,6 +28,7 @@ import configargparse
 from .cluster.comm import CommSettings
 from .cluster.comm import add_options as add_comm_options
 from .cluster.hvdtools import add_options as add_horovod_tool_options
+from .cluster.preempt import DEFAULT_SIGNALS, parse_signals
 from .data.pipeline import DataSettings
 from .errors import ConfigError, read_json_object
 from .observe.metrics import UNLIMITED_STEPS
@@ -281,7 +282,7 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--nonfinite_limit", type=int, default=10,
                    help="stop after this many consecutive steps with a non-finite loss or gradients (each is skipped "
                         "on every rank); 0: no check (saves one small allreduce and a host sync per step)")
-    g.add_argument("--stop_signals", default="TERM,INT,USR1", metavar="SIG,SIG,...|none",
+    g.add_argument("--stop_signals", default=DEFAULT_SIGNALS, metavar="SIG,SIG,...|none",
                    help="signals that stop every rank at the next step boundary with a checkpoint in --ckpt_dir and "
                         "exit status 75 (resume with --resume auto); 'none': the default actions")
     g.add_argument("--watchdog_s", type=float, default=600.0,
@@ -356,8 +357,6 @@ def validate(args: argparse.Namespace) -> None:
                  "ckpt_every", "ckpt_every_minutes", "watchdog_s", "nonfinite_limit"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(args, name)}")
-    from .cluster.preempt import parse_signals
-
     try:
         args.stop_signal_names = parse_signals(args.stop_signals)
     except ValueError as exc:

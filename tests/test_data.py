@@ -138,9 +138,9 @@ def test_ray_shards_are_disjoint_and_cover(scene_cache, world_size):
 
 @pytest.mark.skipif(not (SHARED_DATA / "fox" / "transforms.json").is_file(), reason="../shared/data/fox is absent")
 def test_data_info_on_fox_reports_50_images_and_17_skipped(capsys):
-    from hvd_ngp.tools.data_info import cli
+    from hvd_ngp.tools.data_info import main
 
-    cli(["info", str(SHARED_DATA / "fox"), "--holdout_every", "8"])
+    assert main(["info", str(SHARED_DATA / "fox"), "--holdout_every", "8"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["splits"]["train"] + info["splits"]["test"] == 50 and info["splits"]["test"] == 7
     assert info["skipped_missing_images"] == 17 and info["aabb_scale"] == 4

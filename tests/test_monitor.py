@@ -162,7 +162,7 @@ def settings(tmp_path, **kw) -> MonitorSettings:
 def fake_interval(monitor: Monitor, steps: int):
     stats = monitor.new_interval()
     for _ in range(steps):
-        stats.add(torch.tensor(0.02), torch.tensor(0.01), 256, 4096, 8192)
+        stats.add(torch.tensor(0.02), torch.tensor(0.01), 256, 4096)
         monitor.tick()
     return stats
 

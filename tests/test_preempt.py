@@ -206,6 +206,6 @@ def test_handlers_in_process(capsys):
 def test_stop_signals_option():
     assert preempt.parse_signals("TERM,int,SIGUSR1") == ("TERM", "INT", "USR1")
     assert preempt.parse_signals("none") == ()
-    for bad in ("KILL", "FOO"):
+    for bad in ("KILL", "FOO", "SIG_IGN", "SIG_DFL", "SIG_BLOCK"):  # the last three: signal module constants, not signals
         with pytest.raises(ValueError):
             preempt.parse_signals(bad)

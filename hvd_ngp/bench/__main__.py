@@ -7,7 +7,7 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from ..errors import HvdNgpError
+from ..errors import run_cli
 
 
 def available() -> list[str]:
@@ -23,11 +23,12 @@ def cli(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     module = importlib.import_module(f"hvd_ngp.bench.{argv[0]}")
-    try:
-        module.main(argv[1:])
-    except HvdNgpError as exc:
-        print(f"hvd_ngp: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+
+    def run(args: list[str] | None) -> int:
+        module.main(args)
+        return 0
+
+    run_cli(run, argv[1:], prog=f"python -m hvd_ngp.bench {argv[0]}")
 
 
 if __name__ == "__main__":

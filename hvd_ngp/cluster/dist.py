@@ -6,7 +6,9 @@ GLOBAL rank -> build the model -> ``distributed_optimizer`` -> ``broadcast_state
 Started without a launcher (no horovodrun/mpirun environment), everything here is a size-1
 fallback that never imports Horovod, so ``python -m hvd_ngp.train`` works on a laptop.
 Every collective in this module must be called by every rank in the same order. The blocking
-ones report their time to ``commclock.COMM_CLOCK`` (the communication share of the live metrics).
+allreduces and broadcasts, and the wait of the gradients' allreduce, report their time to
+``commclock.COMM_CLOCK`` (the communication share of the live metrics); the allgathers do not (the
+model-parallel exchange, ``replica_allgather``, is timed by its caller).
 """
 
 from __future__ import annotations
@@ -166,7 +168,7 @@ def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None =
         _hvd = hvd
         rank, size = hvd.rank(), hvd.size()
         local_rank, local_size, cross_size = hvd.local_rank(), hvd.local_size(), hvd.cross_size()
-        controller = "mpi" if hvd.mpi_enabled() and not hvd.gloo_enabled() else ("gloo" if hvd.gloo_enabled() else "mpi")
+        controller = "gloo" if hvd.gloo_enabled() else "mpi"
     else:
         rank, size, local_rank, local_size, cross_size, controller = 0, 1, 0, 1, 1, "none"
 
@@ -332,10 +334,9 @@ def broadcast_(tensor: torch.Tensor, root: int = 0, name: str | None = None) -> 
 
 
 def allreduce_many_(tensors: Sequence[torch.Tensor], op: str = "avg", name: str = "many") -> None:
-    """In-place allreduce of several tensors, all in flight at once (Horovod fuses them like gradients)."""
-    if _hvd is None or _runtime.size == 1:
-        return
-    _allreduce_all_(tensors, [f"{name}.{i}" for i in range(len(tensors))], op)
+    """In-place allreduce of several tensors, all in flight at once (Horovod fuses them like gradients),
+    then wait for all (timed by ``COMM_CLOCK``)."""
+    allreduce_buffers_start(tensors, [f"{name}.{i}" for i in range(len(tensors))], op).wait()
 
 
 def _submit_all(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str, prescale_factor: float = 1.0,
@@ -343,12 +344,6 @@ def _submit_all(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str, 
     """Submit an in-place allreduce of each tensor, waiting for none -> Horovod handles, in order."""
     return [_hvd.allreduce_async_(t, name=n, op=getattr(_hvd, _OPS[op]), prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor) for t, n in zip(tensors, names)]
-
-
-def _allreduce_all_(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str) -> None:
-    """Submit every in-place allreduce, then wait for all (Horovod negotiates them in one cycle)."""
-    for h in _submit_all(tensors, names, op):
-        _hvd.synchronize(h)
 
 
 class PendingAllreduce:
@@ -372,7 +367,10 @@ class PendingAllreduce:
 
 def allreduce_buffers_start(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str = "avg",
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> PendingAllreduce:
-    """``allreduce_buffers_`` without the wait: submit every in-place allreduce and return at once.
+    """Submit an in-place allreduce of each of ``tensors`` (named ``names``: the same on every rank) and
+    return at once. All are submitted before the first wait, so Horovod negotiates them in one cycle; tensors of
+    different dtypes still travel as separate collectives (Horovod fuses only equal dtypes). The factors
+    multiply before and after the sum (Horovod applies ``1 / size`` on top of ``postscale_factor`` for ``avg``).
 
     The host is free to work while Horovod reduces (its background thread; on a GPU, NCCL starts when
     the compute stream reaches the point of submission). ``.wait()`` on the result before the tensors
@@ -383,19 +381,6 @@ def allreduce_buffers_start(tensors: Sequence[torch.Tensor], names: Sequence[str
     if _hvd is None or _runtime.size == 1:
         return PendingAllreduce(tensors, [])
     return PendingAllreduce(tensors, _submit_all(tensors, names, op, prescale_factor, postscale_factor))
-
-
-def allreduce_buffers_(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str = "avg",
-                       prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> None:
-    """In-place allreduce of each of ``tensors`` (named ``names``: the same on every rank), then wait for all.
-
-    All are submitted before the first wait, so Horovod negotiates them in one cycle; tensors of
-    different dtypes still travel as separate collectives (Horovod fuses only equal dtypes). The
-    factors multiply before and after the sum (Horovod applies ``1 / size`` on top of
-    ``postscale_factor`` for ``avg``). Timed by ``COMM_CLOCK``. No Horovod call at size 1.
-    ``allreduce_buffers_start`` followed by its ``wait()``.
-    """
-    allreduce_buffers_start(tensors, names, op, prescale_factor, postscale_factor).wait()
 
 
 def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.nn.Parameter]],

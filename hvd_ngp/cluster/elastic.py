@@ -6,7 +6,8 @@ The training loop runs inside ``dist.elastic_run`` (Horovod's ``hvd.elastic.run`
 added or removed hosts). When the world changes, Horovod re-forms it and this module:
 
 - re-enters the loop from the committed step (after a failure) or the current one (a host left);
-- gives every rank its new pixel shard (``i % world_size``) and fresh random streams seeded by
+- gives every rank its new pixel shard (tiles dealt by a seeded permutation, ``data.shards.shard_units``,
+  over the new world size) and fresh random streams seeded by
   (seed, rank, step), so no two ranks draw the same rays;
 - leaves the learning rate to ``comm.CommSettings.lr_multiplier`` (applied every step from the
   current world size).

@@ -34,9 +34,9 @@ from typing import Iterable
 import torch
 
 from . import dist
+from .comm import COMPRESSIONS
 
 ALIGN_BYTES = 64  # segment alignment: vectorised loads and Triton's 16-byte pointer specialisation
-COMPRESSIONS = ("none", "fp16")
 
 
 class FlatGradientError(RuntimeError):

@@ -36,7 +36,7 @@ from torch import Tensor
 from ..cluster import dist
 from .shards import TileGrid
 
-VERSION = 2
+VERSION = 3
 CANNY_LOW, CANNY_HIGH = 50, 150
 
 
@@ -119,7 +119,7 @@ def write_cache(path: Path, features: Tensor) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".complexity-", suffix=".npz", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, features=features.float().numpy())
+            np.savez(f, features=features.double().numpy())  # float64: a cached run draws as a computed one
         os.replace(tmp, path)
     except OSError:
         pass

@@ -105,7 +105,8 @@ class DataSettings:
         g.add_argument("--image_dtype", choices=("uint8", "fp16"), default="uint8",
                        help="storage of preloaded images (fp16 doubles the memory)")
         g.add_argument("--device_image_budget_gb", type=float, default=0.0,
-                       help="device memory the training images may use (0: a quarter of the GPU)")
+                       help="device memory the training images may use (0: what the process's memory budget leaves, "
+                            "at most a quarter of the GPU)")
         g.add_argument("--host_image_budget_gb", type=float, default=0.0,
                        help="host memory per rank the training images may use (0: half the available memory / local ranks)")
         g.add_argument("--num_workers", type=int, default=4, help="threads decoding images (at load and when streaming)")

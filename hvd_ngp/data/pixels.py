@@ -24,10 +24,10 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, SceneError
+from ..observe.memory import GIB
 from .scene import Frames
 from .shards import image_bytes
 
-GIB = float(1 << 30)
 PLACEMENTS = ("auto", "device", "host", "stream")
 
 

@@ -14,7 +14,8 @@ the batch an unbiased estimate of the mean over the shard's pixels. Uniform samp
 With ``resolution`` F > 1 (``--dynamic_resolution``) a ray goes through a random point of an F x F
 pixel block and its colour is the block's mean: training sees the images at 1/F resolution.
 
-Each rank draws with its own generator seeded by the GLOBAL rank. Pixel colours come from a pixel
+Each rank draws with its own generator seeded by the GLOBAL rank (by the replica index under
+``--model_parallel``: the K ranks of a replica draw the same rays, each rendering its region). Pixel colours come from a pixel
 store (``pixels``): on the device, everything happens there; in host memory, batches are drawn
 and gathered on the CPU one step ahead in a background thread and copied asynchronously.
 
@@ -37,8 +38,8 @@ from .scene import Frames
 from .shards import TileGrid, auto_tile_size, shard_tiles, shard_units
 from ..triton_support import triton_available
 
-#: --fused_draw: auto (one Triton kernel per batch on a CUDA GPU where it applies), on (also under the
-#: interpreter on a CPU; an error where it does not apply), off (the torch path)
+#: the fused draw: auto (one Triton kernel per batch on a CUDA GPU where it applies; ``--fused_draw auto``),
+#: on (also under the Triton interpreter on a CPU; an error where it does not apply; tests only), off (the torch path)
 FUSED_MODES = ("auto", "on", "off")
 
 

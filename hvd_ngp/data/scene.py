@@ -111,10 +111,6 @@ class Frames:
                       self.intrinsics.to(device), self.distortion.to(device), self.sizes.to(device),
                       self.fisheye.to(device), self.names, self.files)
 
-    def cameras(self) -> "Frames":
-        """The same frames without their pixels (cameras and sizes only; ``files`` kept)."""
-        return Frames(None, self.c2w, self.intrinsics, self.distortion, self.sizes, self.fisheye, self.names,
-                      self.files or ImageFiles([Path(n) for n in self.names]))
 
 
 @dataclass

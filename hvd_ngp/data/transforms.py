@@ -201,7 +201,8 @@ def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, th
     if len(set(sizes)) > 1 and not all(f.own_intrinsics for f in frames):
         shown = ", ".join(f"{w}x{h}" for w, h in sorted(set(sizes)))
         raise SceneError(f"{tf.path}: images have different sizes ({shown}) but not every frame gives its own "
-                         "intrinsics ('fl_x'/'camera_angle_x' and 'w'/'h' per frame)")
+                         "intrinsics (a frame that sets any of 'fl_x', 'fl_y', 'camera_angle_x', 'w', 'h' gives its own; "
+                         "give them in every frame)")
     intrinsics = [camera_intrinsics(f.camera, w, h, downscale, tf.path) for f, (w, h) in zip(frames, sizes)]
     stack, has_alpha = (stack_images(images) if decode else (None, False))
     distortion = [[f.camera.get(k) or 0.0 for k in DISTORTION_KEYS] for f in frames]

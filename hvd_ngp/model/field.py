@@ -15,7 +15,6 @@ from .encoding import make_direction_encoding, make_position_encoding, scaled_to
 from ..errors import ConfigError
 
 MLP_TYPES = ("FullyFusedMLP", "CutlassMLP", "MLP")
-ACTIVATIONS = {"ReLU": nn.ReLU, "None": nn.Identity, "Sigmoid": nn.Sigmoid, "Exponential": None}
 
 
 class TruncExp(torch.autograd.Function):
@@ -128,8 +127,10 @@ class NGPField(nn.Module):
         self.dir_encoding = make_direction_encoding(model["dir_encoding"], source, backend)
         rgb = model["rgb_network"]
         out_act = rgb.get("output_activation", "Sigmoid")
-        if out_act not in ("Sigmoid", "None"):
-            raise ConfigError(f"{source}: rgb_network.output_activation {out_act!r} is not supported (Sigmoid)")
+        if out_act not in ("Sigmoid", "None"):  # colours always pass a sigmoid ("None": instant-ngp's spelling,
+            # whose NeRF network applies its logistic colour activation apart from the MLP)
+            raise ConfigError(f"{source}: rgb_network.output_activation {out_act!r} is not supported: colours pass "
+                              "a sigmoid ('Sigmoid', or 'None' as instant-ngp's configs write it)")
         self.rgb_mlp = make_mlp(rgb, self.dir_encoding.n_output_dims + n_geo, 3, "rgb_network", source,
                                 backend, fused_training)
 

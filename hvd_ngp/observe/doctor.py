@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.bandwidth_mib <= 0 or args.iterations < 0:
         raise ConfigError("--bandwidth-mib must be positive and --iterations >= 0")
-    use_cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
+    use_cuda = dist.wants_cuda(args.device)
     plan = plan_topology_dump(args.dump_topology, use_cuda) if args.dump_topology else None
     rt = dist.init(args.device)
     record = dist.agree(lambda: collect(rt.device), "describing the environment")

@@ -1,4 +1,5 @@
-"""Image metrics and training-throughput bookkeeping (reduced across ranks once per log interval)."""
+"""Image metrics and training-throughput bookkeeping (gathered across ranks once per log interval by
+``observe.monitor``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-
-from ..cluster import dist
 
 #: one rank's measurements over one interval: the columns of the reduced table
 RANK_FIELDS = ("steps", "rays", "samples", "loss_sum", "mse_sum", "seconds", "comm_seconds",
@@ -36,48 +35,23 @@ def linear_to_srgb(x: Tensor) -> Tensor:
     return torch.where(x > 0.0031308, 1.055 * x.clamp(min=0.0031308) ** (1 / 2.4) - 0.055, 12.92 * x)
 
 
-def psnr(a: Tensor, b: Tensor) -> float:
-    return mse_to_psnr(float(torch.mean((a.float() - b.float()) ** 2)))
-
-
 @dataclass
 class IntervalStats:
-    """Per-rank sums over one log interval; ``reduce()`` is one allreduce, called by every rank."""
+    """Per-rank sums over one log interval (``observe.monitor.Monitor`` gathers them at the interval's end)."""
 
     loss_sum: Tensor | float = 0.0  # stays on the device until the interval ends: no sync per step
     mse_sum: Tensor | float = 0.0
     steps: int = 0
     rays: int = 0
     samples: int | Tensor = 0     # device scalars on the fast path: summed on the device
-    candidates: int | Tensor = 0
     started: float = field(default_factory=time.perf_counter)
 
-    def add(self, loss: Tensor, mse: Tensor, rays: int, samples: int | Tensor, candidates: int | Tensor) -> None:
+    def add(self, loss: Tensor, mse: Tensor, rays: int, samples: int | Tensor) -> None:
         self.loss_sum = self.loss_sum + loss.detach()
         self.mse_sum = self.mse_sum + mse.detach()
         self.steps += 1
         self.rays += rays
         self.samples += samples
-        self.candidates += candidates
-
-    def reduce(self, device: torch.device) -> dict:
-        """Across ranks: totals of rays/samples, mean loss/mse, the slowest rank's wall time."""
-        elapsed = time.perf_counter() - self.started
-        v = torch.tensor([float(self.loss_sum), float(self.mse_sum), self.steps, self.rays, float(self.samples),
-                          float(self.candidates), elapsed], dtype=torch.float64)
-        total = dist.allreduce(v, "sum", name="metrics.interval")
-        slowest = dist.allreduce(v[6:7].clone(), "max", name="metrics.interval_time")
-        rt = dist.runtime()
-        steps = max(self.steps, 1)
-        return {
-            "loss": float(total[0]) / rt.size / steps,
-            "mse": float(total[1]) / rt.size / steps,
-            "rays_per_step": float(total[3]) / steps,
-            "samples_per_step": float(total[4]) / steps,
-            "samples": float(total[4]),
-            "candidates": float(total[5]),
-            "seconds": float(slowest[0]),
-        }
 
 
 def _gaussian_window(size: int = 11, sigma: float = 1.5, device=None) -> Tensor:

@@ -33,7 +33,7 @@ import torch
 from ..cluster import dist
 from ..cluster.commclock import COMM_CLOCK
 from ..errors import ConfigError
-from .memory import MemoryMeter
+from .memory import GIB, MemoryMeter
 from .metrics import COL, RANK_FIELDS, UNLIMITED_STEPS, IntervalStats, mse_to_psnr
 from .nvml import GpuSampler
 
@@ -94,7 +94,6 @@ JSONL_FIELDS: dict[str, tuple[str, str | None]] = {
     "samples_per_joule": ("samples / energy_j: energy efficiency (GPU energy only)", "energy/samples_per_joule"),
 }
 
-GIB = float(1 << 30)
 
 
 # ------------------------------------------------------------------------------------ reduction

@@ -5,7 +5,8 @@ horovodrun (Gloo or MPI controller) and plain ``mpirun`` end the whole job withi
 any rank *exits* non-zero, and print which process did. What they cannot do, and this module adds:
 
 - a rank whose Python raised may hang in interpreter shutdown (Horovod's exit handler waits for
-  its background thread): ``report_and_exit`` prints one line naming the rank and leaves at once;
+  its background thread): ``report`` (through ``errors.run_cli``) prints one line naming the rank, and the
+  process leaves at once;
 - a rank that is alive but stuck leaves the others blocked in a collective forever: the
   ``Watchdog`` ends its own rank when no step finished for ``timeout_s`` seconds;
 - a NaN/Inf loss or gradient on one rank would poison every rank's parameters through the
@@ -263,7 +264,7 @@ def report(exc: BaseException) -> int:
     where = rank_label()
     if isinstance(exc, HvdNgpError):
         print(f"{where}hvd_ngp: error: {exc}", file=sys.stderr, flush=True)
-        return getattr(exc, "exit_code", 2)
+        return 2
     if isinstance(exc, KeyboardInterrupt):
         print(f"{where}hvd_ngp: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

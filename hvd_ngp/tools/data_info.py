@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-from ..errors import HvdNgpError
+from ..errors import run_cli
 from ..data import BUILTIN, load_scene, scene_format
 from ..data.builtin import ensure_builtin
 from ..data.images import decode_images
@@ -21,15 +20,14 @@ def transforms_info(path, args) -> dict:
     files = locate_transforms(path, args.train_split, args.test_split, args.holdout_every, args.sharpness_threshold)
     tf = files.train
     aabb, aabb_scale = scene_aabb(tf.data, tf.path)
-    sizes = set()
     frames = files.train_frames + files.test_frames
-    known = [f for f in frames if f.camera.get("w") and f.camera.get("h")]
-    if len(known) == len(frames):
-        sizes = {(int(f.camera["w"]) // args.downscale, int(f.camera["h"]) // args.downscale) for f in frames}
+    if all(f.camera.get("w") and f.camera.get("h") for f in frames):
+        per_frame = [(int(f.camera["w"]) // args.downscale, int(f.camera["h"]) // args.downscale) for f in frames]
     else:
-        sizes = {(im.shape[1], im.shape[0]) for im in decode_images([f.image_path for f in frames], args.downscale)}
+        per_frame = [(im.shape[1], im.shape[0]) for im in decode_images([f.image_path for f in frames], args.downscale)]
+    sizes = set(per_frame)
     missing = tf.missing + (files.test.missing if files.test is not None and files.test is not tf else 0)
-    focal = camera_intrinsics(frames[0].camera, *sorted(sizes)[0], args.downscale, tf.path)[0] if frames else None
+    focal = camera_intrinsics(frames[0].camera, *per_frame[0], args.downscale, tf.path)[0] if frames else None
     return {
         "source": str(files.root),
         "format": "instant-ngp" if files.test is tf else "blender",
@@ -51,7 +49,8 @@ def info(args) -> dict:
     return transforms_info(path, args)
 
 
-def cli(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """``info SCENE [options]``: the scene's summary as JSON on stdout."""
     p = argparse.ArgumentParser(prog="python -m hvd_ngp.data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -65,11 +64,13 @@ def cli(argv: list[str] | None = None) -> None:
     i.add_argument("--scene_cache", default="~/.cache/hvd_ngp/scenes")
     i.add_argument("--builtin_seed", type=int, default=0)
     args = p.parse_args(argv)
-    try:
-        print(json.dumps(info(args), indent=1))
-    except HvdNgpError as exc:
-        print(f"hvd_ngp: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    print(json.dumps(info(args), indent=1))
+    return 0
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m hvd_ngp.data``: a bad scene is one line naming the file and exit status 2."""
+    run_cli(main, argv, prog="python -m hvd_ngp.data")
 
 
 if __name__ == "__main__":

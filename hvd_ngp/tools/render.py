@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -20,7 +19,7 @@ from ..data import Frames, load_scene
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.encoding.tcnn import uses_tcnn_layout
 from ..config import json_object, merge_patch
-from ..errors import ConfigError, HvdNgpError, SnapshotError
+from ..errors import ConfigError, HvdNgpError, SnapshotError, run_cli
 from ..training.evaluate import BACKGROUNDS, ViewRenderer, evaluate, to_uint8
 from ..model.field import NGPField
 from ..observe.memory import MemoryBudget, ranks_on_device
@@ -181,11 +180,13 @@ def load_regions(path: str, state: dict, layout: dict, model: dict, backend: str
 
 
 def cli(argv: list[str] | None = None) -> None:
-    try:
-        main(argv)
-    except HvdNgpError as exc:
-        print(f"hvd_ngp: error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    """``python -m hvd_ngp.render``: a user error is one line (with the rank under a launcher) and exit status 2."""
+
+    def run(args: list[str] | None) -> int:
+        main(args)
+        return 0
+
+    run_cli(run, argv, prog="python -m hvd_ngp.render")
 
 
 if __name__ == "__main__":

@@ -467,7 +467,7 @@ def run(args: argparse.Namespace) -> RunResult:
 
         def add(res: StepResult, n_rays: int) -> None:  # each step once its verdict is known (Trainer.settle)
             if not res.skipped:
-                stats.add(res.loss, res.mse, n_rays, res.n_samples, res.n_candidates)
+                stats.add(res.loss, res.mse, n_rays, res.n_samples)
 
         tr.on_settled = add
         with watchdog.armed():

@@ -73,7 +73,7 @@ def check_monitor(out_dir: Path) -> None:
     monitor = Monitor(settings, total_steps=6, gpu=shared_gpu)
     stats = monitor.new_interval()
     for _ in range(6):
-        stats.add(torch.tensor(0.02), torch.tensor(0.01), 100, 1000, 2000)
+        stats.add(torch.tensor(0.02), torch.tensor(0.01), 100, 1000)
         dist.allreduce(torch.ones(4), "sum", name="check.step")
     rec = monitor.end_interval(6, stats, train_s=1.0, occupancy=0.5)
     monitor.close()
@@ -97,7 +97,7 @@ def check_comm_share() -> None:
         if rt.rank == rt.size - 1:
             time.sleep(0.25)  # the straggler: everyone else waits for it inside the collective
         dist.allreduce(torch.ones(16), "sum", name="check.comm")
-        stats.add(torch.tensor(0.0), torch.tensor(0.0), 1, 1, 1)
+        stats.add(torch.tensor(0.0), torch.tensor(0.0), 1, 1)
     rec = monitor.end_interval(4, stats, train_s=1.0)
     monitor.close()
     assert rec["comm_fraction_min_rank"] == rt.size - 1, rec

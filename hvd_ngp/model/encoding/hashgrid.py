@@ -145,10 +145,6 @@ class HashGridSpec:
         return offset + size
 
 
-#: corner offsets of a unit cube, bit d of corner c is the offset along dim d  [8, 3]
-CORNERS = torch.tensor([[(c >> d) & 1 for d in range(3)] for c in range(8)], dtype=torch.int64)
-
-
 class HashGridTorch(nn.Module):
     """Hash encoding in plain PyTorch: all levels at once, one fused gather-weighted-sum.
 
@@ -172,7 +168,6 @@ class HashGridTorch(nn.Module):
         self.register_buffer("hashed_mask", torch.tensor([l[4] for l in layout], dtype=torch.bool), persistent=False)
         self.register_buffer("hashed_levels", torch.tensor(hashed, dtype=torch.int64), persistent=False)
         self.register_buffer("dense_levels", torch.tensor(dense, dtype=torch.int64), persistent=False)
-        self.register_buffer("corners", CORNERS.clone(), persistent=False)
 
     @property
     def n_output_dims(self) -> int:
