@@ -20,6 +20,8 @@
 #                                                      exp(x - 1)), equal steps
 #                                                      (variant_flags; HVD_NGP_EXTRA: flags without spaces, e.g.
 #                                                      --eval_at_steps 6000; HVD_NGP_TIMEOUT: seconds per run)
+#   bash scripts/gpu/session.sh screen14 OUT [STEPS]   # issue 14: the defaults vs variants (HVD_NGP_VARIANTS) at equal
+#                                                      # steps (30000), one run at a time, one evaluation at the end
 #   bash scripts/gpu/session.sh budget14 OUT [SECONDS]   # issue 14: the defaults vs variants (HVD_NGP_VARIANTS) on one
 #                                                        # time budget, one run at a time, evaluations at 60 s and the end
 #   bash scripts/gpu/session.sh ingp OUT       # instant-ngp itself on lego (the anchor, ../shared/anchors carried;
@@ -139,7 +141,13 @@ for split in ("train", "test"):
     (dst / f"transforms_{split}.json").write_text((src / f"transforms_{split}.json").read_text())
 PY
 }
-variant_flags() {  # NAME: the trainer flags of one recipe variant into the array extra (JSON stays one word)
+variant_flags() {  # NAME: the trainer flags of one recipe variant into the array extra (JSON stays one word);
+  # A+B: both variants' flags (each must set different options)
+  if [[ $1 == *+* ]]; then
+    local parts part all=(); IFS=+ read -ra parts <<<"$1"
+    for part in "${parts[@]}"; do variant_flags "$part"; all+=("${extra[@]}"); done
+    extra=("${all[@]}"); return
+  fi
   case $1 in
     base) extra=() ;;
     grid84) extra=(--encoding "$GRID84") ;;
@@ -652,8 +660,20 @@ PY
     done
     runs_table "$out" "q_*"
     ;;
+  screen14)  # issue 14: the defaults and recipe variants (HVD_NGP_VARIANTS) trained to the same step count (STEPS,
+    # default 30000) one after the other, seed HVD_NGP_SEED, scored on the staged test views once at the end
+    steps=${3:-30000}; variants=${HVD_NGP_VARIANTS:-base huber05 rgb128 march2048}
+    for v in $variants; do variant_flags $v; done  # every name known before any run starts
+    for v in $variants; do
+      variant_flags $v
+      timeout ${HVD_NGP_TIMEOUT:-150} python3 -m hvd_ngp.train --scene $S/lego --n_steps $steps --seed ${HVD_NGP_SEED:-1337} \
+        --log_every 10000 --save_renders 0 "${extra[@]}" --out_dir $out/s_${v//+/_} >$out/s_${v//+/_}.log 2>&1
+      grep -E "test PSNR|rror" $out/s_${v//+/_}.log | tail -2 | sed "s|^|$v: |"
+    done
+    runs_table "$out" "s_*"
+    ;;
   quality)
-    seed=${3:-1337}; secs=${4:-60}; v=${HVD_NGP_VARIANT:-base}; variant_flags $v; tag=; [ $v = base ] || tag=_$v
+    seed=${3:-1337}; secs=${4:-60}; v=${HVD_NGP_VARIANT:-base}; variant_flags $v; tag=; [ $v = base ] || tag=_${v//+/_}
     python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --eval_at_steps 6000,30000 \
       --seed "$seed" --log_every 4000 --save_renders 0 "${extra[@]}" --out_dir $out/lego_${secs}s_seed$seed$tag \
       --save_snapshot /tmp/snap_lego_${secs}s_seed$seed$tag.pt 2>&1 | grep --line-buffered -E "test PSNR|done|error|step [0-9]*000\]"
