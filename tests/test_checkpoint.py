@@ -104,7 +104,13 @@ def test_damaged_contents_fail_the_digest(tmp_path):
     torch.save(snap, tmp_path / "s.pt")
     with pytest.raises(SnapshotError, match="do not match their digest"):
         read_snapshot(tmp_path / "s.pt")
-    assert state_digest(capture(ts, {})) == capture(ts, {})["digest"]
+    # the digest follows the contents: an identical copy keeps it, one changed value or the step changes it
+    intact = capture(ts, {})
+    copy = {**intact, "model": {k: v.clone() for k, v in intact["model"].items()}}
+    assert state_digest(copy) == intact["digest"]
+    next(iter(copy["model"].values())).view(-1)[-1] -= 1.0
+    assert state_digest(copy) != intact["digest"]
+    assert state_digest({**intact, "step": intact["step"] + 1}) != intact["digest"]
 
 
 def test_failed_write_leaves_the_previous_file(tmp_path, monkeypatch):
@@ -211,7 +217,9 @@ def test_v1_snapshot_still_loads_with_fresh_streams(tmp_path, scene_cache):
           "optimizer": v2["optimizer"], "config": json.dumps({})}
     torch.save(v1, tmp_path / "v1.pt")
     result = run(parse_args([*common, "--n_steps", "6", "--load_snapshot", str(tmp_path / "v1.pt")]))
-    assert result.step == 6
+    # resumed at step 4: one log interval (steps 5-6); from step 0 it would log steps 4 and 6
+    assert v2["step"] == 4 and result.step == 6
+    assert [h["step"] for h in result.metrics["history"]] == [6]
 
 
 def test_snapshot_without_an_average_loads_and_restarts_it(tmp_path, scene_cache):

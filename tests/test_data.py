@@ -1,4 +1,4 @@
-"""Scene loading: the built-in scene, transforms.json fields, bad input, and rank shards."""
+"""Scene loading: the built-in scene, transforms.json fields and bad input. (Rank shards: test_sampling.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from hvd_ngp.data import load_scene
 from hvd_ngp.data.builtin import _StillLife, generate_builtin
 from hvd_ngp.data.cameras import nerf_to_ngp
-from hvd_ngp.data.sampler import RaySampler, image_rays
+from hvd_ngp.data.sampler import image_rays
 from hvd_ngp.errors import SceneError
 
 from conftest import SHARED_DATA
@@ -123,17 +123,6 @@ def test_missing_scene_and_invalid_json(tmp_path):
     (tmp_path / "transforms.json").write_text('{"frames": [')
     with pytest.raises(SceneError, match=r"transforms\.json: invalid JSON at line 1"):
         load_scene(tmp_path)
-
-
-@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
-def test_ray_shards_are_disjoint_and_cover(scene_cache, world_size):
-    scene = load_scene("builtin", scene_cache=scene_cache)
-    shards = [RaySampler(scene.train, r, world_size, 0, torch.device("cpu")).shard_pixels() for r in range(world_size)]
-    allpix = torch.cat(shards)
-    assert allpix.numel() == len(scene.train) * scene.train.height * scene.train.width
-    assert torch.unique(allpix).numel() == allpix.numel()
-    batch = RaySampler(scene.train, world_size - 1, world_size, 0, torch.device("cpu")).sample(256)
-    assert torch.isin(batch.pixel, shards[-1]).all()  # the last rank draws only from its own shard
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "fox" / "transforms.json").is_file(), reason="../shared/data/fox is absent")

@@ -1,5 +1,5 @@
-"""Failure handling in one process: the non-finite step guard, the watchdog, exit messages, fault parsing
-and the elastic learning-rate rule. (Real ranks: test_reliability.py.)"""
+"""Failure handling in one process: the non-finite step guard, the watchdog and exit messages. (Real ranks:
+test_reliability.py; fault parsing: test_faults.py; the elastic learning-rate rule: test_comm.py.)"""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from hvd_ngp.cluster import dist
-from hvd_ngp.errors import ConfigError, SceneError
+from hvd_ngp.errors import SceneError
 from hvd_ngp.state.failures import NonFiniteError, NonFiniteGuard, report
-from hvd_ngp.testing.faults import Fault, parse
 
 from conftest import ROOT, gpu_or_skip
 
@@ -166,12 +165,3 @@ def test_report_exit_codes(capsys):
     assert report(RuntimeError("boom")) == 1
     err = capsys.readouterr().err
     assert "hvd_ngp: error: scene.json: broken" in err and "hvd_ngp: interrupted" in err and "RuntimeError: boom" in err
-
-
-def test_fault_specs_parse_and_bad_ones_are_named():
-    assert parse("nan_loss@1:5-8, raise@0:30") == [Fault("nan_loss", 1, 5, 8), Fault("raise", 0, 30, 30)]
-    with pytest.raises(ConfigError, match="HVD_NGP_FAULTS: unknown fault 'explode'"):
-        parse("explode@0:1")
-    with pytest.raises(ConfigError, match="cannot parse 'nan_loss@x'"):
-        parse("nan_loss@x")
-

@@ -9,12 +9,15 @@ from hvd_ngp.testing import faults
 from hvd_ngp.errors import ConfigError
 
 
-def test_parse_reads_kinds_ranks_and_ranges():
-    assert faults.parse("nan_loss@1:3-5, slow@0:7") == [faults.Fault("nan_loss", 1, 3, 5), faults.Fault("slow", 0, 7, 7)]
-    with pytest.raises(ConfigError, match="unknown fault 'slower'"):
+def test_parse_reads_kinds_ranks_and_ranges_and_names_bad_specs():
+    assert faults.parse("nan_loss@1:3-5, slow@0:7, raise@0:30") == [
+        faults.Fault("nan_loss", 1, 3, 5), faults.Fault("slow", 0, 7, 7), faults.Fault("raise", 0, 30, 30)]
+    with pytest.raises(ConfigError, match="HVD_NGP_FAULTS: unknown fault 'slower'"):  # names the variable
         faults.parse("slower@0:1")
-    with pytest.raises(ConfigError, match="cannot parse 'slow@0'"):
+    with pytest.raises(ConfigError, match="cannot parse 'slow@0'"):  # no step
         faults.parse("slow@0")
+    with pytest.raises(ConfigError, match="cannot parse 'nan_loss@x'"):  # not rank:step numbers
+        faults.parse("nan_loss@x")
 
 
 def test_slow_sleeps_in_proportion_to_the_samples_only_when_armed(monkeypatch):

@@ -187,9 +187,9 @@ def test_size_one_makes_no_horovod_call_and_changes_nothing(monkeypatch, compres
     reduce(compression=compression, prescale_factor=3.0)
     assert fake.calls == []
     assert all(torch.equal(before[dt], b) for dt, b in flat.buffers.items())  # not even the fp16 cast
-    if started:
-        assert dist.allreduce_buffers_start(list(flat.buffers.values()), ["a", "b"]).wait() is None
-        assert fake.calls == []
+    if started:  # one rank's sum, even scaled by 3: the buffers as they were, with no Horovod call
+        dist.allreduce_buffers_start(list(flat.buffers.values()), ["a", "b"], op="sum", prescale_factor=3.0).wait()
+        assert fake.calls == [] and all(torch.equal(before[dt], b) for dt, b in flat.buffers.items())
     monkeypatch.setattr(dist, "_hvd", None)  # never initialised (no launcher): the same
     reduce(compression=compression)
     assert all(torch.equal(before[dt], b) for dt, b in flat.buffers.items())

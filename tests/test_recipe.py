@@ -10,6 +10,8 @@ import torch
 
 from hvd_ngp.cluster import dist
 from hvd_ngp.config import CPU_CONFIG, parse_args
+from hvd_ngp.data.sampler import RaySampler, image_rays
+from hvd_ngp.data.scene import Frames
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.training.optim import Adam, OptimizerChain, ParameterEma, exponential_decay
 
@@ -89,12 +91,41 @@ def test_dense_groups_are_torch_adam():
     assert torch.equal(a, b)
 
 
+def centre_rays(frames: Frames, pixel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pixel-centre rays of global pixel ids ``[R]``, picked from ``image_rays``: origins, directions."""
+    img, y, x = frames.locate(pixel.cpu())
+    o, d = torch.empty(len(pixel), 3), torch.empty(len(pixel), 3)
+    for i in img.unique().tolist():
+        on = img == i
+        o_img, d_img = image_rays(frames, i, torch.device("cpu"))
+        k = y[on] * frames.image_size(i)[0] + x[on]  # row-major in the image
+        o[on], d[on] = o_img[k], d_img[k]
+    return o, d
+
+
 def test_training_rays_go_through_pixel_centres_unless_jitter_is_on():
+    """Without --train_ray_jitter (the default) each drawn ray is its pixel's centre ray; with it, none is."""
     from hvd_ngp.data.pipeline import DataSettings
 
     off = parse_args(["--config", str(CPU_CONFIG)])
     on = parse_args(["--config", str(CPU_CONFIG), "--train_ray_jitter", "on"])
     assert not DataSettings.from_args(off).train_ray_jitter and DataSettings.from_args(on).train_ray_jitter
+    turn = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])  # two cameras, 90 degrees apart
+    c2w = torch.stack([torch.cat([torch.eye(3), torch.tensor([[0.0], [0.0], [-2.0]])], 1),
+                       torch.cat([turn, torch.tensor([[2.0], [0.5], [0.0]])], 1)])
+    frames = Frames(torch.zeros(2, 6, 8, 4, dtype=torch.uint8), c2w, torch.tensor([[8.0, 8.0, 4.0, 3.0]] * 2),
+                    torch.zeros(2, 6))
+    for jitter in (False, True):
+        sampler = RaySampler(frames, 0, 1, 0, torch.device("cpu"), jitter, prefetch=False)
+        rays = sampler.sample(256)
+        sampler.close()
+        o, d = centre_rays(frames, rays.pixel)
+        assert set(frames.locate(rays.pixel)[0].tolist()) == {0, 1}
+        torch.testing.assert_close(rays.origins, o)
+        if jitter:
+            assert bool(((rays.directions - d).norm(dim=-1) > 1e-4).all())
+        else:
+            torch.testing.assert_close(rays.directions, d)
 
 
 @pytest.fixture
@@ -109,7 +140,9 @@ def test_built_sampler_uses_centres_and_evaluation_uses_the_average(trained):
     tr = trained
     assert tr.sampler.jitter is False
     rays = tr.sampler.sample(64)
-    assert rays is not None
+    o, d = centre_rays(tr.sampler.frames, rays.pixel)
+    torch.testing.assert_close(rays.origins.cpu(), o)
+    torch.testing.assert_close(rays.directions.cpu(), d)
     ema = tr.state.ema
     assert ema is not None and ema.count == 8 and ema.decay == 0.95
     raw = [p.detach().clone() for p in tr.field.parameters()]

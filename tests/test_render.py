@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from hvd_ngp.cluster import dist
@@ -42,8 +43,18 @@ def test_constant_density_slab_matches_closed_form():
     torch.testing.assert_close(out.opacity, torch.full((4,), opacity), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out.depth, torch.full((4,), depth), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out.rgb, opacity * torch.tensor([[0.2, 0.4, 0.6]]).expand(4, 3), rtol=1e-5, atol=1e-5)
-    # the continuous-slab limit is close for small dt
-    assert abs(opacity - (1 - math.exp(-sigma))) < 1e-6
+
+
+def test_four_half_opaque_steps_match_weights_worked_by_hand():
+    """sigma * dt = ln 2 over four steps of 0.25 in t in [1, 2]: alpha 1/2 each, weights 1/2, 1/4, 1/8, 1/16."""
+    rgb_sigma, sig = const_field(lambda x: torch.full((x.shape[0],), 4 * math.log(2)))
+    o, d = axis_rays()
+    out = render_rays(rgb_sigma, sig, o, d, AABB, None, StepSchedule.uniform(0.25), early_termination=0.0)
+    assert out.n_samples == 4 * 4
+    # opacity 1/2 + 1/4 + 1/8 + 1/16 = 15/16; depth (1.125 * 8 + 1.375 * 4 + 1.625 * 2 + 1.875) / 16
+    torch.testing.assert_close(out.opacity, torch.full((4,), 0.9375))
+    torch.testing.assert_close(out.depth, torch.full((4,), 1.2265625))
+    torch.testing.assert_close(out.rgb, torch.tensor([[0.1875, 0.375, 0.5625]]).expand(4, 3))
 
 
 def test_empty_space_renders_nothing():
@@ -66,16 +77,20 @@ def test_opaque_wall_stops_rays_at_its_surface():
 
 
 def test_weights_sum_to_opacity_and_transmittance_is_exclusive():
+    """Per ray, the weights sum to 1 - exp(-sum sigma dt) (no early termination here), and the transmittance
+    before a sample excludes that sample's own optical depth."""
     o, d = axis_rays(2)
     samples = march(o, d, AABB, None, StepSchedule.uniform(0.1))
-    sigma = torch.rand(len(samples)) * 5
+    sigma = torch.rand(len(samples), generator=torch.Generator().manual_seed(0)) * 2  # optical depth ~1 per ray
     w, t_before = transmittance_weights(sigma, samples)
-    first = torch.zeros(len(samples), dtype=torch.bool)
-    first[0] = True
-    first[1:] = samples.ray[1:] != samples.ray[:-1]
-    assert torch.all(t_before[first] == 1.0)
-    torch.testing.assert_close(w.sum(), torch.stack([w[samples.ray == r].sum() for r in range(2)]).sum())
-    assert torch.all(w >= 0) and float(w[samples.ray == 0].sum()) <= 1.0
+    for r in range(2):
+        on = samples.ray == r
+        tau = (sigma[on] * samples.dt[on]).double().tolist()
+        assert len(tau) == 10 and float(w[on].sum()) == pytest.approx(1 - math.exp(-sum(tau)), rel=1e-5)
+        expected_t = [math.exp(-sum(tau[:i])) for i in range(len(tau))]  # 1 at the ray's first sample
+        torch.testing.assert_close(t_before[on].double(), torch.tensor(expected_t, dtype=torch.float64),
+                                   rtol=1e-5, atol=1e-6)
+    assert bool((w >= 0).all())
 
 
 def test_march_skips_free_cells_and_grid_update_is_max_decay():

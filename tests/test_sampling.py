@@ -75,7 +75,14 @@ def test_shards_are_stable_for_a_seed_and_change_with_epoch_seed_and_world_size(
         shard_units(3, 0, 0, 4, 0)
 
 
-def test_sampler_draws_only_from_its_shard_and_reports_tiles(scene):
+def test_samplers_split_the_scene_and_each_draws_only_from_its_shard_and_reports_tiles(scene):
+    n_pixels = len(scene.train) * scene.train.height * scene.train.width
+    for world_size in (1, 2, 3, 5):  # the ranks' shards of the scene's pixels: disjoint and covering
+        samplers = [RaySampler(scene.train, r, world_size, 0, CPU) for r in range(world_size)]
+        pixels = torch.cat([s.shard_pixels() for s in samplers])
+        assert pixels.numel() == n_pixels and torch.unique(pixels).numel() == n_pixels, world_size
+        last = samplers[-1]  # the last rank draws only from its own shard
+        assert torch.isin(last.sample(256).pixel, last.shard_pixels()).all(), world_size
     sampler = RaySampler(scene.train, 1, 3, 0, CPU)
     batch = sampler.sample(2048)
     assert torch.isin(batch.pixel, sampler.shard_pixels()).all()
