@@ -51,14 +51,16 @@ def read_json_object(path: Path, error: type[HvdNgpError], what: str) -> dict:
     return data
 
 
-def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None, prog: str = "hvd_ngp",
+def run_cli(main: Callable[[list[str] | None], object], argv: list[str] | None = None, prog: str = "hvd_ngp",
             report: Callable[[BaseException], int] | None = None) -> NoReturn:
     """Console-script wrapper: user errors become one line on stderr (with the rank under a launcher) and exit 2.
 
+    ``main`` returns the exit status; any other result (a tool's result dict, None) means success.
     ``report``: handles every exception instead (prints, returns the exit status; see ``failures.report``).
     """
     try:
-        code = main(argv)
+        result = main(argv)
+        code = result if isinstance(result, int) else 0
     except SystemExit:
         raise
     except BaseException as exc:

@@ -23,12 +23,7 @@ def cli(argv: list[str] | None = None) -> None:
               file=sys.stderr)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     module = importlib.import_module(f"hvd_ngp.bench.{argv[0]}")
-
-    def run(args: list[str] | None) -> int:
-        module.main(args)
-        return 0
-
-    run_cli(run, argv[1:], prog=f"python -m hvd_ngp.bench {argv[0]}")
+    run_cli(module.main, argv[1:], prog=f"python -m hvd_ngp.bench {argv[0]}")
 
 
 if __name__ == "__main__":

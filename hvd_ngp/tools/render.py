@@ -181,12 +181,7 @@ def load_regions(path: str, state: dict, layout: dict, model: dict, backend: str
 
 def cli(argv: list[str] | None = None) -> None:
     """``python -m hvd_ngp.render``: a user error is one line (with the rank under a launcher) and exit status 2."""
-
-    def run(args: list[str] | None) -> int:
-        main(args)
-        return 0
-
-    run_cli(run, argv, prog="python -m hvd_ngp.render")
+    run_cli(main, argv, prog="python -m hvd_ngp.render")
 
 
 if __name__ == "__main__":

@@ -168,10 +168,13 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     launch) extra=(--marching "$(cat $S/launch.json)") ;;  # the march launch launch16 found fastest
     l2enc) extra=(--optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # nerfacc: L2 on the table too
     ema999) extra=(--optimizer '{"decay": 0.999}') ;;  # the evaluated weights averaged over ~1000 steps instead of ~20
-    rgb128) extra=(--rgb_network '{"n_neurons": 128}') ;;  # a wider colour MLP (lego's view-dependent shine)
+    rgb128) extra=(--rgb_network '{"n_neurons": 128}') ;;  # a wider colour MLP: base.json's since 2026-12-05
+    rgb64) extra=(--rgb_network '{"n_neurons": 64}') ;;  # instant-ngp's colour MLP (the default before 2026-12-05)
     march2048) extra=(--marching '{"steps_per_diagonal": 2048}') ;;  # training's step as fine as evaluations' (half the rays)
     errmap) extra=(--sampling error_map) ;;  # pixels drawn by their recent loss (instant-ngp's error map), weighted back
-    huber05) extra=(--loss '{"otype": "Huber", "delta": 0.05}') ;;  # more robust than the default 0.1 (L2 lost 0.6 dB)
+    huber05) extra=(--loss '{"otype": "Huber", "delta": 0.05}') ;;  # base.json's since 2026-12-05 (L2 lost 0.6 dB)
+    huber01) extra=(--loss '{"otype": "Huber", "delta": 0.1}') ;;  # instant-ngp's (the default before 2026-12-05)
+    huber002) extra=(--loss '{"otype": "Huber", "delta": 0.02}') ;;
     huber02) extra=(--loss '{"otype": "Huber", "delta": 0.2}') ;;
     decay20k) extra=(--optimizer '{"nested": {"decay_interval": 20000}}') ;;  # x0.33 every 20000 steps, not 10000: 300 s
                                                                                # runs learn nothing after step ~60000 now
@@ -662,7 +665,7 @@ PY
     ;;
   screen14)  # issue 14: the defaults and recipe variants (HVD_NGP_VARIANTS) trained to the same step count (STEPS,
     # default 30000) one after the other, seed HVD_NGP_SEED, scored on the staged test views once at the end
-    steps=${3:-30000}; variants=${HVD_NGP_VARIANTS:-base huber05 rgb128 march2048}
+    steps=${3:-30000}; variants=${HVD_NGP_VARIANTS:-base huber01+rgb64 huber002}
     for v in $variants; do variant_flags $v; done  # every name known before any run starts
     for v in $variants; do
       variant_flags $v
