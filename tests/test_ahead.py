@@ -11,7 +11,7 @@ from conftest import tiny_cpu_args
 from hvd_ngp.training.ahead import DrawAhead
 from hvd_ngp.training.budget import RayBudget
 from hvd_ngp.training.step import StepResult
-from test_graphed import _graphed, needs_interpreter
+from test_graphed import SHORT_MARCHING, _graphed, needs_interpreter
 
 
 def _trainer(scene_cache, out_dir, *more):
@@ -67,7 +67,8 @@ def test_counts_wait_for_settle_when_not_applied():
 
 def _run(scene_cache, out_dir, steps: int, *, ahead: bool, redraw_all: bool = False, last_ahead: bool = True):
     """The tiny model through the graphed step's body for ``steps`` steps: (losses, parameters, trainer)."""
-    tr = _trainer(scene_cache, out_dir, "--backend", "triton", "--n_rays_init", "96", "--train_background", "random")
+    tr = _trainer(scene_cache, out_dir, "--backend", "triton", "--n_rays_init", "96", "--train_background", "random",
+                  "--marching", SHORT_MARCHING)
     tr.graphed = _graphed(tr)
     tr.use_draw_ahead("auto" if ahead else "off")
     if redraw_all:  # every batch drawn ahead is un-drawn and drawn again at its step
@@ -82,23 +83,35 @@ def _run(scene_cache, out_dir, steps: int, *, ahead: bool, redraw_all: bool = Fa
     return losses, [p.detach().clone() for p in tr.field.parameters()], tr
 
 
+#: steps of the runs below
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def drawn_ahead(scene_cache, tmp_path_factory):
+    """The reference run, drawing each next batch ahead, shared by the tests below (it takes most of their
+    time under the interpreter): (losses, parameters, trainer, batches drawn ahead and used, and redrawn)."""
+    losses, params, tr = _run(scene_cache, tmp_path_factory.mktemp("ahead"), STEPS, ahead=True)
+    return losses, params, tr, tr.ahead.used, tr.ahead.redrawn  # counts read before any test touches the trainer
+
+
 @needs_interpreter
-def test_rays_drawn_ahead_are_the_rays_drawn_in_place(scene_cache, tmp_path):
+def test_rays_drawn_ahead_are_the_rays_drawn_in_place(drawn_ahead, scene_cache, tmp_path):
     """Training with batches drawn ahead equals training where each of them is un-drawn and drawn again."""
-    ahead_losses, ahead_params, tr = _run(scene_cache, tmp_path / "a", 4, ahead=True)
-    again_losses, again_params, tr_again = _run(scene_cache, tmp_path / "b", 4, ahead=True, redraw_all=True)
-    assert tr.ahead.used == 3 and tr.ahead.redrawn == 0  # steps 1-3 took the batch drawn during the step before
+    ahead_losses, ahead_params, _, used, redrawn = drawn_ahead
+    again_losses, again_params, tr_again = _run(scene_cache, tmp_path / "b", STEPS, ahead=True, redraw_all=True)
+    assert used == 3 and redrawn == 0  # steps 1-3 took the batch drawn during the step before
     assert tr_again.ahead.used == 0
     assert ahead_losses == again_losses
     assert all(torch.equal(a, b) for a, b in zip(ahead_params, again_params))
 
 
 @needs_interpreter
-def test_checkpoint_streams_are_those_of_a_run_that_drew_nothing_ahead(scene_cache, tmp_path):
+def test_checkpoint_streams_are_those_of_a_run_that_drew_nothing_ahead(drawn_ahead, scene_cache, tmp_path):
     """Packing the random streams un-draws the batch held for the next step: the bytes equal those of a run
     whose last step drew nothing ahead (generators and the settled ray count)."""
-    _, _, held = _run(scene_cache, tmp_path / "a", 3, ahead=True)
-    _, _, none = _run(scene_cache, tmp_path / "b", 3, ahead=True, last_ahead=False)
+    held = drawn_ahead[2]
+    _, _, none = _run(scene_cache, tmp_path / "b", STEPS, ahead=True, last_ahead=False)
     assert held.ahead._ahead is not None and none.ahead._ahead is None
     assert torch.equal(held.state.pack_streams(), none.state.pack_streams())
     assert held.ahead._ahead is None  # un-drawn: the next step draws afresh from the saved streams

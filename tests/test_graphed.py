@@ -4,12 +4,13 @@ captured and replayed against --cuda_graphs off)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
-from conftest import gpu_or_skip, run_ranks, tiny_cpu_args
+from conftest import TINY_ARGS, gpu_or_skip, run_ranks, tiny_cpu_args
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.training.graphed import (RAY_QUANTUM, CaptureKey, GraphedStep, eligibility, ray_capacity,
                                       set_learning_rate, use_graphs)
@@ -28,10 +29,79 @@ def test_ray_capacity_keeps_rows_while_the_count_fits_and_grows_with_headroom():
         ray_capacity(0, None, 1 << 20)
 
 
-def test_capture_key_changes_with_buffers_and_weights():
-    a = CaptureKey(8192, 1 << 20, 1 << 18, False)
-    assert a == CaptureKey(8192, 1 << 20, 1 << 18, False)
-    assert a != CaptureKey(8192, 1 << 20, 1 << 17, False) and a != CaptureKey(8192, 1 << 20, 1 << 18, True)
+def test_the_step_captures_again_exactly_when_its_capture_key_changes(scene_cache, tmp_path):
+    """GraphedStep keys a capture on its input rows, the renderer's two buffer sizes and importance weights: a
+    step whose key equals the last capture's replays it (a ray count that still fits the rows included); rows
+    outgrown, either buffer size or weights changed, or a loaded optimizer state capture again, an equal
+    configuration under an equal key. (Stand-ins for CUDA's graphs replay the captured body eagerly, and the
+    body is a stub: what is checked is the bookkeeping of ``__call__``, not the step.)"""
+    from types import SimpleNamespace
+
+    from hvd_ngp.cluster.flatgrad import FlatGradients
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.data.sampler import RayBatch
+    from hvd_ngp.training.trainer import Trainer
+
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1")))
+    renderer = SimpleNamespace(candidate_capacity=4096, sample_capacity=1024)
+    grads = FlatGradients(tr.field.named_parameters(), tail=tr.guard.width if tr.guard else 0)
+    step = GraphedStep(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, renderer, grads, tr.guard,
+                       eager_steps=1)
+    step.ray_quantum = 64
+    rows = lambda: step.inputs["origins"].shape[0]  # noqa: E731
+    step._forward_backward = lambda: (torch.zeros(5), torch.zeros(rows()), torch.zeros(rows(), dtype=torch.bool))
+    step._update = lambda: None  # (a loaded state is capturable: Adam's step would refuse the CPU)
+
+    class Replay:
+        def __init__(self, body):
+            self.replay = body
+
+    captured = []
+
+    def capture(key):
+        captured.append(key)
+        step.outputs = step._forward_backward()
+        step.graphs, step.key = (Replay(lambda: setattr(step, "outputs", step._forward_backward())),
+                                 Replay(step._update)), key
+        step.captures += 1
+
+    step._capture = capture
+    calls = [0]
+
+    def call(n: int, weighted: bool = False) -> None:
+        rays = RayBatch(torch.zeros(n, 3), torch.ones(n, 3), torch.zeros(n, 4), torch.arange(n),
+                        weight=torch.ones(n) if weighted else None)
+        res = step(rays, torch.zeros(3), torch.zeros(n), calls[0])
+        assert len(res.ray_loss) == n
+        calls[0] += 1
+
+    call(100)
+    assert captured == [] and step.key is None  # the eager steps capture nothing
+    call(100)
+    first = CaptureKey(128, 4096, 1024, False)  # 100 rays x 1.25 -> 2 x 64 rows
+    assert captured == [first] and step.key == first
+    call(120)  # still fits the rows: the same key, a replay
+    assert captured == [first]
+    call(200)  # outgrown: 256 rows
+    grown = CaptureKey(256, 4096, 1024, False)
+    call(150)  # fits the new rows
+    renderer.sample_capacity = 512
+    call(150)
+    fewer_samples = CaptureKey(256, 4096, 512, False)
+    renderer.candidate_capacity = 2048
+    call(150)
+    fewer_candidates = CaptureKey(256, 2048, 512, False)
+    call(150, weighted=True)
+    assert "weight" in step.inputs
+    call(150)  # back to unweighted: the key before, captured again
+    assert "weight" not in step.inputs
+    call(150)
+    tr.optimizer.load_state_dict(tr.optimizer.state_dict())  # new optimizer state: a new capture, the same key
+    assert step.key is None
+    call(150)
+    assert captured == [first, grown, fewer_samples, fewer_candidates, CaptureKey(256, 2048, 512, True),
+                        fewer_candidates, fewer_candidates]
+    assert len(set(captured)) == 5 and step.key == fewer_candidates
 
 
 def test_eligibility_names_every_reason():
@@ -90,74 +160,108 @@ def _graphed(tr, eager_steps: int = 10 ** 9, defer_verdict: bool = False) -> Gra
     return step
 
 
+#: the tiny model's marching block (conftest.TINY_ARGS; a second --marching replaces the first) with at most 128
+#: steps per training ray: they take at most 66 (the box's diagonal at 64 steps, see the test below), so they
+#: march the same samples as under the default cap of 4096, but the march kernels launch a program per ray
+#: block and 32 steps of the cap, each of which the interpreter runs: 4 per block instead of 128
+SHORT_MARCHING = json.dumps({**json.loads(TINY_ARGS[TINY_ARGS.index("--marching") + 1]), "max_steps": 128})
+
+
+def test_the_short_marching_block_cuts_no_training_ray(scene_cache, tmp_path):
+    """SHORT_MARCHING changes the cap alone, and the tiny model's training rays stay under it."""
+    from dataclasses import replace
+
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.render.volume import max_lanes
+    from hvd_ngp.training.trainer import Trainer
+
+    short, default = (Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / name, "--n_steps", "1", *more)))
+                      for name, more in (("short", ["--marching", SHORT_MARCHING]), ("default", [])))
+    cut, full = short.march.schedule, default.march.schedule
+    assert cut.max_steps == 128 and replace(cut, max_steps=4096) == full  # nothing else changes
+    assert max_lanes(cut, short.field.aabb) == max_lanes(full, default.field.aabb) < 128
+
+
 needs_interpreter = pytest.mark.skipif(torch.cuda.is_available() or not triton_available("cpu"),
                                        reason="the step body under Triton's CPU interpreter (a GPU runs the replay test)")
 
 
-@needs_interpreter
-def test_step_body_equals_train_step(scene_cache, tmp_path):
-    """The graphed step's body, run eagerly: padded rows parked outside the box, flat gradients, device-side
-    guard flags; the same losses, sample counts, ray losses and parameters as train_step for 3 steps."""
+#: the step before which ``_steps`` halves the renderer's buffers, and the steps of the runs compared with train_step
+HALVE_AT, STEPS = 3, 5
+
+
+def _step_trainer(scene_cache, out_dir):
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
-    runs = []
-    for graphed in (False, True):
-        tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(graphed), "--n_steps", "3",
-                                                    "--backend", "triton", "--n_rays_init", "100")))
-        assert tr.graphed is None  # auto on a CPU: eager
-        if graphed:
-            tr.graphed = _graphed(tr)
-            # rows past each step's rays hold real camera rays through the object: unless parked, they march
-            from hvd_ngp.data.sampler import image_rays
+    return Trainer.build(parse_args(tiny_cpu_args(scene_cache, out_dir, "--n_steps", str(STEPS), "--backend", "triton",
+                                                  "--n_rays_init", "100", "--marching", SHORT_MARCHING)))
 
-            tr.graphed._allocate(128, False)
-            o, d = image_rays(tr.scene.train, 0, torch.device("cpu"))
-            middle = o.shape[0] // 2 + tr.scene.train.image_size(0)[0] // 2
-            tr.graphed.inputs["origins"].copy_(o[middle - 64:middle + 64])
-            tr.graphed.inputs["directions"].copy_(d[middle - 64:middle + 64])
-        out = []
-        for i in range(3):
-            res, n_rays = tr.step(i)
-            out.append((float(res.loss), float(res.mse), (int(res.n_samples), int(res.n_candidates)), int(res.n_valid),
-                        res.ray_loss.clone(), res.valid.clone(), n_rays))
-        if graphed:
-            assert tr.graphed.inputs["origins"].shape[0] == 128 > out[0][6]  # padded rows were there, and parked
-        runs.append((out, [p.detach().clone() for p in tr.field.parameters()]))
-    (ref, ref_params), (got, got_params) = runs
-    for (l0, m0, s0, v0, rl0, va0, n0), (l1, m1, s1, v1, rl1, va1, n1) in zip(ref, got):
+
+def _steps(tr, start: int, stop: int) -> list[tuple]:
+    """Steps ``start`` to ``stop`` - 1 of ``tr`` (the budget's buffers halved before step ``HALVE_AT``): per step
+    (loss, mse, (samples, candidates), valid rays, ray losses, valid mask, rays)."""
+    out = []
+    for i in range(start, stop):
+        if i == HALVE_AT:
+            tr.budget.sample_capacity //= 2
+            tr.budget.candidate_capacity //= 2
+        res, n_rays = tr.step(i)
+        tr.budget.settle()
+        out.append((float(res.loss), float(res.mse), (int(res.n_samples), int(res.n_candidates)), int(res.n_valid),
+                    res.ray_loss.clone(), res.valid.clone(), n_rays))
+    return out
+
+
+@pytest.fixture(scope="module")
+def train_step_reference(scene_cache, tmp_path_factory):
+    """train_step (eager) for ``STEPS`` steps, the reference of the two tests below (shared: under the
+    interpreter it costs as much as the step body's run of either): (each step's results as ``_steps``
+    gives them, the parameters after the steps before ``HALVE_AT``)."""
+    tr = _step_trainer(scene_cache, tmp_path_factory.mktemp("train_step"))
+    assert tr.graphed is None  # auto on a CPU: eager
+    before = _steps(tr, 0, HALVE_AT)
+    params = [p.detach().clone() for p in tr.field.parameters()]
+    return before + _steps(tr, HALVE_AT, STEPS), params
+
+
+@needs_interpreter
+def test_step_body_equals_train_step(train_step_reference, scene_cache, tmp_path):
+    """The graphed step's body, run eagerly: padded rows parked outside the box, flat gradients, device-side
+    guard flags; the same losses, sample counts, ray losses and parameters as train_step for 3 steps."""
+    from hvd_ngp.data.sampler import image_rays
+
+    tr = _step_trainer(scene_cache, tmp_path)
+    assert tr.graphed is None  # auto on a CPU: eager
+    tr.graphed = _graphed(tr)
+    # rows past each step's rays hold real camera rays through the object: unless parked, they march
+    tr.graphed._allocate(128, False)
+    o, d = image_rays(tr.scene.train, 0, torch.device("cpu"))
+    middle = o.shape[0] // 2 + tr.scene.train.image_size(0)[0] // 2
+    tr.graphed.inputs["origins"].copy_(o[middle - 64:middle + 64])
+    tr.graphed.inputs["directions"].copy_(d[middle - 64:middle + 64])
+    got = _steps(tr, 0, HALVE_AT)
+    assert tr.graphed.inputs["origins"].shape[0] == 128 > got[0][6]  # padded rows were there, and parked
+    got_params = [p.detach().clone() for p in tr.field.parameters()]
+    ref, ref_params = train_step_reference[0][:HALVE_AT], train_step_reference[1]
+    for (l0, m0, s0, v0, rl0, va0, n0), (l1, m1, s1, v1, rl1, va1, n1) in zip(ref, got, strict=True):
         assert n0 == n1 and s0 == s1 and min(s0) > 0 and v0 == v1
         assert l1 == pytest.approx(l0, rel=1e-5) and m1 == pytest.approx(m0, rel=1e-5)
         assert torch.equal(va0, va1) and torch.allclose(rl0, rl1, rtol=1e-5, atol=1e-8)
-    for a, b in zip(ref_params, got_params):
+    for a, b in zip(ref_params, got_params, strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
 @needs_interpreter
-def test_step_body_follows_train_step_across_a_change_of_buffer_sizes(scene_cache, tmp_path):
+def test_step_body_follows_train_step_across_a_change_of_buffer_sizes(train_step_reference, scene_cache, tmp_path):
     """The renderer's buffers halve after step 2 (the graphed step re-allocates its inputs; on a GPU it
     captures again): losses and sample counts stay those of train_step."""
-    from hvd_ngp.config import parse_args
-    from hvd_ngp.training.trainer import Trainer
-
-    runs = []
-    for graphed in (False, True):
-        tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(graphed), "--n_steps", "5",
-                                                    "--backend", "triton", "--n_rays_init", "128")))
-        if graphed:
-            tr.graphed = _graphed(tr)
-        out = []
-        for i in range(5):
-            if i == 3:
-                tr.budget.sample_capacity //= 2
-                tr.budget.candidate_capacity //= 2
-            res, n_rays = tr.step(i)
-            tr.budget.settle()
-            out.append((float(res.loss), int(res.n_samples), int(res.n_candidates), n_rays))
-        runs.append(out)
-    for (l0, *counts0), (l1, *counts1) in zip(*runs):
-        assert counts0 == counts1 and l1 == pytest.approx(l0, rel=1e-5)
-    assert runs[0][4][1] <= runs[0][0][1] // 2 + 64  # the halved buffers did cap the samples
+    tr = _step_trainer(scene_cache, tmp_path)
+    tr.graphed = _graphed(tr)
+    ref, got = train_step_reference[0], _steps(tr, 0, STEPS)
+    for (l0, _, counts0, _, _, _, n0), (l1, _, counts1, _, _, _, n1) in zip(ref, got, strict=True):
+        assert counts0 == counts1 and n0 == n1 and l1 == pytest.approx(l0, rel=1e-5)
+    assert ref[4][2][0] <= ref[0][2][0] // 2 + 64  # the halved buffers did cap the samples
 
 
 @needs_interpreter
@@ -165,7 +269,8 @@ def test_non_finite_step_is_skipped_from_the_device_flag(scene_cache, tmp_path):
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
-    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "2", "--backend", "triton")))
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "2", "--backend", "triton",
+                                                "--marching", SHORT_MARCHING)))
     tr.graphed = _graphed(tr)
     with torch.no_grad():
         tr.field.mlp_parameters()[0][0, 0] = math.nan
@@ -190,7 +295,8 @@ def _poisoned_run(scene_cache, out_dir, steps: int, poisoned: set[int], *, defer
     from hvd_ngp.training.trainer import Trainer
 
     tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, out_dir, "--n_steps", str(steps), "--backend", "triton",
-                                                "--optimizer", FUSED_ADAM, "--nonfinite_limit", str(limit))))
+                                                "--optimizer", FUSED_ADAM, "--nonfinite_limit", str(limit),
+                                                "--marching", SHORT_MARCHING)))
     tr.graphed = _graphed(tr, defer_verdict=defer)
     draw, step_now = tr._draw, [0]
 
@@ -314,7 +420,8 @@ def test_allreduce_is_in_flight_while_meanwhile_runs(scene_cache, tmp_path, monk
         events.append("stop flag")
         return False
 
-    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton")))
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton",
+                                                "--marching", SHORT_MARCHING)))
     tr.guard = NonFiniteGuard(3, stop_requested=stop_requested)
     tr.graphed = _graphed(tr)
     draw = tr._draw(tr.budget.n_rays)
@@ -334,7 +441,8 @@ def test_checkpoints_of_a_graphed_optimizer_load_anywhere(scene_cache, tmp_path)
     from hvd_ngp.training.trainer import Trainer
 
     trs = [Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(i), "--n_steps", "2",
-                                                  "--backend", "triton"))) for i in range(2)]
+                                                  "--backend", "triton", "--marching", SHORT_MARCHING)))
+           for i in range(2)]
     graphed = _graphed(trs[1])
     trs[1].graphed = graphed
     trs[1].step(0)
