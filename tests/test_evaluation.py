@@ -64,7 +64,7 @@ def test_training_curve_and_render_tool(tmp_path, scene_cache):
     steps = [c["step"] for c in curve]
     assert steps[-1] == 48 and {16, 20, 32, 40} <= set(steps) and len(steps) == len(set(steps))
     assert all(a["seconds"] <= b["seconds"] for a, b in zip(curve, curve[1:]))
-    assert all(np.isfinite(c["psnr"]) and 0 < c["ssim"] <= 1 for c in curve)
+    assert all(np.isfinite(c["psnr"]) and 0 < c["ssim"] <= 1 and c["eval_seconds"] > 0 for c in curve)
     out = render_main(["--load_snapshot", str(tmp_path / "s.pt"), "--out_dir", str(tmp_path / "r"), "--n_frames", "4",
                        "--split_views", "2", "--device", "cpu"])
     assert out["test_views"] == 2 and np.isfinite(out["test_psnr"])

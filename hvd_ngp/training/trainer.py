@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from dataclasses import field as dc_field
 from pathlib import Path
@@ -419,7 +420,7 @@ def run(args: argparse.Namespace) -> RunResult:
                + (f", evaluations at dt {march.eval_schedule.dt_min:.5f}" if march.eval_schedule else ""))
 
     # ts.progress, saved in checkpoints: "history" (one entry per log interval), "curve" (test PSNR/SSIM
-    # against training time), "total_samples", "train_seconds" (training time before this process)
+    # against training time, with each evaluation's wall seconds), "total_samples", "train_seconds" (training time before this process)
     progress = ts.progress
     for key, empty in (("history", []), ("curve", []), ("total_samples", 0.0), ("train_seconds", 0.0)):
         progress.setdefault(key, empty)
@@ -524,9 +525,9 @@ def run(args: argparse.Namespace) -> RunResult:
                         ev = tr.evaluate()
                     stats.started += clock.last_pause
                     progress["curve"].append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"],
-                                              "ssim": ev["ssim"]})
+                                              "ssim": ev["ssim"], "eval_seconds": round(clock.last_pause, 3)})
                     dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
-                             f"views at {seconds:.1f} s")
+                             f"views at {seconds:.1f} s (evaluation {clock.last_pause:.1f} s)")
                 if ckpt_due or (stop and checkpointing(args)):
                     write_checkpoint(step)
                     stats.started += clock.last_pause
@@ -560,8 +561,10 @@ def run(args: argparse.Namespace) -> RunResult:
     if stream:
         dist.log(stream)
 
+    eval_started = time.perf_counter()
     ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
-    progress["curve"].append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"]})
+    progress["curve"].append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"],
+                              "eval_seconds": round(time.perf_counter() - eval_started, 3)})
     samples_per_sec = progress["total_samples"] / max(train_seconds, 1e-9)
     dist.log(f"done: {step} steps in {train_seconds:.1f} s, {samples_per_sec / 1e6:.3f} M samples/s, "
              f"test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views")

@@ -55,7 +55,9 @@
 #                                              # (HVD_NGP_SNAP, HVD_NGP_MARCHINGS)
 #   bash scripts/gpu/session.sh ratio16 OUT    # issue 16: instant-ngp's samples/s; ours (the defaults vs the graphed grid
 #                                              # update, two rounds); triton beside tcnn in one bench run
-#   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT)
+#   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT;
+#                                              # HVD_NGP_FOX_EVALS: evaluations before the end, e.g. 15,30)
+#   bash scripts/gpu/session.sh steps14 OUT    # issue 14: ours to 30000 steps, scored at 6000 and 30000 (beside ingp_steps)
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
 #   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off vs bf16 + fused MLPs
 #   bash scripts/gpu/session.sh setup18 OUT, then setup18b OUT   # setup.sh offline (.stage/wh, .stage/wh2 carried), twice
@@ -183,6 +185,15 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     budgetl2) extra=(--budget_lr_decay on --optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # both: nerfacc's recipe
     *) echo "unknown variant $1 (see variant_flags in $0)" >&2; exit 2 ;;
   esac
+}
+need_lego() {  # the whole lego scene staged (train 100, test 200): a machine handed out fresh between calls has none
+  local train test
+  train=$(ls $S/lego/train 2>/dev/null | wc -l); test=$(ls $S/lego/test 2>/dev/null | wc -l)
+  if [ "$train" -ne 100 ] || [ "$test" -ne 200 ]; then
+    echo "lego is not staged on this machine (train $train of 100, test $test of 200): a fresh machine came; carry" \
+      ".stage/lego/train, test_a and transforms_*.json in one call, test_b in the next, each with session.sh stage" >&2
+    exit 3
+  fi
 }
 case $step in
   prepare)  # development machine: lego as lossless WebP (pixels with alpha 0 zeroed), fox, instant-ngp, a wheel
@@ -539,7 +550,7 @@ PY
     late_table "tl_*"
     ;;
   ingp_steps)  # instant-ngp itself trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
-    ingp_unpack
+    need_lego; ingp_unpack
     png_stage; repo=$PWD
     cuda_root="$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"
     (cd $root && LD_LIBRARY_PATH="$cuda_root/lib64:$cuda_root/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
@@ -600,11 +611,15 @@ if isinstance(grid, (bytes, bytearray)):
         print("instant-ngp grid: cascades", n, "occupied per cascade", [round(float((c > min(0.01, mean)).mean()), 4) for c in g])
 PY
     ;;
-  fox)  # issue 14: fox on a 60 s budget with --holdout_every 8, the defaults or HVD_NGP_VARIANT (HVD_NGP_SEEDS, default 1337 1)
+  fox)  # issue 14: fox on a 60 s budget with --holdout_every 8, the defaults or HVD_NGP_VARIANT (HVD_NGP_SEEDS, default
+    # 1337 1); evaluated at the end only unless HVD_NGP_FOX_EVALS (e.g. 15,30): one fox evaluation of the 7 views took
+    # about 50 s on an H200 (2026-12-05), longer than the 60 s of training it scores
     variant_flags ${HVD_NGP_VARIANT:-base}
+    evals=(); [ -n "${HVD_NGP_FOX_EVALS:-}" ] && evals=(--eval_at_s "$HVD_NGP_FOX_EVALS")
     for seed in ${HVD_NGP_SEEDS:-1337 1}; do
-      python3 -m hvd_ngp.train --scene $S/fox --holdout_every 8 --time_budget_s 60 --eval_at_s 15,30 --seed $seed \
+      python3 -m hvd_ngp.train --scene $S/fox --holdout_every 8 --time_budget_s 60 "${evals[@]}" --seed $seed \
         --log_every 4000 --save_renders 0 "${extra[@]}" --out_dir $out/fox_$seed >$out/fox_$seed.log 2>&1
+      rm -rf $out/fox_$seed/checkpoints
     done
     runs_table "$out" "fox_*"
     ;;
@@ -675,8 +690,17 @@ PY
     done
     runs_table "$out" "s_*"
     ;;
+  steps14)  # issue 14: ours at instant-ngp's equal steps: lego to 30000 steps, scored at 6000 and 30000 on all 200
+    # test views, seeds HVD_NGP_SEEDS (default 1337 1); ingp_steps gives instant-ngp's side in the same session
+    need_lego
+    for seed in ${HVD_NGP_SEEDS:-1337 1}; do
+      python3 -m hvd_ngp.train --scene $S/lego --n_steps 30000 --eval_at_steps 6000 --seed $seed --log_every 10000 \
+        --save_renders 0 --out_dir $out/steps_$seed 2>&1 | grep --line-buffered -E "test PSNR|done|rror"
+    done
+    runs_table "$out" "steps_*"
+    ;;
   quality)
-    seed=${3:-1337}; secs=${4:-60}; v=${HVD_NGP_VARIANT:-base}; variant_flags $v; tag=; [ $v = base ] || tag=_${v//+/_}
+    need_lego; seed=${3:-1337}; secs=${4:-60}; v=${HVD_NGP_VARIANT:-base}; variant_flags $v; tag=; [ $v = base ] || tag=_${v//+/_}
     python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --eval_at_steps 6000,30000 \
       --seed "$seed" --log_every 4000 --save_renders 0 "${extra[@]}" --out_dir $out/lego_${secs}s_seed$seed$tag \
       --save_snapshot /tmp/snap_lego_${secs}s_seed$seed$tag.pt 2>&1 | grep --line-buffered -E "test PSNR|done|error|step [0-9]*000\]"
