@@ -518,6 +518,45 @@ def test_inference_render_within_a_small_workspace_equals_the_exact_one():
     torch.testing.assert_close(exact[0], ref.rgb, rtol=1e-4, atol=1e-5)
 
 
+
+def test_inference_windows_evaluate_less_and_render_the_same(monkeypatch):
+    """Rays march in windows of their candidates (here 2, 4, 8, ...): the same pixels, opacity and depth as
+    the reference renderer, while the density pass skips the candidates behind each ray's opaque point,
+    including rays that turn opaque only in a later window (their -sum(sigma dt) carried across)."""
+    import hvd_ngp.render.fast as fast_mod
+    from hvd_ngp.render import render_rays
+
+    aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
+    grid = random_grid(aabb, 8, 1, 9)
+    grid.occupied.fill_(True)
+    sch = StepSchedule.uniform(3 ** 0.5 / 48)
+    o, d, j = random_rays(24, torch.tensor([0.5] * 3), 2.0, 12)
+    centre = torch.tensor([0.5, 0.5, 0.5], device=DEV)
+    evaluated = []
+
+    def ball(x):  # a dense soft ball: rays that hit it turn opaque a few steps in
+        return 300.0 * torch.sigmoid(20 * (0.3 - (x - centre).norm(dim=-1)))
+
+    def sigma_fn(x, n_rows=None):
+        evaluated.append(x.shape[0])
+        return ball(x)
+
+    def rgb_sigma_fn(x, dirs, n_rows=None):
+        return torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), ball(x)
+
+    ref = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3, j)
+    monkeypatch.setattr(fast_mod, "FIRST_WINDOW", 2)
+    evaluated.clear()
+    rgb, opacity, depth = fast_mod.render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3, jitter=j)
+    torch.testing.assert_close(rgb, ref.rgb, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(opacity, ref.opacity, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(depth, ref.depth, rtol=1e-4, atol=1e-5)
+    # one density pass over every candidate before (500 here) against 303: those behind each opaque point are
+    # left out, but for the rest of their last window
+    assert len(evaluated) >= 3 and ref.n_samples <= sum(evaluated) < 0.7 * ref.n_candidates
+    assert int((opacity > 0.99).sum()) >= 10  # rays did turn opaque
+
+
 # --- the GPU compiler, without a GPU ---------------------------------------------------------------------
 
 TRITON_TYPES = {torch.float64: "*fp64", torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",

@@ -103,13 +103,17 @@ def _composite_bwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_
 
 
 @triton.jit
-def _count_until_opaque(sigma_ptr, dt_ptr, start_ptr, count_ptr, keep_ptr, R, eps, BLOCK: tl.constexpr):
-    """keep[r]: the samples of ray r whose transmittance before them exceeds eps (a prefix)."""
+def _count_until_opaque(sigma_ptr, dt_ptr, start_ptr, count_ptr, keep_ptr, log_t_ptr, R, eps, BLOCK: tl.constexpr,
+                        CARRY: tl.constexpr):
+    """keep[r]: the samples of ray r whose transmittance before them exceeds eps (a prefix). CARRY: the ray's
+    -sum(sigma dt) starts from log_t[r] (its samples before these) and is written back after the kept ones."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = r < R
     start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
     count = tl.load(count_ptr + r, mask=m, other=0)
     log_T = tl.zeros((BLOCK,), tl.float32)   # -sum(sigma dt) so far, as the reference computes it
+    if CARRY:
+        log_T = tl.load(log_t_ptr + r, mask=m, other=0.0)
     keep = tl.zeros((BLOCK,), tl.int32)
     log_eps = tl.log(eps)
     n_max = tl.max(count, axis=0)
@@ -123,6 +127,8 @@ def _count_until_opaque(sigma_ptr, dt_ptr, start_ptr, count_ptr, keep_ptr, R, ep
         log_T = log_T - sigma * dt
         j += 1
     tl.store(keep_ptr + r, keep, mask=m)
+    if CARRY:
+        tl.store(log_t_ptr + r, log_T, mask=m)
 
 
 BLOCK = 64
@@ -166,11 +172,15 @@ def composite(sigma: Tensor, rgb: Tensor, dt: Tensor, t: Tensor, start: Tensor, 
     return CompositeFunction.apply(sigma, rgb, dt.float().contiguous(), t.float().contiguous(), start, count)
 
 
-def count_until_opaque(sigma: Tensor, dt: Tensor, start: Tensor, count: Tensor, eps: float) -> Tensor:
-    """Per ray, how many leading samples have transmittance above ``eps`` ``[R]`` int32."""
+def count_until_opaque(sigma: Tensor, dt: Tensor, start: Tensor, count: Tensor, eps: float,
+                       log_t: Tensor | None = None) -> Tensor:
+    """Per ray, how many leading samples have transmittance above ``eps`` ``[R]`` int32. ``log_t`` ``[R]`` float32
+    (contiguous; updated in place): each ray's -sum(sigma dt) over its samples before these, and after the
+    kept ones on return (rays rendered in windows of their samples, ``render.fast.render_rays_fast``)."""
     R = start.shape[0]
     keep = torch.zeros(R, device=sigma.device, dtype=torch.int32)
     if R:
-        _count_until_opaque[_grid(R)](sigma.contiguous(), dt.float().contiguous(), start, count, keep, R, float(eps),
-                                      BLOCK=BLOCK)
+        _count_until_opaque[_grid(R)](sigma.contiguous(), dt.float().contiguous(), start, count, keep,
+                                      keep if log_t is None else log_t, R, float(eps), BLOCK=BLOCK,
+                                      CARRY=log_t is not None)
     return keep

@@ -19,6 +19,7 @@ sample counts come back as device scalars that the trainer reads asynchronously.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -156,7 +157,9 @@ CANDIDATE_BYTES = 96
 
 
 def inference_costs(schedule: StepSchedule, row_bytes: int) -> RenderCosts:
-    return RenderCosts(64 + 16 * segments(schedule), CANDIDATE_BYTES, row_bytes)
+    """Bytes per ray (its outputs and carried state; its segments' counts, windows and slots), per candidate
+    slot and per network row of ``render_rays_fast``."""
+    return RenderCosts(128 + 48 * segments(schedule), CANDIDATE_BYTES, row_bytes)
 
 
 def batched(fn, n: int, rows: int, make_inputs) -> list:
@@ -174,6 +177,21 @@ class RenderWorkspace:
                         torch.empty(plan.candidates, device=device, dtype=torch.int32))
 
 
+#: candidates per ray in an inference render's first window; each next window is twice the last
+FIRST_WINDOW = 16
+
+
+def candidate_windows(seg_count: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
+    """Each ray's candidates ``[lo, hi)`` (``[A]`` each, in marching order) by segment: (skip, take) ``[A, S]``
+    int32, how many of each segment's ``seg_count`` ``[A, S]`` candidates come before the window and how many
+    are in it."""
+    first = torch.cumsum(seg_count, 1, dtype=torch.int32) - seg_count  # each segment's first candidate
+    lo, hi = lo[:, None].to(torch.int32), hi[:, None].to(torch.int32)
+    take = (torch.minimum(hi, first + seg_count) - torch.maximum(lo, first)).clamp(min=0)
+    skip = (lo - first).clamp(min=0).minimum(seg_count)
+    return skip.to(torch.int32).contiguous(), take.to(torch.int32).contiguous()
+
+
 def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
                      grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4,
                      workspace: RenderWorkspace | None = None, jitter: Tensor | None = None
@@ -181,44 +199,67 @@ def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tenso
     """Inference with the Triton kernels within a plan (``observe.memory.plan_render``): rgb ``[R, 3]`` (no
     background), opacity ``[R]``, depth ``[R]``; ``jitter`` ``[R]`` as in training (None: 0.5).
 
-    The count pass sizes each group of rays to fill the workspace; the network runs on the filled
-    candidate slots only, ``plan.rows`` at a time. Two host synchronisations per group (candidates
-    marched, samples kept). Without a ``workspace``, one sized for these rays exactly.
+    Rays march in windows of their candidates (``FIRST_WINDOW``, then twice as many each time, as
+    instant-ngp's inference marches a few steps at a time): a window's densities decide where each ray turns
+    opaque (its -sum(sigma dt) carried over from the windows before), and only rays still transparent with
+    candidates left march the next window, so the samples behind a surface are never evaluated. Per
+    window, the count pass's totals size groups of rays that fill the workspace; the network runs on the
+    filled candidate slots only, ``plan.rows`` at a time. Without a ``workspace``, one sized for these rays.
+    The samples and their compositing are the reference's: each window's colour is added under the
+    transmittance left by the windows before.
     """
     R = origins.shape[0]
+    dev = origins.device
     seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter)
-    ends = torch.cumsum(seg_count.sum(1, dtype=torch.int64), 0).tolist()
+    total = seg_count.sum(1, dtype=torch.int32)
     if workspace is None:
-        total = max(ends[-1] if R else 0, 1)
-        workspace = RenderWorkspace(RenderPlan(R, total, total), origins.device)
+        n = max(int(total.sum()) if R else 0, 1)
+        workspace = RenderWorkspace(RenderPlan(R, n, n), dev)
     rows = workspace.plan.rows
-    rgb = torch.zeros(R, 3, device=origins.device)
-    opacity, depth = torch.zeros(R, device=origins.device), torch.zeros(R, device=origins.device)
-    for a, b in split_by_capacity(ends, workspace.plan.candidates):
-        o, d = origins[a:b], directions[a:b]
-        n = ends[b - 1] - (ends[a - 1] if a else 0)
-        if n == 0:
-            continue
-        packed = march_write(o, d, aabb, grid, schedule, None if jitter is None else jitter[a:b], seg_count[a:b], n,
-                             workspace.buffers)
-        ray = packed.ray.long()
+    rgb = torch.zeros(R, 3, device=dev)
+    depth, transmittance = torch.zeros(R, device=dev), torch.ones(R, device=dev)
+    log_t = torch.zeros(R, device=dev)  # -sum(sigma dt) of the density pass over each ray's kept samples
+    done = torch.zeros(R, device=dev, dtype=torch.int32)  # candidates marched so far, per ray
+    alive = torch.nonzero(total > 0).squeeze(1)
+    width, log_eps = FIRST_WINDOW, math.log(early_termination) if early_termination > 0 else -math.inf
+    while alive.numel():
+        skip, take = candidate_windows(seg_count[alive], done[alive], done[alive] + width)
+        ends = torch.cumsum(take.sum(1, dtype=torch.int64), 0).tolist()
+        for a, b in split_by_capacity(ends, workspace.plan.candidates):
+            n = ends[b - 1] - (ends[a - 1] if a else 0)
+            if n == 0:
+                continue
+            ids = alive[a:b]
+            o, d = origins[ids], directions[ids]
+            packed = march_write(o, d, aabb, grid, schedule, None if jitter is None else jitter[ids], take[a:b], n,
+                                 workspace.buffers, skip=skip[a:b])
+            ray = packed.ray.long()
 
-        def points(i: int, j: int, t: Tensor = packed.t, ray: Tensor = ray) -> tuple[Tensor]:
-            return (o[ray[i:j]] + d[ray[i:j]] * t[i:j, None],)
+            def points(i: int, j: int, t: Tensor = packed.t, ray: Tensor = ray) -> tuple[Tensor]:
+                return (o[ray[i:j]] + d[ray[i:j]] * t[i:j, None],)
 
-        sigma0 = torch.cat(batched(sigma_fn, n, rows, points))
-        keep = count_until_opaque(sigma0, packed.dt, packed.start, packed.count, early_termination)
-        src, kept_ray, start, count, _ = compact(keep, packed.start, int(keep.sum()))
-        t, dt = packed.t[src], packed.dt[src]
-        kept_ray = kept_ray.clamp(max=b - a - 1)
+            sigma0 = torch.cat(batched(sigma_fn, n, rows, points))
+            carried = log_t[ids].contiguous()
+            keep = count_until_opaque(sigma0, packed.dt, packed.start, packed.count, early_termination, carried)
+            log_t[ids] = carried
+            src, kept_ray, start, count, _ = compact(keep, packed.start, int(keep.sum()))
+            t, dt = packed.t[src], packed.dt[src]
+            kept_ray = kept_ray.clamp(max=b - a - 1)
 
-        def points_dirs(i: int, j: int) -> tuple[Tensor, Tensor]:
-            dirs = d[kept_ray[i:j]]
-            return o[kept_ray[i:j]] + dirs * t[i:j, None], dirs
+            def points_dirs(i: int, j: int) -> tuple[Tensor, Tensor]:
+                dirs = d[kept_ray[i:j]]
+                return o[kept_ray[i:j]] + dirs * t[i:j, None], dirs
 
-        out = batched(rgb_sigma_fn, t.shape[0], rows, points_dirs)
-        if not out:
-            continue
-        c, s = torch.cat([x[0] for x in out]), torch.cat([x[1] for x in out])
-        rgb[a:b], opacity[a:b], depth[a:b] = composite(s, c, dt, t, start.int(), count.int())
-    return rgb, opacity, depth
+            out = batched(rgb_sigma_fn, t.shape[0], rows, points_dirs)
+            if not out:
+                continue
+            c, sig = torch.cat([x[0] for x in out]), torch.cat([x[1] for x in out])
+            w_rgb, w_opacity, w_depth = composite(sig, c, dt, t, start.int(), count.int())
+            before = transmittance[ids]
+            rgb[ids] += before[:, None] * w_rgb.float()
+            depth[ids] += before * w_depth.float()
+            transmittance[ids] = before * (1.0 - w_opacity.float())
+        done[alive] += width
+        alive = alive[(done[alive] < total[alive]) & (log_t[alive] > log_eps)]
+        width *= 2
+    return rgb, 1.0 - transmittance, depth

@@ -70,11 +70,14 @@ def _dt_cascade(dt, cell0):
 
 
 @triton.jit
-def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t_ptr, dt_ptr, ray_ptr, x_ptr, R,
-           lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, c_x, c_y, c_z, h_x, h_y, h_z, cell0,
+def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t_ptr, dt_ptr, ray_ptr, x_ptr, skip_ptr,
+           R, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, c_x, c_y, c_z, h_x, h_y, h_z, cell0,
            dt_min, dt_max, t1, t2, s1, s2, lc, near, max_steps, capacity,
            RES: tl.constexpr, K: tl.constexpr, CONE: tl.constexpr, WRITE: tl.constexpr, BLOCK: tl.constexpr,
-           SEGMENT: tl.constexpr, NSEG: tl.constexpr, WRITE_X: tl.constexpr):
+           SEGMENT: tl.constexpr, NSEG: tl.constexpr, WRITE_X: tl.constexpr, WINDOW: tl.constexpr):
+    # WRITE: write the candidates (count_ptr: how many of each segment's, start_ptr: the first slot); else
+    # count them into count_ptr. WINDOW (with WRITE): each segment first passes over skip_ptr's count of its
+    # candidates, then writes count_ptr's and stops.
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     seg = tl.program_id(1)
     m = r < R
@@ -92,9 +95,15 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
     t_near = tl.maximum(tl.maximum(t_near, 0.0), near)
     s0 = _coord(t_near, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) + j
     active = m & (t_far > t_near)
+    skip = tl.zeros((BLOCK,), dtype=tl.int32)
+    stop = tl.zeros((BLOCK,), dtype=tl.int32)
     if WRITE:
         base = tl.load(start_ptr + r * NSEG + seg, mask=m, other=0)
         active = active & (tl.load(fits_ptr + r, mask=m, other=0) != 0)
+        if WINDOW:
+            skip = tl.load(skip_ptr + r * NSEG + seg, mask=m, other=0)
+            stop = skip + tl.load(count_ptr + r * NSEG + seg, mask=m, other=0)
+            active = active & (stop > skip)
     n = tl.zeros((BLOCK,), dtype=tl.int32)
     k = tl.zeros((BLOCK,), dtype=tl.int32) + seg * SEGMENT  # each lane's next step on the lattice
     k_end = tl.minimum(seg * SEGMENT + SEGMENT, max_steps)
@@ -125,8 +134,8 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
         occ = tl.load(bits_ptr + cell, mask=active & inside, other=0) != 0
         emit = active & inside & occ
         if WRITE:
-            slot = base + n
-            ok = emit & (slot < capacity)
+            slot = base + n - skip
+            ok = emit & (n >= skip) & (slot < capacity)
             tl.store(t_ptr + slot, t, mask=ok)
             tl.store(dt_ptr + slot, dt, mask=ok)
             tl.store(ray_ptr + slot, r, mask=ok)
@@ -141,7 +150,7 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
         gy = c_y + ((cy + (dy >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_y * ext)
         gz = c_z + ((cz + (dz >= 0).to(tl.int32)).to(tl.float32) / RES - 0.5) * (2.0 * h_z * ext)
         t_exit = tl.minimum(tl.minimum((gx - ox) * ix, (gy - oy) * iy), (gz - oz) * iz)
-        skip = active & inside & ~occ
+        jump = active & inside & ~occ
         if K > 1:
             # a step's cascade is max(by position, by dt). The dt one never falls along the ray; while it is
             # below this cascade, the position one falls where the ray enters the next finer cascade's box
@@ -157,9 +166,11 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
             dt_exit = (_time(s_exit + 1.0, dt_min, dt_max, t1, t2, s1, s2, lc, CONE)
                        - _time(s_exit, dt_min, dt_max, t1, t2, s1, s2, lc, CONE))
             by_dt = tl.minimum(tl.maximum(_dt_cascade(dt_exit, cell0), 0.0), K - 1.0)
-            skip = skip & (by_dt <= lvl)
-        k = tl.where(skip, tl.maximum(k + 1, k_exit), k + 1)
+            jump = jump & (by_dt <= lvl)
+        k = tl.where(jump, tl.maximum(k + 1, k_exit), k + 1)
         active = active & (k < k_end)
+        if WINDOW:
+            active = active & (n < stop)
     if not WRITE:
         tl.store(count_ptr + r * NSEG + seg, n, mask=m)
 
@@ -242,19 +253,21 @@ def march_counts(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupa
                                                           launch or LAUNCH)
     seg_count = torch.zeros(R, common["NSEG"], device=origins.device, dtype=torch.int32)
     if R:
-        _march[grid_fn](o, d, j, bits, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, R,
-                        *consts, 0, WRITE=False, WRITE_X=False, **common)
+        _march[grid_fn](o, d, j, bits, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count,
+                        seg_count, R, *consts, 0, WRITE=False, WRITE_X=False, WINDOW=False, **common)
     return seg_count
 
 
 def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
                 jitter: Tensor | None, seg_count: Tensor, capacity: int,
                 out: tuple[Tensor, Tensor, Tensor] | None = None, positions: bool = False,
-                launch: MarchLaunch | None = None) -> PackedSamples:
+                launch: MarchLaunch | None = None, skip: Tensor | None = None) -> PackedSamples:
     """The write pass: the candidates ``seg_count`` (from ``march_counts``) counted, packed into ``capacity``
     slots; ``out``: (t, dt, ray) workspace buffers of at least ``capacity`` slots to write into (reused
     across calls), else new ones. ``positions``: also write each sample's position (``PackedSamples.x``),
-    saving the density pass the gathers that would compute it over every slot. ``launch``: as the count pass's."""
+    saving the density pass the gathers that would compute it over every slot. ``launch``: as the count pass's.
+    ``skip`` ``[R, segments]`` int32: a window of each ray's candidates; each segment passes over its first
+    ``skip`` candidates and writes the next ``seg_count`` (which then counts the window, not the segment)."""
     R = origins.shape[0]
     dev = origins.device
     o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter,
@@ -275,8 +288,9 @@ def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupan
     fits = ends <= capacity
     count = torch.where(fits, count, torch.zeros_like(count))
     if R and capacity:
-        _march[grid_fn](o, d, j, bits, seg_count, seg_start, fits.to(torch.int8), t, dt, ray, t if x is None else x, R,
-                        *consts, capacity, WRITE=True, WRITE_X=x is not None, **common)
+        _march[grid_fn](o, d, j, bits, seg_count, seg_start, fits.to(torch.int8), t, dt, ray, t if x is None else x,
+                        seg_count if skip is None else skip.to(torch.int32).contiguous(), R, *consts, capacity,
+                        WRITE=True, WRITE_X=x is not None, WINDOW=skip is not None, **common)
     total = (count.to(torch.int64)).sum()
     return PackedSamples(t, dt, ray, start, count, fits, total, x)
 

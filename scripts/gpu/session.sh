@@ -58,6 +58,7 @@
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT;
 #                                              # HVD_NGP_FOX_EVALS: evaluations before the end, e.g. 15,30)
 #   bash scripts/gpu/session.sh steps14 OUT    # issue 14: ours to 30000 steps, scored at 6000 and 30000 (beside ingp_steps)
+#   bash scripts/gpu/session.sh eval14 OUT     # evaluation time: .stage/old (HVD_NGP_OLD=963e6a6) vs this tree, lego and fox
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
 #   bash scripts/gpu/session.sh speed16 OUT / psnr16 OUT   # graphed step: GPU tests and throughput / PSNR on vs off vs bf16 + fused MLPs
 #   bash scripts/gpu/session.sh setup18 OUT, then setup18b OUT   # setup.sh offline (.stage/wh, .stage/wh2 carried), twice
@@ -689,6 +690,25 @@ PY
       grep -E "test PSNR|rror" $out/s_${v//+/_}.log | tail -2 | sed "s|^|$v: |"
     done
     runs_table "$out" "s_*"
+    ;;
+  eval14)  # evaluation speed: .stage/old (HVD_NGP_OLD=963e6a6: every candidate through the density pass) against
+    # this tree (rays marched in windows of their candidates), lego (50 test views) and fox (7, if staged), 6000 steps
+    # each, evaluated at 3000 and at the end: equal PSNR, the evaluations' wall seconds side by side
+    need_lego
+    for tree in old new; do
+      dir=$PWD; [ $tree = old ] && dir=$S/old
+      (cd $dir && PYTHONPATH=/tmp/site:$dir python3 -m hvd_ngp.train --scene $S/lego --n_steps 6000 --eval_at_steps 3000 \
+        --n_eval_views 50 --seed 1337 --log_every 3000 --save_renders 0 --out_dir $out/ev_lego_$tree 2>&1 | grep -E "rror")
+      [ -d $S/fox ] && (cd $dir && PYTHONPATH=/tmp/site:$dir python3 -m hvd_ngp.train --scene $S/fox --holdout_every 8 \
+        --n_steps 6000 --eval_at_steps 3000 --seed 1337 --log_every 3000 --save_renders 0 --out_dir $out/ev_fox_$tree 2>&1 \
+        | grep -E "rror")
+    done
+    python3 - "$out" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("ev_*/metrics.json")):
+    m = json.load(open(f))
+    print(f.parent.name, [(c["step"], round(c["psnr"], 3), c.get("eval_seconds")) for c in m["curve"]])
+PY
     ;;
   steps14)  # issue 14: ours at instant-ngp's equal steps: lego to 30000 steps, scored at 6000 and 30000 on all 200
     # test views, seeds HVD_NGP_SEEDS (default 1337 1); ingp_steps gives instant-ngp's side in the same session
