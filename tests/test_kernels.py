@@ -421,24 +421,32 @@ def test_count_until_opaque_matches_reference_transmittance():
     assert torch.equal(keep.cpu().long(), expected)
 
 
+def ball_scene(density: float = 40.0, occupied: bool = True):
+    """A unit box (its occupancy grid all occupied, or random), a fine uniform step and a soft ball of radius
+    0.3 at its centre: (aabb, grid, schedule, sigma_fn(x, n_rows=None), rgb_sigma_fn(x, dirs, n_rows=None))."""
+    aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
+    grid = random_grid(aabb, 8, 1, 9)
+    if occupied:
+        grid.occupied.fill_(True)
+    centre = torch.tensor([0.5, 0.5, 0.5], device=DEV)
+
+    def sigma_fn(x, n_rows=None):  # computes every row
+        return density * torch.sigmoid(20 * (0.3 - (x - centre).norm(dim=-1)))
+
+    def rgb_sigma_fn(x, dirs, n_rows=None):
+        return torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), sigma_fn(x)
+
+    return aabb, grid, StepSchedule.uniform(3 ** 0.5 / 48), sigma_fn, rgb_sigma_fn
+
+
 def test_fast_renderer_matches_reference_rendering():
     """The whole fixed-buffer pipeline (march, early termination, compaction, compositing) against
     the reference renderer on the same field, with buffers large enough for every ray."""
     from hvd_ngp.render import render_rays
     from hvd_ngp.render.fast import FastRenderer, render_rays_fast
 
-    aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
-    grid = random_grid(aabb, 8, 1, 9)
-    grid.occupied.fill_(True)
-    sch = StepSchedule.uniform(3 ** 0.5 / 48)
+    aabb, grid, sch, sigma_fn, rgb_sigma_fn = ball_scene()
     o, d, j = random_rays(24, torch.tensor([0.5] * 3), 2.0, 10)
-    centre = torch.tensor([0.5, 0.5, 0.5], device=DEV)
-
-    def sigma_fn(x, n_rows=None):  # a soft ball (computes every row)
-        return 40.0 * torch.sigmoid(20 * (0.3 - (x - centre).norm(dim=-1)))
-
-    def rgb_sigma_fn(x, dirs, n_rows=None):
-        return torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), sigma_fn(x)
 
     ref = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3, j)
     out = FastRenderer(4096, 4096)(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3, j)
@@ -496,17 +504,8 @@ def test_inference_render_within_a_small_workspace_equals_the_exact_one():
     from hvd_ngp.render import render_rays
     from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast
 
-    aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
-    grid = random_grid(aabb, 8, 1, 9)
-    sch = StepSchedule.uniform(3 ** 0.5 / 48)
+    aabb, grid, sch, sigma_fn, rgb_sigma_fn = ball_scene(occupied=False)
     o, d, _ = random_rays(40, torch.tensor([0.5] * 3), 2.0, 11)
-    centre = torch.tensor([0.5, 0.5, 0.5], device=DEV)
-
-    def sigma_fn(x):
-        return 40.0 * torch.sigmoid(20 * (0.3 - (x - centre).norm(dim=-1)))
-
-    def rgb_sigma_fn(x, dirs, n_rows=None):
-        return torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), sigma_fn(x)
 
     exact = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3)
     ref = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3)
@@ -526,23 +525,13 @@ def test_inference_windows_evaluate_less_and_render_the_same(monkeypatch):
     import hvd_ngp.render.fast as fast_mod
     from hvd_ngp.render import render_rays
 
-    aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
-    grid = random_grid(aabb, 8, 1, 9)
-    grid.occupied.fill_(True)
-    sch = StepSchedule.uniform(3 ** 0.5 / 48)
+    aabb, grid, sch, ball, rgb_sigma_fn = ball_scene(density=300.0)  # rays that hit it turn opaque a few steps in
     o, d, j = random_rays(24, torch.tensor([0.5] * 3), 2.0, 12)
-    centre = torch.tensor([0.5, 0.5, 0.5], device=DEV)
     evaluated = []
-
-    def ball(x):  # a dense soft ball: rays that hit it turn opaque a few steps in
-        return 300.0 * torch.sigmoid(20 * (0.3 - (x - centre).norm(dim=-1)))
 
     def sigma_fn(x, n_rows=None):
         evaluated.append(x.shape[0])
         return ball(x)
-
-    def rgb_sigma_fn(x, dirs, n_rows=None):
-        return torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), ball(x)
 
     ref = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3, j)
     monkeypatch.setattr(fast_mod, "FIRST_WINDOW", 2)
