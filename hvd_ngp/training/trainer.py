@@ -420,7 +420,8 @@ def run(args: argparse.Namespace) -> RunResult:
                + (f", evaluations at dt {march.eval_schedule.dt_min:.5f}" if march.eval_schedule else ""))
 
     # ts.progress, saved in checkpoints: "history" (one entry per log interval), "curve" (test PSNR/SSIM
-    # against training time, with each evaluation's wall seconds), "total_samples", "train_seconds" (training time before this process)
+    # against training time, with each evaluation's wall seconds), "total_samples", "train_seconds" (training
+    # time before this process)
     progress = ts.progress
     for key, empty in (("history", []), ("curve", []), ("total_samples", 0.0), ("train_seconds", 0.0)):
         progress.setdefault(key, empty)
