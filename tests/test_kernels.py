@@ -517,7 +517,6 @@ def test_inference_render_within_a_small_workspace_equals_the_exact_one():
     torch.testing.assert_close(exact[0], ref.rgb, rtol=1e-4, atol=1e-5)
 
 
-
 def test_inference_windows_evaluate_less_and_render_the_same(monkeypatch):
     """Rays march in windows of their candidates (here 2, 4, 8, ...): the same pixels, opacity and depth as
     the reference renderer, while the density pass skips the candidates behind each ray's opaque point,

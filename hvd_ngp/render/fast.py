@@ -223,7 +223,8 @@ def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tenso
     alive = torch.nonzero(total > 0).squeeze(1)
     width, log_eps = FIRST_WINDOW, math.log(early_termination) if early_termination > 0 else -math.inf
     while alive.numel():
-        skip, take = candidate_windows(seg_count[alive], done[alive], done[alive] + width)
+        marched = done[alive]
+        skip, take = candidate_windows(seg_count[alive], marched, marched + width)
         ends = torch.cumsum(take.sum(1, dtype=torch.int64), 0).tolist()
         for a, b in split_by_capacity(ends, workspace.plan.candidates):
             n = ends[b - 1] - (ends[a - 1] if a else 0)
@@ -259,7 +260,7 @@ def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tenso
             rgb[ids] += before[:, None] * w_rgb.float()
             depth[ids] += before * w_depth.float()
             transmittance[ids] = before * (1.0 - w_opacity.float())
-        done[alive] += width
-        alive = alive[(done[alive] < total[alive]) & (log_t[alive] > log_eps)]
+        done[alive] = marched + width
+        alive = alive[(marched + width < total[alive]) & (log_t[alive] > log_eps)]
         width *= 2
     return rgb, 1.0 - transmittance, depth

@@ -697,11 +697,12 @@ PY
     need_lego
     for tree in old new; do
       dir=$PWD; [ $tree = old ] && dir=$S/old
-      (cd $dir && PYTHONPATH=/tmp/site:$dir python3 -m hvd_ngp.train --scene $S/lego --n_steps 6000 --eval_at_steps 3000 \
-        --n_eval_views 50 --seed 1337 --log_every 3000 --save_renders 0 --out_dir $out/ev_lego_$tree 2>&1 | grep -E "rror")
-      [ -d $S/fox ] && (cd $dir && PYTHONPATH=/tmp/site:$dir python3 -m hvd_ngp.train --scene $S/fox --holdout_every 8 \
-        --n_steps 6000 --eval_at_steps 3000 --seed 1337 --log_every 3000 --save_renders 0 --out_dir $out/ev_fox_$tree 2>&1 \
-        | grep -E "rror")
+      for scene in lego fox; do
+        [ -d $S/$scene ] || continue
+        flags=(--n_eval_views 50); [ $scene = fox ] && flags=(--holdout_every 8)
+        (cd $dir && PYTHONPATH=/tmp/site:$dir python3 -m hvd_ngp.train --scene $S/$scene "${flags[@]}" --n_steps 6000 \
+          --eval_at_steps 3000 --seed 1337 --log_every 3000 --save_renders 0 --out_dir $out/ev_${scene}_$tree 2>&1 | grep -E "rror")
+      done
     done
     python3 - "$out" <<'PY'
 import json, pathlib, sys
