@@ -28,6 +28,8 @@
 #                                              # HVD_NGP_BUDGETS: seconds, default 15,30,60)
 #   bash scripts/gpu/session.sh scale19 OUT    # issue 19 (2+ GPUs, .whl_hvd carried): NCCL tests, bench scaling,
 #                                              # model parallel
+#   bash scripts/gpu/session.sh simhosts19 OUT # issue 19 (2+ GPUs): bench scaling at 2 ranks on two simulated hosts
+#                                              # (hierarchical allreduce on)
 #   bash scripts/gpu/session.sh ingp_fox OUT   # instant-ngp itself on fox, 60 s, the 7 views --holdout_every 8 holds out
 #   bash scripts/gpu/session.sh ingp_steps OUT # instant-ngp trained to 6000 and 30000 steps (HVD_NGP_STEPS), scored our way
 #   bash scripts/gpu/session.sh speed84 OUT    # graphed-step GPU test; throughput late in training: the defaults, the
@@ -577,6 +579,21 @@ PY
         | grep --line-buffered -E "model parallel|exchange|test PSNR|done|rror" | tail -8
     done
     rm -rf $out/scaling/*/renders
+    ;;
+  simhosts19)  # issue 19, on 2+ GPUs (.whl_hvd staged): bench scaling at 2 ranks on two simulated hosts of one GPU each
+    # (hvd_ngp.simhosts), so Horovod's hierarchical allreduce (NCCL inside a "node", MPI over TCP across) is on;
+    # the veth bridge checks the path, not a fabric's speed (HVD_NGP_SECONDS: training seconds, default 30)
+    export PATH=/tmp/site/bin:$PATH; secs=${HVD_NGP_SECONDS:-30}
+    python3 -m hvd_ngp.simhosts check || exit 3
+    python3 -m hvd_ngp.simhosts up --name s19 --hosts 2 --gpus-per-host 1
+    timeout 400 python3 -m hvd_ngp.simhosts run s19 -- python3 -m hvd_ngp.bench scaling --ranks 2 \
+      --hostfile /tmp/hvd_ngp_simhosts/s19/hostfile --iface simnet0 --fabric eth --controller mpi \
+      --out_dir $out/simhosts --json $out/simhosts.json --markdown $out/BENCH_simhosts.md \
+      --note "two simulated hosts (network namespaces on one machine, one GPU each, MPI over a veth bridge)" \
+      -- --scene $S/lego --n_steps 1000000 --time_budget_s $secs --eval_at_s $secs --log_every 500 --save_renders 0 \
+      2>&1 | grep -E "communication:|^\||rror" | tail -16
+    python3 -m hvd_ngp.simhosts down s19
+    rm -rf $out/simhosts/*/renders
     ;;
   ingp_fox)  # instant-ngp itself on fox at 15/30/60 s, the same 7 held-out views as --holdout_every 8, scored our way
     python3 - <<'PY'
