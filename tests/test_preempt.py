@@ -89,7 +89,11 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scen
         # signalled itself, it SIGTERMs each rank's shell and, racing with the shell's exit, may SIGSTOP and
         # SIGKILL that shell after the rank exited 75: it then reports 137 for that rank
         codes = {int(c) for c in re.findall(r"Process \d exit with status code (\d+)", text)}
-        assert STOPPED in codes and codes <= {STOPPED, 137}, (codes, text[-3000:])
+        if codes or target == "rank":
+            assert STOPPED in codes and codes <= {STOPPED, 137}, (rc, codes, text[-3000:])
+        else:  # once in CI (2026-12-05, f4c8cfd) horovodrun, signalled itself, exited reporting no rank's status:
+            # then the stop's own line and marker (check_stop: exit_code 75) are what is left to check
+            assert text.rstrip().endswith(f"exit status {STOPPED}"), (rc, text[-3000:])
     else:  # mpirun (also under horovodrun --mpi) exits with the first non-zero status of a rank
         assert rc == STOPPED, (rc, text[-3000:])
     assert_all_ranks_gone(str(out))
