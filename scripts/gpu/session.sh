@@ -8,7 +8,8 @@
 #   bash scripts/gpu/session.sh memory OUT     # issue 13: capped lego and fox runs, bench memory
 #   bash scripts/gpu/session.sh quality OUT SEED [SECONDS]   # issue 14: lego on a time budget, evaluations at 15/30/60/120 s
 #                                                            # and after 6000 and 30000 steps (HVD_NGP_VARIANT: one of
-#                                                            # recipe14's variants instead of the defaults)
+#                                                            # recipe14's variants instead of the defaults;
+#                                                            # HVD_NGP_EVAL_S, HVD_NGP_EVAL_STEPS: other evaluations)
 #   bash scripts/gpu/session.sh quality16 OUT [SECONDS]   # the default vs fp32 on a time budget, 2 seeds (HVD_NGP_VARIANTS=default:
 #                                                         it alone; HVD_NGP_SEEDS=1: one seed, for 300 s runs that fill a call)
 #   bash scripts/gpu/session.sh defaults16 OUT   # graphed-step GPU tests; throughput of the default vs fp32 without drawing ahead
@@ -729,17 +730,22 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("ev_*/metrics.json")):
 PY
     ;;
   steps14)  # issue 14: ours at instant-ngp's equal steps: lego to 30000 steps, scored at 6000 and 30000 on all 200
-    # test views, seeds HVD_NGP_SEEDS (default 1337 1); ingp_steps gives instant-ngp's side in the same session
-    need_lego
+    # test views, seeds HVD_NGP_SEEDS (default 1337 1), HVD_NGP_VARIANT; ingp_steps gives instant-ngp's side in the same
+    # session (one seed: about 270 s on an H200, two evaluations of 87 s)
+    need_lego; variant_flags ${HVD_NGP_VARIANT:-base}
     for seed in ${HVD_NGP_SEEDS:-1337 1}; do
       python3 -m hvd_ngp.train --scene $S/lego --n_steps 30000 --eval_at_steps 6000 --seed $seed --log_every 10000 \
-        --save_renders 0 --out_dir $out/steps_$seed 2>&1 | grep --line-buffered -E "test PSNR|done|rror"
+        --save_renders 0 "${extra[@]}" --out_dir $out/steps_$seed 2>&1 | grep --line-buffered -E "test PSNR|done|rror"
     done
     runs_table "$out" "steps_*"
     ;;
-  quality)
+  quality)  # evaluations (about 87 s each for the 200 views on an H200, 2026-12-06) at HVD_NGP_EVAL_S seconds (default
+    # 15,30,60,120) and HVD_NGP_EVAL_STEPS steps (default 6000,30000), then at the end: a 300 s run fits one call only
+    # with HVD_NGP_EVAL_S= HVD_NGP_EVAL_STEPS= (the end alone) or one more evaluation
     need_lego; seed=${3:-1337}; secs=${4:-60}; v=${HVD_NGP_VARIANT:-base}; variant_flags $v; tag=; [ $v = base ] || tag=_${v//+/_}
-    python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" --eval_at_s 15,30,60,120 --eval_at_steps 6000,30000 \
+    evals=(); es=${HVD_NGP_EVAL_S-15,30,60,120}; et=${HVD_NGP_EVAL_STEPS-6000,30000}
+    [ -n "$es" ] && evals+=(--eval_at_s "$es"); [ -n "$et" ] && evals+=(--eval_at_steps "$et")
+    python3 -m hvd_ngp.train --scene $S/lego --time_budget_s "$secs" "${evals[@]}" \
       --seed "$seed" --log_every 4000 --save_renders 0 "${extra[@]}" --out_dir $out/lego_${secs}s_seed$seed$tag \
       --save_snapshot /tmp/snap_lego_${secs}s_seed$seed$tag.pt 2>&1 | grep --line-buffered -E "test PSNR|done|error|step [0-9]*000\]"
     ;;
