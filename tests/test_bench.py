@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, TINY_ARGS, TINY_ENCODING
 from hvd_ngp.bench.__main__ import available
 from hvd_ngp.bench._scaling_rank import interval_mean, steady_step_seconds, steady_throughput
-from hvd_ngp.bench.scaling import BenchError, allreduce_kind, per_rank_samples, rank_counts, summarize, time_to
+from hvd_ngp.bench.scaling import BenchError, per_rank_samples, rank_counts, summarize, time_to
 from hvd_ngp.bench.throughput import (WINDOW, ProfEvent, busy_share, host_profile, kernel_timeline, launch_sources,
                                      outermost_aten_ops, step_profile)
 
@@ -53,10 +53,6 @@ def test_summary_arithmetic():
     rows = summarize([run(2, 200.0), run(4, 360.0)], [33.0])
     assert rows[0]["speedup"] == pytest.approx(2.0) and rows[1]["efficiency"] == pytest.approx(0.9)
     assert [r["mode"] for r in rows] == ["weak", "weak"]
-    # the report's settings line: hierarchical only where the ranks span nodes, and only GPU tensors use it
-    assert allreduce_kind({"hierarchical_allreduce": False}, "NVIDIA H200") == "flat allreduce"
-    assert allreduce_kind({"hierarchical_allreduce": True}, "NVIDIA H200") == "hierarchical allreduce"
-    assert allreduce_kind({"hierarchical_allreduce": True}, "cpu").endswith("(no effect on CPU tensors)")
 
 
 def test_strong_scaling_arithmetic():

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hvd_ngp.cluster.comm import CommSettings, launcher_controller, launcher_sizes
+from hvd_ngp.cluster.comm import CommSettings, describe_allreduce, launcher_controller, launcher_sizes
 from hvd_ngp.config import BASE_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.training.recipe import make_scaler
@@ -74,7 +74,10 @@ def test_runtime_checks():
     s = settings()
     assert s.check_runtime(4, 2, "mpi", True, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}) == ["hierarchical allreduce on (2 node(s))"]
     notes = s.check_runtime(4, 2, "mpi", False, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
-    assert notes and "no effect on CPU tensors" in notes[0]
+    assert notes == [describe_allreduce(True, False)] and "no effect on CPU tensors" in notes[0]
+    # the same words in bench scaling's report: hierarchical only where asked, and only GPU tensors use it
+    assert describe_allreduce(False, True) == describe_allreduce(False, False) == "flat allreduce"
+    assert describe_allreduce(True, True) == "hierarchical allreduce"
     with pytest.raises(ConfigError, match="needs the MPI controller"):
         s.check_runtime(2, 1, "gloo", True, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"})
     adasum = settings("--reduce_op", "adasum")

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ..cluster.comm import describe_allreduce
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..errors import HvdNgpError
 from ..tools.launch import build_parser as launch_parser
@@ -132,16 +133,6 @@ def fmt(value: float | None, spec: str, unit: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
-def allreduce_kind(communication: dict, device: str) -> str:
-    """How the gradients were reduced, for the report (``device``: a GPU's name or ``cpu``): Horovod's
-    hierarchical allreduce (NCCL inside a node, MPI across) works on GPU tensors only, so on a CPU a request
-    for it is said to have had no effect."""
-    if not communication.get("hierarchical_allreduce"):
-        return "flat allreduce"
-    return "hierarchical allreduce requested (no effect on CPU tensors)" if device == "cpu" else \
-        "hierarchical allreduce"
-
-
 def render(rows: list[dict], results: list[dict], targets: list[float]) -> str:
     """The scaling table, the allreduce-ceiling table and the update table (plain text that is also Markdown)."""
     def reached(row: dict, t: float) -> str:
@@ -238,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"all ranks)"}[opts.mode]
         settings = (f"{how}; {last['device']} on {socket.gethostname()}, {opts.launcher}, controller {last['controller']}; "
                     f"fusion {c['fusion_threshold_mb']:g} MiB, cycle {c['cycle_time_ms']:g} ms, compression "
-                    f"{c['compression']}, {c['reduce_op']}, {allreduce_kind(c, last['device'])}, "
+                    f"{c['compression']}, {c['reduce_op']}, {describe_allreduce(c['hierarchical_allreduce'], last['device'] != 'cpu')}, "
                     f"lr x{c['lr_multiplier']:.3g} at {last['ranks']} ranks; "
                     f"{last['steps']} steps per run. Throughput: log intervals after the first; time to PSNR: "
                     f"training seconds (evaluation excluded) at the first evaluation reaching it. {opts.note}")

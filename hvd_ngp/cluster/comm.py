@@ -196,6 +196,16 @@ def is_local_address(name: str) -> bool:
 # ------------------------------------------------------------------------------------- knobs
 
 
+def describe_allreduce(hierarchical: bool, use_cuda: bool) -> str:
+    """How the gradients are reduced, in words, for logs and reports: Horovod's hierarchical allreduce (NCCL
+    inside a node, MPI across) works on GPU tensors only, so on the CPU a request for it has no effect."""
+    if not hierarchical:
+        return "flat allreduce"
+    if use_cuda:
+        return "hierarchical allreduce"
+    return "hierarchical allreduce requested; it has no effect on CPU tensors (Horovod's is NCCL + MPI)"
+
+
 @dataclass(frozen=True)
 class CommSettings:
     """The ``horovod`` option group merged with the ``distributed`` block."""
@@ -294,9 +304,9 @@ class CommSettings:
         if hierarchical_on:
             hierarchical_allreduce("on", nodes, controller)  # raises under Gloo
         if hierarchical_on and use_cuda:
-            notes.append(f"hierarchical allreduce on ({nodes} node(s))")
+            notes.append(f"{describe_allreduce(True, True)} on ({nodes} node(s))")
         elif (hierarchical_on or self.hierarchical == "on") and not use_cuda:
-            notes.append("hierarchical allreduce requested; it has no effect on CPU tensors (Horovod's is NCCL + MPI)")
+            notes.append(describe_allreduce(True, False))
         self.check_reduce_op(size, controller)
         return notes
 
