@@ -223,13 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {json_path}", flush=True)
     if opts.markdown != "none":
         c = last["communication"]
+        allreduce = describe_allreduce(c["hierarchical_allreduce"], last["device"] != "cpu")
         how = {"weak": f"weak scaling ({trainer.target_samples} samples per rank and step)",
                "strong": f"strong scaling ({trainer.target_samples} samples per step over all ranks)",
                "both": f"weak and strong scaling ({trainer.target_samples} samples per step per rank, and over "
                        f"all ranks)"}[opts.mode]
         settings = (f"{how}; {last['device']} on {socket.gethostname()}, {opts.launcher}, controller {last['controller']}; "
                     f"fusion {c['fusion_threshold_mb']:g} MiB, cycle {c['cycle_time_ms']:g} ms, compression "
-                    f"{c['compression']}, {c['reduce_op']}, {describe_allreduce(c['hierarchical_allreduce'], last['device'] != 'cpu')}, "
+                    f"{c['compression']}, {c['reduce_op']}, {allreduce}, "
                     f"lr x{c['lr_multiplier']:.3g} at {last['ranks']} ranks; "
                     f"{last['steps']} steps per run. Throughput: log intervals after the first; time to PSNR: "
                     f"training seconds (evaluation excluded) at the first evaluation reaching it. {opts.note}")
