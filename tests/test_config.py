@@ -36,7 +36,13 @@ def test_shipped_configs_merge_to_complete_blocks():
     big = load_json_config(CONFIG_DIR / "big.json")
     assert big["encoding"]["log2_hashmap_size"] == 21 and big["encoding"]["n_levels"] == 16
     assert big["network"]["n_neurons"] == 128 and big["network"]["n_hidden_layers"] == 1
-    assert load_json_config(BASE_CONFIG)["optimizer"]["nested"]["nested"]["epsilon"] == 1e-15
+    base = load_json_config(BASE_CONFIG)
+    assert base["optimizer"]["nested"]["nested"]["epsilon"] == 1e-15
+    assert base["optimizer"]["nested"]["decay_interval"] == 20000
+    captured = load_json_config(CONFIG_DIR / "captured.json")
+    assert captured["rgb_network"] == {**base["rgb_network"], "n_neurons": 64}
+    assert {k: v for k, v in captured.items() if k not in ("rgb_network", "comment")} == \
+        {k: v for k, v in base.items() if k not in ("rgb_network", "comment")}
 
 
 def test_circular_parent_and_bad_json_name_the_file(tmp_path):

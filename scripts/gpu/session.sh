@@ -175,15 +175,18 @@ variant_flags() {  # NAME: the trainer flags of one recipe variant into the arra
     l2enc) extra=(--optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # nerfacc: L2 on the table too
     ema999) extra=(--optimizer '{"decay": 0.999}') ;;  # the evaluated weights averaged over ~1000 steps instead of ~20
     rgb128) extra=(--rgb_network '{"n_neurons": 128}') ;;  # a wider colour MLP: base.json's since 2026-12-05
-    rgb64) extra=(--rgb_network '{"n_neurons": 64}') ;;  # instant-ngp's colour MLP (the default before 2026-12-05)
+    rgb64) extra=(--rgb_network '{"n_neurons": 64}') ;;  # instant-ngp's colour MLP (the default before 2026-12-05;
+                                                         # configs/nerf/captured.json's: +0.7-1.2 dB on fox at 60 s)
     march2048) extra=(--marching '{"steps_per_diagonal": 2048}') ;;  # training's step as fine as evaluations' (half the rays)
     errmap) extra=(--sampling error_map) ;;  # pixels drawn by their recent loss (instant-ngp's error map), weighted back
     huber05) extra=(--loss '{"otype": "Huber", "delta": 0.05}') ;;  # base.json's since 2026-12-05 (L2 lost 0.6 dB)
     huber01) extra=(--loss '{"otype": "Huber", "delta": 0.1}') ;;  # instant-ngp's (the default before 2026-12-05)
     huber002) extra=(--loss '{"otype": "Huber", "delta": 0.02}') ;;
     huber02) extra=(--loss '{"otype": "Huber", "delta": 0.2}') ;;
-    decay20k) extra=(--optimizer '{"nested": {"decay_interval": 20000}}') ;;  # x0.33 every 20000 steps, not 10000: 300 s
-                                                                               # runs learn nothing after step ~60000 now
+    decay20k) extra=(--optimizer '{"nested": {"decay_interval": 20000}}') ;;  # x0.33 every 20000 steps: base.json's
+                                                                               # since 2026-12-06 (the same as base)
+    decay10k) extra=(--optimizer '{"nested": {"decay_interval": 10000}}') ;;  # x0.33 every 10000 steps: instant-ngp's
+                                                                               # (the default before 2026-12-06)
     budgetonly) extra=(--budget_lr_decay on --optimizer '{"nested": {"decay_start": 1000000000}}') ;;  # nerfacc's x0.33 at
                                                  # 50/75/90% of the budget alone: the full rate for the first 150 s
     budgetl2) extra=(--budget_lr_decay on --optimizer '{"nested": {"nested": {"l2_reg_encoding": 1e-6}}}') ;;  # both: nerfacc's recipe
