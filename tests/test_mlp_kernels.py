@@ -163,6 +163,39 @@ def test_fused_mlp_tf32_and_bf16_on_gpu(dot):
     assert rel_err(fused_mlp(x, w, dot=dot), ref) < tol
 
 
+def test_a_block_the_device_cannot_hold_is_halved_until_it_fits(monkeypatch):
+    """launch_fitting: a compiler refusal (OutOfResources, as the H100 gave the 128-wide fp32 backward at 64 rows)
+    halves the row block; the block that fitted is remembered for the next launch; below the smallest block the
+    refusal is raised."""
+    import triton
+
+    from hvd_ngp.model import mlp_triton
+
+    launched = []
+
+    class Kernel:  # stands in for a jitted kernel: refuses blocks above `fits` like the compiler would
+        fn = type("fn", (), {"__name__": "fake"})
+        fits = 32
+
+        def __getitem__(self, grid):
+            def launch(*args, BLOCK, num_warps, **constexprs):
+                if BLOCK > self.fits:
+                    raise triton.runtime.errors.OutOfResources(BLOCK * 4096, 232448, "shared memory")
+                launched.append((grid, BLOCK, constexprs))
+            return launch
+
+    monkeypatch.setattr(mlp_triton, "_FITTED_BLOCK", {})
+    kernel = Kernel()
+    assert mlp_triton.launch_fitting(kernel, 1000, 128, torch.device("cpu"), (), {"H": 128}, 4) == 32
+    assert launched[-1][1] == 32 and launched[-1][2] == {"H": 128}
+    assert mlp_triton.launch_fitting(kernel, 1000, 128, torch.device("cpu"), (), {"H": 128}, 4) == 32
+    assert len(launched) == 2  # the second launch went straight to the block that fitted
+    assert mlp_triton.launch_fitting(kernel, 1000, 128, torch.device("cpu"), (), {"H": 64}, 4) == 32  # other key
+    kernel.fits = 8
+    with pytest.raises(triton.runtime.errors.OutOfResources):
+        mlp_triton.launch_fitting(kernel, 1000, 64, torch.device("cpu"), (), {"H": 16}, 4)
+
+
 def test_state_dict_is_the_torch_twins():
     """The fused MLP has the nn.Sequential's parameters, names and shapes: snapshots move both ways,
     and the same seed initialises both the same."""

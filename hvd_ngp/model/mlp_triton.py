@@ -9,7 +9,8 @@ Kernels (grid: ``min(row blocks, programs)``; each program loads every weight ma
 math's dtype, and then walks row blocks ``pid, pid + programs, ...``, so the weights stay on chip):
 
 - forward: a block of ``FWD_BLOCK`` rows goes through every layer in registers (``tl.dot``);
-- backward: a block of ``BWD_BLOCK`` rows *recomputes* the forward (nothing but the input is saved:
+- backward: a block of ``BWD_BLOCK`` rows (fewer where the device's shared memory cannot hold that many: see
+  ``launch_fitting``) *recomputes* the forward (nothing but the input is saved:
   no ``[N, width]`` activations written or read back), then back-propagates layer by layer. Each program
   sums its weight gradients over its row blocks in fp32 registers and adds them once into fp32
   gradient buffers with ``tl.atomic_add`` (so the summation order, and the last bits, vary run to run).
@@ -211,6 +212,29 @@ def _pad(n: int) -> int:
 
 
 _SM_COUNT: dict[int, int] = {}
+#: the row block that fitted the device's shared memory, per (kernel, constexprs, device)
+_FITTED_BLOCK: dict[tuple, int] = {}
+MIN_BLOCK = 16  # tl.dot's smallest tile
+
+
+def launch_fitting(kernel, n: int, block: int, device: torch.device, args: tuple, constexprs: dict,
+                   num_warps: int) -> int:
+    """Launch ``kernel`` over ``n`` rows with the largest row block <= ``block`` whose shared memory the device
+    holds: a block the compiler refuses (Triton's ``OutOfResources``, raised before anything runs, e.g. the
+    128-wide fp32 backward at 64 rows asks for 256 KiB where an H100 has 227 KiB) is halved, down to
+    ``MIN_BLOCK``, and the block that fitted is remembered. Returns the block launched."""
+    key = (kernel.fn.__name__, tuple(sorted(constexprs.items())), str(device))
+    block = _FITTED_BLOCK.get(key, block)
+    while True:
+        try:
+            kernel[(programs(n, block, device),)](*args, **constexprs, BLOCK=block, num_warps=num_warps)
+        except triton.runtime.errors.OutOfResources:
+            if block // 2 < MIN_BLOCK:
+                raise
+            block //= 2
+            continue
+        _FITTED_BLOCK[key] = block
+        return block
 
 
 def programs(n: int, block: int, device: torch.device) -> int:
@@ -244,9 +268,9 @@ class _FusedMLPFunction(torch.autograd.Function):
         alloc = torch.empty if n_rows is None else torch.zeros
         out = alloc(n, weights[-1].shape[0], device=x.device, dtype=out_dtype)
         if n:
-            _mlp_fwd[(programs(n, FWD_BLOCK, x.device),)](
-                x, *x.stride(), *_weight_args(weights), out, x if n_rows is None else n_rows, n,
-                **_constexprs(weights, relu, dot, n_rows is not None), BLOCK=FWD_BLOCK, num_warps=FWD_WARPS)
+            launch_fitting(_mlp_fwd, n, FWD_BLOCK, x.device,
+                           (x, *x.stride(), *_weight_args(weights), out, x if n_rows is None else n_rows, n),
+                           _constexprs(weights, relu, dot, n_rows is not None), FWD_WARPS)
         ctx.save_for_backward(x, *weights)
         ctx.n_rows, ctx.relu, ctx.dot = n_rows, relu, dot
         return out
@@ -262,10 +286,11 @@ class _FusedMLPFunction(torch.autograd.Function):
         g_x = (torch.empty_like(x) if n_rows is None else torch.zeros_like(x)) if need_gx else None
         g_x_args = (x, 0, 0) if g_x is None else (g_x, *g_x.stride())  # a placeholder without NEED_GX (never written)
         if n:
-            _mlp_bwd[(programs(n, BWD_BLOCK, x.device),)](
-                x, *x.stride(), *_weight_args(weights), grad.contiguous(), *g_x_args, *_weight_args(grads),
-                x if n_rows is None else n_rows, n, **_constexprs(weights, ctx.relu, ctx.dot, n_rows is not None),
-                NEED_GX=need_gx, BLOCK=BWD_BLOCK, num_warps=BWD_WARPS)
+            launch_fitting(_mlp_bwd, n, BWD_BLOCK, x.device,
+                           (x, *x.stride(), *_weight_args(weights), grad.contiguous(), *g_x_args,
+                            *_weight_args(grads), x if n_rows is None else n_rows, n),
+                           {**_constexprs(weights, ctx.relu, ctx.dot, n_rows is not None), "NEED_GX": need_gx},
+                           BWD_WARPS)
         elif need_gx:
             g_x.zero_()
         return (g_x, None, None, None, *(g.to(w.dtype) for g, w in zip(grads, weights)))
