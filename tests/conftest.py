@@ -33,6 +33,24 @@ TINY_ARGS = ["--encoding", TINY_ENCODING, "--density_network", '{"n_neurons": 16
              "--target_samples", "1024", "--n_rays_init", "128", "--save_renders", "1", "--n_eval_views", "2"]
 
 
+def _tiny_block(flag: str, **changes) -> str:
+    """TINY_ARGS's JSON block of ``flag`` with ``changes`` (a second ``--flag`` replaces the first)."""
+    import json
+
+    return json.dumps({**json.loads(TINY_ARGS[TINY_ARGS.index(flag) + 1]), **changes})
+
+
+#: the tiny model's blocks for training steps whose Triton kernels run under the CPU interpreter, which steps
+#: through every program in Python (a 5-step test took minutes with the GPU's launches): few programs (big
+#: launch blocks: every launch computes the same values, test_kernels checks that), the hash-grid backward
+#: without run merging (a segmented scan the interpreter walks element by element; its own parity test covers
+#: it) and at most 128 march steps (the tiny model's training rays take at most 66: test_graphed checks that)
+INTERPRETER_ARGS = ["--encoding", _tiny_block("--encoding", merge_runs_below=0, forward_launch={"block": 1024, "warps": 4},
+                                              backward_launch={"block": 1024, "warps": 4}),
+                    "--marching", _tiny_block("--marching", max_steps=128,
+                                              kernel_launch={"block": 128, "segment": 32, "warps": 1})]
+
+
 def tensor_digest(tensors) -> str:
     """SHA-256 of the tensors' raw bytes (any dtype, any device), in order: equal digests, bit-identical tensors."""
     import hashlib

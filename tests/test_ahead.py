@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_cpu_args
+from conftest import INTERPRETER_ARGS, tiny_cpu_args
 from hvd_ngp.training.ahead import DrawAhead
 from hvd_ngp.training.budget import RayBudget
 from hvd_ngp.training.step import StepResult
-from test_graphed import SHORT_MARCHING, _graphed, needs_interpreter
+from test_graphed import _graphed, needs_interpreter
 
 
 def _trainer(scene_cache, out_dir, *more):
@@ -68,7 +68,7 @@ def test_counts_wait_for_settle_when_not_applied():
 def _run(scene_cache, out_dir, steps: int, *, ahead: bool, redraw_all: bool = False, last_ahead: bool = True):
     """The tiny model through the graphed step's body for ``steps`` steps: (losses, parameters, trainer)."""
     tr = _trainer(scene_cache, out_dir, "--backend", "triton", "--n_rays_init", "96", "--train_background", "random",
-                  "--marching", SHORT_MARCHING)
+                  *INTERPRETER_ARGS)
     tr.graphed = _graphed(tr)
     tr.use_draw_ahead("auto" if ahead else "off")
     if redraw_all:  # every batch drawn ahead is un-drawn and drawn again at its step

@@ -4,13 +4,12 @@ captured and replayed against --cuda_graphs off)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 
-from conftest import TINY_ARGS, gpu_or_skip, run_ranks, tiny_cpu_args
+from conftest import INTERPRETER_ARGS, gpu_or_skip, run_ranks, tiny_cpu_args
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.training.graphed import (RAY_QUANTUM, CaptureKey, GraphedStep, eligibility, ray_capacity,
                                       set_learning_rate, use_graphs)
@@ -160,15 +159,9 @@ def _graphed(tr, eager_steps: int = 10 ** 9, defer_verdict: bool = False) -> Gra
     return step
 
 
-#: the tiny model's marching block (conftest.TINY_ARGS; a second --marching replaces the first) with at most 128
-#: steps per training ray: they take at most 66 (the box's diagonal at 64 steps, see the test below), so they
-#: march the same samples as under the default cap of 4096, but the march kernels launch a program per ray
-#: block and 32 steps of the cap, each of which the interpreter runs: 4 per block instead of 128
-SHORT_MARCHING = json.dumps({**json.loads(TINY_ARGS[TINY_ARGS.index("--marching") + 1]), "max_steps": 128})
-
-
-def test_the_short_marching_block_cuts_no_training_ray(scene_cache, tmp_path):
-    """SHORT_MARCHING changes the cap alone, and the tiny model's training rays stay under it."""
+def test_the_interpreter_blocks_cut_no_training_ray(scene_cache, tmp_path):
+    """conftest.INTERPRETER_ARGS changes the march's cap and launch alone, and the tiny model's training rays stay
+    under the cap."""
     from dataclasses import replace
 
     from hvd_ngp.config import parse_args
@@ -176,9 +169,11 @@ def test_the_short_marching_block_cuts_no_training_ray(scene_cache, tmp_path):
     from hvd_ngp.training.trainer import Trainer
 
     short, default = (Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / name, "--n_steps", "1", *more)))
-                      for name, more in (("short", ["--marching", SHORT_MARCHING]), ("default", [])))
+                      for name, more in (("short", INTERPRETER_ARGS), ("default", [])))
     cut, full = short.march.schedule, default.march.schedule
     assert cut.max_steps == 128 and replace(cut, max_steps=4096) == full  # nothing else changes
+    assert replace(short.march, schedule=full, eval_schedule=default.march.eval_schedule, launch=None) == \
+        replace(default.march, launch=None)
     assert max_lanes(cut, short.field.aabb) == max_lanes(full, default.field.aabb) < 128
 
 
@@ -195,7 +190,7 @@ def _step_trainer(scene_cache, out_dir):
     from hvd_ngp.training.trainer import Trainer
 
     return Trainer.build(parse_args(tiny_cpu_args(scene_cache, out_dir, "--n_steps", str(STEPS), "--backend", "triton",
-                                                  "--n_rays_init", "100", "--marching", SHORT_MARCHING)))
+                                                  "--n_rays_init", "100", *INTERPRETER_ARGS)))
 
 
 def _steps(tr, start: int, stop: int) -> list[tuple]:
@@ -270,7 +265,7 @@ def test_non_finite_step_is_skipped_from_the_device_flag(scene_cache, tmp_path):
     from hvd_ngp.training.trainer import Trainer
 
     tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "2", "--backend", "triton",
-                                                "--marching", SHORT_MARCHING)))
+                                                *INTERPRETER_ARGS)))
     tr.graphed = _graphed(tr)
     with torch.no_grad():
         tr.field.mlp_parameters()[0][0, 0] = math.nan
@@ -296,7 +291,7 @@ def _poisoned_run(scene_cache, out_dir, steps: int, poisoned: set[int], *, defer
 
     tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, out_dir, "--n_steps", str(steps), "--backend", "triton",
                                                 "--optimizer", FUSED_ADAM, "--nonfinite_limit", str(limit),
-                                                "--marching", SHORT_MARCHING)))
+                                                *INTERPRETER_ARGS)))
     tr.graphed = _graphed(tr, defer_verdict=defer)
     draw, step_now = tr._draw, [0]
 
@@ -421,7 +416,7 @@ def test_allreduce_is_in_flight_while_meanwhile_runs(scene_cache, tmp_path, monk
         return False
 
     tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton",
-                                                "--marching", SHORT_MARCHING)))
+                                                *INTERPRETER_ARGS)))
     tr.guard = NonFiniteGuard(3, stop_requested=stop_requested)
     tr.graphed = _graphed(tr)
     draw = tr._draw(tr.budget.n_rays)
@@ -441,7 +436,7 @@ def test_checkpoints_of_a_graphed_optimizer_load_anywhere(scene_cache, tmp_path)
     from hvd_ngp.training.trainer import Trainer
 
     trs = [Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(i), "--n_steps", "2",
-                                                  "--backend", "triton", "--marching", SHORT_MARCHING)))
+                                                  "--backend", "triton", *INTERPRETER_ARGS)))
            for i in range(2)]
     graphed = _graphed(trs[1])
     trs[1].graphed = graphed
