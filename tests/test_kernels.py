@@ -44,6 +44,20 @@ from hvd_ngp.data.pixels import StackedPixels  # noqa: E402
 from hvd_ngp.data.sampler import RaySampler  # noqa: E402
 
 SMALL = DEV.type == "cpu"  # the interpreter is slow: smaller problems, same coverage
+#: under the interpreter, which steps through every program in Python, the hash grid and the march launch few
+#: programs; every launch computes the same values (test_every_hash_grid_launch_computes_the_same_values and
+#: test_every_march_launch_writes_the_same_samples check the defaults against others), and a GPU runs the defaults
+SMALL_GRID_LAUNCH = dict(forward_launch=GridLaunch(512, 4), backward_launch=GridLaunch(512, 4)) if SMALL else {}
+SMALL_MARCH_LAUNCH = MarchLaunch(128, 256, 1)
+
+
+@pytest.fixture(autouse=True)
+def few_march_programs(monkeypatch):
+    """On the interpreter, renderers and marches that take the default launch take ``SMALL_MARCH_LAUNCH``."""
+    if SMALL:
+        from hvd_ngp.render import march_triton
+
+        monkeypatch.setattr(march_triton, "LAUNCH", SMALL_MARCH_LAUNCH)
 
 
 @pytest.mark.parametrize("vector_atomics", [False, True])
@@ -57,7 +71,7 @@ def test_hashgrid_matches_reference(spec, table_dtype, vector_atomics):
         spec = HashGridSpec(8, 2, 14, 16, 1.5)
     torch.manual_seed(0)
     ref = HashGridTorch(spec).to(DEV)
-    fast = HashGridTriton(spec, table_dtype, vector_atomics=vector_atomics).to(DEV)
+    fast = HashGridTriton(spec, table_dtype, vector_atomics=vector_atomics, **SMALL_GRID_LAUNCH).to(DEV)
     with torch.no_grad():
         ref.params.normal_()
         fast.params.copy_(ref.params)
@@ -78,7 +92,8 @@ def test_hashgrid_output_layouts_agree():
     same features and table gradients, whatever the layout of the incoming gradient."""
     spec = HashGridSpec(6, 2, 12, 4, 2.0)
     torch.manual_seed(2)
-    cols, rows = HashGridTriton(spec).to(DEV), HashGridTriton(spec, feature_major=False).to(DEV)
+    cols, rows = HashGridTriton(spec, **SMALL_GRID_LAUNCH).to(DEV), \
+        HashGridTriton(spec, feature_major=False, **SMALL_GRID_LAUNCH).to(DEV)
     assert cols.feature_major and not rows.feature_major
     with torch.no_grad():
         cols.params.normal_()
@@ -187,14 +202,14 @@ def test_hashgrid_backward_merging_runs_matches_reference(spec, merge):
     equal the reference's."""
     torch.manual_seed(1)
     ref = HashGridTorch(spec).to(DEV)
-    fast = HashGridTriton(spec, merge_runs_below=merge).to(DEV)
+    fast = HashGridTriton(spec, merge_runs_below=merge, **SMALL_GRID_LAUNCH).to(DEV)
     assert fast.merge_runs_below == merge
     with torch.no_grad():
         ref.params.normal_()
         fast.params.copy_(ref.params)
-    n = 700 if SMALL else 1 << 16
+    n = 400 if SMALL else 1 << 16
     for x, count in ((rays_of_points(n, 40, 1 / 256, 2).to(DEV), None), (torch.rand(n, 3, device=DEV), None),
-                     (rays_of_points(n, 40, 1 / 256, 3).to(DEV), n - 201)):
+                     (rays_of_points(n, 40, 1 / 256, 3).to(DEV), n - 121)):
         ref.params.grad = fast.params.grad = None
         rows = n if count is None else count
         g = torch.randn(n, spec.n_output_dims, device=DEV)
