@@ -126,6 +126,7 @@ class DelayedAveraging:
     def restore(self, state: dict | None) -> str:
         """Collective: rank 0's checkpointed ``state`` (others: None) -> the average to apply at the next step.
         Returns a note for the log ("" when nothing to say)."""
+        self.grads.attach()  # Horovod's optimizer-state broadcast gives an empty state new ``p.grad`` tensors
         meta = None
         if dist.runtime().is_root:
             meta = {"mode": (state or {}).get("mode"), "pending": int((state or {}).get("pending", -1))}
