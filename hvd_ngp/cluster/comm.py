@@ -395,7 +395,7 @@ class CommSettings:
         parts = [f"{nodes} node(s)",f"fusion {s['fusion_threshold_mb']:g} MiB" if s["fusion_threshold_mb"] is not None else "fusion default",
                  f"cycle {s['cycle_time_ms']:g} ms" if s["cycle_time_ms"] is not None else "cycle default",
                  f"compression {self.compression}", self.reduce_op,
-                 f"{self.backward_passes_per_step} backward pass(es)/step", self.describe_sync(),
-                 f"lr x{lr_multiplier:.3g}",
+                 f"{self.backward_passes_per_step} backward pass(es)/step",
+                 *([self.describe_sync()] if self.grad_sync != "every" else []), f"lr x{lr_multiplier:.3g}",
                  *(f"{k}={environ[k]}" for k in ("NCCL_ALGO", "NCCL_TOPO_FILE") if environ.get(k)), *notes]
         return "communication: " + ", ".join(parts)

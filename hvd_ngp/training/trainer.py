@@ -408,8 +408,11 @@ class Trainer:
                             protocol=self.args.eval_protocol, budget=self.memory, parallel=self.mp)
 
 
-def run(args: argparse.Namespace) -> RunResult:
-    """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
+def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] | None = None) -> RunResult:
+    """Train as ``args`` say (every rank calls this); rank 0 prints and writes files.
+
+    ``stop_after_eval(step, psnr)``: called after each evaluation during training; True ends training there (as
+    a time budget does: the final evaluation follows). It must decide the same on every rank (the PSNR is)."""
     tr = Trainer.build(args)
     rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
     ckpt_dir = tr.ckpts.directory if checkpointing(args) or tr.stops.signals else None  # a stop always checkpoints
@@ -537,6 +540,7 @@ def run(args: argparse.Namespace) -> RunResult:
                                               "ssim": ev["ssim"], "eval_seconds": round(clock.last_pause, 3)})
                     dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
                              f"views at {seconds:.1f} s (evaluation {clock.last_pause:.1f} s)")
+                    stop = stop_after_eval is not None and stop_after_eval(step, ev["psnr"])
                 if ckpt_due or (stop and checkpointing(args)):
                     write_checkpoint(step)
                     stats.started += clock.last_pause
