@@ -359,6 +359,8 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
     else:
         dist.broadcast_state(ts.field, ts.optimizer)  # optimizer state first, then parameters (see dist)
     sync_note = ts.exchange.restore(snap.get("grad_sync") if rt.is_root else None) if ts.exchange is not None else ""
+    if rt.is_root and ts.exchange is None and int((snap.get("grad_sync") or {}).get("pending", -1)) >= 0:
+        sync_note = "taken with --grad_sync delayed: its last average, not yet applied, is dropped"
 
     same_world = meta["world_size"] == rt.size and [list(x) for x in meta["layout"]] == ts.stream_layout()
     if sync_note:

@@ -24,15 +24,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from check_comm import Setup as CommSetup  # noqa: E402
 from conftest import TINY_ARGS, tensor_digest as digest  # noqa: E402
 
 from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
-from hvd_ngp.data import load_scene  # noqa: E402
 from hvd_ngp.data.sampler import RaySampler  # noqa: E402
 from hvd_ngp.model.field import NGPField  # noqa: E402
 from hvd_ngp.training.gradsync import DelayedAveraging, PeriodicAveraging  # noqa: E402
-from hvd_ngp.training.recipe import Marching, make_grid, make_loss, make_optimizer  # noqa: E402
+from hvd_ngp.training.recipe import make_grid, make_optimizer  # noqa: E402
 from hvd_ngp.training.step import train_step  # noqa: E402
 from hvd_ngp.training.trainer import run  # noqa: E402
 
@@ -46,12 +46,11 @@ def same_on_every_rank(tensors, name: str) -> bool:
     return all(d == every[0] for d in every)
 
 
-class Setup:
+class Setup(CommSetup):
+    """check_comm's model, scene and marching; its own rays."""
+
     def __init__(self, cache: str) -> None:
-        self.args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", cache, "--device", "cpu"])
-        self.scene = load_scene("builtin", scene_cache=cache)
-        self.march = Marching.from_config(self.args.model["marching"], self.scene.aabb_scale)
-        self.loss_fn = make_loss(self.args.model["loss"], "test")
+        super().__init__(cache)
         rt = dist.runtime()
         n_pix = len(self.scene.train) * self.scene.train.height * self.scene.train.width
         gen = torch.Generator().manual_seed(7)
