@@ -78,17 +78,22 @@ class DelayedAveraging:
             mine[dt].copy_(b)
         sent = dist.allreduce_buffers_start(list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine],
                                             "avg")
-        skipped = False
-        if self.pending is not None:  # the previous step's average: landed while this step computed
-            self._wait()
-            for dt, b in self.grads.buffers.items():
-                b.copy_(self.wire[self._slot][dt])
-            if guard is not None:
-                guard.adopt(self.grads.tail)
-                skipped = guard.should_skip(optimizer, self.pending, grads=self.grads)
-            if not skipped:
-                optimizer.step()
+        # the previous step's average (it travelled while this step computed), if any
+        skipped = self._apply(optimizer, guard) if self.pending is not None else False
         self._handle, self._slot, self.pending = sent, slot, step
+        return skipped
+
+    def _apply(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> bool:
+        """Wait for the pending average, put it in ``p.grad`` and step unless the guard skips it (-> skipped)."""
+        self._wait()
+        for dt, b in self.grads.buffers.items():
+            b.copy_(self.wire[self._slot][dt])
+        skipped = False
+        if guard is not None:
+            guard.adopt(self.grads.tail)
+            skipped = guard.should_skip(optimizer, self.pending, grads=self.grads)
+        if not skipped:
+            optimizer.step()
         return skipped
 
     def settle(self) -> None:
@@ -100,15 +105,7 @@ class DelayedAveraging:
         Returns whether an update was applied (the caller then updates the parameter average)."""
         if self.pending is None:
             return False
-        self._wait()
-        for dt, b in self.grads.buffers.items():
-            b.copy_(self.wire[self._slot][dt])
-        skipped = False
-        if guard is not None:
-            guard.adopt(self.grads.tail)
-            skipped = guard.should_skip(optimizer, self.pending, grads=self.grads)
-        if not skipped:
-            optimizer.step()
+        skipped = self._apply(optimizer, guard)
         self.pending = None
         return not skipped
 
