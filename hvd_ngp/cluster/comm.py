@@ -35,6 +35,10 @@ DEFAULT_CYCLE_TIME_MS = 0.1
 COMPRESSIONS = ("none", "fp16")
 REDUCE_OPS = ("average", "adasum")
 LR_SCALINGS = ("auto", "none", "linear", "sqrt")
+#: when gradients meet (docs/sync-modes.md): every step (Horovod's allreduce, waited for in the step), one step
+#: late (the allreduce runs during the next step), or parameters averaged every --sync_period steps (local steps)
+GRAD_SYNCS = ("every", "delayed", "periodic")
+DEFAULT_SYNC_PERIOD = 8
 #: NCCL_ALGO values NCCL 2.2x understands (case-insensitive)
 NCCL_ALGORITHMS = ("ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
 #: "distributed" block keys -> meaning (the seed guides' configs/nerf/hashgrid.json spelling)
@@ -68,6 +72,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lr_scaling", choices=LR_SCALINGS, default="auto",
                    help="learning rate for a batch m = ranks x backward passes larger than one rank's: "
                         "auto (sqrt(m) with average, Adasum's rule with adasum), none, linear (x m), sqrt")
+    g.add_argument("--grad_sync", choices=GRAD_SYNCS, default="every",
+                   help="every: average gradients every step; delayed: step t's allreduce runs during step t+1 and "
+                        "its average is applied one step late; periodic: each rank steps on its own gradient and "
+                        "parameters and Adam moments are averaged every --sync_period steps (docs/sync-modes.md)")
+    g.add_argument("--sync_period", type=int, default=None, metavar="H",
+                   help="--grad_sync periodic: steps between parameter averages (default 8)")
 
 
 # ------------------------------------------------------------------------------------- "distributed" block
@@ -219,6 +229,8 @@ class CommSettings:
     lr_scaling: str
     block: DistributedBlock
     model_parallel: int = 1  # K regions per replica (``--model_parallel`` or distributed.model_parallel)
+    grad_sync: str = "every"  # every | delayed | periodic (``--grad_sync``)
+    sync_period: int = 1  # periodic: steps between parameter averages
 
     @staticmethod
     def from_args(args: argparse.Namespace) -> "CommSettings":
@@ -255,8 +267,24 @@ class CommSettings:
         if k > 1 and args.reduce_op == "adasum":
             raise ConfigError(f"--model_parallel {k} with --reduce_op adasum: Adasum reduces over all ranks, not "
                               "within a region's process set; use --reduce_op average")
+        mode = getattr(args, "grad_sync", "every")
+        period = getattr(args, "sync_period", None)
+        if period is not None and mode != "periodic":
+            raise ConfigError(f"--sync_period {period} needs --grad_sync periodic (it is {mode})")
+        if period is not None and period < 1:
+            raise ConfigError(f"--sync_period must be >= 1, got {period}")
+        if mode != "every":
+            refuse = [(k > 1, f"--model_parallel {k} (regions average inside process sets every step)"),
+                      (args.compression == "fp16", "--compression fp16 (its loss scaler decides on every step's "
+                                                   "reduced gradients)"),
+                      (args.precision == "fp16", "--precision fp16 (its gradient scaler reads every step's gradients)"),
+                      (args.reduce_op == "adasum", "--reduce_op adasum (Adasum combines gradients, not averages)")]
+            found = [why for bad, why in refuse if bad]
+            if found:
+                raise ConfigError(f"--grad_sync {mode} cannot run with {found[0]}; use --grad_sync every")
         return CommSettings(args.fusion_threshold_mb, args.cycle_time_ms, args.compression, hierarchical,
-                            args.backward_passes_per_step, args.reduce_op, args.lr_scaling, block, k)
+                            args.backward_passes_per_step, args.reduce_op, args.lr_scaling, block, k, mode,
+                            period if period is not None else (DEFAULT_SYNC_PERIOD if mode == "periodic" else 1))
 
     @property
     def loss_scaled_compression(self) -> bool:
@@ -267,6 +295,9 @@ class CommSettings:
         """Variables to set before ``hvd.init()`` (Horovod and NCCL read them there)."""
         env = self.block.nccl_env(environ)
         elastic = environ.get("HOROVOD_ELASTIC") == "1"
+        if elastic and self.grad_sync != "every":
+            raise ConfigError(f"--grad_sync {self.grad_sync} cannot run elastic: the gradient in flight or the ranks' "
+                              "own parameters would be lost when the world is re-formed; use --grad_sync every")
         if elastic and self.model_parallel > 1:
             raise ConfigError(f"--model_parallel {self.model_parallel} cannot run elastic: the regions are fixed "
                               "process sets, and a world that changes size breaks the replica x region layout")
@@ -321,8 +352,10 @@ class CommSettings:
 
     def lr_multiplier(self, size: int, local_size: int, use_cuda: bool) -> float:
         """Factor on the configured learning rate for ``size`` ranks (see the module docstring). With
-        ``model_parallel`` K the batch grows with the D = size / K replicas only."""
-        m = max(size // self.model_parallel, 1) * self.backward_passes_per_step
+        ``model_parallel`` K the batch grows with the D = size / K replicas only. ``--grad_sync periodic``:
+        each rank steps on its own gradient, so the batch is one rank's (m = backward passes)."""
+        replicas = 1 if self.grad_sync == "periodic" else max(size // self.model_parallel, 1)
+        m = replicas * self.backward_passes_per_step
         rule = self.lr_scaling
         if rule == "auto":
             if self.reduce_op == "adasum":
@@ -330,6 +363,14 @@ class CommSettings:
             rule = "sqrt"
         return {"none": 1.0, "linear": float(m), "sqrt": math.sqrt(m)}[rule]
 
+
+    def describe_sync(self) -> str:
+        """The gradient-sync mode in words (log lines)."""
+        if self.grad_sync == "delayed":
+            return "gradients averaged one step late (the allreduce runs during the next step)"
+        if self.grad_sync == "periodic":
+            return f"local steps, parameters and Adam moments averaged every {self.sync_period} steps"
+        return "gradients averaged every step"
 
     def summary(self, environ: Mapping[str, str], lr_multiplier: float) -> dict[str, Any]:
         """The effective settings (after ``hvd.init``: the environment holds what Horovod read)."""
@@ -342,6 +383,8 @@ class CommSettings:
                 "backward_passes_per_step": self.backward_passes_per_step,
                 "reduce_op": self.reduce_op,
                 "model_parallel": self.model_parallel,
+                "grad_sync": self.grad_sync,
+                "sync_period": self.sync_period if self.grad_sync == "periodic" else None,
                 "lr_multiplier": lr_multiplier,
                 "nccl_algo": environ.get("NCCL_ALGO"),
                 "nccl_topo_file": environ.get("NCCL_TOPO_FILE")}
@@ -352,6 +395,7 @@ class CommSettings:
         parts = [f"{nodes} node(s)",f"fusion {s['fusion_threshold_mb']:g} MiB" if s["fusion_threshold_mb"] is not None else "fusion default",
                  f"cycle {s['cycle_time_ms']:g} ms" if s["cycle_time_ms"] is not None else "cycle default",
                  f"compression {self.compression}", self.reduce_op,
-                 f"{self.backward_passes_per_step} backward pass(es)/step", f"lr x{lr_multiplier:.3g}",
+                 f"{self.backward_passes_per_step} backward pass(es)/step",
+                 *([self.describe_sync()] if self.grad_sync != "every" else []), f"lr x{lr_multiplier:.3g}",
                  *(f"{k}={environ[k]}" for k in ("NCCL_ALGO", "NCCL_TOPO_FILE") if environ.get(k)), *notes]
         return "communication: " + ", ".join(parts)

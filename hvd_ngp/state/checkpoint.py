@@ -2,7 +2,8 @@
 
 A checkpoint (format ``hvd_ngp.snapshot.v2``) holds the step, model, occupancy grid, optimizer,
 fp16 gradient scaler, parameter average (``ema``; empty without an ``Ema`` block, absent in older
-files), run progress, and every rank's random streams and ray count (gathered to
+files), the gradient-sync state (``grad_sync``: ``--grad_sync delayed``'s average in flight, waited for
+first; ``periodic`` averages the ranks' models first, a checkpoint is a sync point), run progress, and every rank's random streams and ray count (gathered to
 rank 0 as a ``[world_size, L]`` byte tensor; on resume each rank gets its own row back). So a
 resumed run on the same number of ranks continues the same trajectory, bit for bit on CPU.
 
@@ -177,6 +178,8 @@ def capture(ts: TrainState, config: dict, regions: list[dict] | None = None) -> 
     """The snapshot of ``ts`` on rank 0 (``None`` elsewhere). Collective: gathers every rank's streams.
     ``regions``: model parallel, the other regions' files (name, digest) the manifest lists."""
     rt = dist.runtime()
+    if ts.exchange is not None:  # --grad_sync: the delayed average lands, or the ranks' models are averaged
+        ts.exchange.settle()
     streams = dist.allgather(ts.pack_streams()[None], name="checkpoint.streams")  # [size, L]
     if not rt.is_root:
         return None
@@ -188,6 +191,7 @@ def capture(ts: TrainState, config: dict, regions: list[dict] | None = None) -> 
         "optimizer": ts.optimizer.state_dict(),
         "scaler": ts.scaler.state_dict() if ts.scaler is not None else {},
         "ema": ts.ema.state_dict() if ts.ema is not None else {},
+        "grad_sync": ts.exchange.state_dict() if ts.exchange is not None else {},
         "world_size": rt.size,
         "rank_streams": streams,
         "rank_layout": json.dumps(ts.stream_layout()),
@@ -354,8 +358,13 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
         dist.broadcast_region_state(ts.field, ts.optimizer)
     else:
         dist.broadcast_state(ts.field, ts.optimizer)  # optimizer state first, then parameters (see dist)
+    sync_note = ts.exchange.restore(snap.get("grad_sync") if rt.is_root else None) if ts.exchange is not None else ""
+    if rt.is_root and ts.exchange is None and int((snap.get("grad_sync") or {}).get("pending", -1)) >= 0:
+        sync_note = "taken with --grad_sync delayed: its last average, not yet applied, is dropped"
 
     same_world = meta["world_size"] == rt.size and [list(x) for x in meta["layout"]] == ts.stream_layout()
+    if sync_note:
+        dist.log(f"resume: {sync_note}")
     if not same_world:
         reseed()
         if meta["world_size"] == 0:

@@ -1,7 +1,8 @@
 """Everything that decides the rest of a run's trajectory, in one object.
 
 Shared by all ranks (identical everywhere): the field, the occupancy grid, the optimizer (and the
-fp16 gradient scaler), the parameter average (``optim.ParameterEma``, with an ``Ema`` block), the step. Per rank (each rank's own): the ray sampler (its pixel shard and
+fp16 gradient scaler), the parameter average (``optim.ParameterEma``, with an ``Ema`` block), the step,
+the gradient average still in flight (``--grad_sync delayed``). Per rank (each rank's own): the ray sampler (its pixel shard and
 its generator), the background/jitter generator, the torch global generators, the adaptive ray
 count. Checkpoints save both kinds (the per-rank kind gathered to rank 0, see ``checkpoint``);
 elastic training rebuilds the per-rank kind when the world changes (``reseed``).
@@ -75,6 +76,9 @@ class TrainState:
     ema: Any = None  # optim.ParameterEma | None
     #: model parallel: JSON {"model_parallel": K, "partition": ...} (``render.regions.Partition``); None: K = 1
     layout: str | None = None
+    #: --grad_sync delayed | periodic (``training.gradsync``): ``settle()`` before a checkpoint (collective),
+    #: ``state_dict()`` (the same on every rank), ``restore(state or None)`` (collective); None: every
+    exchange: Any = None
     #: called before the random streams are read (the trainer un-draws rays it drew ahead: --draw_ahead)
     before_pack: Callable[[], None] | None = None
 

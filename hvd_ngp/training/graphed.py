@@ -28,7 +28,8 @@ compilation and the ray count settle first).
 
 Not graphed (``eligibility`` says why): the CPU, the reference path, the tcnn backend, fp16 autocast
 or fp16 compression across ranks (their gradient scaler reads the device every step), gradient
-accumulation, elastic jobs, tiny-cuda-nn's sparse Adam rule, armed test faults.
+accumulation, elastic jobs, tiny-cuda-nn's sparse Adam rule, armed test faults, ``--grad_sync`` other than
+``every`` (``training.gradsync``).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def ray_capacity(n_rays: int, current: int | None, max_rays: int, quantum: int =
 
 
 def eligibility(device: torch.device, fast_renderer: bool, precision: str, backward_passes: int, elastic: bool,
-                sparse_hash_updates: bool, scaled: bool = False, backend: str = "triton") -> str | None:
+                sparse_hash_updates: bool, scaled: bool = False, backend: str = "triton",
+                grad_sync: str = "every") -> str | None:
     """None when the step can be graphed, else the reason it cannot (for the log and ``--cuda_graphs on``)."""
     reasons = [
         (device.type != "cuda", "the device is not a CUDA GPU"),
@@ -101,6 +103,7 @@ def eligibility(device: torch.device, fast_renderer: bool, precision: str, backw
         (scaled and precision != "fp16", "a gradient scaler (--compression fp16 across ranks) reads the device "
                                          "every step"),
         (FAULTS_ENV in os.environ, f"test faults are armed ({FAULTS_ENV})"),
+        (grad_sync != "every", f"--grad_sync {grad_sync} (the graphed step averages every step only)"),
     ]
     found = [why for bad, why in reasons if bad]
     return "; ".join(found) if found else None

@@ -79,7 +79,7 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
                background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
                scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None,
                timer: StageTimer = NULL_TIMER, backward_passes: int = 1, guard: NonFiniteGuard | None = None,
-               step: int = 0, weight_gradient: bool = True, loss_scale: float = 1.0) -> StepResult:
+               step: int = 0, weight_gradient: bool = True, loss_scale: float = 1.0, exchange=None) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
     ``rays.weight`` (importance weights of non-uniform sampling) always weight the reported loss and
@@ -95,6 +95,8 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     pattern: synchronize (allreduce), unscale, then step without a second synchronisation. With a
     ``guard``, every rank skips the optimizer step when the loss or the reduced gradients are
     non-finite on any rank (``step``: the 1-based step number, for messages and test faults).
+    ``exchange`` (``training.gradsync``, ``--grad_sync delayed|periodic``): it zeroes the gradients and, after
+    backward, decides how they meet and takes the optimizer step (the optimizer is then not Horovod's).
     """
     device_type = rays.origins.device.type
     render = renderer or render_rays
@@ -105,7 +107,7 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     n_samples = n_candidates = n_valid = 0
     ray_loss: list[Tensor] = []
     valids: list[Tensor | None] = []
-    optimizer.zero_grad()
+    optimizer.zero_grad() if exchange is None else exchange.zero_grad()
     for a, b in zip(bounds[:-1], bounds[1:]):
         if a == b:
             continue
@@ -129,6 +131,10 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
         ray_loss.append(per_channel.detach().float().mean(dim=1))
         valids.append(valid)
     timer.mark("backward")
+    if exchange is not None:
+        skipped = exchange.finish(optimizer, guard, loss, step)
+        timer.mark("optimizer")
+        return _result(loss, mse, n_samples, n_candidates, n_valid, skipped, ray_loss, valids)
     if guard is not None:
         guard.submit(loss)
     distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
@@ -147,6 +153,12 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
         if scaler is not None:
             scaler.update()
     timer.mark("optimizer")
+    return _result(loss, mse, n_samples, n_candidates, n_valid, skipped, ray_loss, valids)
+
+
+def _result(loss: Tensor, mse: Tensor, n_samples, n_candidates, n_valid, skipped: bool, ray_loss: list[Tensor],
+            valids: list[Tensor | None]) -> StepResult:
+    """The step's result from its backward passes' per-ray losses ``[r_i]`` and valid masks (None: all)."""
     all_valid = None if all(v is None for v in valids) else torch.cat(
         [torch.ones(len(r), dtype=torch.bool, device=r.device) if v is None else v for r, v in zip(ray_loss, valids)])
     return StepResult(loss, mse, n_samples, n_candidates, n_valid, skipped,

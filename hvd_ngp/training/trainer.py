@@ -46,6 +46,7 @@ from ..state.failures import NonFiniteGuard, Watchdog
 from ..state.trainstate import TrainState, make_rank_streams
 from .ahead import Draw, DrawAhead
 from .budget import RayBudget
+from .gradsync import DelayedAveraging, PeriodicAveraging, make_exchange
 from .graphed import GraphedGridUpdate, GraphedStep, eligibility, set_learning_rate, use_graphs
 from .evaluate import BACKGROUNDS, evaluate
 from .model_parallel import ModelParallel, hash_parameters, plan_partition, region_model
@@ -116,6 +117,7 @@ class Trainer:
     # step or at ``settle``; the run loop sums the interval's losses and samples there
     on_settled: Callable[[StepResult, int], None] | None = None
     _unsettled: tuple | None = None  # (step, result, rays, n_rays) of a step whose verdict is deferred
+    exchange: DelayedAveraging | PeriodicAveraging | None = None  # --grad_sync delayed | periodic; None: every
 
     @property
     def sampler(self) -> RaySampler:
@@ -144,7 +146,7 @@ class Trainer:
         backend = resolve_backend(args.backend, rt.device)
         dist.log(f"hvd_ngp: {rt.size} rank(s) [{rt.controller}{', elastic' if dist.elastic() else ''}], "
                  f"device {device_name(rt.device)}, config {source}, backend {backend}, host {socket.gethostname()}")
-        if rt.size > 1 or comm.backward_passes_per_step > 1:
+        if rt.size > 1 or comm.backward_passes_per_step > 1 or comm.grad_sync != "every":
             dist.log(comm.describe(os.environ, comm.lr_multiplier(rt.size, rt.local_size, use_cuda), rt.cross_size,
                                    notes))
         scene: Scene = elastic.startup_agree(lambda: load_scene(
@@ -187,7 +189,8 @@ class Trainer:
         chain = OptimizerChain.parse(model_k["optimizer"], source)
         sparse = bool(chain.adam.get("sparse_hash_updates", False))
         graphs = use_graphs(args.cuda_graphs, eligibility(rt.device, fast, args.precision, comm.backward_passes_per_step,
-                                                          dist.elastic(), sparse, scaler is not None, backend),
+                                                          dist.elastic(), sparse, scaler is not None, backend,
+                                                          comm.grad_sync),
                             rt.device)
 
         def build_model() -> tuple:
@@ -202,7 +205,8 @@ class Trainer:
         field, grid, march, optimizer, lr_at, loss_fn, ema = elastic.startup_agree(build_model, "building the model")
         seen = grid.mark_unseen(scene.train.c2w, scene.train.intrinsics, scene.train.sizes, march.schedule.near)
         dist.log(f"occupancy grid: {100 * seen:.1f}% of the cells are seen by a training camera")
-        if not graphs:  # wrapped before any state is loaded into it (a graphed step reduces flat gradients)
+        if not graphs and comm.grad_sync == "every":  # wrapped before any state is loaded into it (a graphed step
+            # reduces flat gradients; --grad_sync delayed | periodic exchange through training.gradsync)
             optimizer = dist.distributed_optimizer(optimizer, field.named_parameters(), comm.compression,
                                                    comm.backward_passes_per_step, comm.reduce_op,
                                                    group="region" if mp is not None else None)
@@ -232,13 +236,16 @@ class Trainer:
         stops = preempt.install(getattr(args, "stop_signal_names", ()), dist.elastic())
         guard = NonFiniteGuard(args.nonfinite_limit, stops.local if stops.signals else None) \
             if args.nonfinite_limit else None
+        exchange = make_exchange(comm, field, optimizer, guard, ema)
+        state.exchange = exchange
         graphed = None  # made before the resume: its optimizer hooks keep a loaded state capturable
         if graphs:
             graphed = GraphedStep.build(field, grid, optimizer, march, loss_fn, renderer, guard, args.precision,
                                         data.settings.importance_weights, comm.compression, args.max_rays,
                                         args.defer_verdict)
         tr = Trainer(args, rt, backend, scene, field, grid, march, optimizer, lr_at, loss_fn, scaler, renderer, budget,
-                     state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed, mp=mp)
+                     state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed, mp=mp,
+                     exchange=exchange)
         tr.use_draw_ahead(args.draw_ahead)
         tr.use_grid_graph(args.graph_grid_update)
         resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
@@ -323,7 +330,7 @@ class Trainer:
                 res = train_step(self.field, self.grid, self.optimizer, rays, background, self.march, self.loss_fn,
                                  jitter, args.precision, self.scaler, self.renderer, timer,
                                  args.comm.backward_passes_per_step, self.guard, step + 1,
-                                 self.data.settings.importance_weights, self.data.loss_scale)
+                                 self.data.settings.importance_weights, self.data.loss_scale, self.exchange)
         faultpoints.slow_down(step + 1, res.n_samples)  # test hook, like faultpoints.at_step
         if self.mp is None:
             self.budget.update(res, apply=self.ahead is None)  # drawing ahead: the count changes where it draws
@@ -391,7 +398,8 @@ class Trainer:
     def evaluate(self, n_views: int | None = None, save_dir: Path | None = None, n_save: int = 0) -> dict:
         """Test-split metrics with the averaged weights (collective), rendered within the memory budget; its
         peak memory is recorded as the "eval" phase and the cached blocks are released afterwards."""
-        with self.averaged_weights(), self.meter.phase("eval"), \
+        consensus = self.exchange.consensus() if self.exchange is not None else contextlib.nullcontext()
+        with consensus, self.averaged_weights(), self.meter.phase("eval"), \
                 out_of_memory_as_error("evaluation", self.memory, EVAL_HINT):
             return evaluate(self.field, self.grid, self.scene.test, self.march.render_schedule,
                             self.march.early_termination,
@@ -400,8 +408,11 @@ class Trainer:
                             protocol=self.args.eval_protocol, budget=self.memory, parallel=self.mp)
 
 
-def run(args: argparse.Namespace) -> RunResult:
-    """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
+def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] | None = None) -> RunResult:
+    """Train as ``args`` say (every rank calls this); rank 0 prints and writes files.
+
+    ``stop_after_eval(step, psnr)``: called after each evaluation during training; True ends training there (as
+    a time budget does: the final evaluation follows). It must decide the same on every rank (the PSNR is)."""
     tr = Trainer.build(args)
     rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
     ckpt_dir = tr.ckpts.directory if checkpointing(args) or tr.stops.signals else None  # a stop always checkpoints
@@ -529,6 +540,7 @@ def run(args: argparse.Namespace) -> RunResult:
                                               "ssim": ev["ssim"], "eval_seconds": round(clock.last_pause, 3)})
                     dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
                              f"views at {seconds:.1f} s (evaluation {clock.last_pause:.1f} s)")
+                    stop = stop_after_eval is not None and stop_after_eval(step, ev["psnr"])
                 if ckpt_due or (stop and checkpointing(args)):
                     write_checkpoint(step)
                     stats.started += clock.last_pause
@@ -557,6 +569,9 @@ def run(args: argparse.Namespace) -> RunResult:
     train_seconds = progress["train_seconds"] = clock.seconds()
     if checkpointing(args) and step not in [s for s, _ in tr.ckpts.existing()]:
         write_checkpoint(step)  # a restartable run always ends with a checkpoint
+    if tr.exchange is not None:  # after the last checkpoint: the delayed average applied, the ranks' models averaged
+        if tr.exchange.flush(tr.optimizer, tr.guard) and ts.ema is not None:
+            ts.ema.update()
     stream = tr.data.stream_report()
     tr.data.close()
     if stream:

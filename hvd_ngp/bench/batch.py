@@ -1,0 +1,149 @@
+"""``python -m hvd_ngp.bench batch``: steps to a test PSNR at K backward passes per step, on one device.
+
+    python -m hvd_ngp.bench batch --ks 1,2,4,8,16 --seeds 1337,1 --psnr_targets 33,35 \\
+        --eval_every 2000 --n_eval_views 5 --budget_s 420 --json runs/bench/batch.json -- --scene /tmp/stage/lego
+
+N data-parallel ranks averaging their gradients compute what one rank computes with N x the samples per
+step: ``--backward_passes_per_step K`` draws K x ``--target_samples``, back-propagates them in K passes and
+takes one optimizer step with the learning rate of K ranks (``--lr_scaling``: sqrt(K) by default, the rule
+``cluster.comm.CommSettings.lr_multiplier`` applies to ranks x passes). So the steps one device needs at K
+are the steps K ranks would need; times (one device's step + the exposed allreduce on a fabric) they give
+the time to quality at K GPUs (``bench fabric --steps_json`` reads this file).
+
+For each seed and K (in that order): one training run in this process (``training.trainer.run``), its
+test PSNR on the first ``--n_eval_views`` test views every ``--eval_every`` / K steps (equal samples
+between evaluations at every K; at least every step), stopped as soon as every target is reached, or
+when its share of ``--budget_s`` training seconds (evaluations excluded; what earlier runs left,
+split evenly over the runs still to come, at least half an even share) or ``--max_steps`` runs out. Records the first evaluated step
+at which each target was reached (null: not within the run), the training step time (the first step,
+with its kernel compilation, left out) and samples per step.
+
+JSON (``--json``), exactly: {"scene", "device", "step_ms_per_backward_pass" (the K = 1 runs' mean step,
+else the smallest step / K), "runs": [{"k", "seed", "samples_per_step", "step_ms", "steps_to_psnr":
+{"33": int | null, ...}, "final_psnr"}]}. ``--details_json``: each run's PSNR curve, steps and seconds.
+On a GPU the K = 1 step is the graphed one and K > 1 steps run eagerly (CUDA graphs refuse gradient
+accumulation), so ``step_ms`` / K at K > 1 is above one rank's step at K ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..errors import ConfigError
+from ..training.trainer import run
+from .report import table, write_json
+
+
+def _list(text: str, kind, what: str) -> list:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--{what} expects comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise ConfigError(f"--{what} is empty")
+    return values
+
+
+def target_key(target: float) -> str:
+    return f"{target:g}"
+
+
+def steps_to(curve: list[dict], target: float) -> int | None:
+    """The first evaluated step whose PSNR reached ``target``, or None."""
+    return next((int(c["step"]) for c in curve if c["psnr"] >= target), None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench batch", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ks", default="1,2,4,8,16", help="backward passes per step to measure")
+    p.add_argument("--seeds", default="1337,1")
+    p.add_argument("--psnr_targets", default="33,35", help="test PSNR targets in dB")
+    p.add_argument("--eval_every", type=int, default=2000,
+                   help="steps between evaluations at K = 1 (every eval_every / K steps at K)")
+    p.add_argument("--n_eval_views", type=int, default=5, help="test views per evaluation (0: all)")
+    p.add_argument("--budget_s", type=float, default=0.0,
+                   help="training seconds for all runs together (evaluations excluded; 0: no limit)")
+    p.add_argument("--max_steps", type=int, default=0, help="steps per run at most (0: no limit; one of the two "
+                                                           "limits must be set)")
+    p.add_argument("--out_dir", default="runs/bench/batch")
+    p.add_argument("--json", default=None, help="the result (default <out_dir>/batch.json)")
+    p.add_argument("--details_json", default=None, help="curves and run lengths (default <out_dir>/details.json)")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': trainer flags for every run")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    opts = build_parser().parse_args(argv)
+    extra = [a for a in opts.extra if a != "--"]
+    ks, seeds = _list(opts.ks, int, "ks"), _list(opts.seeds, int, "seeds")
+    targets = sorted(_list(opts.psnr_targets, float, "psnr_targets"))
+    if any(k < 1 for k in ks):
+        raise ConfigError(f"--ks must be >= 1, got {opts.ks}")
+    if opts.eval_every < 1:
+        raise ConfigError(f"--eval_every must be >= 1, got {opts.eval_every}")
+    if opts.budget_s <= 0 and opts.max_steps <= 0:
+        raise ConfigError("give --budget_s or --max_steps (each run stops at its targets, or at these limits)")
+    for flag in ("--backward_passes_per_step", "--seed", "--eval_every", "--n_eval_views", "--n_steps",
+                 "--time_budget_s"):
+        if any(a == flag or a.startswith(flag + "=") for a in extra):
+            raise ConfigError(f"{flag} is set by the benchmark for each run; leave it out of the trainer flags")
+    out = Path(opts.out_dir)
+    plan = [(seed, k) for seed in seeds for k in ks]
+    left = opts.budget_s
+    runs, details = [], []
+    for i, (seed, k) in enumerate(plan):
+        # what earlier runs left, split over the runs to come; at least half an even share (a run may overrun its
+        # share by up to 8 steps: the trainer reads its clock every 8 steps)
+        share = max(left / (len(plan) - i), opts.budget_s / len(plan) / 2) if opts.budget_s > 0 else 0.0
+        every = max(opts.eval_every // k, 1)
+        flags = [*extra, "--backward_passes_per_step", str(k), "--seed", str(seed), "--eval_every", str(every),
+                 "--n_eval_views", str(opts.n_eval_views), "--save_renders", "0",
+                 "--out_dir", str(out / f"seed{seed}_k{k}"),
+                 "--n_steps", str(opts.max_steps) if opts.max_steps > 0 else "100000000",
+                 *(["--time_budget_s", f"{share:.3f}"] if share > 0 else [])]
+        args = parse_args(flags, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)  # as train
+        reached: list[float] = []
+
+        def all_reached(step: int, psnr: float) -> bool:
+            reached.append(psnr)
+            return max(reached) >= targets[-1]
+
+        result = run(args, stop_after_eval=all_reached)
+        m = result.metrics
+        timed_steps = max(m["steps"] - 1, 1)  # the first step (kernel compilation) is off the training clock
+        seconds = m["train_seconds"]
+        left = max(left - seconds, 0.0) if opts.budget_s > 0 else left
+        curve = m["curve"]
+        row = {"k": k, "seed": seed,
+               "samples_per_step": int(round(m["samples_per_sec"] * seconds / timed_steps)),
+               "step_ms": seconds / timed_steps * 1e3,
+               "steps_to_psnr": {target_key(t): steps_to(curve, t) for t in targets},
+               "final_psnr": float(curve[-1]["psnr"])}
+        runs.append(row)
+        details.append({**row, "steps": m["steps"], "train_seconds": seconds, "share_s": share,
+                        "eval_every": every, "lr_multiplier": m["communication"]["lr_multiplier"], "curve": curve})
+        print(f"K = {k}, seed {seed}: {m['steps']} steps in {seconds:.1f} s, {row['step_ms']:.2f} ms/step, "
+              f"targets {row['steps_to_psnr']}, final {row['final_psnr']:.2f} dB", file=sys.stderr, flush=True)
+    ones = [r["step_ms"] for r in runs if r["k"] == 1]
+    per_pass = sum(ones) / len(ones) if ones else min(r["step_ms"] / r["k"] for r in runs)
+    result = {"scene": m["scene"], "device": m["device"], "step_ms_per_backward_pass": per_pass, "runs": runs}
+    rows = [{"K": r["k"], "seed": r["seed"], "samples/step": r["samples_per_step"], "step ms": f"{r['step_ms']:.2f}",
+             "ms per pass": f"{r['step_ms'] / r['k']:.2f}", "lr x": f"{d['lr_multiplier']:.3g}",
+             **{f"steps to {key} dB": "-" if v is None else v for key, v in r["steps_to_psnr"].items()},
+             **{f"samples to {key} dB (M)": "-" if v is None else f"{v * r['samples_per_step'] / 1e6:.3g}"
+                for key, v in r["steps_to_psnr"].items()},
+             "final dB": f"{r['final_psnr']:.2f}", "steps": d["steps"]} for r, d in zip(runs, details)]
+    print(f"{result['device']}, scene {result['scene']}; PSNR over {opts.n_eval_views or 'all'} test views every "
+          f"{opts.eval_every} / K steps; one pass {per_pass:.2f} ms")
+    print(table(rows, list(rows[0])))
+    write_json(opts.json or out / "batch.json", result)
+    write_json(opts.details_json or out / "details.json", {"options": vars(opts), "runs": details})
+    if not math.isfinite(per_pass):
+        raise ConfigError("no step time was measured")
+    return result

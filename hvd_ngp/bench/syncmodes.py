@@ -1,0 +1,97 @@
+"""``python -m hvd_ngp.bench syncmodes``: the quality cost of ``--grad_sync delayed | periodic`` at equal samples.
+
+    python -m hvd_ngp.bench syncmodes --ranks 2,4 --seeds 1337,1 -- --n_steps 300
+
+For each rank count, mode and seed: one ``horovodrun -np N -H localhost:N`` training run (the same trainer
+flags, steps and samples per rank for every mode), its final test PSNR. Prints a table (PSNR per seed, the
+mean, and the mean's difference from ``every`` at the same rank count) and writes JSON. On the CPU by
+default (``--device cpu``, the built-in scene); ``--controller`` picks Gloo or MPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..cluster.comm import GRAD_SYNCS
+from ..errors import HvdNgpError
+from .report import table, write_json
+
+
+class BenchError(HvdNgpError):
+    """A training run of the benchmark failed."""
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BenchError(f"--{what} expects comma-separated integers, got {text!r}") from None
+
+
+def train_once(ranks: int, mode: str, seed: int, opts: argparse.Namespace, out: Path) -> dict:
+    """One launch -> {"psnr", "steps", "train_seconds"}; a failed run raises ``BenchError`` with its log's tail."""
+    metrics = out / "metrics.json"
+    launcher = Path(sys.executable).with_name("horovodrun")
+    cmd = [str(launcher), "-np", str(ranks), "-H", f"localhost:{ranks}", f"--{opts.controller}", sys.executable,
+           "-m", "hvd_ngp.train", "--device", opts.device, "--grad_sync", mode, "--seed", str(seed),
+           "--out_dir", str(out), "--metrics_json", str(metrics), "--save_renders", "0",
+           *(["--sync_period", str(opts.sync_period)] if mode == "periodic" else []), *opts.extra]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    (out / "log.txt").parent.mkdir(parents=True, exist_ok=True)
+    (out / "log.txt").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not metrics.is_file():
+        raise BenchError(f"{ranks} ranks, --grad_sync {mode}, seed {seed} failed (exit {proc.returncode}); "
+                         f"log {out / 'log.txt'}: {(proc.stdout + proc.stderr)[-600:]}")
+    m = json.loads(metrics.read_text())
+    return {"psnr": m["test_psnr"], "steps": m["steps"], "train_seconds": m["train_seconds"],
+            "wall_seconds": round(time.perf_counter() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench syncmodes", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", default="2", help="comma-separated rank counts (all on this machine)")
+    p.add_argument("--modes", default=",".join(GRAD_SYNCS), help=f"comma-separated of {', '.join(GRAD_SYNCS)}")
+    p.add_argument("--seeds", default="1337,1")
+    p.add_argument("--sync_period", type=int, default=8, help="H of --grad_sync periodic")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--controller", choices=("gloo", "mpi"), default="gloo")
+    p.add_argument("--out_dir", default="runs/bench/syncmodes")
+    p.add_argument("--json", default=None, help="summary JSON (default <out_dir>/syncmodes.json)")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': trainer flags for every run")
+    opts = p.parse_args(argv)
+    opts.extra = [a for a in opts.extra if a != "--"]
+    ranks, seeds = _ints(opts.ranks, "ranks"), _ints(opts.seeds, "seeds")
+    modes = [m.strip() for m in opts.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in GRAD_SYNCS]
+    if unknown:
+        raise BenchError(f"--modes: unknown {unknown} (known: {', '.join(GRAD_SYNCS)})")
+    out = Path(opts.out_dir)
+    runs = []
+    for n in ranks:
+        for mode in modes:
+            for seed in seeds:
+                r = train_once(n, mode, seed, opts, out / f"np{n}_{mode}_seed{seed}")
+                runs.append({"ranks": n, "mode": mode, "seed": seed, **r})
+                print(f"{n} ranks, {mode}, seed {seed}: {r['psnr']:.3f} dB ({r['steps']} steps, "
+                      f"{r['wall_seconds']} s)", file=sys.stderr, flush=True)
+    rows = []
+    for n in ranks:
+        base = None
+        for mode in modes:
+            mine = [r for r in runs if r["ranks"] == n and r["mode"] == mode]
+            mean = sum(r["psnr"] for r in mine) / len(mine)
+            base = mean if mode == "every" else base
+            rows.append({"ranks": n, "mode": mode + (f" (H {opts.sync_period})" if mode == "periodic" else ""),
+                         **{f"seed {r['seed']} dB": f"{r['psnr']:.3f}" for r in mine}, "mean dB": f"{mean:.3f}",
+                         "vs every": "" if base is None or mode == "every" else f"{mean - base:+.3f}"})
+    print(table(rows, list(rows[0])))
+    result = {"ranks": ranks, "modes": modes, "seeds": seeds, "sync_period": opts.sync_period,
+              "controller": opts.controller, "trainer_flags": opts.extra, "runs": runs}
+    write_json(opts.json or out / "syncmodes.json", result)
+    return result

@@ -1,0 +1,245 @@
+"""When the ranks' gradients meet: ``--grad_sync delayed`` and ``--grad_sync periodic`` (docs/sync-modes.md).
+
+``every`` (the default) is Horovod's DistributedOptimizer: the step waits for the allreduce of its own
+gradients. The two modes here take that wait off the step:
+
+- ``DelayedAveraging`` (one-step-delayed averaging): step t's local gradient is copied out of the flat
+  gradient buffer (``cluster.flatgrad``) and its allreduce started; the step then waits for step t-1's
+  allreduce, which ran during step t's forward and backward, and the optimizer applies that average.
+  Every update is an average of all ranks' gradients, one step late; the ranks stay identical. The
+  average still in flight is part of the training state: a checkpoint waits for it and saves it, a
+  resume applies it at the next step, so a resumed run continues bit for bit. The non-finite guard's
+  flags ride in the buffer's tail and are decided with the gradient they travel with (one step late).
+- ``PeriodicAveraging`` (local SGD): each rank steps its own optimizer on its own gradient; after every
+  H-th step (``--sync_period``; counted in global steps, so the phase survives a resume) one fused
+  allreduce averages the parameters, Adam's two moments (``exp_avg``, ``exp_avg_sq``, and the sparse
+  rule's ``entry_steps``) and the parameter average (``Ema``, linear in the parameters), so after a sync
+  every rank holds the same state. Adam's step count is the same on every rank (the guard skips on all
+  ranks together). A checkpoint is a sync point (one extra sync where the step is not a multiple of H),
+  so a resumed run continues exactly as one that wrote the same checkpoints; the end of training syncs;
+  evaluations read the rank average without changing any rank's state (``consensus``).
+
+Both keep one tiny allreduce per step for the non-finite guard and the stop vote (periodic: the loss flag,
+with "my gradients are not finite" folded in, so every rank skips the same steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from ..cluster import dist
+from ..cluster.comm import CommSettings
+from ..cluster.flatgrad import FlatGradients
+from ..state.failures import NonFiniteGuard
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class DelayedAveraging:
+    """One-step-delayed gradient averaging over the flat gradient buffers of ``parameters``.
+
+    ``grads``: the flat buffers (every ``p.grad`` a view; the guard's flags in the float32 tail);
+    ``wire``: two copies of them, used in turn for the allreduce in flight. ``pending``: the global step
+    (1-based) whose average is in flight or landed and not yet applied, None when none is.
+    """
+
+    mode = "delayed"
+
+    def __init__(self, parameters, guard: NonFiniteGuard | None) -> None:
+        self.grads = FlatGradients(parameters, tail=guard.width if guard else 0, name="delayed")
+        self.wire = [{dt: torch.zeros_like(b) for dt, b in self.grads.buffers.items()} for _ in range(2)]
+        self.pending: int | None = None
+        self._handle: dist.PendingAllreduce | None = None
+        self._slot = 0  # the wire buffers of the pending average
+
+    def zero_grad(self) -> None:
+        self.grads.zero_()
+
+    def _wait(self) -> None:
+        if self._handle is not None:
+            self._handle.wait()
+            self._handle = None
+
+    def finish(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, loss: Tensor, step: int) -> bool:
+        """After step ``step``'s backward (1-based, collective): send its gradient, apply the previous step's
+        average. Returns whether that update was skipped (a non-finite loss or gradient on some rank)."""
+        self.grads.check_views()
+        if guard is not None:
+            guard.fold(loss, self.grads.tail)
+        slot = 1 - self._slot if self.pending is not None else self._slot
+        mine = self.wire[slot]
+        for dt, b in self.grads.buffers.items():
+            mine[dt].copy_(b)
+        sent = dist.allreduce_buffers_start(list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine],
+                                            "avg")
+        # the previous step's average (it travelled while this step computed), if any
+        skipped = self._apply(optimizer, guard) if self.pending is not None else False
+        self._handle, self._slot, self.pending = sent, slot, step
+        return skipped
+
+    def _apply(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> bool:
+        """Wait for the pending average, put it in ``p.grad`` and step unless the guard skips it (-> skipped)."""
+        self._wait()
+        for dt, b in self.grads.buffers.items():
+            b.copy_(self.wire[self._slot][dt])
+        skipped = False
+        if guard is not None:
+            guard.adopt(self.grads.tail)
+            skipped = guard.should_skip(optimizer, self.pending, grads=self.grads)
+        if not skipped:
+            optimizer.step()
+        return skipped
+
+    def settle(self) -> None:
+        """Collective: the average in flight lands (before a checkpoint reads it)."""
+        self._wait()
+
+    def flush(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> bool:
+        """The end of training (collective): the last average is applied, so n steps make n updates.
+        Returns whether an update was applied (the caller then updates the parameter average)."""
+        if self.pending is None:
+            return False
+        skipped = self._apply(optimizer, guard)
+        self.pending = None
+        return not skipped
+
+    @contextlib.contextmanager
+    def consensus(self) -> Iterator[None]:
+        yield  # every rank already holds the same parameters
+
+    def state_dict(self) -> dict:
+        """The average not yet applied (identical on every rank; ``settle`` first)."""
+        if self.pending is None:
+            return {"mode": self.mode, "pending": -1}
+        return {"mode": self.mode, "pending": int(self.pending),
+                "buffers": {_dtype_name(dt): t.detach().to("cpu").clone() for dt, t in self.wire[self._slot].items()}}
+
+    def restore(self, state: dict | None) -> str:
+        """Collective: rank 0's checkpointed ``state`` (others: None) -> the average to apply at the next step.
+        Returns a note for the log ("" when nothing to say)."""
+        self.grads.attach()  # Horovod's optimizer-state broadcast gives an empty state new ``p.grad`` tensors
+        meta = None
+        if dist.runtime().is_root:
+            meta = {"mode": (state or {}).get("mode"), "pending": int((state or {}).get("pending", -1))}
+        meta = dist.broadcast_object(meta, name="gradsync.meta")
+        self._handle, self.pending = None, None
+        if meta["mode"] != self.mode or meta["pending"] < 0:
+            return "" if meta["mode"] in (None, self.mode) else f"taken with --grad_sync {meta['mode']}: no average in flight"
+        slot = self.wire[self._slot]
+        for dt, t in slot.items():
+            if dist.runtime().is_root:
+                t.copy_(state["buffers"][_dtype_name(dt)])
+            dist.broadcast_(t, name=f"gradsync.{_dtype_name(dt)}")
+        self.pending = meta["pending"]
+        return ""
+
+
+class PeriodicAveraging:
+    """Local steps, parameters and optimizer moments averaged after every ``period``-th step (see the module
+    docstring). ``ema``: the parameter average (``optim.ParameterEma``) or None."""
+
+    mode = "periodic"
+
+    def __init__(self, field: torch.nn.Module, optimizer: torch.optim.Optimizer, period: int, ema=None) -> None:
+        if period < 1:
+            raise ValueError(f"the sync period must be >= 1, got {period}")
+        self.field, self.optimizer, self.period, self.ema = field, optimizer, period, ema
+        self.synced = True  # every rank holds the same state (at the start: broadcast from rank 0)
+        self.syncs = 0
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def finish(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, loss: Tensor, step: int) -> bool:
+        """After step ``step``'s backward (1-based, collective): the local update, then the average when due."""
+        skipped = False
+        if guard is not None:
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            # a non-finite local gradient poisons the flag (0 * inf = nan): every rank skips together
+            probe = loss.detach().float()
+            if grads:
+                probe = probe + 0.0 * torch.stack([g.float().sum() for g in grads]).sum()
+            guard.submit(probe)
+            skipped = guard.should_skip(optimizer, step, check_gradients=False)
+        if not skipped:
+            optimizer.step()
+            self.synced = False
+        if step % self.period == 0:
+            self.sync()
+        return skipped
+
+    def tensors(self) -> list[Tensor]:
+        """What a sync averages: parameters, per-parameter optimizer state, the parameter average."""
+        out = [p.data for p in self.field.parameters()]
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                st = self.optimizer.state.get(p, {})
+                out += [st[k] for k in sorted(st) if isinstance(st[k], Tensor) and st[k].shape == p.shape
+                        and st[k].is_floating_point()]
+        if self.ema is not None:
+            out += list(self.ema.average)
+        return out
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """Collective: every rank's parameters, moments and parameter average replaced by their rank average."""
+        if dist.communicating():
+            dist.allreduce_many_(self.tensors(), "avg", name="periodic")
+        self.synced = True
+        self.syncs += 1
+
+    def settle(self) -> None:
+        """Before a checkpoint (collective): a checkpoint is a sync point."""
+        if not self.synced:
+            self.sync()
+
+    def flush(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> bool:
+        """The end of training: one model on every rank (no update: returns False)."""
+        self.settle()
+        return False
+
+    @contextlib.contextmanager
+    def consensus(self) -> Iterator[None]:
+        """Collective: inside, the rank average of the parameters (and of the parameter average), without
+        changing any rank's own state (an evaluation between syncs)."""
+        if self.synced or not dist.communicating():
+            yield
+            return
+        live = [p.data for p in self.field.parameters()] + (list(self.ema.average) if self.ema is not None else [])
+        saved = [t.clone() for t in live]
+        with torch.no_grad():
+            dist.allreduce_many_(live, "avg", name="periodic.consensus")
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(live, saved)
+
+    def state_dict(self) -> dict:
+        return {"mode": self.mode, "period": self.period}
+
+    def restore(self, state: dict | None) -> str:
+        """Collective (nothing to broadcast: a checkpoint is a sync point, its state is the shared one)."""
+        self.synced = True
+        taken = dist.broadcast_object((state or {}).get("mode") if dist.runtime().is_root else None,
+                                      name="gradsync.meta")
+        return "" if taken in (None, self.mode) else f"taken with --grad_sync {taken}"
+
+
+def make_exchange(comm: CommSettings, field: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  guard: NonFiniteGuard | None, ema=None) -> DelayedAveraging | PeriodicAveraging | None:
+    """The exchange ``--grad_sync`` asks for; None for ``every`` (Horovod's DistributedOptimizer)."""
+    if comm.grad_sync == "delayed":
+        return DelayedAveraging(field.named_parameters(), guard)
+    if comm.grad_sync == "periodic":
+        return PeriodicAveraging(field, optimizer, comm.sync_period, ema)
+    return None
+
+
+__all__ = ["DelayedAveraging", "PeriodicAveraging", "make_exchange"]

@@ -1,0 +1,163 @@
+"""Run under ``horovodrun -np N``: ``--grad_sync delayed`` and ``periodic``, asserted on every rank.
+
+    python tests/parallel/check_gradsync.py SCENE_CACHE OUT_DIR [CHECK,CHECK,...]
+
+CHECKs (default all): delayed, periodic, resume.
+
+1. delayed: three steps (and the flush at the end) on fixed rays, SGD, equal a hand-computed reference:
+   nothing moves at step 1, step t+1 applies the rank average of step t's gradients (gathered and
+   averaged here by hand); every rank holds the same parameters after every step;
+2. periodic (H = 2, Adam): the ranks differ after steps 1 and 3 and are identical (parameters and Adam
+   moments) after step 2; a sync replaces every rank's tensors by their rank average;
+3. the trainer, each mode: 8 steps straight == 4 steps, checkpoint, resume, 4 more (bit-identical
+   parameters and parameter averages), and the ranks identical at the end.
+Prints ``CHECK <name> OK`` lines on rank 0; any failure raises (non-zero exit).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from check_comm import Setup as CommSetup  # noqa: E402
+from conftest import TINY_ARGS, tensor_digest as digest  # noqa: E402
+
+from hvd_ngp.cluster import dist  # noqa: E402
+from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
+from hvd_ngp.data.sampler import RaySampler  # noqa: E402
+from hvd_ngp.model.field import NGPField  # noqa: E402
+from hvd_ngp.training.gradsync import DelayedAveraging, PeriodicAveraging  # noqa: E402
+from hvd_ngp.training.recipe import make_grid, make_optimizer  # noqa: E402
+from hvd_ngp.training.step import train_step  # noqa: E402
+from hvd_ngp.training.trainer import run  # noqa: E402
+
+RAYS = 64
+STEPS = 3
+LR = 0.05
+
+
+def same_on_every_rank(tensors, name: str) -> bool:
+    every = dist.allgather_object(digest(tensors), name=name)
+    return all(d == every[0] for d in every)
+
+
+class Setup(CommSetup):
+    """check_comm's model, scene and marching; its own rays."""
+
+    def __init__(self, cache: str) -> None:
+        super().__init__(cache)
+        rt = dist.runtime()
+        n_pix = len(self.scene.train) * self.scene.train.height * self.scene.train.width
+        gen = torch.Generator().manual_seed(7)
+        sampler = RaySampler(self.scene.train, 0, 1, 0, torch.device("cpu"), jitter=False)
+        # every rank draws every rank's rays (the reference needs them all); rank r trains on rays[s][r]
+        self.rays = [[sampler.rays_for_pixels(torch.randperm(n_pix, generator=gen)[:RAYS]) for _ in range(rt.size)]
+                     for _ in range(STEPS + 1)]
+
+    def field(self) -> NGPField:
+        torch.manual_seed(0)
+        return NGPField(self.args.model, self.scene.aabb, "torch")
+
+    def step(self, field, opt, rays, step: int, exchange=None):
+        grid = make_grid(self.args.model["marching"], self.scene)  # all cells occupied: no update needed
+        return train_step(field, grid, opt, rays, torch.ones(len(rays), 3), self.march, self.loss_fn, None,
+                          step=step, exchange=exchange)
+
+    def local_gradient(self, params: list[torch.Tensor], rays) -> list[torch.Tensor]:
+        """The gradient one rank's ``rays`` give at ``params`` (no update: learning rate 0)."""
+        field = self.field()
+        with torch.no_grad():
+            for p, q in zip(field.parameters(), params):
+                p.copy_(q)
+        self.step(field, torch.optim.SGD(field.parameters(), lr=0.0), rays, 1)
+        return [p.grad.clone() for p in field.parameters()]
+
+
+def check_delayed(s: Setup) -> None:
+    rt = dist.runtime()
+    field = s.field()
+    opt = torch.optim.SGD(field.parameters(), lr=LR)
+    exchange = DelayedAveraging(field.named_parameters(), None)
+    ref = [p.detach().clone() for p in field.parameters()]
+    moved = []
+    previous = None  # the hand-averaged gradient of the previous step
+    for t in range(STEPS + 1):
+        if t < STEPS:
+            s.step(field, opt, s.rays[t][rt.rank], t + 1, exchange)
+        else:
+            assert exchange.flush(opt, None), "the flush applied nothing"
+        # the reference: step t applies the average of step t-1's gradients (taken at the parameters then)
+        grads = [s.local_gradient(ref, s.rays[t][r]) for r in range(rt.size)] if t < STEPS else None
+        if previous is not None:
+            ref = [p - LR * g for p, g in zip(ref, previous)]
+        previous = None if grads is None else [sum(g[i] for g in grads) / rt.size for i in range(len(ref))]
+        for i, (p, q) in enumerate(zip(field.parameters(), ref)):
+            torch.testing.assert_close(p.detach(), q, rtol=1e-5, atol=1e-7,
+                                       msg=lambda m: f"delayed, step {t + 1}, parameter {i}: {m}")
+        assert same_on_every_rank(list(field.parameters()), f"check.delayed.{t}"), f"ranks differ after step {t + 1}"
+        moved.append(max(float((p.detach() - q0).abs().max()) for p, q0 in zip(field.parameters(), s.field().parameters())))
+    assert moved[0] == 0.0 and all(m > 0 for m in moved[1:]), f"largest parameter change per step: {moved}"
+    if rt.is_root:
+        print(f"CHECK delayed_reference OK ({STEPS} steps + flush on {rt.size} ranks: step t+1 applies step t's "
+              f"average; largest change from the start per step {['%.2e' % m for m in moved]})", flush=True)
+
+
+def check_periodic(s: Setup) -> None:
+    rt = dist.runtime()
+    field = s.field()
+    opt, _ = make_optimizer(field, s.args.model["optimizer"], "test")
+    exchange = PeriodicAveraging(field, opt, 2)
+    same = []
+    for t in range(STEPS):
+        s.step(field, opt, s.rays[t][rt.rank], t + 1, exchange)
+        same.append(same_on_every_rank(exchange.tensors(), f"check.periodic.{t}"))
+    assert same == [False, True, False], f"identical on every rank after steps 1-3: {same}"
+    before = [t.clone() for t in exchange.tensors()]
+    gathered = [dist.allgather(t[None], name=f"check.periodic.before.{i}") for i, t in enumerate(before)]
+    exchange.sync()
+    for i, (t, g) in enumerate(zip(exchange.tensors(), gathered)):
+        torch.testing.assert_close(t, g.mean(dim=0), rtol=1e-5, atol=1e-8, msg=lambda m: f"sync, tensor {i}: {m}")
+    assert same_on_every_rank(exchange.tensors(), "check.periodic.synced")
+    if rt.is_root:
+        print(f"CHECK periodic_sync OK (H = 2: ranks {same} identical after steps 1-3; a sync averages "
+              f"{len(before)} tensors: parameters and Adam moments)", flush=True)
+
+
+def check_resume(cache: str, out: Path, mode: str, *more: str) -> None:
+    rt = dist.runtime()
+    argv = ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", cache, "--device", "cpu", "--log_every", "4",
+            "--n_eval_views", "1", "--save_renders", "0", "--grad_sync", mode, *more]
+    straight = run(parse_args([*argv, "--out_dir", str(out / mode / "a"), "--n_steps", "8", "--ckpt_every", "4"]))
+    a = digest([*straight.field.parameters(), *straight.grid.density[None]])
+    ckpt = out / mode / "a" / "checkpoints" / "ckpt-00000004.pt"
+    resumed = run(parse_args([*argv, "--out_dir", str(out / mode / "b"), "--n_steps", "8", "--resume", str(ckpt)]))
+    b = digest([*resumed.field.parameters(), *resumed.grid.density[None]])
+    every = dist.allgather_object((a, b), name=f"check.resume.{mode}")
+    assert all(x == y for x, y in every), f"{mode}: resumed parameters differ from the uninterrupted run: {every}"
+    assert len({x for x, _ in every}) == 1, f"{mode}: ranks differ at the end: {every}"
+    if rt.is_root:
+        print(f"CHECK exact_resume_{mode} OK (8 steps == 4 + resume + 4, identical on {rt.size} ranks; "
+              f"test PSNR {straight.metrics['test_psnr']:.2f} dB)", flush=True)
+
+
+def main() -> None:
+    cache, out = sys.argv[1], Path(sys.argv[2])
+    checks = sys.argv[3].split(",") if len(sys.argv) > 3 else ["delayed", "periodic", "resume"]
+    dist.init("cpu")
+    s = Setup(cache)
+    if "delayed" in checks:
+        check_delayed(s)
+    if "periodic" in checks:
+        check_periodic(s)
+    if "resume" in checks:
+        check_resume(cache, out, "delayed")
+        check_resume(cache, out, "periodic", "--sync_period", "3")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""``python -m hvd_ngp.bench batch`` in a tiny form, and the rule it relies on: K backward passes on one rank
+take the learning rate of K ranks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import TINY_ARGS, tiny_cpu_args
+from hvd_ngp.bench import batch
+from hvd_ngp.config import parse_args
+from hvd_ngp.errors import ConfigError
+from hvd_ngp.training.trainer import Trainer
+
+
+def trainer_flags(scene_cache, tmp_path) -> list[str]:
+    """The tiny CPU run's flags less those the bench sets itself (--n_eval_views, --out_dir), evaluated with the
+    training step's marching step (the evaluations are most of this test's time)."""
+    flags = tiny_cpu_args(scene_cache, tmp_path)[:-2]
+    i = flags.index("--n_eval_views")
+    flags = flags[:i] + flags[i + 2:]
+    i = flags.index("--marching")
+    return flags[:i + 1] + [json.dumps({**json.loads(flags[i + 1]), "eval_steps_per_diagonal": 64})] + flags[i + 2:]
+
+
+def test_k_passes_on_one_rank_take_the_learning_rate_of_k_ranks(scene_cache, tmp_path):
+    for rule in ("auto", "sqrt", "linear", "none"):
+        one = parse_args(["--device", "cpu", "--lr_scaling", rule, "--backward_passes_per_step", "4"]).comm
+        four = parse_args(["--device", "cpu", "--lr_scaling", rule]).comm
+        assert one.lr_multiplier(1, 1, False) == four.lr_multiplier(4, 4, False), rule
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--backward_passes_per_step", "4")))
+    base, per_pass = tr.lr_at(0), tr.budget.n_rays
+    _, n_rays = tr.step(0)
+    assert [g["lr"] for g in tr.optimizer.param_groups] == [pytest.approx(base * 2.0)] * 2  # sqrt(4), as 4 ranks
+    assert n_rays == 4 * per_pass  # four passes of the per-pass budget, as four ranks draw
+
+
+def test_batch_bench_writes_the_schema(scene_cache, tmp_path):
+    out = tmp_path / "batch.json"
+    batch.main(["--ks", "1,2", "--seeds", "3", "--psnr_targets", "5", "--eval_every", "4", "--n_eval_views", "1",
+                "--max_steps", "40", "--out_dir", str(tmp_path / "b"), "--json", str(out), "--",
+                *trainer_flags(scene_cache, tmp_path), "--log_every", "2"])
+    data = json.loads(out.read_text())
+    assert set(data) == {"scene", "device", "step_ms_per_backward_pass", "runs"} and data["device"] == "cpu"
+    assert [(r["k"], r["seed"]) for r in data["runs"]] == [(1, 3), (2, 3)]
+    for r in data["runs"]:
+        assert set(r) == {"k", "seed", "samples_per_step", "step_ms", "steps_to_psnr", "final_psnr"}
+        assert r["step_ms"] > 0 and r["final_psnr"] > 5
+    one, two = data["runs"]
+    # evaluations every 4 / K steps; 5 dB is reached at the first: each run stops there, not at --max_steps
+    assert one["steps_to_psnr"] == {"5": 4} and two["steps_to_psnr"] == {"5": 2}
+    assert data["step_ms_per_backward_pass"] == one["step_ms"]
+    assert 1.3 < two["samples_per_step"] / one["samples_per_step"] < 2.7  # two passes of the per-pass budget
+    details = json.loads((tmp_path / "b" / "details.json").read_text())["runs"]
+    assert [d["steps"] for d in details] == [4, 2]
+    assert [d["lr_multiplier"] for d in details] == [1.0, pytest.approx(2 ** 0.5)]
+
+
+def test_steps_to_a_target_is_the_first_evaluation_at_or_above_it():
+    curve = [{"step": 4, "psnr": 20.0}, {"step": 8, "psnr": 33.0}, {"step": 12, "psnr": 32.5}, {"step": 16, "psnr": 35.2}]
+    assert [batch.steps_to(curve, t) for t in (33.0, 35.0, 36.0)] == [8, 16, None]
+
+
+def test_batch_bench_refuses_flags_it_sets():
+    with pytest.raises(ConfigError, match="--seed is set by the benchmark"):
+        batch.main(["--max_steps", "4", "--", *TINY_ARGS, "--seed", "3"])
+    with pytest.raises(ConfigError, match="give --budget_s or --max_steps"):
+        batch.main(["--", *TINY_ARGS])
