@@ -99,9 +99,10 @@ def matrix_to_quaternion(m: np.ndarray) -> np.ndarray:
 
 
 def slerp(q0: np.ndarray, q1: np.ndarray, t: float) -> np.ndarray:
-    """Spherical interpolation of unit quaternions ``[4]`` along the shorter arc; t outside [0, 1] extrapolates."""
-    q1 = q1 if float(np.dot(q0, q1)) >= 0 else -q1
-    angle = math.acos(min(1.0, float(np.dot(q0, q1))))
+    """Spherical interpolation of unit quaternions ``[4]`` along the great arc from q0 to q1 (the caller puts
+    them in one hemisphere for the shorter rotation: a sign flip here would break the spline's continuity);
+    t outside [0, 1] extrapolates."""
+    angle = math.acos(max(-1.0, min(1.0, float(np.dot(q0, q1)))))
     if angle < 1e-8:
         q = q0 + t * (q1 - q0)
     else:
@@ -123,11 +124,28 @@ def lerp(a: np.ndarray, b: np.ndarray, t: float) -> np.ndarray:
     return a + t * (b - a)
 
 
+def four(keys: list, j: int, mix) -> list:
+    """Keys j - 1 .. j + 2 for the segment from key j; past either end, a ghost key continuing the end segment
+    (``mix(a, b, 2)``), so evenly spaced keys on a line (or one rotation axis) are passed at an even pace."""
+    k = len(keys)
+    if k == 1:
+        return [keys[0]] * 4
+
+    def key(i: int):
+        if i < 0:
+            return mix(keys[1], keys[0], 2.0)
+        if i >= k:
+            return mix(keys[k - 2], keys[k - 1], 2.0)
+        return keys[i]
+
+    return [key(j + d) for d in (-1, 0, 1, 2)]
+
+
 def interpolate_keyframes(c2w: np.ndarray, fov: np.ndarray, n_frames: int) -> tuple[np.ndarray, np.ndarray]:
     """A smooth camera path through K keyframes: c2w ``[K, 3, 4]``, fov ``[K]`` -> ``[n_frames, 3, 4]``,
     ``[n_frames]``. Frame i sits at keyframe parameter ``i (K - 1) / (n_frames - 1)`` (the first and last frames
     are the first and last keys); positions and fields of view follow a Catmull-Rom spline, rotations its
-    slerp analogue (``catmull_rom``); the end keys are repeated to close the curve's ends."""
+    slerp analogue (``catmull_rom``); ghost keys extend the end segments (``four``)."""
     k = c2w.shape[0]
     quats = [matrix_to_quaternion(m[:, :3]) for m in c2w]
     for i in range(1, k):  # one hemisphere, so each blend takes the short way
@@ -140,11 +158,10 @@ def interpolate_keyframes(c2w: np.ndarray, fov: np.ndarray, n_frames: int) -> tu
         s = 0.0 if n_frames == 1 or k == 1 else i * (k - 1) / (n_frames - 1)
         j = min(int(math.floor(s)), max(k - 2, 0))
         u = s - j
-        idx = [min(max(j + d, 0), k - 1) for d in (-1, 0, 1, 2)]
-        rot = quaternion_to_matrix(catmull_rom([quats[x] for x in idx], u, slerp))
-        t = catmull_rom([pos[x] for x in idx], u, lerp)
+        rot = quaternion_to_matrix(catmull_rom(four(quats, j, slerp), u, slerp))
+        t = catmull_rom(four(pos, j, lerp), u, lerp)
         out.append(np.concatenate([rot, t[:, None]], axis=1))
-        out_fov.append(float(catmull_rom([fovs[x] for x in idx], u, lerp)[0]))
+        out_fov.append(float(catmull_rom(four(fovs, j, lerp), u, lerp)[0]))
     return np.stack(out), np.array(out_fov)
 
 
