@@ -73,14 +73,16 @@ def export_pointcloud(args, trained: Trained) -> dict:
     if frames.images is None and frames.files is None:
         raise HvdNgpError(f"{args.snapshot}: the scene has no training cameras")
     points, colours = point_cloud(trained.renderer(), frames, trained.background(args.background), args.opacity_cut,
-                                  args.max_points, progress=lambda v: tqdm(v, desc="views", unit="view", delay=2.0))
+                                  args.max_points, progress=lambda v: tqdm(v, desc="views", unit="view", delay=2.0),
+                                  n_views=args.views)
     if len(points) == 0:
         raise HvdNgpError(f"{args.snapshot}: no pixel of the training views is more opaque than "
                           f"--opacity_cut {args.opacity_cut}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     trimesh.PointCloud(to_file_space(points, trained, args.space), colors=colours).export(out)
-    dist.log(f"point cloud: {len(points)} points from {len(frames)} training views (opacity > {args.opacity_cut}) "
+    n = len(frames) if args.views <= 0 else min(args.views, len(frames))
+    dist.log(f"point cloud: {len(points)} points from {n} training views (opacity > {args.opacity_cut}) "
              f"-> {out}")
     return {"out": str(out), "points": len(points)}
 
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     c.add_argument("--out", required=True, help="output file (.ply)")
     c.add_argument("--opacity_cut", type=float, default=DEFAULT_OPACITY_CUT)
     c.add_argument("--max_points", type=int, default=DEFAULT_MAX_POINTS)
+    c.add_argument("--views", type=int, default=0, help="the first N training views (0: all)")
     s = sub.add_parser("iou", parents=[common, surface],
                        help="a mesh's silhouette IoU against the field's opacity mask on the test views")
     s.add_argument("--mesh", default=None, help="mesh file (in --space coordinates; default: extract one here)")
