@@ -202,6 +202,27 @@ def _numbers(value, shape: tuple[int, ...], path: Path, what: str) -> np.ndarray
     return arr.reshape(shape)
 
 
+def _poses(entries: list, key: str, path: Path, pose) -> tuple[list[np.ndarray], list[float]]:
+    """Each entry's ``pose(entry, where)`` ``[3, 4]`` (ngp) and ``fov``, entries named ``key[i]`` in errors."""
+    c2w, fov = [], []
+    for i, e in enumerate(entries):
+        where = f"{key}[{i}]."
+        if not isinstance(e, dict):
+            raise CameraPathError(f"{path}: {key}[{i}] must be an object")
+        c2w.append(pose(e, where))
+        fov.append(float(_numbers(_field(e, "fov", path, where), (1,), path, f"{where}fov")[0]))
+    return c2w, fov
+
+
+def _instant_ngp_pose(e: dict, path: Path, where: str) -> np.ndarray:
+    """An instant-ngp keyframe's camera ``[3, 4]``: rotation from ``R`` (x, y, z, w), centre ``T``."""
+    q = _numbers(_field(e, "R", path, where), (4,), path, f"{where}R")
+    if np.linalg.norm(q) < 1e-8:
+        raise CameraPathError(f"{path}: {where}R is a zero quaternion")
+    t = _numbers(_field(e, "T", path, where), (3,), path, f"{where}T")
+    return np.concatenate([quaternion_to_matrix(q), t[:, None]], axis=1)
+
+
 def vertical_fov_intrinsics(fov_deg: np.ndarray, size: tuple[int, int]) -> Tensor:
     """fx, fy, cx, cy ``[N, 4]`` of square-pixel pinhole cameras with vertical fields of view ``fov_deg`` ``[N]``."""
     w, h = size
@@ -235,14 +256,9 @@ def load_camera_path(path: str | Path, scene_size: tuple[int, int], scale: float
         size = (int(_field(data, "render_width", path)), int(_field(data, "render_height", path)))
         if min(size) < 1:
             raise CameraPathError(f"{path}: render_width and render_height must be positive, got {list(size)}")
-        c2w, fov = [], []
-        for i, e in enumerate(entries):
-            where = f"camera_path[{i}]."
-            if not isinstance(e, dict):
-                raise CameraPathError(f"{path}: camera_path[{i}] must be an object")
-            m = _numbers(_field(e, "camera_to_world", path, where), (4, 4), path, f"{where}camera_to_world")
-            c2w.append(nerf_to_ngp(m, scale, np.asarray(offset)))
-            fov.append(float(_numbers(_field(e, "fov", path, where), (1,), path, f"{where}fov")[0]))
+        c2w, fov = _poses(entries, "camera_path", path, lambda e, where: nerf_to_ngp(
+            _numbers(_field(e, "camera_to_world", path, where), (4, 4), path, f"{where}camera_to_world"),
+            scale, np.asarray(offset)))
         fps = data.get("fps")
         return CameraPath(torch.tensor(np.stack(c2w), dtype=torch.float32), vertical_fov_intrinsics(np.array(fov), size),
                           size, float(fps) if isinstance(fps, (int, float)) and fps > 0 else None, own_size=True)
@@ -250,17 +266,7 @@ def load_camera_path(path: str | Path, scene_size: tuple[int, int], scale: float
         keys = data["path"]
         if not isinstance(keys, list) or not keys:
             raise CameraPathError(f"{path}: 'path' must be a non-empty list of keyframes")
-        c2w, fov = [], []
-        for i, e in enumerate(keys):
-            where = f"path[{i}]."
-            if not isinstance(e, dict):
-                raise CameraPathError(f"{path}: path[{i}] must be an object")
-            q = _numbers(_field(e, "R", path, where), (4,), path, f"{where}R")
-            if np.linalg.norm(q) < 1e-8:
-                raise CameraPathError(f"{path}: {where}R is a zero quaternion")
-            t = _numbers(_field(e, "T", path, where), (3,), path, f"{where}T")
-            c2w.append(np.concatenate([quaternion_to_matrix(q), t[:, None]], axis=1))
-            fov.append(float(_numbers(_field(e, "fov", path, where), (1,), path, f"{where}fov")[0]))
+        c2w, fov = _poses(keys, "path", path, lambda e, where: _instant_ngp_pose(e, path, where))
         mats, fovs = interpolate_keyframes(np.stack(c2w), np.array(fov), n_frames)
         return CameraPath(torch.tensor(mats, dtype=torch.float32), vertical_fov_intrinsics(fovs, scene_size), scene_size)
     if "frames" in data:
