@@ -13,7 +13,7 @@ import torch
 
 from hvd_ngp.cluster import dist
 from hvd_ngp.data.cameras import nerf_to_ngp
-from hvd_ngp.errors import CameraPathError
+from hvd_ngp.errors import CameraPathError, ConfigError
 from hvd_ngp.render import StepSchedule
 from hvd_ngp.render.camera_path import (interpolate_keyframes, load_camera_path, matrix_to_quaternion,
                                         quaternion_to_matrix)
@@ -239,6 +239,10 @@ def test_export_and_render_tools_on_a_trained_snapshot(snapshot, tmp_path):
         assert c.streams.video[0].codec_context.name == "h264" and len(list(c.decode(video=0))) == 2
     depth = np.load(tmp_path / "r" / "poses_frames" / "depth_0001.npy")
     assert depth.shape == (16, 16) and 0.8 < out["depth_range"][0] < out["depth_range"][1] < 1.6  # 3.6 x 0.33 away
+    with pytest.raises(ConfigError, match="--outputs rgb,dpth: unknown output dpth"):
+        render(["--load_snapshot", str(snapshot), "--outputs", "rgb,dpth"])
+    with pytest.raises(ConfigError, match=r"--out m.stl: a mesh is written as .ply, .obj, .glb"):
+        export(["mesh", str(snapshot), "--out", "m.stl"])
     normal = np.load(tmp_path / "r" / "poses_frames" / "normal_0001.npy")
     lit = np.linalg.norm(normal, axis=-1) > 0.5
     assert lit.mean() > 0.2 and np.allclose(np.linalg.norm(normal[lit], axis=-1), 1, atol=1e-4)
