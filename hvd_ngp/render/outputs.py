@@ -62,12 +62,12 @@ def render_outputs(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor,
     return {k: torch.cat(v) for k, v in parts.items() if v}
 
 
-def depth_range(depth: Tensor, opacity: Tensor, cut: float = 0.5) -> tuple[float, float]:
-    """(near, far): the 1st and 99th percentiles of ``depth`` where ``opacity`` > ``cut`` (any shape); (0, 1) when
+def depth_range(depth: Tensor, opacity: Tensor, cut: float = 0.5) -> tuple[float, float] | None:
+    """(near, far): the 1st and 99th percentiles of ``depth`` where ``opacity`` > ``cut`` (any shape); None when
     nothing is that opaque."""
     d = depth[opacity > cut].float()
     if d.numel() == 0:
-        return 0.0, 1.0
+        return None
     if d.numel() > 1 << 20:
         d = d[torch.randperm(d.numel(), generator=torch.Generator().manual_seed(0))[: 1 << 20].to(d.device)]
     q = torch.quantile(d, torch.tensor([0.01, 0.99], device=d.device))

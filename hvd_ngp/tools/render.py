@@ -86,8 +86,9 @@ def render_video(args, trained: Trained, name: str, cams: CameraPath, outputs: t
             write_png(folder / f"normal_{i:04d}.png", colorize_normal(buf["normal"].numpy(), opacity, bg.tolist()))
         if "depth" in outputs:
             np.save(folder / f"depth_{i:04d}.npy", buf["depth"].numpy())
-            lo, hi = depth_range(buf["depth"], buf["opacity"])
-            near, far = min(near, lo), max(far, hi)
+            seen = depth_range(buf["depth"], buf["opacity"])
+            if seen is not None:  # a frame that hits nothing leaves the range alone
+                near, far = min(near, seen[0]), max(far, seen[1])
     result: dict = {}
     if "depth" in outputs:  # one colour scale for every frame of every rank
         near = float(dist.allreduce(torch.tensor([near], dtype=torch.float64), "min", name="render.near")[0])
