@@ -135,6 +135,12 @@ def test_depth_normal_and_opacity_of_a_ball_are_its_geometry():
     assert (out["normal"][hit] - want).norm(dim=1).max() < 0.05  # the normals where the shell stops the ray
     assert bool((out["normal"][~hit].norm(dim=1) < 1e-6).all())
     torch.testing.assert_close(out["rgb"][~hit], torch.ones(1, 3).expand(int((~hit).sum()), 3))
+    # the PNG mappings: depth near blue, far red, nothing hit the background; normals (n + 1) / 2
+    from hvd_ngp.render.outputs import colorize_depth, colorize_normal
+
+    img = colorize_depth(np.array([[1.0, 2.0, 5.0]]), np.array([[1.0, 1.0, 0.0]]), 1.0, 2.0, (1.0, 1.0, 1.0))
+    assert img[0, 0, 2] > img[0, 0, 0] > img[0, 0, 1] and img[0, 1, 0] > 10 * img[0, 1, 2] and (img[0, 2] == 255).all()
+    assert colorize_normal(np.array([[[1.0, 0.0, -1.0]]]), np.ones((1, 1)), (0, 0, 0)).tolist() == [[[255, 128, 0]]]
 
 
 def test_ball_mesh_is_the_ball_coloured_from_outside_and_its_silhouette_matches_the_render():
