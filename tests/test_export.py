@@ -143,7 +143,7 @@ def test_depth_normal_and_opacity_of_a_ball_are_its_geometry():
     assert colorize_normal(np.array([[[1.0, 0.0, -1.0]]]), np.ones((1, 1)), (0, 0, 0)).tolist() == [[[255, 128, 0]]]
 
 
-def test_ball_mesh_is_the_ball_coloured_from_outside_and_its_silhouette_matches_the_render():
+def test_ball_mesh_is_the_ball_coloured_from_outside_and_its_silhouette_matches_the_render(tmp_path):
     from hvd_ngp.export.mesh import extract_mesh
     from hvd_ngp.export.silhouette import iou, mesh_silhouette
     from hvd_ngp.render.camera_path import orbit
@@ -162,6 +162,13 @@ def test_ball_mesh_is_the_ball_coloured_from_outside_and_its_silhouette_matches_
     assert (np.einsum("ij,ij->i", mesh.vertex_normals, outward) > 0.9).mean() > 0.99  # faces wound outward
     colour = np.asarray(mesh.visual.vertex_colors)[:, :3] / 255.0
     assert np.abs(colour - (1 + outward) / 2).max() < 0.1  # the colour network looked along -normal
+    import trimesh
+
+    for suffix in (".ply", ".obj", ".glb"):  # every format keeps the vertex colours
+        mesh.export(tmp_path / f"ball{suffix}")
+        back = trimesh.load(tmp_path / f"ball{suffix}", force="mesh", process=False)
+        assert len(back.faces) == len(mesh.faces)
+        np.testing.assert_array_equal(np.asarray(back.visual.vertex_colors), np.asarray(mesh.visual.vertex_colors))
     c2w = orbit(torch.tensor([[[1, 0, 0, 0.5], [0, 0, 1, -1.0], [0, -1, 0, 0.5]]], dtype=torch.float32),
                 [0.0, 0.0, 1.0], 3)
     frames = path_frames(CameraPath(c2w, torch.tensor([[80.0, 80.0, 24.0, 20.0]]).expand(3, 4), (48, 40)))
