@@ -27,6 +27,10 @@ class SnapshotError(HvdNgpError):
     """A snapshot or checkpoint cannot be read or written."""
 
 
+class CameraPathError(HvdNgpError):
+    """A camera-path file (nerfstudio camera_path.json, instant-ngp base_cam.json, transforms.json) cannot be used."""
+
+
 class BackendError(HvdNgpError):
     """A requested compute backend (GPU kernels, tinycudann, Horovod) is not available."""
 

@@ -30,6 +30,17 @@ def nerf_to_ngp(m: np.ndarray, scale: float, offset: np.ndarray) -> np.ndarray:
     return out
 
 
+def nerf_to_ngp_points(p: np.ndarray, scale: float, offset) -> np.ndarray:
+    """Points ``[N, 3]`` in the scene file's world -> ngp space (``nerf_to_ngp`` on positions)."""
+    return np.asarray(p, dtype=np.float64)[:, [1, 2, 0]] * scale + np.asarray(offset, dtype=np.float64)
+
+
+def ngp_to_nerf_points(p: np.ndarray, scale: float, offset) -> np.ndarray:
+    """Points ``[N, 3]`` in ngp space -> the scene file's world (the inverse of ``nerf_to_ngp`` on positions)."""
+    q = (np.asarray(p, dtype=np.float64) - np.asarray(offset, dtype=np.float64)) / scale
+    return q[:, [2, 0, 1]]
+
+
 def pixel_rays(c2w: Tensor, intrinsics: Tensor, u: Tensor, v: Tensor, distortion: Tensor | None = None,
                fisheye: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Rays through image-plane points.

@@ -126,6 +126,8 @@ class Scene:
     skipped_frames: int = 0
     skipped_sharpness: int = 0
     up: list[float] = field(default_factory=lambda: [0.0, 1.0, 0.0])  # ngp space
+    scale: float = 0.33  # the scene file's world -> ngp space: p_ngp = cycle(p) * scale + offset (cameras.nerf_to_ngp)
+    offset: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
 
     def summary(self) -> dict:
         """JSON-friendly description (``python -m hvd_ngp.data info``)."""

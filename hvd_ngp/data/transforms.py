@@ -108,13 +108,14 @@ def frame_line(path: Path, index: int) -> int | None:
     return None
 
 
-def parse_transforms(path: Path, sharpness_threshold: float = 0.0) -> TransformsFile:
-    """Parse one transforms file (no image decoding).
+def parse_transforms(path: Path, sharpness_threshold: float = 0.0, poses_only: bool = False) -> TransformsFile:
+    """Parse one transforms file (no image decoding). ``poses_only``: frames whose image is missing are
+    kept (their ``image_path`` the name as listed), for a camera path.
 
     An error about one frame names the line it starts on (``transforms.json:57: frames[3]...``).
     """
     try:
-        return _parse_transforms(path, sharpness_threshold)
+        return _parse_transforms(path, sharpness_threshold, poses_only)
     except SceneError as exc:
         about_frame = re.match(re.escape(f"{path}: frames[") + r"(\d+)\]", str(exc))
         line = frame_line(path, int(about_frame.group(1))) if about_frame else None
@@ -123,16 +124,23 @@ def parse_transforms(path: Path, sharpness_threshold: float = 0.0) -> Transforms
         raise SceneError(f"{path}:{line}: {str(exc)[len(str(path)) + 2:]}") from None
 
 
-def _parse_transforms(path: Path, sharpness_threshold: float) -> TransformsFile:
-    data = read_json_object(path, SceneError, "transforms JSON")
-    frames_json = data.get("frames")
-    if not isinstance(frames_json, list):
-        raise SceneError(f"{path}: missing 'frames' list")
+def world_to_ngp(data: dict, path: Path) -> tuple[float, np.ndarray]:
+    """The ``scale`` (default 0.33) and ``offset`` ``[3]`` (default 0.5 each) that map a transforms file's world
+    into ngp space (``cameras.nerf_to_ngp``)."""
     scale = _number(data, "scale", path)
     scale = 0.33 if scale is None else scale
     offset = data.get("offset", [0.5, 0.5, 0.5])
     if not (isinstance(offset, list) and len(offset) == 3 and all(isinstance(v, (int, float)) for v in offset)):
         raise SceneError(f"{path}: 'offset' must be a list of 3 numbers, got {offset!r}")
+    return scale, np.asarray(offset, dtype=np.float64)
+
+
+def _parse_transforms(path: Path, sharpness_threshold: float, poses_only: bool = False) -> TransformsFile:
+    data = read_json_object(path, SceneError, "transforms JSON")
+    frames_json = data.get("frames")
+    if not isinstance(frames_json, list):
+        raise SceneError(f"{path}: missing 'frames' list")
+    scale, offset = world_to_ngp(data, path)
     global_camera = {k: _number(data, k, path) for k in (*INTRINSIC_KEYS, *DISTORTION_KEYS)}
     global_camera["is_fisheye"] = bool(data.get("is_fisheye", False))
     frames: list[FrameMeta] = []
@@ -154,13 +162,15 @@ def _parse_transforms(path: Path, sharpness_threshold: float) -> TransformsFile:
         image = _resolve_image(path.parent, fp)
         if image is None:
             missing += 1
-            continue
+            if not poses_only:
+                continue
+            image = path.parent / fp
         camera = dict(global_camera)
         own = {k: _number(f, k, path, where) for k in (*INTRINSIC_KEYS, *DISTORTION_KEYS) if k in f}
         camera.update(own)
         if "is_fisheye" in f:
             camera["is_fisheye"] = bool(f["is_fisheye"])
-        frames.append(FrameMeta(image, nerf_to_ngp(arr, scale, np.asarray(offset)).astype(np.float32), camera,
+        frames.append(FrameMeta(image, nerf_to_ngp(arr, scale, offset).astype(np.float32), camera,
                                 any(k in own for k in ("fl_x", "fl_y", "camera_angle_x", "w", "h"))))
     return TransformsFile(path, data, frames, missing, blurry)
 
@@ -298,5 +308,25 @@ def load_transforms_scene(scene: str | os.PathLike, train_split: str = "train", 
     aabb, aabb_scale = scene_aabb(tf.data, tf.path)
     train, alpha_train = build_frames(tf, files.train_frames, downscale, decode=not lazy_train)
     test, alpha_test = build_frames(files.test or tf, files.test_frames, downscale)
+    scale, offset = world_to_ngp(tf.data, tf.path)
     return Scene(train, test, aabb, aabb_scale, alpha_train or alpha_test, str(files.root), missing, tf.blurry,
-                 up_vector(tf.data))
+                 up_vector(tf.data), scale, offset.tolist())
+
+
+def load_poses(path: str | os.PathLike, fallback_size: tuple[int, int]) -> Frames:
+    """The cameras of a transforms file whose images need not exist (a camera path): ``Frames`` without
+    pixels, sizes from the file's ``w``/``h`` (else ``fallback_size`` (w, h)); one size for every frame."""
+    path = Path(path)
+    tf = parse_transforms(path, poses_only=True)
+    if not tf.frames:
+        raise SceneError(f"{path}: no frames to render")
+    sizes = [(int(f.camera.get("w") or fallback_size[0]), int(f.camera.get("h") or fallback_size[1]))
+             for f in tf.frames]
+    if len(set(sizes)) > 1:
+        raise SceneError(f"{path}: frames of several sizes ({', '.join(f'{w}x{h}' for w, h in sorted(set(sizes)))}): "
+                         "a video needs one")
+    n = len(tf.frames)
+    intrinsics = [camera_intrinsics(f.camera, w, h, 1, path) for f, (w, h) in zip(tf.frames, sizes)]
+    return Frames(torch.zeros(n, 1, 1, 4, dtype=torch.uint8), torch.from_numpy(np.stack([f.c2w for f in tf.frames])),
+                  torch.tensor(intrinsics, dtype=torch.float32), torch.zeros(n, 6), torch.tensor(sizes),
+                  torch.zeros(n, dtype=torch.bool))

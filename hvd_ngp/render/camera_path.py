@@ -1,12 +1,19 @@
-"""Camera paths for videos: an orbit (or a gently bobbing spiral) around what the training cameras look at."""
+"""Camera paths for videos: an orbit (or a gently bobbing spiral) around what the training cameras look at,
+and camera-path files (nerfstudio's camera_path.json, instant-ngp's base_cam.json keyframes, a transforms.json)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from ..data.cameras import nerf_to_ngp
+from ..data.transforms import load_poses
+from ..errors import CameraPathError, SceneError, read_json_object
 
 
 def look_at_point(c2w: Tensor) -> np.ndarray:
@@ -61,3 +68,212 @@ def orbit(c2w: Tensor, up: list[float], n_frames: int, spiral: bool = False) -> 
         down = np.cross(fwd, right)
         out.append(np.stack([right, down, fwd, pos], axis=1))
     return torch.tensor(np.stack(out), dtype=torch.float32)
+
+
+# ------------------------------------------------------------------------------------ keyframe paths
+
+
+def quaternion_to_matrix(q: np.ndarray) -> np.ndarray:
+    """Unit quaternion ``[4]`` (x, y, z, w: Eigen's coefficient order, as instant-ngp writes ``R``) -> rotation ``[3, 3]``."""
+    x, y, z, w = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
+
+
+def matrix_to_quaternion(m: np.ndarray) -> np.ndarray:
+    """Rotation ``[3, 3]`` -> unit quaternion ``[4]`` (x, y, z, w), w >= 0."""
+    m = np.asarray(m, dtype=np.float64)
+    tr = np.trace(m)
+    if tr > 0:
+        s = 2 * math.sqrt(tr + 1)
+        q = [(m[2, 1] - m[1, 2]) / s, (m[0, 2] - m[2, 0]) / s, (m[1, 0] - m[0, 1]) / s, s / 4]
+    else:
+        i = int(np.argmax(np.diag(m)))
+        j, k = (i + 1) % 3, (i + 2) % 3
+        s = 2 * math.sqrt(max(1 + m[i, i] - m[j, j] - m[k, k], 1e-30))
+        q = [0.0] * 4
+        q[i], q[j], q[k], q[3] = s / 4, (m[j, i] + m[i, j]) / s, (m[k, i] + m[i, k]) / s, (m[k, j] - m[j, k]) / s
+    q = np.asarray(q)
+    return (q if q[3] >= 0 else -q) / np.linalg.norm(q)
+
+
+def slerp(q0: np.ndarray, q1: np.ndarray, t: float) -> np.ndarray:
+    """Spherical interpolation of unit quaternions ``[4]`` along the great arc from q0 to q1 (the caller puts
+    them in one hemisphere for the shorter rotation: a sign flip here would break the spline's continuity);
+    t outside [0, 1] extrapolates."""
+    angle = math.acos(max(-1.0, min(1.0, float(np.dot(q0, q1)))))
+    if angle < 1e-8:
+        q = q0 + t * (q1 - q0)
+    else:
+        q = (math.sin((1 - t) * angle) * q0 + math.sin(t * angle) * q1) / math.sin(angle)
+    return q / np.linalg.norm(q)
+
+
+def catmull_rom(p: list, u: float, mix) -> np.ndarray:
+    """The uniform Catmull-Rom curve through four keys ``p[0..3]`` at ``u`` in [0, 1] between p[1] (u = 0) and
+    p[2] (u = 1), built from repeated two-point blends ``mix(a, b, t)`` (Barry and Goldman's pyramid): with a
+    straight-line blend it is the cubic Catmull-Rom spline, with ``slerp`` its analogue on rotations. It passes
+    through every key and its tangent is continuous across keys."""
+    a = [mix(p[0], p[1], u + 1), mix(p[1], p[2], u), mix(p[2], p[3], u - 1)]
+    b = [mix(a[0], a[1], (u + 1) / 2), mix(a[1], a[2], u / 2)]
+    return mix(b[0], b[1], u)
+
+
+def lerp(a: np.ndarray, b: np.ndarray, t: float) -> np.ndarray:
+    return a + t * (b - a)
+
+
+def four(keys: list, j: int, mix) -> list:
+    """Keys j - 1 .. j + 2 for the segment from key j; past either end, a ghost key continuing the end segment
+    (``mix(a, b, 2)``), so evenly spaced keys on a line (or one rotation axis) are passed at an even pace."""
+    k = len(keys)
+    if k == 1:
+        return [keys[0]] * 4
+
+    def key(i: int):
+        if i < 0:
+            return mix(keys[1], keys[0], 2.0)
+        if i >= k:
+            return mix(keys[k - 2], keys[k - 1], 2.0)
+        return keys[i]
+
+    return [key(j + d) for d in (-1, 0, 1, 2)]
+
+
+def interpolate_keyframes(c2w: np.ndarray, fov: np.ndarray, n_frames: int) -> tuple[np.ndarray, np.ndarray]:
+    """A smooth camera path through K keyframes: c2w ``[K, 3, 4]``, fov ``[K]`` -> ``[n_frames, 3, 4]``,
+    ``[n_frames]``. Frame i sits at keyframe parameter ``i (K - 1) / (n_frames - 1)`` (the first and last frames
+    are the first and last keys); positions and fields of view follow a Catmull-Rom spline, rotations its
+    slerp analogue (``catmull_rom``); ghost keys extend the end segments (``four``)."""
+    k = c2w.shape[0]
+    quats = [matrix_to_quaternion(m[:, :3]) for m in c2w]
+    for i in range(1, k):  # one hemisphere, so each blend takes the short way
+        if np.dot(quats[i - 1], quats[i]) < 0:
+            quats[i] = -quats[i]
+    pos = [m[:, 3] for m in c2w]
+    fovs = [np.array([f]) for f in fov]
+    out, out_fov = [], []
+    for i in range(n_frames):
+        s = 0.0 if n_frames == 1 or k == 1 else i * (k - 1) / (n_frames - 1)
+        j = min(int(math.floor(s)), max(k - 2, 0))
+        u = s - j
+        rot = quaternion_to_matrix(catmull_rom(four(quats, j, slerp), u, slerp))
+        t = catmull_rom(four(pos, j, lerp), u, lerp)
+        out.append(np.concatenate([rot, t[:, None]], axis=1))
+        out_fov.append(float(catmull_rom(four(fovs, j, lerp), u, lerp)[0]))
+    return np.stack(out), np.array(out_fov)
+
+
+@dataclass
+class CameraPath:
+    """The frames of a video: c2w ``[N, 3, 4]`` (ngp), intrinsics ``[N, 4]`` (fx, fy, cx, cy in pixels), one
+    image size (w, h), the frame rate the file asks for (None: the tool's), and whether the file gave the size."""
+
+    c2w: Tensor
+    intrinsics: Tensor
+    size: tuple[int, int]
+    fps: float | None = None
+    own_size: bool = False
+
+    def scaled(self, max_side: int | None) -> "CameraPath":
+        """The same path with the longer image side at most ``max_side`` (None: as it is)."""
+        w, h = self.size
+        k = 1.0 if max_side is None else min(1.0, max_side / max(w, h))
+        if k == 1.0:
+            return self
+        return CameraPath(self.c2w, self.intrinsics * k, (max(1, round(w * k)), max(1, round(h * k))), self.fps,
+                          self.own_size)
+
+
+def _field(data: dict, key: str, path: Path, where: str = ""):
+    if key not in data:
+        raise CameraPathError(f"{path}: {where}'{key}' is missing")
+    return data[key]
+
+
+def _numbers(value, shape: tuple[int, ...], path: Path, what: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise CameraPathError(f"{path}: {what} must be numbers") from None
+    if arr.size != int(np.prod(shape)) or not np.isfinite(arr).all():
+        raise CameraPathError(f"{path}: {what} must be {int(np.prod(shape))} finite numbers, got {value!r}")
+    return arr.reshape(shape)
+
+
+def _poses(entries: list, key: str, path: Path, pose) -> tuple[list[np.ndarray], list[float]]:
+    """Each entry's ``pose(entry, where)`` ``[3, 4]`` (ngp) and ``fov``, entries named ``key[i]`` in errors."""
+    c2w, fov = [], []
+    for i, e in enumerate(entries):
+        where = f"{key}[{i}]."
+        if not isinstance(e, dict):
+            raise CameraPathError(f"{path}: {key}[{i}] must be an object")
+        c2w.append(pose(e, where))
+        fov.append(float(_numbers(_field(e, "fov", path, where), (1,), path, f"{where}fov")[0]))
+    return c2w, fov
+
+
+def _instant_ngp_pose(e: dict, path: Path, where: str) -> np.ndarray:
+    """An instant-ngp keyframe's camera ``[3, 4]``: rotation from ``R`` (x, y, z, w), centre ``T``."""
+    q = _numbers(_field(e, "R", path, where), (4,), path, f"{where}R")
+    if np.linalg.norm(q) < 1e-8:
+        raise CameraPathError(f"{path}: {where}R is a zero quaternion")
+    t = _numbers(_field(e, "T", path, where), (3,), path, f"{where}T")
+    return np.concatenate([quaternion_to_matrix(q), t[:, None]], axis=1)
+
+
+def vertical_fov_intrinsics(fov_deg: np.ndarray, size: tuple[int, int]) -> Tensor:
+    """fx, fy, cx, cy ``[N, 4]`` of square-pixel pinhole cameras with vertical fields of view ``fov_deg`` ``[N]``."""
+    w, h = size
+    f = 0.5 * h / np.tan(np.radians(np.asarray(fov_deg, dtype=np.float64)) / 2)
+    return torch.tensor(np.stack([f, f, np.full_like(f, w / 2), np.full_like(f, h / 2)], axis=1), dtype=torch.float32)
+
+
+def load_camera_path(path: str | Path, scene_size: tuple[int, int], scale: float, offset: list[float],
+                     n_frames: int) -> CameraPath:
+    """Read a camera-path file, told apart by its keys:
+
+    - nerfstudio's ``camera_path.json`` (``camera_path``: one entry per frame, ``camera_to_world`` a flattened
+      4x4 in the NeRF/OpenGL convention in the scene file's world, ``fov`` vertical in degrees;
+      ``render_width``/``render_height``, ``fps``);
+    - instant-ngp's ``base_cam.json`` (``path``: keyframes with ``R`` a quaternion (x, y, z, w) and ``T`` in ngp
+      space, ``fov`` vertical in degrees): ``n_frames`` frames along the interpolated keyframes
+      (``interpolate_keyframes``), at ``scene_size`` (w, h);
+    - a transforms.json (``frames`` with ``transform_matrix``; the images may be absent): one frame per camera,
+      its intrinsics from the file.
+
+    ``scale``/``offset``: the scene's world -> ngp mapping (``Scene.scale``, ``Scene.offset``). A bad file is a
+    ``CameraPathError`` naming it."""
+    path = Path(path)
+    data = read_json_object(path, CameraPathError, "camera path JSON")
+    if "camera_path" in data:
+        entries = data["camera_path"]
+        if not isinstance(entries, list) or not entries:
+            raise CameraPathError(f"{path}: 'camera_path' must be a non-empty list")
+        if data.get("camera_type", "perspective") != "perspective":
+            raise CameraPathError(f"{path}: camera_type {data['camera_type']!r} is not supported (perspective only)")
+        size = (int(_field(data, "render_width", path)), int(_field(data, "render_height", path)))
+        if min(size) < 1:
+            raise CameraPathError(f"{path}: render_width and render_height must be positive, got {list(size)}")
+        c2w, fov = _poses(entries, "camera_path", path, lambda e, where: nerf_to_ngp(
+            _numbers(_field(e, "camera_to_world", path, where), (4, 4), path, f"{where}camera_to_world"),
+            scale, np.asarray(offset)))
+        fps = data.get("fps")
+        return CameraPath(torch.tensor(np.stack(c2w), dtype=torch.float32), vertical_fov_intrinsics(np.array(fov), size),
+                          size, float(fps) if isinstance(fps, (int, float)) and fps > 0 else None, own_size=True)
+    if "path" in data:
+        keys = data["path"]
+        if not isinstance(keys, list) or not keys:
+            raise CameraPathError(f"{path}: 'path' must be a non-empty list of keyframes")
+        c2w, fov = _poses(keys, "path", path, lambda e, where: _instant_ngp_pose(e, path, where))
+        mats, fovs = interpolate_keyframes(np.stack(c2w), np.array(fov), n_frames)
+        return CameraPath(torch.tensor(mats, dtype=torch.float32), vertical_fov_intrinsics(fovs, scene_size), scene_size)
+    if "frames" in data:
+        try:
+            frames = load_poses(path, scene_size)
+        except SceneError as exc:
+            raise CameraPathError(str(exc)) from None
+        return CameraPath(frames.c2w, frames.intrinsics, frames.image_size(0), own_size=True)
+    raise CameraPathError(f"{path}: not a camera path: expected nerfstudio's 'camera_path', instant-ngp's 'path' "
+                          "(base_cam.json) or a transforms.json's 'frames'")

@@ -107,13 +107,26 @@ def accumulate(weights: Tensor, values: Tensor | None, ray: Tensor, n_rays: int)
 @dataclass
 class RenderResult:
     """rgb ``[R, 3]`` (premultiplied: no background), opacity ``[R]``, depth ``[R]``; n_samples: the
-    samples that went through the full network, n_candidates: the samples marched."""
+    samples that went through the full network, n_candidates: the samples marched; normal ``[R, 3]``: the
+    weighted sum of the samples' outward unit normals (``density_normals``), when asked for."""
 
     rgb: Tensor
     opacity: Tensor
     depth: Tensor
     n_samples: int
     n_candidates: int
+    normal: Tensor | None = None
+
+
+def density_normals(sigma_fn: SigmaFn, x: Tensor, step: float) -> Tensor:
+    """Outward unit normals ``-grad sigma / |grad sigma|`` at x ``[M, 3]`` -> ``[M, 3]``, the gradient by central
+    differences ``step`` apart (six density queries per point, no autograd: every encoding backend can); zero
+    where the density is flat."""
+    offsets = torch.eye(3, dtype=x.dtype, device=x.device) * step
+    sigma = sigma_fn(torch.cat([x + offsets[i] for i in range(3)] + [x - offsets[i] for i in range(3)]))
+    sigma = sigma.float().view(6, -1)
+    n = (sigma[3:] - sigma[:3]).T  # -gradient * 2 step
+    return n / n.norm(dim=-1, keepdim=True).clamp(min=1e-20)
 
 
 def drop_occluded(samples: Samples, origins: Tensor, directions: Tensor, sigma_fn: SigmaFn,
@@ -130,8 +143,9 @@ def drop_occluded(samples: Samples, origins: Tensor, directions: Tensor, sigma_f
 
 def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
                 grid: OccupancyGrid | None, schedule: StepSchedule, early_termination: float = 1e-4,
-                jitter: Tensor | None = None, timer: StageTimer = NULL_TIMER) -> RenderResult:
-    """Two-pass rendering of R rays (see the module docstring). Differentiable in the second pass."""
+                jitter: Tensor | None = None, timer: StageTimer = NULL_TIMER, normal_step: float = 0.0) -> RenderResult:
+    """Two-pass rendering of R rays (see the module docstring). Differentiable in the second pass.
+    ``normal_step`` > 0: also the composited normals (``RenderResult.normal``; no gradient)."""
     R = origins.shape[0]
     samples = march(origins, directions, aabb, grid, schedule, jitter)
     timer.mark("march")
@@ -144,6 +158,9 @@ def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, di
     w, _ = transmittance_weights(sigma, samples)
     out = RenderResult(accumulate(w, rgb, samples.ray, R), accumulate(w, None, samples.ray, R),
                        accumulate(w, samples.t[:, None], samples.ray, R)[:, 0], len(samples), n_candidates)
+    if normal_step > 0:
+        with torch.no_grad():
+            out.normal = accumulate(w.detach(), density_normals(sigma_fn, x.detach(), normal_step), samples.ray, R)
     timer.mark("composite")
     return out
 

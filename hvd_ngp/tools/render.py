@@ -1,8 +1,9 @@
-"""``python -m hvd_ngp.render --load_snapshot SNAP``: test views with PSNR/SSIM and an orbit video.
+"""``hvd-ngp-render --load_snapshot SNAP``: test views with PSNR/SSIM, and a video along an orbit or a camera-path
+file (--camera_path), with depth, normal and opacity beside the colour (--outputs).
 
 Rank-parallel under horovodrun/mpirun: each rank renders its share of the views and frames and
 writes them itself (a shared filesystem is assumed for the output folder); rank 0 writes the
-video once every frame exists.
+videos (H.264 mp4, browser-playable) once every frame exists.
 """
 
 from __future__ import annotations
@@ -11,76 +12,129 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..cluster import dist
-from ..state.checkpoint import load_average, read_region, read_snapshot, restore_snapshot, snapshot_config, snapshot_layout
-from ..data import Frames, load_scene
-from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
-from ..model.encoding.tcnn import uses_tcnn_layout
-from ..config import json_object, merge_patch
-from ..errors import ConfigError, HvdNgpError, SnapshotError, run_cli
-from ..training.evaluate import BACKGROUNDS, ViewRenderer, evaluate, to_uint8
-from ..model.field import NGPField
-from ..observe.memory import MemoryBudget, ranks_on_device
-from ..training.recipe import Marching, make_grid
-from ..render.camera_path import orbit
-from ..render.regions import Partition, PiecewiseField
-from ..training.model_parallel import region_model
+from ..config import json_object
+from ..data import Frames
+from ..errors import ConfigError, run_cli
+from ..render.camera_path import CameraPath, load_camera_path, orbit
+from ..render.outputs import OUTPUTS, colorize_depth, colorize_normal, colorize_opacity, depth_range, parse_outputs
+from ..training.evaluate import BACKGROUNDS, evaluate, to_uint8, write_png
+from .trained import RENDER_MARCHING_KEYS, Trained, load_trained
+from .video import write_mp4
+
+#: the longer side of an orbit's (or a keyframe path's) frames when --video_size is not given
+DEFAULT_VIDEO_SIZE = 960
 
 
-#: marching keys a render may change: the step along rays and where rays stop (the grid itself is trained)
-RENDER_MARCHING_KEYS = ("eval_steps_per_diagonal", "cone_angle", "early_termination", "near_distance", "max_steps")
+def path_frames(path: CameraPath) -> Frames:
+    """Frames (no images) for the cameras of ``path``."""
+    n = path.c2w.shape[0]
+    return Frames(torch.zeros(n, 1, 1, 4, dtype=torch.uint8), path.c2w, path.intrinsics, torch.zeros(n, 6),
+                  torch.tensor([list(path.size)] * n), torch.zeros(n, dtype=torch.bool))
 
 
-def render_marching(trained: dict, patch: dict | None, snapshot: str) -> dict:
-    """The marching block to render with: ``trained`` (the snapshot's) with ``patch`` merged in; a key outside
-    ``RENDER_MARCHING_KEYS`` is a ``ConfigError`` naming the snapshot."""
-    if not patch:
-        return trained
-    bad = sorted(set(patch) - set(RENDER_MARCHING_KEYS))
-    if bad:
-        raise ConfigError(f"--marching {', '.join(bad)}: a render of {snapshot} can change only "
-                          f"{', '.join(RENDER_MARCHING_KEYS)} (the occupancy grid is the trained one)")
-    return merge_patch(trained, patch)
+def training_camera(train: Frames) -> tuple[torch.Tensor, tuple[int, int]]:
+    """The first training camera's intrinsics ``[4]`` and size (w, h)."""
+    return train.intrinsics[0], train.image_size(0)
 
 
-def path_frames(scene_frames: Frames, c2w: torch.Tensor, max_side: int) -> Frames:
-    """Frames for a camera path: the first training camera's intrinsics, scaled so the longer image
-    side is at most ``max_side``; no images."""
-    n = c2w.shape[0]
-    w, h = scene_frames.image_size(0)
-    k = min(1.0, max_side / max(w, h))
-    intr = scene_frames.intrinsics[:1] * k
-    size = [max(1, round(w * k)), max(1, round(h * k))]
-    return Frames(torch.zeros(n, 1, 1, 4, dtype=torch.uint8), c2w, intr.expand(n, 4).clone(), torch.zeros(n, 6),
-                  torch.tensor([size] * n), scene_frames.fisheye[:1].expand(n).clone())
+def video_path(args, trained: Trained) -> tuple[str, CameraPath]:
+    """The video's name and cameras: the --camera_path file's, else an orbit or spiral."""
+    scene = trained.scene
+    intr, size = training_camera(scene.train)
+    if args.camera_path:
+        cams = load_camera_path(args.camera_path, size, scene.scale, scene.offset, args.n_frames)
+        max_side = args.video_size or (None if cams.own_size else DEFAULT_VIDEO_SIZE)
+        return Path(args.camera_path).stem, cams.scaled(max_side)
+    c2w = orbit(scene.train.c2w, scene.up, args.n_frames, args.video == "spiral")
+    cams = CameraPath(c2w, intr[None].expand(args.n_frames, 4).clone(), size)
+    return args.video, cams.scaled(args.video_size or DEFAULT_VIDEO_SIZE)
 
 
-def write_video(frames_dir: Path, n: int, path: Path, fps: int) -> None:
-    import cv2
+def render_video(args, trained: Trained, name: str, cams: CameraPath, outputs: tuple[str, ...], out: Path) -> dict:
+    """Every rank renders frames rank, rank + size, ... of ``cams`` (a progress bar on rank 0) and writes their
+    ``outputs`` into ``out/<name>_frames`` (PNG, and .npy for depth, normal and opacity); rank 0 then writes one
+    H.264 mp4 per output. Collective (the depth range is agreed: one colour scale for the whole video)."""
+    from tqdm import tqdm
 
-    first = cv2.imread(str(frames_dir / "frame_0000.png"))
-    h, w = first.shape[:2]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
-    if not writer.isOpened():
-        raise HvdNgpError(f"{path}: OpenCV cannot write mp4 video here (the PNG frames are in {frames_dir})")
-    for i in range(n):
-        writer.write(cv2.imread(str(frames_dir / f"frame_{i:04d}.png")))
-    writer.release()
+    rt = dist.runtime()
+    frames = path_frames(cams)
+    n = len(frames)
+    folder = out / f"{name}_frames"
+    folder.mkdir(parents=True, exist_ok=True)
+    bg = trained.background(args.background)
+    renderer = trained.renderer()
+    mine = range(rt.rank, n, rt.size)
+    near, far = float("inf"), float("-inf")
+    for i in tqdm(mine, desc=f"{name} frames" + (f" (rank 0 of {rt.size})" if rt.size > 1 else ""), unit="frame",
+                  delay=2.0, disable=not rt.is_root):
+        if outputs == ("rgb",):
+            write_png(folder / f"frame_{i:04d}.png", to_uint8(renderer.view(frames, i, bg)))
+            continue
+        buf = {k: v.cpu() for k, v in renderer.outputs(frames, i, bg, normals="normal" in outputs).items()}
+        if "rgb" in outputs:
+            write_png(folder / f"frame_{i:04d}.png", to_uint8(buf["rgb"].clamp(0, 1)))
+        opacity = buf["opacity"].numpy()
+        np.save(folder / f"opacity_{i:04d}.npy", opacity)
+        if "opacity" in outputs:
+            write_png(folder / f"opacity_{i:04d}.png", colorize_opacity(opacity))
+        if "normal" in outputs:
+            np.save(folder / f"normal_{i:04d}.npy", buf["normal"].numpy())
+            write_png(folder / f"normal_{i:04d}.png", colorize_normal(buf["normal"].numpy(), opacity, bg.tolist()))
+        if "depth" in outputs:
+            np.save(folder / f"depth_{i:04d}.npy", buf["depth"].numpy())
+            seen = depth_range(buf["depth"], buf["opacity"])
+            if seen is not None:  # a frame that hits nothing leaves the range alone
+                near, far = min(near, seen[0]), max(far, seen[1])
+    result: dict = {}
+    if "depth" in outputs:  # one colour scale for every frame of every rank
+        near = float(dist.allreduce(torch.tensor([near], dtype=torch.float64), "min", name="render.near")[0])
+        far = float(dist.allreduce(torch.tensor([far], dtype=torch.float64), "max", name="render.far")[0])
+        if not np.isfinite(near) or not np.isfinite(far):
+            near, far = 0.0, 1.0
+        for i in mine:
+            write_png(folder / f"depth_{i:04d}.png", colorize_depth(np.load(folder / f"depth_{i:04d}.npy"),
+                                                                    np.load(folder / f"opacity_{i:04d}.npy"),
+                                                                    near, far, bg.tolist()))
+        result["depth_range"] = [near, far]
+    dist.barrier()
+    fps = args.fps or cams.fps or 30
+    videos = {}
+    if rt.is_root:
+        for o in outputs:
+            stem = "frame" if o == "rgb" else o
+            path = out / (f"{name}.mp4" if o == "rgb" else f"{name}_{o}.mp4")
+            write_mp4([folder / f"{stem}_{i:04d}.png" for i in range(n)], path, fps)
+            videos[o] = str(path)
+        dist.log(f"video: {n} frames at {cams.size[0]}x{cams.size[1]}, {fps:g} fps -> "
+                 + ", ".join(videos.values()))
+    result.update(video=videos.get("rgb"), videos=videos, frames=n, fps=fps, size=list(cams.size))
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.render", description=__doc__,
+    p = argparse.ArgumentParser(prog="hvd-ngp-render", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--load_snapshot", required=True, help="snapshot written by the trainer (--save_snapshot)")
     p.add_argument("--scene", default=None, help="scene for the test views and cameras (default: the training scene)")
     p.add_argument("--out_dir", default="renders", help="output folder")
     p.add_argument("--split_views", type=int, default=-1, help="test views to render (-1: all, 0: none)")
     p.add_argument("--video", choices=("orbit", "spiral", "none"), default="orbit", help="camera path for the video")
-    p.add_argument("--n_frames", type=int, default=120)
-    p.add_argument("--fps", type=int, default=30)
-    p.add_argument("--video_size", type=int, default=960, help="longer side of video frames, in pixels")
+    p.add_argument("--camera_path", default=None, metavar="FILE",
+                   help="render this camera path instead of the orbit: nerfstudio's camera_path.json, instant-ngp's "
+                        "base_cam.json (keyframes, interpolated into --n_frames frames) or a transforms.json whose "
+                        "images may be absent (docs/look-at-your-result.md)")
+    p.add_argument("--outputs", default="rgb", metavar="LIST",
+                   help=f"comma-separated outputs of each video frame, among {', '.join(OUTPUTS)}: a PNG each (depth, "
+                        "normal and opacity also as .npy) and an mp4 per output")
+    p.add_argument("--n_frames", type=int, default=120, help="frames of an orbit or of an instant-ngp keyframe path")
+    p.add_argument("--fps", type=float, default=None, help="video frame rate (default: the camera path's, else 30)")
+    p.add_argument("--video_size", type=int, default=None,
+                   help=f"longer side of video frames, in pixels (default: {DEFAULT_VIDEO_SIZE} for an orbit or "
+                        "keyframe path; a nerfstudio or transforms.json path keeps its own size)")
     p.add_argument("--downscale", type=int, default=None, help="image downscale (default: as in training)")
     p.add_argument("--background", choices=tuple(BACKGROUNDS), default=None)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -91,97 +145,40 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--gpu_memory_gb", type=float, default=0.0,
                    help="GPU memory this process may use; renders are chunked to fit (0: the free memory)")
     args = p.parse_args(argv)
+    try:
+        outputs = parse_outputs(args.outputs)
+    except ValueError as exc:
+        raise ConfigError(f"--outputs {args.outputs}: {exc}") from None
+    if args.n_frames < 1 or (args.fps is not None and args.fps <= 0) or (args.video_size is not None and args.video_size < 2):
+        raise ConfigError("--n_frames must be >= 1, --fps > 0 and --video_size >= 2")
 
-    rt = dist.init(args.device)
-    budget = dist.agree(lambda: MemoryBudget.for_device(rt.device, args.gpu_memory_gb, ranks_on_device(
-        rt.local_rank, rt.local_size, torch.cuda.device_count() if rt.device.type == "cuda" else 0)),
-        "planning GPU memory")
-    state = dist.agree(lambda: read_snapshot(args.load_snapshot, "cpu"), "reading the snapshot")
-    cfg = snapshot_config(state).get("args")
-    if not isinstance(cfg, dict) or "model" not in cfg:
-        raise SnapshotError(f"{args.load_snapshot}: the snapshot does not record its training configuration")
-    scene = dist.agree(lambda: load_scene(args.scene or cfg["scene"], scene_cache=cfg["scene_cache"],
-                                          builtin_seed=cfg["builtin_seed"], train_split=cfg["train_split"],
-                                          test_split=cfg["test_split"], holdout_every=cfg["holdout_every"],
-                                          downscale=args.downscale or cfg["downscale"],
-                                          sharpness_threshold=cfg.get("sharpness_threshold", 0.0)), "loading the scene")
-    model = cfg["model"]
-    # tiny-cuda-nn keeps its own parameter layout: a snapshot trained with it renders with it
-    backend = "tcnn" if uses_tcnn_layout(state["model"]) else resolve_backend("auto", rt.device)
-    grid = make_grid(model["marching"], scene)
-    layout = snapshot_layout(state)
-    if layout is None:
-        field = NGPField(model, scene.aabb, backend)
-        restore_snapshot(state, field, grid, None, args.load_snapshot, averaged=True)
-    else:  # model parallel: every region's file; each rank renders its views with all regions
-        field = dist.agree(lambda: load_regions(args.load_snapshot, state, layout, model, backend),
-                           "reading the region files of the snapshot")
-        try:
-            grid.load_state_dict(state["grid"])
-        except RuntimeError as exc:
-            raise SnapshotError(f"{args.load_snapshot}: the occupancy grid does not match the config: "
-                                f"{str(exc).splitlines()[0]}") from None
-        dist.log(f"model-parallel snapshot: {layout['model_parallel']} regions ({field.partition.describe()})")
-    field, grid = field.to(rt.device), grid.to(rt.device)
-    marching = render_marching(model["marching"], args.marching, args.load_snapshot)
-    march = Marching.from_config(marching, scene.aabb_scale,
-                                 "--marching" if args.marching else f"{args.load_snapshot}: the trained config")
-    background = args.background or cfg.get("eval_background", "white")
+    trained = load_trained(args.load_snapshot, args.device, args.scene, args.downscale, args.marching,
+                           args.gpu_memory_gb)
+    scene, rt = trained.scene, dist.runtime()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    result: dict = {"snapshot": str(args.load_snapshot), "scene": scene.source, "marching": marching}
+    result: dict = {"snapshot": str(args.load_snapshot), "scene": scene.source, "marching": trained.marching}
     n_views = len(scene.test) if args.split_views < 0 else min(args.split_views, len(scene.test))
     if n_views:
-        ev = evaluate(field, grid, scene.test, march.render_schedule, march.early_termination, background, n_views,
-                      out / "test", n_views, writer="each_rank", fast=backend in FAST_RENDERER_BACKENDS,
-                      budget=budget, protocol=cfg.get("eval_protocol", "std"))
+        ev = evaluate(trained.field, trained.grid, scene.test, trained.march.render_schedule,
+                      trained.march.early_termination, args.background or trained.cfg.get("eval_background", "white"),
+                      n_views, out / "test", n_views, writer="each_rank", fast=trained.fast, budget=trained.budget,
+                      protocol=trained.cfg.get("eval_protocol", "std"))
         result.update(test_psnr=ev["psnr"], test_ssim=ev["ssim"], test_views=ev["views"])
         dist.log(f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views -> {out / 'test'}")
-    if args.video != "none":
-        import cv2
-
-        path = path_frames(scene.train, orbit(scene.train.c2w, scene.up, args.n_frames, args.video == "spiral"),
-                           args.video_size)
-        frames_dir = out / f"{args.video}_frames"
-        frames_dir.mkdir(parents=True, exist_ok=True)
-        bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
-        field.eval()
-        renderer = ViewRenderer(field, grid, march.render_schedule, march.early_termination,
-                                backend in FAST_RENDERER_BACKENDS, budget)
-        for i in range(rt.rank, args.n_frames, rt.size):
-            img = renderer.view(path, i, bg)
-            cv2.imwrite(str(frames_dir / f"frame_{i:04d}.png"), cv2.cvtColor(to_uint8(img), cv2.COLOR_RGB2BGR))
-        dist.barrier()
-        if rt.is_root:
-            write_video(frames_dir, args.n_frames, out / f"{args.video}.mp4", args.fps)
-            result["video"] = str(out / f"{args.video}.mp4")
-            dist.log(f"video: {args.n_frames} frames -> {out / f'{args.video}.mp4'}")
+    if args.camera_path or args.video != "none":
+        name, cams = dist.agree(lambda: video_path(args, trained), "reading the camera path")
+        result.update(render_video(args, trained, name, cams, outputs, out))
     if rt.is_root:
         (out / "render.json").write_text(json.dumps(result, indent=1))
     return result
 
 
-def load_regions(path: str, state: dict, layout: dict, model: dict, backend: str) -> PiecewiseField:
-    """The K region fields of a model-parallel snapshot (averaged weights where it holds them) as one field."""
-    partition = Partition.from_json(layout["partition"])
-    k = int(layout["model_parallel"])
-    fields = []
-    for region in range(k):
-        part = read_region(path, layout, region)
-        f = NGPField(region_model(model, k), partition.boxes[region], backend)
-        try:
-            f.load_state_dict(part["model"])
-        except RuntimeError as exc:
-            raise SnapshotError(f"{path}: region {region} does not match its config: {str(exc).splitlines()[0]}") from None
-        load_average(f, part.get("ema") or {})
-        fields.append(f)
-    return PiecewiseField(fields, partition)
-
-
 def cli(argv: list[str] | None = None) -> None:
-    """``python -m hvd_ngp.render``: a user error is one line (with the rank under a launcher) and exit status 2."""
-    run_cli(main, argv, prog="python -m hvd_ngp.render")
+    """``hvd-ngp-render`` / ``python -m hvd_ngp.render``: a user error is one line (with the rank under a launcher)
+    and exit status 2."""
+    run_cli(main, argv, prog="hvd-ngp-render")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from ..render.occupancy import OccupancyGrid
 from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudget, bytes_per_row, plan_render
 from ..render import StepSchedule, max_lanes, render_image
+from ..render.outputs import render_outputs
 from ..render.volume import reference_chunk
 
 BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
@@ -86,6 +87,26 @@ class ViewRenderer:
                               workspace=self.workspace, row_bytes=self.row_bytes, step_offset=step_offset)
         w, h = frames.image_size(index)
         return rgb.clamp(0, 1).view(h, w, 3)
+
+    def outputs(self, frames: Frames, index: int, background: Tensor, normals: bool = False) -> dict[str, Tensor]:
+        """One view's ``render.outputs`` buffers: "rgb" ``[H, W, 3]`` over ``background``, "opacity" and "depth"
+        ``[H, W]``, with ``normals`` "normal" ``[H, W, 3]`` (the reference renderer then, in quarter chunks: six
+        more density queries per sample; the central differences half the finest step apart)."""
+        if self.parallel is not None:
+            raise ValueError("per-pixel outputs of a model-parallel render are not supported")
+        o, d = image_rays(frames, index, background.device)
+        field = self.field
+        if self.workspace is not None and not normals:
+            chunk = self.workspace.plan.rays
+        else:
+            available = self.budget.available() if self.budget is not None else None
+            chunk = reference_chunk(available, max_lanes(self.schedule, field.aabb), self.row_bytes)
+            chunk = max(1, chunk // 4) if normals else chunk
+        out = render_outputs(field, field.density, o, d, field.aabb, self.grid, self.schedule, self.early_termination,
+                             background, chunk, 0.5 * self.schedule.dt_min if normals else 0.0,
+                             fast=self.fast and not normals, workspace=self.workspace)
+        w, h = frames.image_size(index)
+        return {k: v.view(h, w, *v.shape[1:]) for k, v in out.items()}
 
     def view_ngp(self, frames: Frames, index: int, spp: int = NGP_SPP) -> Tensor:
         """The ``ngp`` protocol's render of one view ``[H, W, 3]``: ``spp`` renders on black with step offsets

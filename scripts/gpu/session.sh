@@ -222,6 +222,12 @@ PY
     mkdir -p .whl && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 -d .whl configargparse msgpack
     mkdir -p .whl_tcnn && cp "$src"/wheels/tinycudann-*.whl .whl_tcnn/  # 12 MB: carry it only with room to spare
+    # issue 45 (look45 only): the export packages (.whl_look: PyMCubes imports SciPy, ~35 MB) and PyAV for H.264
+    # (.whl_av, ~36 MB with its FFmpeg): too big to carry together with the rest; the image may have SciPy (probe)
+    for set in "look trimesh PyMCubes rtree embreex scipy" "av av"; do read -r dir pkgs <<<"$set"
+      mkdir -p .whl_$dir && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 -d .whl_$dir $pkgs
+    done
     mkdir -p .whl_hvd && cp "$src"/wheels/horovod-*-cp312-*.whl .whl_hvd/  # 23 MB, NCCL: for scale19 on several GPUs
     # the offline set-up's wheelhouse for the GPU image (Python 3.12; it has torch, triton and OpenCV), in two
     # carries of < 64 MiB, with the tiny-cuda-nn source tarball
@@ -246,7 +252,7 @@ PY
     [ -d .stage/ingp ] && cp -r .stage/ingp $S/
     for part in .stage/wh .stage/wh2; do [ -d $part ] && mkdir -p $S/wh && cp $part/* $S/wh/; done
     [ -d .stage/old ] && rm -rf $S/old && cp -r .stage/old $S/old
-    for w in .whl .whl_tcnn .whl_hvd; do  # configargparse; tinycudann (tcnn rows) and Horovod (scale19), carried alone
+    for w in .whl .whl_tcnn .whl_hvd .whl_look .whl_av; do  # configargparse; tinycudann; Horovod (scale19); look45
       ls $w/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site $w/*.whl
     done
     echo "staged: lego train $(ls $S/lego/train 2>/dev/null | wc -l), test $(ls $S/lego/test | wc -l); fox $(ls $S/fox/images 2>/dev/null | wc -l)"
@@ -762,6 +768,17 @@ PY
         --out_dir /tmp/renders14_$k 2>&1 | grep --line-buffered -E "PSNR|rror" | sed "s|^|$patch: |"
       cp /tmp/renders14_$k/render.json $out/render14_$k.json
     done
+    ;;
+  look45)  # issue 45: a quality run's snapshot (/tmp/snap_lego_*.pt, HVD_NGP_SNAP: its name) exported: a mesh, its
+    # silhouette IoU on every lego test view (target >= 0.95), a point cloud, and 24 orbit frames with depth and normals
+    snap=/tmp/${HVD_NGP_SNAP:-snap_lego_300s_seed1337.pt}
+    python3 -m hvd_ngp.tools.export mesh $snap --scene $S/lego --out $out/lego_mesh.ply 2>&1 | grep -E "mesh:|rror"
+    python3 -m hvd_ngp.tools.export iou $snap --scene $S/lego --mesh $out/lego_mesh.ply --json $out/lego_iou.json \
+      2>&1 | grep -E "IoU|rror"
+    python3 -m hvd_ngp.tools.export pointcloud $snap --scene $S/lego --out /tmp/lego_points.ply 2>&1 | grep -E "point|rror"
+    python3 -m hvd_ngp.render --load_snapshot $snap --scene $S/lego --split_views 0 --n_frames 24 --video_size 400 \
+      --outputs rgb,depth,normal,opacity --out_dir /tmp/look45 2>&1 | grep -E "video|rror"
+    cp /tmp/look45/*.mp4 /tmp/look45/render.json /tmp/look45/orbit_frames/*_0006.png $out/ 2>/dev/null
     ;;
   ratio16)  # issue 16's ratios in one session: instant-ngp's samples/s on lego (ingp_rate.py: 20 s warm, 20 s timed);
     # ours late in training: the defaults vs --graph_grid_update on (alternating, two rounds, round 1 profiled), then

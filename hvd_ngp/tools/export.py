@@ -1,0 +1,168 @@
+"""``hvd-ngp-export``: a trained snapshot as a coloured mesh or point cloud, and the mesh's silhouette check.
+
+    hvd-ngp-export mesh SNAPSHOT --out lego.ply [--resolution 256 --threshold 2.5]   (.ply, .obj or .glb)
+    hvd-ngp-export pointcloud SNAPSHOT --out lego_points.ply [--opacity_cut 0.9 --max_points 1000000]
+    hvd-ngp-export iou SNAPSHOT [--mesh lego.ply] [--views N]   mesh silhouette vs the field's opacity mask
+
+Files are written in the scene file's world (the coordinates of its transforms.json; ``--space ngp``: the
+trainer's ngp space). One process; the device as the render tool picks it (``--device``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data.cameras import nerf_to_ngp_points, ngp_to_nerf_points
+from ..errors import ConfigError, HvdNgpError, run_cli
+from ..export.mesh import DEFAULT_RESOLUTION, DEFAULT_THRESHOLD, extract_mesh
+from ..export.pointcloud import DEFAULT_MAX_POINTS, DEFAULT_OPACITY_CUT, point_cloud
+from ..export.silhouette import MASK_OPACITY, iou, mesh_silhouette
+from ..cluster import dist
+from .trained import Trained, load_trained
+
+MESH_SUFFIXES = (".ply", ".obj", ".glb")
+
+
+def need_trimesh() -> None:
+    try:
+        import mcubes  # noqa: F401
+        import trimesh  # noqa: F401
+    except ImportError as exc:
+        raise HvdNgpError(f"hvd-ngp-export needs trimesh and PyMCubes ({exc.name} is missing): "
+                          "pip install trimesh PyMCubes (and embreex for fast ray casting)") from None
+
+
+def parse_box(text: str | None) -> torch.Tensor | None:
+    if text is None:
+        return None
+    try:
+        box = torch.tensor(json.loads(text), dtype=torch.float32)
+    except (ValueError, TypeError):
+        box = None
+    if box is None or box.shape != (2, 3) or not bool((box[1] > box[0]).all()):
+        raise ConfigError(f"--box {text}: expected [[xmin, ymin, zmin], [xmax, ymax, zmax]] (ngp space) with max > min")
+    return box
+
+
+def to_file_space(points: np.ndarray, trained: Trained, space: str) -> np.ndarray:
+    s = trained.scene
+    return points if space == "ngp" else ngp_to_nerf_points(points, s.scale, s.offset)
+
+
+def export_mesh(args, trained: Trained) -> dict:
+    mesh = extract_mesh(trained.field, trained.grid, args.resolution, args.threshold, parse_box(args.box))
+    mesh.vertices = to_file_space(np.asarray(mesh.vertices), trained, args.space)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    mesh.export(out)
+    dist.log(f"mesh: {len(mesh.vertices)} vertices, {len(mesh.faces)} faces (resolution {args.resolution}, "
+             f"threshold {args.threshold}) -> {out}")
+    return {"out": str(out), "vertices": len(mesh.vertices), "faces": len(mesh.faces)}
+
+
+def export_pointcloud(args, trained: Trained) -> dict:
+    import trimesh
+    from tqdm import tqdm
+
+    frames = trained.scene.train
+    if frames.images is None and frames.files is None:
+        raise HvdNgpError(f"{args.snapshot}: the scene has no training cameras")
+    points, colours = point_cloud(trained.renderer(), frames, trained.background(args.background), args.opacity_cut,
+                                  args.max_points, progress=lambda v: tqdm(v, desc="views", unit="view", delay=2.0),
+                                  n_views=args.views)
+    if len(points) == 0:
+        raise HvdNgpError(f"{args.snapshot}: no pixel of the training views is more opaque than "
+                          f"--opacity_cut {args.opacity_cut}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    trimesh.PointCloud(to_file_space(points, trained, args.space), colors=colours).export(out)
+    n = len(frames) if args.views <= 0 else min(args.views, len(frames))
+    dist.log(f"point cloud: {len(points)} points from {n} training views (opacity > {args.opacity_cut}) "
+             f"-> {out}")
+    return {"out": str(out), "points": len(points)}
+
+
+def silhouette_iou(args, trained: Trained) -> dict:
+    """IoU of the mesh's silhouette (ray-cast) and the field's opacity mask (> ``MASK_OPACITY``) per test view."""
+    import trimesh
+    from tqdm import tqdm
+
+    if args.mesh:
+        mesh = trimesh.load(args.mesh, force="mesh", process=False)
+        if args.space != "ngp":
+            mesh.vertices = nerf_to_ngp_points(np.asarray(mesh.vertices), trained.scene.scale, trained.scene.offset)
+    else:
+        mesh = extract_mesh(trained.field, trained.grid, args.resolution, args.threshold, parse_box(args.box))
+    frames = trained.scene.test
+    n = len(frames) if args.views <= 0 else min(args.views, len(frames))
+    if n == 0:
+        raise HvdNgpError(f"{args.snapshot}: the scene has no test views")
+    renderer, bg = trained.renderer(), trained.background()
+    scores = []
+    for i in tqdm(range(n), desc="views", unit="view", delay=2.0):
+        mask = renderer.outputs(frames, i, bg)["opacity"].cpu().numpy() > MASK_OPACITY
+        scores.append(iou(mesh_silhouette(mesh, frames, i), mask))
+    result = {"mesh": args.mesh or "extracted", "views": n, "iou_mean": float(np.mean(scores)),
+              "iou_min": float(np.min(scores)), "iou_per_view": [round(s, 4) for s in scores]}
+    dist.log(f"mesh silhouette IoU over {n} test views: mean {result['iou_mean']:.4f}, min {result['iou_min']:.4f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="hvd-ngp-export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("snapshot", help="snapshot written by the trainer (--save_snapshot)")
+    common.add_argument("--scene", default=None, help="scene for the cameras (default: the training scene)")
+    common.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    common.add_argument("--space", choices=("scene", "ngp"), default="scene",
+                        help="coordinates of the files: the scene file's world (default) or ngp space")
+    common.add_argument("--background", choices=("white", "black"), default=None)
+    common.add_argument("--gpu_memory_gb", type=float, default=0.0)
+    surface = argparse.ArgumentParser(add_help=False)
+    surface.add_argument("--resolution", type=int, default=DEFAULT_RESOLUTION,
+                         help="lattice points along the box's longest side")
+    surface.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="density of the surface")
+    surface.add_argument("--box", default=None, metavar="JSON",
+                         help="[[x0, y0, z0], [x1, y1, z1]] in ngp space (default: the occupied cells' bounds)")
+    m = sub.add_parser("mesh", parents=[common, surface], help="marching-cubes mesh with vertex colours")
+    m.add_argument("--out", required=True, help="output file: .ply, .obj or .glb")
+    c = sub.add_parser("pointcloud", parents=[common], help="coloured points at the training views' depth")
+    c.add_argument("--out", required=True, help="output file (.ply)")
+    c.add_argument("--opacity_cut", type=float, default=DEFAULT_OPACITY_CUT)
+    c.add_argument("--max_points", type=int, default=DEFAULT_MAX_POINTS)
+    c.add_argument("--views", type=int, default=0, help="the first N training views (0: all)")
+    s = sub.add_parser("iou", parents=[common, surface],
+                       help="a mesh's silhouette IoU against the field's opacity mask on the test views")
+    s.add_argument("--mesh", default=None, help="mesh file (in --space coordinates; default: extract one here)")
+    s.add_argument("--views", type=int, default=0, help="test views (0: all)")
+    s.add_argument("--json", default=None, help="also write the scores here")
+    args = p.parse_args(argv)
+    if args.what == "mesh" and Path(args.out).suffix.lower() not in MESH_SUFFIXES:
+        raise ConfigError(f"--out {args.out}: a mesh is written as {', '.join(MESH_SUFFIXES)}")
+    if args.what == "pointcloud" and Path(args.out).suffix.lower() != ".ply":
+        raise ConfigError(f"--out {args.out}: a point cloud is written as .ply")
+    if args.what in ("mesh", "iou") and args.resolution < 8:
+        raise ConfigError(f"--resolution {args.resolution}: at least 8")
+    if args.what == "pointcloud" and not (0 <= args.opacity_cut < 1 and args.max_points > 0):
+        raise ConfigError("--opacity_cut must be in [0, 1) and --max_points > 0")
+    need_trimesh()
+    trained = load_trained(args.snapshot, args.device, args.scene, gpu_memory_gb=args.gpu_memory_gb)
+    return {"mesh": export_mesh, "pointcloud": export_pointcloud, "iou": silhouette_iou}[args.what](args, trained)
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``hvd-ngp-export``: a user error is one line and exit status 2."""
+    run_cli(main, argv, prog="hvd-ngp-export")
+
+
+if __name__ == "__main__":
+    cli()
