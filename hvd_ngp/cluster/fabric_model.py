@@ -314,3 +314,28 @@ def critical_batch(rows: Sequence[dict]) -> dict:
     timed = [r for r in rows if r["time_s"] is not None]
     return {"ranks": max(good) if good else None,
             "fastest": min(timed, key=lambda r: r["time_s"])["ranks"] if timed else None}
+
+
+# ------------------------------------------------------------------------------------- emulated links (CPU, tc)
+
+#: TCP payload per Ethernet frame at MTU 1500 with timestamps (1448 bytes) over the frame tc counts (1514)
+TCP_GOODPUT = 1448 / 1514
+
+
+def parse_rate_bps(text: str) -> float:
+    """``1gbit``, ``100mbit`` -> bits per second (tc's spelling)."""
+    t = text.strip().lower()
+    for suffix, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if t.endswith(suffix):
+            try:
+                return float(t[: -len(suffix)]) * scale
+            except ValueError:
+                break
+    raise ConfigError(f"link rate must look like 1gbit or 100mbit, got {text!r}")
+
+
+def emulated_allreduce_s(n_bytes: float, ranks: int, rate_bps: float, controller: str) -> float:
+    """Seconds for Horovod's allreduce of ``n_bytes`` of CPU tensors, one rank per simulated host, every host
+    link shaped to ``rate_bps`` (``simhosts up --rate``): a ring at the link's TCP goodput."""
+    link = Link("tc-shaped veth", rate_bps / 8 * TCP_GOODPUT / GB, 0.0, "the rate set with tc")
+    return ring_allreduce_s(ranks, n_bytes, link)
