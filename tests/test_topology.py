@@ -129,7 +129,7 @@ def test_hierarchical_rule():
     assert hierarchical_allreduce("auto", 2, "mpi", fast) == (True, "auto: 2 nodes, NCCL and MPI both use TCP")
     assert hierarchical_allreduce("auto", 2, None, fast)[0]  # the launcher then picks MPI
     assert hierarchical_allreduce("auto", 2, "mpi")[0] is False  # MPI's transport unknown: flat NCCL
-    assert hierarchical_allreduce("auto", 4, "mpi", (False, "slow"))[1] == "auto: 4 nodes, flat NCCL allreduce (slow)"
+    assert hierarchical_allreduce("auto", 4, "mpi", (False, "slow"))[1] == "auto: 4 nodes; flat NCCL allreduce: slow"
     assert hierarchical_allreduce("auto", 1, "mpi") == (False, "auto: one node")
     assert hierarchical_allreduce("auto", 4, "gloo")[0] is False
     assert hierarchical_allreduce("off", 4, "mpi")[0] is False

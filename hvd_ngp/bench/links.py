@@ -68,10 +68,11 @@ def measure(hosts: int, rate: str, controllers: list[str], sizes_mib: list[float
     return rows
 
 
-def compare(rows: list[dict], tolerance: float) -> list[dict]:
-    """Adds modelled_s, ratio (measured / modelled) and ok (within ``tolerance``)."""
+def compare(rows: list[dict], tolerance: float, alpha_s: dict[str, float] | None = None) -> list[dict]:
+    """Adds modelled_s, ratio (measured / modelled) and ok (within ``tolerance``); ``alpha_s``: per-step latency
+    per controller (default: the model's fitted ``EMULATED_ALPHA_S``)."""
     for r in rows:
-        r["modelled_s"] = fm.emulated_allreduce_s(r["bytes"], r["hosts"], r["rate_bps"], r["controller"])
+        r["modelled_s"] = fm.emulated_allreduce_s(r["bytes"], r["hosts"], r["rate_bps"], r["controller"], alpha_s)
         r["ratio"] = r["measured_s"] / r["modelled_s"]
         r["ok"] = abs(r["ratio"] - 1) <= tolerance
     return rows
@@ -88,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="timed allreduces per size after one warm-up; the best is compared (CPU contention on a shared "
                         "machine only adds time; the shaped link sets the floor)")
     p.add_argument("--tolerance", type=float, default=0.25, help="allowed |measured / modelled - 1|")
+    p.add_argument("--refit", action="store_true",
+                   help="model with the latency per step fitted to these rows instead of fabric_model.EMULATED_ALPHA_S")
     p.add_argument("--json", default="runs/bench/links.json")
     p.add_argument("--markdown", default="", help="append a dated 'emulated links' section here (e.g. docs/BENCHMARKS.md)")
     opts = p.parse_args(argv)
@@ -104,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         fm.parse_rate_bps(rate)
         for n in hosts:
             rows += measure(n, rate, controllers, sizes, opts.repeats)
-    compare(rows, opts.tolerance)
+    refit = fm.fit_alpha(rows)
+    compare(rows, opts.tolerance, {**fm.EMULATED_ALPHA_S, **refit} if opts.refit else None)
+    alphas = {**fm.EMULATED_ALPHA_S, **refit} if opts.refit else fm.EMULATED_ALPHA_S
     shown = [{"hosts": r["hosts"], "rate": r["rate"], "controller": r["controller"], "MiB": f"{r['mib']:g}",
               "best ms": f"{r['measured_s'] * 1e3:.1f}",
               "median ms": f"{r['median_s'] * 1e3:.1f}", "modelled ms": f"{r['modelled_s'] * 1e3:.1f}",
@@ -112,11 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     misses = [r for r in rows if not r["ok"]]
     text = (f"Horovod allreduce of fp32 CPU tensors, one rank per simulated host, links shaped by tc: measured "
             f"(best and median of {opts.repeats}; the best is compared) beside modelled (fabric_model.emulated_allreduce_s); hierarchical "
-            f"allreduce is a no-op on CPU tensors, so not measured. {len(rows) - len(misses)}/{len(rows)} within "
-            f"+-{opts.tolerance:.0%}.\n\n" + table(shown, list(shown[0])))
+            f"allreduce is a no-op on CPU tensors, so not measured. Model: 2 (n-1)/n x S at the set rate's TCP goodput "
+            f"({fm.TCP_GOODPUT:.3f}) + 2 (n-1) x alpha, alpha per step "
+            + ", ".join(f"{c} {a * 1e3:.1f} ms" for c, a in alphas.items() if c in refit)
+            + ("" if opts.refit else " (fabric_model.EMULATED_ALPHA_S; refit to these rows: "
+               + ", ".join(f"{c} {a * 1e3:.1f} ms" for c, a in refit.items()) + ")")
+            + f". {len(rows) - len(misses)}/{len(rows)} within +-{opts.tolerance:.0%}.\n\n" + table(shown, list(shown[0])))
     print(text)
     if opts.json:
-        write_json(opts.json, {"rows": rows, "tolerance": opts.tolerance, "emulated": True})
+        write_json(opts.json, {"rows": rows, "tolerance": opts.tolerance, "emulated": True, "alpha_s": alphas,
+                               "refit_alpha_s": refit, "tcp_goodput": fm.TCP_GOODPUT})
     if opts.markdown:
         append_markdown(opts.markdown, "Allreduce on emulated links", text, ["links", *(argv if argv is not None else sys.argv[1:])])
     return 1 if misses else 0

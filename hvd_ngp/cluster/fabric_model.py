@@ -318,8 +318,17 @@ def critical_batch(rows: Sequence[dict]) -> dict:
 
 # ------------------------------------------------------------------------------------- emulated links (CPU, tc)
 
-#: TCP payload per Ethernet frame at MTU 1500 with timestamps (1448 bytes) over the frame tc counts (1514)
-TCP_GOODPUT = 1448 / 1514
+#: TCP payload per byte tc counts on a link that carries a ring's data one way and the ACKs of the opposite
+#: flow: 1448 payload bytes per 1514-byte frame (MTU 1500, TCP timestamps), plus a 66-byte ACK frame per two
+#: segments of the reverse flow (delayed ACKs) sharing the same uplink.
+TCP_GOODPUT = 1448 / (1514 + 66 / 2)
+
+#: seconds of latency per ring step of Horovod's CPU allreduce on the emulated links (``fit_alpha``), fitted to
+#: 24 calibration rows (2 and 4 hosts, 1-16 MiB, 100 Mbit/s, 2026-12-06) with the bandwidth term fixed by the
+#: set rate; docs/BENCHMARKS.md ("emulated links") checks them on a later run (``bench links`` prints the
+#: refit too). Gloo writes straight into the peer's posted buffer; Open MPI's TCP transport adds a rendezvous
+#: round trip per large message, which waits behind the data queued at the shaped link.
+EMULATED_ALPHA_S = {"gloo": 0.0035, "mpi": 0.011}
 
 
 def parse_rate_bps(text: str) -> float:
@@ -334,8 +343,29 @@ def parse_rate_bps(text: str) -> float:
     raise ConfigError(f"link rate must look like 1gbit or 100mbit, got {text!r}")
 
 
-def emulated_allreduce_s(n_bytes: float, ranks: int, rate_bps: float, controller: str) -> float:
+def emulated_bandwidth_s(n_bytes: float, ranks: int, rate_bps: float) -> float:
+    """The bandwidth term of a ring allreduce on links shaped to ``rate_bps``: 2 (n - 1) / n * S at TCP goodput."""
+    return ring_allreduce_s(ranks, n_bytes, Link("tc-shaped veth", rate_bps / 8 * TCP_GOODPUT / GB, 0.0, "tc rate"))
+
+
+def emulated_allreduce_s(n_bytes: float, ranks: int, rate_bps: float, controller: str,
+                         alpha_s: Mapping[str, float] | None = None) -> float:
     """Seconds for Horovod's allreduce of ``n_bytes`` of CPU tensors, one rank per simulated host, every host
-    link shaped to ``rate_bps`` (``simhosts up --rate``): a ring at the link's TCP goodput."""
-    link = Link("tc-shaped veth", rate_bps / 8 * TCP_GOODPUT / GB, 0.0, "the rate set with tc")
-    return ring_allreduce_s(ranks, n_bytes, link)
+    link shaped to ``rate_bps`` (``simhosts up --rate``): a ring, 2 (n - 1) steps of ``alpha_s[controller]``
+    plus the bandwidth term at the link's TCP goodput."""
+    alpha = (EMULATED_ALPHA_S if alpha_s is None else alpha_s)[controller]
+    return 2 * (ranks - 1) * alpha + emulated_bandwidth_s(n_bytes, ranks, rate_bps)
+
+
+def fit_alpha(rows: Sequence[Mapping]) -> dict[str, float]:
+    """Latency per ring step for each controller, with the bandwidth term fixed by the rate, minimising the
+    squared relative error (each row counts alike, whatever its size): rows {controller, hosts, bytes,
+    rate_bps, measured_s} -> {controller: alpha (>= 0)}."""
+    out = {}
+    for c in sorted({r["controller"] for r in rows}):
+        # (steps / measured, excess / measured): relative residual = excess/m - alpha * steps/m
+        pairs = [(2 * (r["hosts"] - 1) / r["measured_s"],
+                  (r["measured_s"] - emulated_bandwidth_s(r["bytes"], r["hosts"], r["rate_bps"])) / r["measured_s"])
+                 for r in rows if r["controller"] == c]
+        out[c] = max(0.0, sum(k * e for k, e in pairs) / sum(k * k for k, _ in pairs))
+    return out

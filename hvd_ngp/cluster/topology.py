@@ -332,7 +332,7 @@ def hierarchical_allreduce(mode: str, nodes: int, controller: str | None,
     fast, why = mpi_fast
     if fast:
         return True, f"auto: {nodes} nodes, {why}"
-    return False, f"auto: {nodes} nodes, flat NCCL allreduce ({why or 'MPI transport unknown'})"
+    return False, f"auto: {nodes} nodes; flat NCCL allreduce: {why or 'MPI transport unknown'}"
 
 
 FABRICS = ("auto", "ib", "eth")
