@@ -76,8 +76,18 @@ def test_presets_and_shapes():
 
 
 def test_emulated_link_model_uses_the_tcp_goodput_of_the_set_rate():
-    # 2 ranks: each sends S across one link; 1 Gbit/s of frames carries 1448/1514 of it as TCP payload
-    assert fm.emulated_allreduce_s(1e8, 2, 1e9, "gloo") == pytest.approx(1e8 / (1e9 / 8 * 1448 / 1514))
+    # 2 ranks: each sends S across one link; a 1514-byte frame carries 1448 payload bytes, plus half an ACK frame
+    assert fm.TCP_GOODPUT == pytest.approx(1448 / 1547)
+    bandwidth = 1e8 / (1e9 / 8 * 1448 / 1547)
+    assert fm.emulated_bandwidth_s(1e8, 2, 1e9) == pytest.approx(bandwidth)
+    assert fm.emulated_allreduce_s(1e8, 2, 1e9, "gloo", {"gloo": 0.01}) == pytest.approx(bandwidth + 2 * 0.01)
+    assert fm.emulated_allreduce_s(1e8, 4, 1e9, "mpi") == pytest.approx(
+        6 * fm.EMULATED_ALPHA_S["mpi"] + 1.5 * bandwidth)
+    # the fit recovers a planted per-step latency, with the bandwidth term fixed by the rate
+    rows = [{"controller": "mpi", "hosts": n, "bytes": b, "rate_bps": 1e8,
+             "measured_s": fm.emulated_allreduce_s(b, n, 1e8, "mpi", {"mpi": 0.007})}
+            for n in (2, 4) for b in (1e6, 4e6)]
+    assert fm.fit_alpha(rows) == {"mpi": pytest.approx(0.007)}
     assert fm.parse_rate_bps("100mbit") == 1e8
     with pytest.raises(ConfigError):
         fm.parse_rate_bps("fast")
