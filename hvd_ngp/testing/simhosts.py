@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..errors import HvdNgpError, run_cli
+from ..cluster.fabric_model import parse_rate_bps
+from ..errors import ConfigError, HvdNgpError, run_cli
 
 STATE_ROOT = Path(os.environ.get("HVD_NGP_SIMHOSTS_DIR", "/tmp/hvd_ngp_simhosts"))
 NETNS_DIR = Path("/var/run/netns")  # where both iproute2 and pyroute2 keep named namespaces
@@ -169,18 +170,11 @@ class Pyroute2Backend:
 
 
 def parse_rate(text: str) -> float:
-    """``1gbit``, ``100mbit``, ``500kbit`` or bits/s as a number -> bits per second."""
-    t = text.strip().lower()
-    for suffix, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
-        if t.endswith(suffix):
-            t, factor = t[: -len(suffix)], scale
-            break
-    else:
-        factor = 1.0
+    """``1gbit``, ``100mbit``, ``500kbit`` -> bits per second (tc's spelling, as ``bench links`` reads it)."""
     try:
-        value = float(t) * factor
-    except ValueError:
-        raise SimHostsError(f"simhosts: --rate must look like 1gbit, 100mbit or 1e9, got {text!r}") from None
+        value = parse_rate_bps(text)
+    except ConfigError:
+        raise SimHostsError(f"simhosts: --rate must look like 1gbit or 100mbit, got {text!r}") from None
     if not 1e5 <= value <= 1e12:
         raise SimHostsError(f"simhosts: --rate must be between 100kbit and 1000gbit, got {text!r}")
     return value
