@@ -52,10 +52,14 @@ def test_elastic_jobs_leave_the_fusion_threshold_to_horovod():
 
 def test_hierarchical_auto_follows_the_launch():
     auto = settings()
-    assert auto.init_env(MPI_TWO_NODES, use_cuda=True)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
+    # across nodes only where MPI's transport is as fast as NCCL's (UCX, or both on TCP); unknown: flat NCCL
+    assert auto.init_env(MPI_TWO_NODES, use_cuda=True)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "0"
+    assert auto.init_env({**MPI_TWO_NODES, "OMPI_MCA_pml": "ucx"}, True)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
+    assert auto.init_env({**MPI_TWO_NODES, "OMPI_MCA_pml": "ob1"}, True)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "0"
+    assert auto.init_env({**MPI_TWO_NODES, "NCCL_IB_DISABLE": "1"}, True)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
     assert auto.init_env(MPI_ONE_NODE, use_cuda=True)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "0"
     assert auto.init_env(GLOO_TWO_NODES, use_cuda=True)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "0"
-    assert auto.init_env(MPI_TWO_NODES, use_cuda=False)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "0"  # NCCL-only path
+    assert auto.init_env({**MPI_TWO_NODES, "OMPI_MCA_pml": "ucx"}, False)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "0"  # NCCL-only
     # a launcher's decision is kept by auto, overridden by an explicit flag
     assert "HOROVOD_HIERARCHICAL_ALLREDUCE" not in auto.init_env({**MPI_ONE_NODE, "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, True)
     assert settings("--hierarchical_allreduce", "off").init_env(MPI_TWO_NODES, True)["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "0"

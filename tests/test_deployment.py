@@ -74,7 +74,8 @@ def test_slurm_script_builds_the_hostfile_from_the_allocation(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run" / "hostfile").read_text() == "gpu01 slots=8\ngpu02 slots=8\n"
     plan = proc.stdout  # the launcher's plan (hvd_ngp.tools.launch --dry-run)
-    assert "16 rank(s) on 2 node(s) [gpu01:8, gpu02:8]" in plan and "hierarchical allreduce: on" in plan
+    assert "16 rank(s) on 2 node(s) [gpu01:8, gpu02:8]" in plan
+    assert "hierarchical allreduce: off (auto: 2 nodes; flat NCCL allreduce" in plan  # fabric unknown: NCCL alone
     assert "mpirun --allow-run-as-root -np 16 -H gpu01:8,gpu02:8" in plan or "mpirun -np 16 -H gpu01:8,gpu02:8" in plan
     assert "-x NCCL_IB_HCA" in plan
     assert "-m hvd_ngp.train --out_dir " + str(tmp_path / "run") in plan

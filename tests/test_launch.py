@@ -52,11 +52,22 @@ def test_two_nodes_choose_mpi_and_hierarchical(two_nodes):
     assert p.command[1:5] == ["-np", "4", "-H", "node1:2,node2:2"]
     assert "--mpi" in p.command and after(p.command, "--network-interfaces") == "eth1"
     assert p.env == {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth1"}
-    assert any("hierarchical allreduce: on (auto: 2 nodes)" in n for n in p.notes)
+    assert any("hierarchical allreduce: on (auto: 2 nodes, NCCL and MPI both use TCP)" in n for n in p.notes)
     # the printed line is runnable as is: VAR=value ... horovodrun ...
     line = p.shell_line()
     assert line.startswith("HOROVOD_HIERARCHICAL_ALLREDUCE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=eth1 ")
     assert " -np 4 -H node1:2,node2:2 --mpi " in line
+
+
+@pytest.mark.parametrize("launcher,fabric,on", [("horovodrun", "ib", False), ("horovodrun", "auto", False),
+                                                ("mpirun", "ib", True), ("mpirun", "auto", False)])
+def test_across_nodes_flat_nccl_unless_mpi_is_as_fast(two_nodes, launcher, fabric, on):
+    """horovodrun forces MPI onto TCP, so on InfiniBand NCCL's flat allreduce is the default (no MPI needed)."""
+    p = make_plan(["--hostfile", two_nodes, "--launcher", launcher, "--fabric", fabric])
+    assert p.env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == ("1" if on else "0")
+    if launcher == "horovodrun":
+        assert "--mpi" not in p.command  # nothing needs the MPI controller
+    assert any(n.startswith("hierarchical allreduce: " + ("on" if on else "off")) for n in p.notes), p.notes
 
 
 def test_two_nodes_under_gloo_leave_hierarchical_off(two_nodes):

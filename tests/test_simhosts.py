@@ -65,12 +65,13 @@ def test_ranks_on_two_simulated_hosts(backend, launcher, controller):
 
 
 def test_training_across_two_simulated_hosts(scene_cache, tmp_path):
-    """The trainer itself, hierarchical allreduce decided by the launcher (on: two nodes, MPI)."""
+    """The trainer itself, hierarchical allreduce decided by the launcher (on: two nodes, MPI, --fabric eth)."""
     with simhosts.simulated(2, slots=1) as cluster:
         out = launch(cluster, ["--launcher", "mpirun"],
                      [*TINY_ARGS, "--scene_cache", str(scene_cache), "--out_dir", str(tmp_path / "out"),
                       "--n_steps", "12", "--log_every", "6", "--device", "cpu"])
-    assert "# hierarchical allreduce: on (auto: 2 nodes)" in out and "HOROVOD_HIERARCHICAL_ALLREDUCE=1" in out
+    assert "# hierarchical allreduce: on (auto: 2 nodes, NCCL and MPI both use TCP)" in out
+    assert "HOROVOD_HIERARCHICAL_ALLREDUCE=1" in out
     assert "hvd_ngp: 2 rank(s) [mpi]" in out and "host simhost0" in out
     assert "communication: 2 node(s)" in out, out[-3000:]
     assert re.search(r"done: 12 steps in .* test PSNR", out), out[-3000:]

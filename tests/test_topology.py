@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.cluster.topology import (expand_nodelist, expand_tasks_per_node, hierarchical_allreduce, nccl_presets,
+from hvd_ngp.cluster.topology import (expand_nodelist, expand_tasks_per_node, hierarchical_allreduce, mpi_as_fast_as_nccl,
+                                      nccl_presets,
                                       parse_host_arg, parse_hostfile, parse_hostfile_text, passthrough_names, place,
                                       slurm_hosts)
 
@@ -124,8 +125,11 @@ def test_slurm_hosts_from_environment():
 
 
 def test_hierarchical_rule():
-    assert hierarchical_allreduce("auto", 2, "mpi") == (True, "auto: 2 nodes")
-    assert hierarchical_allreduce("auto", 2, None)[0]  # the launcher then picks MPI
+    fast = (True, "NCCL and MPI both use TCP")
+    assert hierarchical_allreduce("auto", 2, "mpi", fast) == (True, "auto: 2 nodes, NCCL and MPI both use TCP")
+    assert hierarchical_allreduce("auto", 2, None, fast)[0]  # the launcher then picks MPI
+    assert hierarchical_allreduce("auto", 2, "mpi")[0] is False  # MPI's transport unknown: flat NCCL
+    assert hierarchical_allreduce("auto", 4, "mpi", (False, "slow"))[1] == "auto: 4 nodes; flat NCCL allreduce: slow"
     assert hierarchical_allreduce("auto", 1, "mpi") == (False, "auto: one node")
     assert hierarchical_allreduce("auto", 4, "gloo")[0] is False
     assert hierarchical_allreduce("off", 4, "mpi")[0] is False
@@ -161,3 +165,12 @@ def test_repository_hostfiles_parse_with_ours_and_with_horovodrun():
         ours = parse_hostfile(path)
         names, slots = parse_hosts_and_slots(parse_host_files(str(path)))
         assert names == [h.name for h in ours.hosts] and sum(slots.values()) == ours.total_slots > 0, path
+
+
+def test_mpi_transport_rule():
+    """Hierarchical allreduce pays only where MPI crosses nodes as fast as NCCL (docs/scaling.md)."""
+    assert mpi_as_fast_as_nccl("horovodrun", "eth", {})[0] and mpi_as_fast_as_nccl(None, None, {"NCCL_IB_DISABLE": "1"})[0]
+    assert mpi_as_fast_as_nccl("mpirun", "ib", {})[0] and mpi_as_fast_as_nccl(None, None, {"OMPI_MCA_pml": "ucx"})[0]
+    assert mpi_as_fast_as_nccl("horovodrun", "ib", {}) == (
+        False, "horovodrun runs MPI over TCP (pml ob1) while NCCL can use InfiniBand")
+    assert not mpi_as_fast_as_nccl("horovodrun", "auto", {})[0] and not mpi_as_fast_as_nccl("mpirun", "auto", {})[0]

@@ -296,6 +296,17 @@ def trainer_args(opts: argparse.Namespace, backend: str) -> argparse.Namespace:
     return parse_args(argv + opts.extra, default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG)
 
 
+def gradient_bytes(field: torch.nn.Module) -> dict[str, int]:
+    """Bytes of gradient per tensor group (the parameter name's first part: encoding, density_mlp, ...), what one
+    allreduce per step moves; ``python -m hvd_ngp.bench fabric --from_json`` reads it."""
+    groups: dict[str, int] = {}
+    for name, p in field.named_parameters():
+        if p.requires_grad:
+            group = name.split(".")[0]
+            groups[group] = groups.get(group, 0) + p.numel() * p.element_size()
+    return groups
+
+
 def bench_training(opts: argparse.Namespace, backend: str) -> dict:
     """End-to-end samples/s and the per-stage breakdown of one backend. The encoding's Triton-only kernel options
     (``-- --encoding '{"table_dtype": "float16"}'``) apply to the triton run; the others train without them."""
@@ -341,7 +352,7 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
         "warmup_seconds": warm_s, "stages_ms": timer.mean_ms(), "test_psnr_after": ev["psnr"],
         "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else None,
         **launches, "host_self_ms": host, "march_launches": marches,
-        "grid_launches": grids,
+        "grid_launches": grids, "gradient_bytes": gradient_bytes(tr.field),
     }
     del tr
     gc.collect()

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 from ..errors import ConfigError
 from ..launcher_env import launcher_controller, launcher_sizes
-from .topology import HIERARCHICAL_MODES, hierarchical_allreduce, nodes_of_size
+from .topology import HIERARCHICAL_MODES, hierarchical_allreduce, mpi_as_fast_as_nccl, nodes_of_size
 
 DEFAULT_FUSION_THRESHOLD_MB = 128.0
 DEFAULT_CYCLE_TIME_MS = 0.1
@@ -60,7 +60,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         "hash-grid gradients survive half precision")
     g.add_argument("--hierarchical_allreduce", choices=HIERARCHICAL_MODES, default="auto",
                    help="Horovod hierarchical allreduce (NCCL inside a node, MPI across nodes; MPI controller only); "
-                        "auto: on when the job spans several nodes")
+                        "auto: on when the job spans several nodes and MPI's transport across them is as fast as "
+                        "NCCL's (Ethernet, or Open MPI on UCX); else NCCL's flat allreduce (docs/scaling.md)")
     g.add_argument("--backward_passes_per_step", type=int, default=1,
                    help="gradient accumulation: backward passes (each of --target_samples) per optimizer step")
     g.add_argument("--reduce_op", choices=REDUCE_OPS, default="average",
@@ -320,7 +321,7 @@ class CommSettings:
         if self.hierarchical != "auto" or key not in environ:  # auto keeps a launcher's decision
             size, local_size = launcher_sizes(environ)
             on, _ = hierarchical_allreduce(self.hierarchical, nodes_of_size(size, local_size),
-                                           launcher_controller(environ))
+                                           launcher_controller(environ), mpi_as_fast_as_nccl(None, None, environ))
             env[key] = "1" if on and use_cuda else "0"
         return env
 

@@ -284,13 +284,35 @@ def nodes_of_size(size: int, local_size: int) -> int:
 HIERARCHICAL_MODES = ("auto", "on", "off")
 
 
-def hierarchical_allreduce(mode: str, nodes: int, controller: str | None) -> tuple[bool, str]:
+def mpi_as_fast_as_nccl(launcher: str | None, fabric: str | None, environ: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether MPI's transport across nodes is as fast as NCCL's, so Horovod's hierarchical allreduce (its
+    cross-node step is ``MPI_Allreduce`` on host memory) can beat NCCL's flat allreduce; and why.
+
+    The fabric model (docs/scaling.md) puts the hierarchical allreduce ahead only when its MPI step runs at
+    the NIC's rate: on Ethernet (``--fabric eth`` or ``NCCL_IB_DISABLE=1``: NCCL uses TCP sockets too) or
+    with Open MPI on UCX (``--launcher mpirun --fabric ib``, or ``OMPI_MCA_pml=ucx``). Under horovodrun,
+    which forces ``-mca pml ob1`` (TCP, over IPoIB on InfiniBand), NCCL's own IB verbs win ~6x at 16 GPUs,
+    and with an unknown fabric the flat allreduce is the safe choice."""
+    if fabric == "eth" or environ.get("NCCL_IB_DISABLE") == "1":
+        return True, "NCCL and MPI both use TCP"
+    if launcher == "mpirun" and fabric == "ib":
+        return True, "mpirun lets Open MPI use UCX (RDMA)"
+    if environ.get("OMPI_MCA_pml") == "ucx":
+        return True, "Open MPI on UCX (RDMA)"
+    if launcher == "horovodrun":
+        return False, "horovodrun runs MPI over TCP (pml ob1) while NCCL can use InfiniBand"
+    return False, "MPI's transport across nodes unknown: NCCL's flat allreduce"
+
+
+def hierarchical_allreduce(mode: str, nodes: int, controller: str | None,
+                           mpi_fast: tuple[bool, str] = (False, "")) -> tuple[bool, str]:
     """Whether Horovod should run its hierarchical allreduce, and why.
 
     Horovod 0.28's hierarchical allreduce (NCCL reduce-scatter inside a node, ``MPI_Allreduce``
     across nodes on host memory, NCCL all-gather) is only registered with the MPI controller;
     under Gloo the setting is silently ignored. ``on`` with Gloo is therefore an error, and ``auto``
-    turns it on exactly when the job spans more than one node and the controller is (or can be) MPI.
+    turns it on when the job spans more than one node, the controller is (or can be) MPI and MPI's
+    transport across nodes is as fast as NCCL's (``mpi_fast``, from ``mpi_as_fast_as_nccl``).
     ``controller`` is "mpi", "gloo" or None (not decided yet: the launcher will choose MPI).
     """
     if mode not in HIERARCHICAL_MODES:
@@ -305,9 +327,12 @@ def hierarchical_allreduce(mode: str, nodes: int, controller: str | None) -> tup
         return False, "auto: off under the Gloo controller"
     if mode == "on":
         return True, "on"
-    if nodes > 1:
-        return True, f"auto: {nodes} nodes"
-    return False, "auto: one node"
+    if nodes == 1:
+        return False, "auto: one node"
+    fast, why = mpi_fast
+    if fast:
+        return True, f"auto: {nodes} nodes, {why}"
+    return False, f"auto: {nodes} nodes; flat NCCL allreduce: {why or 'MPI transport unknown'}"
 
 
 FABRICS = ("auto", "ib", "eth")

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from .. import __version__
-from ..cluster import dist
+from ..cluster import dist, nccl_net
 from ..errors import ConfigError, HvdNgpError
 from ..launcher_env import LOCAL_RANK_VARS, LOCAL_SIZE_VARS, RANK_VARS, SIZE_VARS, env_int, launcher_rank_label
 
@@ -409,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("--bandwidth-mib must be positive and --iterations >= 0")
     use_cuda = dist.wants_cuda(args.device)
     plan = plan_topology_dump(args.dump_topology, use_cuda) if args.dump_topology else None
+    if use_cuda:  # NCCL's own report of its transport, read back after the GPU allreduce
+        os.environ.update(nccl_net.capture_env(os.environ))
     rt = dist.init(args.device)
     record = dist.agree(lambda: collect(rt.device), "describing the environment")
     records = dist.allgather_object(record, name="doctor.records")
@@ -420,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
 
     check = check_allreduce(rt.device, args.bandwidth_mib, args.iterations)
     check["topology"] = topology_result(plan)
+    net = nccl_net.parse(nccl_net.read_capture())
+    severity, text = nccl_net.verdict(net, nccl_net.ib_devices())
+    check["nccl_net"] = {**asdict(net), "severity": severity, "text": text}
     checks = dist.allgather_object(check, name="doctor.checks")
     hosts = [rec["host"] for rec in records]
     for r, c in enumerate(checks):
@@ -427,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             findings.append(Finding("error", "allreduce", r, hosts[r],
                                     f"allreduce: wrong result on rank {r} ({hosts[r]}) "
                                     f"(sum {'ok' if c['sum_ok'] else 'WRONG'}, max {'ok' if c['max_ok'] else 'WRONG'})"))
+        if c["nccl_net"]["severity"] == "warning":
+            findings.append(Finding("warning", "nccl_net", r, hosts[r], f"rank {r} ({hosts[r]}): {c['nccl_net']['text']}"))
         if not c["topology"]["ok"]:
             findings.append(Finding("error", "topology", r, hosts[r],
                                     f"topology: rank {r} ({hosts[r]}): {c['topology']['text']}"))
@@ -460,6 +467,9 @@ def summary(records: list[dict], checks: list[dict], findings: list[Finding], de
         lines.append(f"topology: {topo[0][1]}")
     else:
         lines += [f"topology: rank {r} ({records[r]['host']}): {text}" for r, text in topo]
+    if device.type == "cuda":
+        nets = sorted({c["nccl_net"]["text"] for c in checks if c["nccl_net"]["severity"] != "warning"})
+        lines += nets if n > 1 else ["NCCL transport between nodes: none (one rank)"]
     errors = [f for f in findings if f.severity == "error"]
     warnings = [f for f in findings if f.severity == "warning"]
     lines += [f"warning: {f.message}" for f in warnings]

@@ -1,6 +1,6 @@
 """Several "hosts" on one Linux machine, for multi-node tests: network namespaces and an ssh shim.
 
-    python -m hvd_ngp.simhosts up --name demo --hosts 2 --slots 1 [--gpus-per-host 1]
+    python -m hvd_ngp.simhosts up --name demo --hosts 2 --slots 1 [--gpus-per-host 1] [--rate 1gbit --delay 0.2ms]
     python -m hvd_ngp.simhosts run demo -- python -m hvd_ngp.launch --hostfile /tmp/hvd_ngp_simhosts/demo/hostfile \\
         --iface simnet0 --fabric eth -- --n_steps 100
     python -m hvd_ngp.simhosts down demo
@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from ..errors import HvdNgpError, run_cli
+from ..cluster.fabric_model import parse_rate_bps
+from ..errors import ConfigError, HvdNgpError, run_cli
 
 STATE_ROOT = Path(os.environ.get("HVD_NGP_SIMHOSTS_DIR", "/tmp/hvd_ngp_simhosts"))
 NETNS_DIR = Path("/var/run/netns")  # where both iproute2 and pyroute2 keep named namespaces
@@ -168,6 +169,55 @@ class Pyroute2Backend:
             h.link("set", index=h.link_lookup(ifname="lo")[0], state="up")
 
 
+def parse_rate(text: str) -> float:
+    """``1gbit``, ``100mbit``, ``500kbit`` -> bits per second (tc's spelling, as ``bench links`` reads it)."""
+    try:
+        value = parse_rate_bps(text)
+    except ConfigError:
+        raise SimHostsError(f"simhosts: --rate must look like 1gbit or 100mbit, got {text!r}") from None
+    if not 1e5 <= value <= 1e12:
+        raise SimHostsError(f"simhosts: --rate must be between 100kbit and 1000gbit, got {text!r}")
+    return value
+
+
+def parse_delay(text: str) -> float:
+    """``0.2ms``, ``50us`` or ``0`` -> milliseconds."""
+    t = text.strip().lower()
+    scale = 1e-3 if t.endswith("us") else 1.0
+    t = t[:-2] if t.endswith(("us", "ms")) else t
+    try:
+        value = float(t) * scale
+    except ValueError:
+        raise SimHostsError(f"simhosts: --delay must look like 0.2ms or 50us, got {text!r}") from None
+    if not 0 <= value <= 1000:
+        raise SimHostsError(f"simhosts: --delay must be between 0 and 1000 ms, got {text!r}")
+    return value
+
+
+def shape(namespace: str, device: str, rate_bps: float | None, delay_ms: float) -> None:
+    """Limit ``device``'s egress in ``namespace`` to ``rate_bps`` (bits/s of Ethernet frames, iproute2's ``tc``):
+    a token bucket (tbf, 1 ms of burst, a queue of 50 ms so TCP rarely sees drops) without a delay, netem
+    (delay, and rate) with one; netem needs CONFIG_NET_SCH_NETEM, which some kernels lack."""
+    tc = shutil.which("tc")
+    if tc is None:
+        raise SimHostsError("simhosts: --rate/--delay need iproute2's 'tc' (apt-get install iproute2)")
+    if delay_ms > 0:
+        args = ["netem", "delay", f"{delay_ms * 1000:.0f}us"]
+        if rate_bps:
+            args += ["rate", f"{rate_bps:.0f}bit", "limit", str(max(1000, int(rate_bps / 8 / 1500 / 20)))]
+    else:
+        args = ["tbf", "rate", f"{rate_bps:.0f}bit", "burst", str(max(32 * 1024, int(rate_bps / 8 / 1000))),
+                "latency", "50ms"]
+    proc = subprocess.run([tc, "-n", namespace, "qdisc", "replace", "dev", device, "root", *args],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        why = proc.stderr.strip()
+        if args[0] == "netem" and "unknown" in why:
+            why += " (this kernel has no netem, CONFIG_NET_SCH_NETEM: --rate alone works with tbf)"
+        raise SimHostsError(f"simhosts: 'tc qdisc replace dev {device} root {' '.join(args)}' in {namespace} failed: "
+                            f"{why}")
+
+
 def backend(choice: str = "auto"):
     if choice in ("auto", "ip") and shutil.which("ip"):
         return IpBackend()
@@ -206,12 +256,19 @@ def unavailable(choice: str = "auto") -> str:
 # ------------------------------------------------------------------------------------- up / down
 
 
-def up(name: str, n_hosts: int = 2, slots: int = 1, gpus_per_host: int = 0, choice: str = "auto") -> SimCluster:
-    """Create the namespaces, the bridge, the hostfile, the hosts file and the ssh shim."""
+def up(name: str, n_hosts: int = 2, slots: int = 1, gpus_per_host: int = 0, choice: str = "auto",
+       rate: str | None = None, delay: str | None = None) -> SimCluster:
+    """Create the namespaces, the bridge, the hostfile, the hosts file and the ssh shim.
+
+    ``rate`` (e.g. ``1gbit``) and ``delay`` (e.g. ``0.2ms``) shape each host's link in both directions: the
+    host's ``simnet0`` egress and its bridge port's egress (a switched network: host to host crosses two
+    links, so twice the delay; a host's uplink is shared by all its flows). The login node stays unshaped."""
     if not name.replace("-", "").isalnum():
         raise SimHostsError(f"simhosts: cluster name must be letters, digits and '-', got {name!r}")
     if not 1 <= n_hosts <= 200:
         raise SimHostsError(f"simhosts: --hosts must be between 1 and 200, got {n_hosts}")
+    rate_bps = parse_rate(rate) if rate else None
+    delay_ms = parse_delay(delay) if delay else 0.0
     b = backend(choice)
     prefix = f"hvdsim-{name}"
     if any(p.name.startswith(prefix + "-") for p in NETNS_DIR.glob("*")) if NETNS_DIR.is_dir() else False:
@@ -229,6 +286,9 @@ def up(name: str, n_hosts: int = 2, slots: int = 1, gpus_per_host: int = 0, choi
         b.connect(cluster.login_namespace, cluster.switch_namespace, "plogin", "br0", f"{SUBNET}.254")
         for i, h in enumerate(hosts):
             b.connect(h.namespace, cluster.switch_namespace, f"p{i}", "br0", h.address)
+            if rate_bps or delay_ms:
+                shape(h.namespace, IFACE, rate_bps, delay_ms)
+                shape(cluster.switch_namespace, f"p{i}", rate_bps, delay_ms)
     except Exception:
         for ns in created:
             try:
@@ -271,11 +331,11 @@ def _remove_stale_test_clusters(choice: str = "auto") -> None:
 
 @contextmanager
 def simulated(n_hosts: int = 2, slots: int = 1, gpus_per_host: int = 0, name: str | None = None,
-              choice: str = "auto") -> Iterator[SimCluster]:
+              choice: str = "auto", rate: str | None = None, delay: str | None = None) -> Iterator[SimCluster]:
     """``with simulated(2) as cluster:`` ... (always torn down)."""
     _remove_stale_test_clusters(choice)
     name = name or f"t{os.getpid()}"
-    cluster = up(name, n_hosts, slots, gpus_per_host, choice)
+    cluster = up(name, n_hosts, slots, gpus_per_host, choice, rate, delay)
     try:
         yield cluster
     finally:
@@ -395,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--slots", type=int, default=1, help="slots per host in the hostfile")
     u.add_argument("--gpus-per-host", type=int, default=0, help="give host i GPUs [i*k, (i+1)*k) via CUDA_VISIBLE_DEVICES")
     u.add_argument("--backend", choices=("auto", "ip", "pyroute2"), default="auto")
+    u.add_argument("--rate", default=None, help="each host link's rate in both directions, e.g. 1gbit (tc netem)")
+    u.add_argument("--delay", default=None, help="each host link's one-way delay, e.g. 0.2ms (host to host: twice)")
     r = sub.add_parser("run", help="run a command (after --) on the login node")
     r.add_argument("name")
     d = sub.add_parser("down", help="delete simulated hosts")
@@ -404,9 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("probe", help="under a launcher: print each rank's host and cross_size, check an allreduce")
     opts = p.parse_args(argv)
     if opts.action == "up":
-        cluster = up(opts.name, opts.hosts, opts.slots, opts.gpus_per_host, opts.backend)
+        cluster = up(opts.name, opts.hosts, opts.slots, opts.gpus_per_host, opts.backend, opts.rate, opts.delay)
+        shaped = f"; links {opts.rate or 'unlimited'}, delay {opts.delay or '0'}" if opts.rate or opts.delay else ""
         print(f"simulated hosts {', '.join(h.name for h in cluster.hosts)} ({backend(opts.backend).name}); "
-              f"hostfile {cluster.hostfile}; interface {IFACE}")
+              f"hostfile {cluster.hostfile}; interface {IFACE}{shaped}")
     elif opts.action == "run":
         if not command:
             raise SimHostsError("simhosts run: give the command after '--'")

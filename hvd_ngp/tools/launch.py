@@ -5,7 +5,8 @@
 
 Reads the hosts (hostfile, ``-H`` list or the SLURM allocation), places the ranks, checks the
 trainer's options and the config's ``distributed`` block against that placement, picks the
-controller (MPI when hierarchical allreduce needs it), builds the exact ``horovodrun`` or
+controller (MPI when hierarchical allreduce needs it; across nodes that is on only where MPI's transport
+is as fast as NCCL's, see ``cluster.topology.mpi_as_fast_as_nccl``), builds the exact ``horovodrun`` or
 ``mpirun`` command line and environment (NCCL fabric presets, the user's ``NCCL_*`` variables),
 and prints it (``--dry-run``) or runs it as a child, forwarding stop signals so that the ranks stop
 with a checkpoint (``supervise``; exit status 75 when they did). Arguments after ``--`` go to the
@@ -28,8 +29,8 @@ from ..cluster.comm import CommSettings, DistributedBlock
 from ..config import BASE_CONFIG, parse_args
 from ..cluster.preempt import EXIT_PREEMPTED, MARKER
 from ..errors import ConfigError, run_cli
-from ..cluster.topology import (FABRICS, Host, HostList, Placement, hierarchical_allreduce, nccl_presets,
-                                parse_host_arg, parse_hostfile, passthrough_names, place, slurm_hosts)
+from ..cluster.topology import (FABRICS, Host, HostList, Placement, hierarchical_allreduce, mpi_as_fast_as_nccl,
+                                nccl_presets, parse_host_arg, parse_hostfile, passthrough_names, place, slurm_hosts)
 
 TRAINER = "hvd_ngp.train"
 LAUNCHERS = ("horovodrun", "mpirun")
@@ -163,8 +164,9 @@ def plan(opts: argparse.Namespace, environ: Mapping[str, str], program_args: Seq
     if opts.launcher == "mpirun" and opts.controller == "gloo":
         raise ConfigError("--launcher mpirun runs the MPI controller; use --launcher horovodrun for --controller gloo")
     mode = comm.hierarchical if comm else "auto"
+    mpi_fast = mpi_as_fast_as_nccl(opts.launcher, opts.fabric, environ)
     needs_mpi = [what for what, needed in (
-        ("hierarchical allreduce", mode == "on" or (mode == "auto" and placement.nodes > 1)),
+        ("hierarchical allreduce", mode == "on" or (mode == "auto" and placement.nodes > 1 and mpi_fast[0])),
         ("Adasum", comm is not None and comm.reduce_op == "adasum" and placement.np > 1)) if needed]
     if controller is None and needs_mpi:
         controller = "mpi"
@@ -175,7 +177,7 @@ def plan(opts: argparse.Namespace, environ: Mapping[str, str], program_args: Seq
         notes.append("controller: horovodrun's default (MPI when Horovod was built with it)")
     if comm is not None:
         comm.check_reduce_op(placement.np, controller)
-    on, why = hierarchical_allreduce(mode, placement.nodes, controller)
+    on, why = hierarchical_allreduce(mode, placement.nodes, controller, mpi_fast)
     notes.append(f"hierarchical allreduce: {'on' if on else 'off'} ({why})")
     how = f"{opts.launcher} -np {placement.np} on {placement.nodes} node(s)"
     block.check(placement.np, placement.nodes, controller, how)

@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import torch
 
 from .. import faultpoints
-from ..cluster import dist, elastic, preempt
+from ..cluster import dist, elastic, nccl_net, preempt
 from ..cluster.comm import CommSettings
 from ..cluster.hvdtools import apply as apply_horovod_tools
+from ..cluster.topology import nodes_of_size
+from ..launcher_env import launcher_sizes
 from ..data import Scene, load_scene
 from ..data.pipeline import DataPipeline
 from ..data.sampler import RayBatch, RaySampler
@@ -135,7 +137,11 @@ class Trainer:
     def build(args: argparse.Namespace) -> "Trainer":
         comm: CommSettings = args.comm
         apply_horovod_tools(args)  # timeline/autotune/stall-check variables must precede Horovod's init
-        rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)),
+        wants_cuda = dist.wants_cuda(args.device)
+        size, local_size = launcher_sizes(os.environ)
+        across_nodes = wants_cuda and nodes_of_size(size, local_size) > 1  # NCCL's own report of its transport
+        rt = dist.init(args.device, args.threads, env={**comm.init_env(os.environ, wants_cuda),
+                                                      **(nccl_net.capture_env(os.environ) if across_nodes else {})},
                        model_parallel=comm.model_parallel)
         groups = dist.groups()
         use_cuda = rt.device.type == "cuda"
@@ -149,6 +155,11 @@ class Trainer:
         if rt.size > 1 or comm.backward_passes_per_step > 1 or comm.grad_sync != "every":
             dist.log(comm.describe(os.environ, comm.lr_multiplier(rt.size, rt.local_size, use_cuda), rt.cross_size,
                                    notes))
+        if use_cuda and rt.cross_size > 1:  # every rank: the first NCCL collective, then rank 0 reads NCCL's report
+            dist.allreduce(torch.zeros(1, device=rt.device), "sum", name="nccl_net.probe")
+            if rt.is_root:
+                severity, text = nccl_net.verdict(nccl_net.parse(nccl_net.read_capture()), nccl_net.ib_devices())
+                dist.log(f"warning: {text}" if severity == "warning" else text)
         scene: Scene = elastic.startup_agree(lambda: load_scene(
             args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
             test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale,
