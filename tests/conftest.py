@@ -51,6 +51,31 @@ INTERPRETER_ARGS = ["--encoding", _tiny_block("--encoding", merge_runs_below=0, 
                                               kernel_launch={"block": 128, "segment": 32, "warps": 1})]
 
 
+#: test modules whose tests mostly run Triton kernels under the CPU interpreter: the "interpreter" lane
+#: (scripts/test.sh runs the lanes side by side)
+INTERPRETER_MODULES = {"test_kernels", "test_mlp_kernels", "test_graphed", "test_ahead"}
+#: what in a test's own source says that it launches real ranks
+LAUNCHES_RANKS = ("run_ranks(", "horovodrun", "mpirun", "simhosts", "run_script(", "start_script(")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Lanes: a test that launches ranks (the ``parallel`` marker, or its source calls a launcher) is marked
+    ``parallel``; the other tests of INTERPRETER_MODULES are marked ``interpreter``."""
+    import inspect
+
+    for item in items:
+        fn = getattr(item, "function", None)
+        if item.get_closest_marker("parallel") is None and fn is not None:
+            try:
+                source = inspect.getsource(fn)
+            except (OSError, TypeError):
+                source = ""
+            if any(token in source for token in LAUNCHES_RANKS):
+                item.add_marker(pytest.mark.parallel)
+        if item.get_closest_marker("parallel") is None and item.module.__name__ in INTERPRETER_MODULES:
+            item.add_marker(pytest.mark.interpreter)
+
+
 def tensor_digest(tensors) -> str:
     """SHA-256 of the tensors' raw bytes (any dtype, any device), in order: equal digests, bit-identical tensors."""
     import hashlib

@@ -7,7 +7,7 @@ import re
 from conftest import ROOT
 
 TRAIN = "bash scripts/setup.sh && .venv/bin/horovodrun -np 2 -H localhost:2 .venv/bin/python -m hvd_ngp.train"
-TEST = "bash scripts/setup.sh && .venv/bin/python -m pytest -q"
+TEST = "HVD_NGP_BROWSER=1 bash scripts/setup.sh && bash scripts/test.sh"
 
 
 def test_readme_holds_both_commands_and_ci_runs_the_test_command():
