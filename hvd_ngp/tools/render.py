@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..cluster import dist
 from ..state.checkpoint import load_average, read_region, read_snapshot, restore_snapshot, snapshot_config, snapshot_layout
-from ..data import Frames, load_scene
+from ..data import Frames, Scene, load_scene
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.encoding.tcnn import uses_tcnn_layout
 from ..config import json_object, merge_patch
@@ -70,6 +71,61 @@ def write_video(frames_dir: Path, n: int, path: Path, fps: int) -> None:
     writer.release()
 
 
+@dataclass
+class Trained:
+    """A snapshot loaded for rendering: the field (averaged weights), its grid, the scene, how to march."""
+
+    field: torch.nn.Module
+    grid: torch.nn.Module
+    scene: Scene
+    march: Marching
+    marching: dict  # the marching block rendered with
+    cfg: dict       # the training arguments the snapshot records
+    backend: str
+    budget: MemoryBudget
+    step: int
+
+
+def load_trained(snapshot: str, device: torch.device, scene_path: str | None = None, downscale: int | None = None,
+                 marching_patch: dict | None = None, gpu_memory_gb: float = 0.0) -> Trained:
+    """Read ``snapshot`` and its scene (collective: every rank agrees on each step's errors)."""
+    rt = dist.runtime()
+    budget = dist.agree(lambda: MemoryBudget.for_device(rt.device, gpu_memory_gb, ranks_on_device(
+        rt.local_rank, rt.local_size, torch.cuda.device_count() if rt.device.type == "cuda" else 0)),
+        "planning GPU memory")
+    state = dist.agree(lambda: read_snapshot(snapshot, "cpu"), "reading the snapshot")
+    cfg = snapshot_config(state).get("args")
+    if not isinstance(cfg, dict) or "model" not in cfg:
+        raise SnapshotError(f"{snapshot}: the snapshot does not record its training configuration")
+    scene = dist.agree(lambda: load_scene(scene_path or cfg["scene"], scene_cache=cfg["scene_cache"],
+                                          builtin_seed=cfg["builtin_seed"], train_split=cfg["train_split"],
+                                          test_split=cfg["test_split"], holdout_every=cfg["holdout_every"],
+                                          downscale=downscale or cfg["downscale"],
+                                          sharpness_threshold=cfg.get("sharpness_threshold", 0.0)), "loading the scene")
+    model = cfg["model"]
+    # tiny-cuda-nn keeps its own parameter layout: a snapshot trained with it renders with it
+    backend = "tcnn" if uses_tcnn_layout(state["model"]) else resolve_backend("auto", rt.device)
+    grid = make_grid(model["marching"], scene)
+    layout = snapshot_layout(state)
+    if layout is None:
+        field = NGPField(model, scene.aabb, backend)
+        restore_snapshot(state, field, grid, None, snapshot, averaged=True)
+    else:  # model parallel: every region's file; each rank renders its views with all regions
+        field = dist.agree(lambda: load_regions(snapshot, state, layout, model, backend),
+                           "reading the region files of the snapshot")
+        try:
+            grid.load_state_dict(state["grid"])
+        except RuntimeError as exc:
+            raise SnapshotError(f"{snapshot}: the occupancy grid does not match the config: "
+                                f"{str(exc).splitlines()[0]}") from None
+        dist.log(f"model-parallel snapshot: {layout['model_parallel']} regions ({field.partition.describe()})")
+    field, grid = field.to(rt.device), grid.to(rt.device)
+    marching = render_marching(model["marching"], marching_patch, snapshot)
+    march = Marching.from_config(marching, scene.aabb_scale,
+                                 "--marching" if marching_patch else f"{snapshot}: the trained config")
+    return Trained(field, grid, scene, march, marching, cfg, backend, budget, int(state.get("step", 0)))
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m hvd_ngp.render", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,39 +149,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     rt = dist.init(args.device)
-    budget = dist.agree(lambda: MemoryBudget.for_device(rt.device, args.gpu_memory_gb, ranks_on_device(
-        rt.local_rank, rt.local_size, torch.cuda.device_count() if rt.device.type == "cuda" else 0)),
-        "planning GPU memory")
-    state = dist.agree(lambda: read_snapshot(args.load_snapshot, "cpu"), "reading the snapshot")
-    cfg = snapshot_config(state).get("args")
-    if not isinstance(cfg, dict) or "model" not in cfg:
-        raise SnapshotError(f"{args.load_snapshot}: the snapshot does not record its training configuration")
-    scene = dist.agree(lambda: load_scene(args.scene or cfg["scene"], scene_cache=cfg["scene_cache"],
-                                          builtin_seed=cfg["builtin_seed"], train_split=cfg["train_split"],
-                                          test_split=cfg["test_split"], holdout_every=cfg["holdout_every"],
-                                          downscale=args.downscale or cfg["downscale"],
-                                          sharpness_threshold=cfg.get("sharpness_threshold", 0.0)), "loading the scene")
-    model = cfg["model"]
-    # tiny-cuda-nn keeps its own parameter layout: a snapshot trained with it renders with it
-    backend = "tcnn" if uses_tcnn_layout(state["model"]) else resolve_backend("auto", rt.device)
-    grid = make_grid(model["marching"], scene)
-    layout = snapshot_layout(state)
-    if layout is None:
-        field = NGPField(model, scene.aabb, backend)
-        restore_snapshot(state, field, grid, None, args.load_snapshot, averaged=True)
-    else:  # model parallel: every region's file; each rank renders its views with all regions
-        field = dist.agree(lambda: load_regions(args.load_snapshot, state, layout, model, backend),
-                           "reading the region files of the snapshot")
-        try:
-            grid.load_state_dict(state["grid"])
-        except RuntimeError as exc:
-            raise SnapshotError(f"{args.load_snapshot}: the occupancy grid does not match the config: "
-                                f"{str(exc).splitlines()[0]}") from None
-        dist.log(f"model-parallel snapshot: {layout['model_parallel']} regions ({field.partition.describe()})")
-    field, grid = field.to(rt.device), grid.to(rt.device)
-    marching = render_marching(model["marching"], args.marching, args.load_snapshot)
-    march = Marching.from_config(marching, scene.aabb_scale,
-                                 "--marching" if args.marching else f"{args.load_snapshot}: the trained config")
+    t = load_trained(args.load_snapshot, rt.device, args.scene, args.downscale, args.marching, args.gpu_memory_gb)
+    field, grid, scene, march, marching, cfg, backend, budget = (t.field, t.grid, t.scene, t.march, t.marching, t.cfg,
+                                                                 t.backend, t.budget)
     background = args.background or cfg.get("eval_background", "white")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
