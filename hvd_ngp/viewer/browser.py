@@ -1,4 +1,5 @@
-"""A headless Chromium driven over the DevTools protocol (test-only): open a page, take a screenshot.
+"""A headless Chromium driven over the DevTools protocol : open a page, take a screenshot
+(the viewer's browser test and its slowdown bench).
 
 Uses the system's Chromium (Debian's ``chromium``; scripts/setup.sh installs it with HVD_NGP_BROWSER=1)
 and the ``websockets`` package (a dependency of viser); no browser download.
