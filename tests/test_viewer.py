@@ -192,3 +192,11 @@ def test_the_snapshot_viewer_page_shows_the_render_tools_image(scene_cache, tmp_
     finally:
         viewer.terminate()
         viewer.wait(20)
+
+
+def test_the_snapshot_viewer_names_a_missing_snapshot_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hvd_ngp.tools.view", str(tmp_path / "nope.pt"), "--port", "0"],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{tmp_path / 'nope.pt'}: no such snapshot" in proc.stderr and "Traceback" not in proc.stderr

@@ -86,9 +86,9 @@ class Trained:
     step: int
 
 
-def load_trained(snapshot: str, device: torch.device, scene_path: str | None = None, downscale: int | None = None,
+def load_trained(snapshot: str, scene_path: str | None = None, downscale: int | None = None,
                  marching_patch: dict | None = None, gpu_memory_gb: float = 0.0) -> Trained:
-    """Read ``snapshot`` and its scene (collective: every rank agrees on each step's errors)."""
+    """Read ``snapshot`` and its scene onto this rank's device (collective: every rank agrees on each step's errors)."""
     rt = dist.runtime()
     budget = dist.agree(lambda: MemoryBudget.for_device(rt.device, gpu_memory_gb, ranks_on_device(
         rt.local_rank, rt.local_size, torch.cuda.device_count() if rt.device.type == "cuda" else 0)),
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     rt = dist.init(args.device)
-    t = load_trained(args.load_snapshot, rt.device, args.scene, args.downscale, args.marching, args.gpu_memory_gb)
+    t = load_trained(args.load_snapshot, args.scene, args.downscale, args.marching, args.gpu_memory_gb)
     field, grid, scene, march, marching, cfg, backend, budget = (t.field, t.grid, t.scene, t.march, t.marching, t.cfg,
                                                                  t.backend, t.budget)
     background = args.background or cfg.get("eval_background", "white")

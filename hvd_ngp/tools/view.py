@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise ConfigError(f"hvd-ngp-view: --port must be 0-65535, --budget_ms > 0, --max_side >= 32 and "
                           f"--serve_s >= 0, got {args.port}, {args.budget_ms:g}, {args.max_side}, {args.serve_s:g}")
 
-    rt = dist.init(args.device)
-    t = load_trained(args.snapshot, rt.device, args.scene, args.downscale, None, args.gpu_memory_gb)
+    dist.init(args.device)
+    t = load_trained(args.snapshot, args.scene, args.downscale, None, args.gpu_memory_gb)
     t.field.eval()
     background = args.background or t.cfg.get("eval_background", "white")
     model = ViewedModel(t.field, t.grid, t.march, t.scene, background,
