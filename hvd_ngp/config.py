@@ -270,6 +270,17 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     MonitorSettings.add_options(p)
     add_horovod_tool_options(p)
     DataSettings.add_options(p)
+    g = p.add_argument_group("web viewer (docs/viewer.md)")
+    g.add_argument("--viewer", type=int, default=0, metavar="PORT",
+                   help="serve a live view of the training on this port from rank 0 (0: off); open "
+                        "http://HOST:PORT in a browser (on a cluster through an ssh tunnel to rank 0's node)")
+    g.add_argument("--viewer_host", default="127.0.0.1",
+                   help="address the viewer listens on (0.0.0.0: every interface)")
+    g.add_argument("--viewer_budget_ms", type=float, default=100.0,
+                   help="time budget of one viewer frame: the frame size adapts to it")
+    g.add_argument("--viewer_share", type=float, default=0.05,
+                   help="largest share of the wall time that viewer frames may take from training")
+
     g = p.add_argument_group("checkpoints, failures and elastic training")
     g.add_argument("--ckpt_dir", default=None, help="checkpoint folder (default: <out_dir>/checkpoints)")
     g.add_argument("--ckpt_every", type=int, default=0, help="write a checkpoint every N steps (0: off)")
@@ -369,5 +380,12 @@ def validate(args: argparse.Namespace) -> None:
     if args.n_rays_init > args.max_rays:
         raise ConfigError(f"--n_rays_init ({args.n_rays_init}) exceeds --max_rays ({args.max_rays})")
     args.comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated
+    if not 0 <= args.viewer <= 65535:
+        raise ConfigError(f"--viewer must be a TCP port (1-65535, 0: off), got {args.viewer}")
+    if args.viewer and args.comm.model_parallel > 1:
+        raise ConfigError("--viewer: not available with --model_parallel (rank 0 holds one region only)")
+    if args.viewer_budget_ms <= 0 or not 0 < args.viewer_share <= 1:
+        raise ConfigError(f"--viewer_budget_ms must be > 0 and --viewer_share in (0, 1], got "
+                          f"{args.viewer_budget_ms:g} and {args.viewer_share:g}")
     args.data = DataSettings.from_args(args)  # the data options, validated once (DataPipeline.build reads them)
     args.monitor = MonitorSettings.from_args(args)  # the monitoring options, validated once (the trainer's Monitor)

@@ -26,7 +26,13 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
     except ConfigError as exc:
         report_on_every_rank(exc, "reading the configuration")
-    result = run(args)
+    attach = None
+    if args.viewer:  # rank 0 alone imports the viewer (viser), inside run
+        def attach(tr):
+            from .viewer.live import LiveViewer
+
+            return LiveViewer(tr, args.viewer_host, args.viewer, args.viewer_budget_ms / 1000, args.viewer_share)
+    result = run(args, attach)
     return preempt.EXIT_PREEMPTED if result.stopped else 0
 
 

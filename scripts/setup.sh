@@ -18,6 +18,7 @@
 #   HVD_NGP_CUDA_ARCHS      GPU architectures to build for, e.g. "90" or "80;90" (default: the GPUs present)
 #   HVD_NGP_DOCTOR=1        run hvd-ngp-doctor at the end on a CPU machine too (always on a GPU machine),
 #                           and on a run that finds everything already set up
+#   HVD_NGP_BROWSER=1       also install Debian's chromium (the web viewer's headless-browser test; CI sets it)
 #   HVD_NGP_FORCE=1         run every step although a previous run's stamp says all is set up
 # On a GPU machine whose default compiler is not the system's (e.g. /opt/gcc), the GPU extensions are
 # built with CC=/usr/bin/gcc CXX=/usr/bin/g++ (a torch extension built with /opt/gcc segfaulted inside
@@ -35,6 +36,8 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # ---------------------------------------------------------------- system packages
 apt_packages=(openmpi-bin libopenmpi-dev cmake g++ make python3-venv python3-dev iproute2)
+# optional: a headless browser for tests/test_viewer.py (skipped without one)
+[[ "${HVD_NGP_BROWSER:-0}" == "1" ]] && apt_packages+=(chromium)
 if [[ "${HVD_NGP_SKIP_APT:-0}" != "1" ]] && command -v dpkg-query >/dev/null; then
   missing=()
   for p in "${apt_packages[@]}"; do

@@ -52,6 +52,7 @@ class Trained:
     backend: str
     budget: MemoryBudget
     device: torch.device
+    step: int = 0  # the training step the snapshot was taken at
 
     @property
     def fast(self) -> bool:
@@ -106,7 +107,8 @@ def load_trained(snapshot: str, device: str = "auto", scene: str | None = None, 
     marching = render_marching(model["marching"], marching_patch, snapshot)
     march = Marching.from_config(marching, loaded.aabb_scale,
                                  "--marching" if marching_patch else f"{snapshot}: the trained config")
-    return Trained(field.to(rt.device), grid.to(rt.device), loaded, march, marching, cfg, backend, budget, rt.device)
+    return Trained(field.to(rt.device), grid.to(rt.device), loaded, march, marching, cfg, backend, budget, rt.device,
+                   int(state.get("step", 0)))
 
 
 def load_regions(path: str, state: dict, layout: dict, model: dict, backend: str) -> PiecewiseField:

@@ -49,6 +49,7 @@ from ..state.trainstate import TrainState, make_rank_streams
 from .ahead import Draw, DrawAhead
 from .budget import RayBudget
 from .gradsync import DelayedAveraging, PeriodicAveraging, make_exchange
+from .control import RunControl, Watcher
 from .graphed import GraphedGridUpdate, GraphedStep, eligibility, set_learning_rate, use_graphs
 from .evaluate import BACKGROUNDS, evaluate
 from .model_parallel import ModelParallel, hash_parameters, plan_partition, region_model
@@ -419,11 +420,15 @@ class Trainer:
                             protocol=self.args.eval_protocol, budget=self.memory, parallel=self.mp)
 
 
-def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] | None = None) -> RunResult:
+def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] | None = None,
+        attach: Callable[[Trainer], Watcher] | None = None) -> RunResult:
     """Train as ``args`` say (every rank calls this); rank 0 prints and writes files.
 
     ``stop_after_eval(step, psnr)``: called after each evaluation during training; True ends training there (as
-    a time budget does: the final evaluation follows). It must decide the same on every rank (the PSNR is)."""
+    a time budget does: the final evaluation follows). It must decide the same on every rank (the PSNR is).
+    ``attach`` (the same on every rank, e.g. ``--viewer``): called on rank 0 only to start a live view of the
+    training (``control.Watcher``); then every rank obeys its pause, resume and save requests
+    (``control.RunControl``)."""
     tr = Trainer.build(args)
     rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
     ckpt_dir = tr.ckpts.directory if checkpointing(args) or tr.stops.signals else None  # a stop always checkpoints
@@ -461,6 +466,28 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
             path = tr.ckpts.write(ts, config)
         dist.log(f"[step {step}] checkpoint {path}")
         return path
+
+    watcher = None
+    if attach is not None:
+        watcher = dist.agree(lambda: attach(tr) if rt.is_root else None, "starting the viewer")
+    control = None if attach is None else RunControl(watcher, tr.stops.local)
+
+    def obey(step: int, stats) -> None:
+        """The viewer's requests, agreed by every rank after ``step`` (collective when due): a save writes a
+        checkpoint; a pause holds every rank (off the training clock) until rank 0 resumes."""
+        asked = control.poll(step)
+        while asked is not None:
+            if asked.save:
+                write_checkpoint(step)
+                stats.started += clock.last_pause
+            if not asked.pause or asked.stop:
+                return
+            dist.log(f"[step {step}] paused from the viewer")
+            with paused(clock, watchdog, monitor):
+                asked = control.wait()
+            stats.started += clock.last_pause
+            if not asked.pause:
+                dist.log(f"[step {step}] resumed after {clock.last_pause:.1f} s")
 
     stopped: list[str] = []  # set when a stop signal was agreed (preempt)
     set_up = [False]  # this process's first step taken (outside the training clock: see first_step)
@@ -519,6 +546,8 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
                     tr.settle()
                     seconds = clock.seconds()
                     r = monitor.end_interval(step, stats, seconds, grid.occupancy_fraction())  # collective; rank 0 prints
+                    if watcher is not None:
+                        watcher.record(step, {"loss": r["loss"], "train_psnr": r["train_psnr"]})
                     tr.end_interval(monitor.table)
                     progress["total_samples"] += r["samples"]
                     progress["history"].append({
@@ -552,9 +581,15 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
                     dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
                              f"views at {seconds:.1f} s (evaluation {clock.last_pause:.1f} s)")
                     stop = stop_after_eval is not None and stop_after_eval(step, ev["psnr"])
+                    if watcher is not None:
+                        watcher.record(step, {"test_psnr": ev["psnr"]})
                 if ckpt_due or (stop and checkpointing(args)):
                     write_checkpoint(step)
                     stats.started += clock.last_pause
+                if control is not None and not stop:
+                    if watcher is not None:
+                        watcher.after_step(step)  # rank 0 draws when a frame is due
+                    obey(step, stats)
                 if commit is not None:
                     commit()
                 if stop:
@@ -570,6 +605,8 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
         train_loop()
     watchdog.stop()
     monitor.close()
+    if watcher is not None:
+        watcher.close()
     tr.stops.uninstall()  # the default actions again (an in-process caller keeps its own handlers)
     rt, step = dist.runtime(), ts.step
     if stopped:  # a stop signal: the checkpoint is written; no final evaluation, exit EXIT_PREEMPTED now

@@ -1,0 +1,82 @@
+"""``python -m hvd_ngp.bench viewer [trainer flags]``: training speed with and without a browser watching.
+
+Trains twice in this process (size 1) with the same flags: once plain, once with ``--viewer`` on a free port
+and a headless Chromium (the system's) showing the page, so frames are rendered and sent all along. Prints a
+table (steps/s, the slowdown, frames sent) and writes JSON (``--json``). On a GPU machine:
+``python -m hvd_ngp.bench viewer --json viewer.json -- --scene ../shared/data/nerf_synthetic/lego --n_steps 3000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+from ..cluster import dist
+from ..config import parse_args
+from ..training.trainer import run
+from ..viewer.browser import HeadlessChromium
+from ..viewer.live import LiveViewer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench viewer", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--window", default="1280x720", help="browser window WxH")
+    p.add_argument("trainer", nargs=argparse.REMAINDER, help="trainer flags (after --)")
+    a = p.parse_args(argv)
+    flags = [f for f in a.trainer if f != "--"]
+    width, height = (int(v) for v in a.window.split("x"))
+    rows = []
+    for watched in (False, True):
+        port = free_port()
+        args = parse_args([*flags, "--save_renders", "0"] + (["--viewer", str(port)] if watched else []))
+        live: list[LiveViewer] = []
+        browser: list[HeadlessChromium] = []
+
+        def attach(tr):
+            live.append(LiveViewer(tr, "127.0.0.1", port, args.viewer_budget_ms / 1000, args.viewer_share))
+            b = HeadlessChromium(width, height)
+            b.open(live[0].viewer.url)
+            browser.append(b)
+            deadline = time.monotonic() + 30  # training starts once the page has connected
+            while not live[0].viewer.clients() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return live[0]
+
+        started = time.perf_counter()
+        try:
+            result = run(args, attach if watched else None)
+        finally:
+            for b in browser:
+                b.close()
+        m = result.metrics
+        rows.append({"viewer": watched, "steps": m["steps"], "train_seconds": m["train_seconds"],
+                     "steps_per_s": m["steps"] / m["train_seconds"], "wall_s": round(time.perf_counter() - started, 2),
+                     "frames": live[0].viewer.frames_sent if live else 0,
+                     "last_frame_side": live[0].viewer.resolution.side if live else None,
+                     "device": m["device"], "test_psnr": m["test_psnr"]})
+    slowdown = 1 - rows[1]["steps_per_s"] / rows[0]["steps_per_s"]
+    out = {"rows": rows, "slowdown": slowdown, "viewer_share": args.viewer_share,
+           "viewer_budget_ms": args.viewer_budget_ms, "flags": flags}
+    if dist.runtime().is_root:
+        print(f"{'viewer':>8} {'steps':>6} {'train s':>8} {'steps/s':>8} {'frames':>7} {'side':>5}  device")
+        for r in rows:
+            print(f"{'on' if r['viewer'] else 'off':>8} {r['steps']:>6} {r['train_seconds']:>8.2f} "
+                  f"{r['steps_per_s']:>8.2f} {r['frames']:>7} {str(r['last_frame_side'] or '-'):>5}  {r['device']}")
+        print(f"slowdown with a browser watching: {100 * slowdown:.1f}% (frames may take {100 * args.viewer_share:g}% "
+              f"of the time)")
+        print(json.dumps(out))
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=1))
+    return out
