@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import os
 import subprocess
 import sys
 
@@ -18,9 +19,14 @@ from hvd_ngp.bench.throughput import (WINDOW, ProfEvent, busy_share, host_profil
                                      outermost_aten_ops, step_profile)
 
 
-def bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def bench(*args: str, timeout: float = 120, interpreter: bool = True) -> subprocess.CompletedProcess:
+    """``python -m hvd_ngp.bench ARGS``; ``interpreter=False``: without the Triton interpreter the test session
+    turned on, as a CPU user runs it (no Triton rows, which would time the interpreter)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if not interpreter:
+        env.pop("TRITON_INTERPRET", None)
     return subprocess.run([sys.executable, "-m", "hvd_ngp.bench", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"})
+                          timeout=timeout, env=env)
 
 
 def test_dispatch():
@@ -247,8 +253,9 @@ def test_host_profile_ranks_the_host_functions_by_self_time_per_step():
 def test_throughput_bench_reports_launches_and_busy_share_on_cpu(tmp_path, scene_cache):
     out = tmp_path / "throughput.json"
     proc = bench("throughput", "--device", "cpu", "--backends", "torch", "--warmup_steps", "2", "--steps", "1",
-                 "--profile_steps", "2", "--host_profile_steps", "2", "--points", "256", "--repeat", "1", "--json", str(out), "--markdown", "",
-                 "--", *TINY_ARGS, "--scene_cache", str(scene_cache), timeout=300)
+                 "--profile_steps", "2", "--host_profile_steps", "2", "--points", "256", "--repeat", "1", "--no_compile",
+                 "--json", str(out), "--markdown", "",
+                 "--", *TINY_ARGS, "--scene_cache", str(scene_cache), timeout=300, interpreter=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = json.loads(out.read_text())["training"]
     assert run["profiled_steps"] == 2 and run["profiled_step_ms"] > 0
