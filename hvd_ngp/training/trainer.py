@@ -26,6 +26,7 @@ import torch
 from .. import faultpoints
 from ..cluster import dist, elastic, preempt
 from ..cluster.comm import CommSettings
+from ..cluster.consistency import agree_on_settings
 from ..cluster.hvdtools import apply as apply_horovod_tools
 from ..data import Scene, load_scene
 from ..data.pipeline import DataPipeline
@@ -43,6 +44,7 @@ from ..render.occupancy import OccupancyGrid
 from ..state import checkpoint
 from ..state.checkpoint import CheckpointManager, resume
 from ..state.failures import NonFiniteGuard, Watchdog
+from ..state.outputs import OutputLock, check_output_files, describe_owner
 from ..state.trainstate import TrainState, make_rank_streams
 from .ahead import Draw, DrawAhead
 from .budget import RayBudget
@@ -152,6 +154,8 @@ class Trainer:
             test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale,
             sharpness_threshold=args.sharpness_threshold, lazy_train=True),
             "loading the scene")
+        if not dist.elastic():  # one allgather: a rank with other settings or another scene stops every rank now
+            agree_on_settings(shared_settings(args, scene), "settings")
         dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
                  + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
@@ -403,9 +407,19 @@ class Trainer:
 def run(args: argparse.Namespace) -> RunResult:
     """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
     tr = Trainer.build(args)
-    rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
     ckpt_dir = tr.ckpts.directory if checkpointing(args) or tr.stops.signals else None  # a stop always checkpoints
-    elastic.startup_agree(lambda: prepare_outputs(args, ckpt_dir), "preparing the output folders")
+    lock = elastic.startup_agree(lambda: prepare_outputs(args, ckpt_dir), "preparing the output folders")
+    try:
+        return train(tr, args)
+    finally:
+        tr.stops.uninstall()  # the default actions again (an in-process caller keeps its own handlers)
+        if lock is not None:  # rank 0: the output folder is free again
+            lock.release()
+
+
+def train(tr: Trainer, args: argparse.Namespace) -> RunResult:
+    """The run loop of ``run`` after start-up (every rank), with the output folder prepared and locked."""
+    rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
     source = args.model["_source"]
     out_dir = Path(args.out_dir)
     config = {"args": vars_for_json(args)}
@@ -547,7 +561,7 @@ def run(args: argparse.Namespace) -> RunResult:
         train_loop()
     watchdog.stop()
     monitor.close()
-    tr.stops.uninstall()  # the default actions again (an in-process caller keeps its own handlers)
+    tr.stops.uninstall()
     rt, step = dist.runtime(), ts.step
     if stopped:  # a stop signal: the checkpoint is written; no final evaluation, exit EXIT_PREEMPTED now
         tr.data.close()
@@ -616,10 +630,11 @@ def checkpointing(args: argparse.Namespace) -> bool:
     return args.ckpt_every > 0 or args.ckpt_every_minutes > 0
 
 
-def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> None:
-    """Rank 0: create the output folders and prove they are writable now, not after hours of training."""
+def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> OutputLock | None:
+    """Rank 0: create the output folders, lock the output folder for this run (``OutputLock``) and prove that
+    every file the run writes can be written now, not after hours of training. Returns the lock (rank 0)."""
     if not dist.runtime().is_root:
-        return
+        return None
     folders = [("output folder (--out_dir)", Path(args.out_dir))]
     if ckpt_dir is not None:
         folders.append(("checkpoint folder (--ckpt_dir)", ckpt_dir))
@@ -633,7 +648,37 @@ def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> None:
                 pass
         except OSError as exc:
             raise ConfigError(f"{folder}: cannot write to the {what}: {exc.strerror}") from None
-    preempt.clear_marker(Path(args.out_dir))  # a previous stop's marker: this run decides anew
+    out_dir = Path(args.out_dir)
+    lock = OutputLock.acquire(out_dir)
+    try:
+        files = [("metrics file", out_dir / "metrics.json"), ("stop marker", out_dir / preempt.MARKER)]
+        files += [(f"file of --{option}", Path(getattr(args, option))) for option in ("save_snapshot", "metrics_json")
+                  if getattr(args, option)]
+        if ckpt_dir is not None:
+            files.append(("checkpoint", ckpt_dir / f"ckpt-{args.n_steps:08d}.pt"))
+        check_output_files(files)
+    except ConfigError:
+        lock.release()
+        raise
+    if lock.took_over:
+        dist.log(f"{lock.path}: took over the lock of a run that ended without releasing it (crashed or killed: "
+                 f"{describe_owner(lock.took_over)})")
+    preempt.clear_marker(out_dir)  # a previous stop's marker: this run decides anew
+    return lock
+
+
+#: options that may differ between ranks: where each rank writes or caches (an MPMD launch gives each its own),
+#: how many threads it uses, and paths whose content is compared instead (the scene by its digest)
+PER_RANK_OPTIONS = ("out_dir", "metrics_json", "save_snapshot", "ckpt_dir", "scene_cache", "threads", "config", "scene",
+                    "load_snapshot", "resume")
+
+
+def shared_settings(args: argparse.Namespace, scene: Scene) -> dict:
+    """What every rank must agree on: the resolved options and model blocks, and the scene's digest."""
+    settings = {f"--{k}": v for k, v in vars_for_json(args).items() if k not in PER_RANK_OPTIONS and k != "model"}
+    settings.update({f"{block} block": v for block, v in args.model.items() if not block.startswith("_")})
+    settings["scene (digest of poses, intrinsics, sizes, names)"] = scene.digest()
+    return settings
 
 
 def vars_for_json(args: argparse.Namespace) -> dict:
