@@ -23,7 +23,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, os_cause
 
 LOCK_NAME = ".hvd_ngp.lock"
 
@@ -48,7 +48,7 @@ class OutputLock:
         try:
             handle = open(path, "a+b")  # never truncates: a refused run must not erase the owner's record
         except OSError as exc:
-            raise ConfigError(f"{path}: cannot create the output folder's lock file: {exc.strerror}") from None
+            raise ConfigError(f"{path}: cannot create the output folder's lock file: {os_cause(exc)}") from None
         handle.seek(0)
         recorded = _parse(handle.read())
         try:
@@ -56,7 +56,7 @@ class OutputLock:
         except OSError as exc:
             handle.close()
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"{path}: cannot lock the output folder: {exc.strerror}") from None
+                raise ConfigError(f"{path}: cannot lock the output folder: {os_cause(exc)}") from None
             raise ConfigError(f"{folder}: this output folder is in use by another run ({describe_owner(recorded)}); "
                               f"wait for it to end, stop it, or give another --out_dir (lock file {path})") from None
         handle.seek(0)
@@ -104,4 +104,4 @@ def check_output_files(files: list[tuple[str, Path]]) -> None:
             os.close(fd)
             path.unlink()
         except OSError as exc:
-            raise ConfigError(f"{path}: cannot write the {what}: {exc.strerror}") from None
+            raise ConfigError(f"{path}: cannot write the {what}: {os_cause(exc)}") from None

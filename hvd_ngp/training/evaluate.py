@@ -19,6 +19,7 @@ from torch import Tensor
 from ..cluster import dist
 from ..data import Frames
 from ..data.sampler import image_pixels, image_rays
+from ..errors import OutputError, os_cause
 from ..model.field import NGPField
 from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from ..render.occupancy import OccupancyGrid
@@ -110,8 +111,12 @@ def to_uint8(img: Tensor) -> np.ndarray:
 def write_png(path: Path, rgb: np.ndarray) -> None:
     import cv2
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cv2.imwrite(str(path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    ok, encoded = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    try:  # cv2.imwrite returns False on a failed write and says nothing
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encoded.tobytes())
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write the render: {os_cause(exc)}") from None
 
 
 def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,

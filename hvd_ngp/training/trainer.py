@@ -31,7 +31,7 @@ from ..cluster.hvdtools import apply as apply_horovod_tools
 from ..data import Scene, load_scene
 from ..data.pipeline import DataPipeline
 from ..data.sampler import RayBatch, RaySampler
-from ..errors import ConfigError
+from ..errors import ConfigError, OutputError, os_cause
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.field import NGPField
 from ..observe.clock import TrainClock
@@ -245,7 +245,8 @@ class Trainer:
                      state, ckpts, guard, data, memory, MemoryMeter(rt.device), stops=stops, graphed=graphed, mp=mp)
         tr.use_draw_ahead(args.draw_ahead)
         tr.use_grid_graph(args.graph_grid_update)
-        resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
+        resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic(),
+               expect=checkpoint.trained_on(args.model, scene.digest()), allow_changes=args.allow_resume_changes)
         if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
             data.load_state_dict(state.progress["data"])
         return tr
@@ -422,7 +423,7 @@ def train(tr: Trainer, args: argparse.Namespace) -> RunResult:
     rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
     source = args.model["_source"]
     out_dir = Path(args.out_dir)
-    config = {"args": vars_for_json(args)}
+    config = {"args": vars_for_json(args), "trained_on": checkpoint.trained_on(args.model, scene.digest())}
 
     length = (f"{args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
               if args.n_steps < UNLIMITED_STEPS else f"for {args.time_budget_s:g} s")
@@ -597,10 +598,12 @@ def train(tr: Trainer, args: argparse.Namespace) -> RunResult:
     if tr.mp is not None:
         metrics["model_parallel"] = model_parallel_summary(tr)
     if rt.is_root:
-        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
-        if args.metrics_json:
-            Path(args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
+        for path in [out_dir / "metrics.json"] + ([Path(args.metrics_json)] if args.metrics_json else []):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(metrics, indent=1))
+            except OSError as exc:
+                raise OutputError(f"{path}: cannot write the metrics: {os_cause(exc)}") from None
     return RunResult(field, grid, step, metrics)
 
 
@@ -647,7 +650,7 @@ def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> OutputLo
             with tempfile.TemporaryFile(dir=folder):
                 pass
         except OSError as exc:
-            raise ConfigError(f"{folder}: cannot write to the {what}: {exc.strerror}") from None
+            raise ConfigError(f"{folder}: cannot write to the {what}: {os_cause(exc)}") from None
     out_dir = Path(args.out_dir)
     lock = OutputLock.acquire(out_dir)
     try:
