@@ -35,8 +35,8 @@ from ..errors import ConfigError, OutputError, os_cause
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.field import NGPField
 from ..observe.clock import TrainClock
-from ..observe.memory import (EVAL_RESERVE, GIB, MemoryBudget, MemoryMeter, check_fit, human_gib, out_of_memory_as_error,
-                              ranks_on_device)
+from ..observe.memory import (EVAL_RESERVE, GIB, MemoryBudget, MemoryMeter, check_fit, check_host_fit, host_memory,
+                              human_gib, out_of_memory_as_error, ranks_on_device)
 from ..observe.monitor import Monitor
 from ..observe.metrics import COL, UNLIMITED_STEPS
 from ..observe.profiling import NULL_TIMER, StageTimer
@@ -169,6 +169,14 @@ class Trainer:
         data_rt = replace(rt, rank=groups.replica, size=groups.replicas) if groups.enabled else rt
         data = DataPipeline.build(scene.train, args, data_rt, args.scene_cache, device_budget=image_room)
         dist.log(data.describe())
+        placed = data.placement
+        host_images = placed.nbytes if placed.mode == "host" or (placed.mode == "device" and not use_cuda) else 0
+        host_need = host_images + (0 if use_cuda else footprint.total)
+        elastic.startup_agree(lambda: check_host_fit(
+            host_need, host_memory(), rt.local_size,
+            f"training images {human_gib(host_images)}" + ("" if use_cuda else
+                                                          f", model, optimizer and step buffers {human_gib(footprint.total)}")),
+            "checking the host memory budget")
         if memory.bytes is not None:
             images = data.placement.nbytes if data.placement.mode == "device" else 0
             dist.log(f"{'GPU memory' if use_cuda else 'memory'}: budget {human_gib(memory.bytes)} ({memory.source}); training needs about "
