@@ -410,7 +410,8 @@ class Trainer:
                             self.march.early_termination,
                             self.args.eval_background, self.args.n_eval_views if n_views is None else n_views,
                             save_dir, n_save, fast=self.backend in FAST_RENDERER_BACKENDS and self.mp is None,
-                            protocol=self.args.eval_protocol, budget=self.memory, parallel=self.mp)
+                            protocol=self.args.eval_protocol, budget=self.memory, parallel=self.mp,
+                            stops=self.stops.signals)
 
 
 def run(args: argparse.Namespace) -> RunResult:
@@ -464,6 +465,15 @@ def train(tr: Trainer, args: argparse.Namespace) -> RunResult:
         return path
 
     stopped: list[str] = []  # set when a stop signal was agreed (preempt)
+
+    def stop_with_checkpoint(step: int, during: str = "") -> None:
+        """Every rank agreed to stop (a signal, or the launcher gone): checkpoint, marker, then exit 75."""
+        who = tr.stops.who()
+        dist.log(f"[step {step}] stop requested ({who}){during}: writing a checkpoint, then exiting with status "
+                 f"{preempt.EXIT_PREEMPTED} (resume with --resume auto)")
+        path = write_checkpoint(step)
+        dist.agree(lambda: preempt.write_marker(out_dir, step, args.n_steps, who, path), "writing the stop marker")
+        stopped.append(who)
     set_up = [False]  # this process's first step taken (outside the training clock: see first_step)
 
     def first_step(stats) -> None:
@@ -507,13 +517,7 @@ def train(tr: Trainer, args: argparse.Namespace) -> RunResult:
                 # a stop signal on any rank (preempt): agreed through this step's non-finite-guard allreduce
                 # (or a tiny allreduce every 8 steps), so every rank stops after the same step
                 if tr.stops.decide(step, tr.guard) and step < args.n_steps:
-                    who = tr.stops.who()
-                    dist.log(f"[step {step}] stop requested ({who}): writing a checkpoint, then exiting with status "
-                             f"{preempt.EXIT_PREEMPTED} (resume with --resume auto)")
-                    path = write_checkpoint(step)
-                    dist.agree(lambda: preempt.write_marker(out_dir, step, args.n_steps, who, path),
-                               "writing the stop marker")
-                    stopped.append(who)
+                    stop_with_checkpoint(step)
                     break
 
                 if step % args.log_every == 0 or step == args.n_steps:
@@ -548,6 +552,9 @@ def train(tr: Trainer, args: argparse.Namespace) -> RunResult:
                     with paused(clock, watchdog, monitor):
                         ev = tr.evaluate()
                     stats.started += clock.last_pause
+                    if ev.get("stopped"):  # a stop request cut the evaluation short
+                        stop_with_checkpoint(step, " during an evaluation")
+                        break
                     progress["curve"].append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"],
                                               "ssim": ev["ssim"], "eval_seconds": round(clock.last_pause, 3)})
                     dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
@@ -570,7 +577,6 @@ def train(tr: Trainer, args: argparse.Namespace) -> RunResult:
         train_loop()
     watchdog.stop()
     monitor.close()
-    tr.stops.uninstall()
     rt, step = dist.runtime(), ts.step
     if stopped:  # a stop signal: the checkpoint is written; no final evaluation, exit EXIT_PREEMPTED now
         tr.data.close()
@@ -587,6 +593,11 @@ def train(tr: Trainer, args: argparse.Namespace) -> RunResult:
 
     eval_started = time.perf_counter()
     ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
+    if ev.get("stopped"):  # training is done, its final evaluation was cut short: a resume evaluates again
+        stop_with_checkpoint(step, " during the final evaluation")
+        dist.log(f"stopped after step {step} of {args.n_steps} on a signal ({stopped[0]}) before the final "
+                 f"evaluation ended; checkpoint in {tr.ckpts.directory}; exit status {preempt.EXIT_PREEMPTED}")
+        return RunResult(field, grid, step, {"steps": step, "stopped": stopped[0]}, stopped[0])
     progress["curve"].append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"],
                               "eval_seconds": round(time.perf_counter() - eval_started, 3)})
     samples_per_sec = progress["total_samples"] / max(train_seconds, 1e-9)
