@@ -417,9 +417,10 @@ class Trainer:
 def run(args: argparse.Namespace) -> RunResult:
     """Train as ``args`` say (every rank calls this); rank 0 prints and writes files."""
     tr = Trainer.build(args)
-    ckpt_dir = tr.ckpts.directory if checkpointing(args) or tr.stops.signals else None  # a stop always checkpoints
-    lock = elastic.startup_agree(lambda: prepare_outputs(args, ckpt_dir), "preparing the output folders")
+    lock = None
     try:
+        ckpt_dir = tr.ckpts.directory if checkpointing(args) or tr.stops.signals else None  # a stop always checkpoints
+        lock = elastic.startup_agree(lambda: prepare_outputs(args, ckpt_dir), "preparing the output folders")
         return train(tr, args)
     finally:
         tr.stops.uninstall()  # the default actions again (an in-process caller keeps its own handlers)
