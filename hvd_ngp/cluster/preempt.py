@@ -206,13 +206,14 @@ WATCH_EVERY_S = 1.0
 
 
 def _stat(pid: int) -> tuple[int, str] | None:
-    """(parent pid, start time in clock ticks) of ``pid`` from /proc, or None when it is gone."""
+    """(parent pid, start time in clock ticks) of ``pid`` from /proc, or None when it is gone (or a zombie:
+    dead, its status not yet collected by its parent)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
-    return int(fields[1]), fields[19]
+    return None if fields[0] in ("Z", "X") else (int(fields[1]), fields[19])
 
 
 def _launcher_name(pid: int) -> str | None:
