@@ -290,6 +290,9 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--resume", default=None, metavar="auto|PATH",
                    help="'auto': continue from the newest valid checkpoint in --ckpt_dir (start fresh if none); "
                         "or a checkpoint file or folder")
+    g.add_argument("--allow_resume_changes", action="store_true",
+                   help="resume (or --load_snapshot) even when the checkpoint was trained on another scene or other "
+                        "model, loss or marching settings (refused by default, naming each difference)")
     g.add_argument("--nonfinite_limit", type=int, default=10,
                    help="stop after this many consecutive steps with a non-finite loss or gradients (each is skipped "
                         "on every rank); 0: no check (saves one small allreduce and a host sync per step)")

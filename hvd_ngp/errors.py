@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -35,6 +36,22 @@ class BackendError(HvdNgpError):
     """A requested compute backend (GPU kernels, tinycudann, Horovod) is not available."""
 
 
+class OutputError(HvdNgpError):
+    """An output file (metrics, renders) cannot be written. The message names the file and the cause."""
+
+
+#: a hint after the system's words for causes whose remedy is not obvious
+_HINTS = {errno.ENOENT: " (deleted or moved?)", errno.EIO: " (a failing disk or network filesystem)",
+          errno.EDQUOT: " (your quota on that filesystem)"}
+
+
+def os_cause(exc: OSError) -> str:
+    """``OSError`` -> its true cause in the system's words ("Permission denied", "No space left on device",
+    "File name too long", "No such file or directory (deleted or moved?)"), never a guess."""
+    words = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
+    return words + _HINTS.get(exc.errno, "")
+
+
 def read_json_object(path: Path, error: type[HvdNgpError], what: str) -> dict:
     """The JSON object in ``path``; a missing, unreadable or malformed file, or one that holds no JSON
     object, raises ``error`` with one line naming the file, ``what`` it should be, and the problem."""
@@ -43,7 +60,7 @@ def read_json_object(path: Path, error: type[HvdNgpError], what: str) -> dict:
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
     except OSError as exc:
-        raise error(f"{path}: cannot read {what}: {exc.strerror}") from None
+        raise error(f"{path}: cannot read {what}: {os_cause(exc)}") from None
     except UnicodeDecodeError as exc:
         raise error(f"{path}: cannot read {what}: not a UTF-8 text file (byte {exc.start})") from None
     try:

@@ -51,3 +51,10 @@ def checkpoint_stream(f: BinaryIO, path: str) -> BinaryIO:
     """``f``, or a failing/stalling wrapper under a checkpoint-write fault."""
     faults = _armed()
     return f if faults is None else faults.checkpoint_stream(f, path)
+
+
+def render_chunk() -> None:
+    """A ``slow_render`` fault: sleep before this render chunk (a long evaluation, for stop tests)."""
+    faults = _armed()
+    if faults is not None:
+        faults.render_chunk()

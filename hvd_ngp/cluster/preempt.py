@@ -59,6 +59,35 @@ def parse_signals(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+class Interrupted(Exception):
+    """A stop request cut an evaluation or render short between two chunks (``interruption_point``)."""
+
+
+_watched: "StopSignals | None" = None  # the run's handlers while an evaluation may be cut short (``interruptible``)
+
+
+class interruptible:
+    """Context: inside it, ``interruption_point`` raises ``Interrupted`` once ``signals`` hold a stop request.
+    Only around work without collectives between its chunks (each rank may stop at another chunk)."""
+
+    def __init__(self, signals: "StopSignals | None") -> None:
+        self.signals = signals
+
+    def __enter__(self) -> None:
+        global _watched
+        self._outer, _watched = _watched, self.signals
+
+    def __exit__(self, *exc) -> None:
+        global _watched
+        _watched = self._outer
+
+
+def interruption_point() -> None:
+    """Between chunks of a render: raise ``Interrupted`` when this rank was asked to stop (inside ``interruptible``)."""
+    if _watched is not None and _watched.pending():
+        raise Interrupted(_watched.received)
+
+
 class StopSignals:
     """Handlers that turn the first stop signal into a flag and a later one into an immediate exit."""
 
@@ -84,6 +113,12 @@ class StopSignals:
     def pending(self) -> bool:
         return self.received is not None
 
+    def request(self, why: str) -> None:
+        """A stop asked for by something other than a signal (the launcher died: ``LauncherWatch``)."""
+        if self.received is None:
+            self.received, self._first_at = why, time.monotonic()
+            self._say(f"{why}: stopping every rank at the next step boundary with a checkpoint")
+
     def _say(self, text: str) -> None:
         # os.write: print() from a handler may re-enter a stream the main thread is writing
         try:
@@ -107,12 +142,14 @@ class StopSignals:
 class StopVote:
     """The agreed stop decision (``decide``: the same answer on every rank at the same step)."""
 
-    def __init__(self, signals: StopSignals | None) -> None:
-        self.signals = signals
+    def __init__(self, signals: StopSignals | None, watch: "LauncherWatch | None" = None) -> None:
+        self.signals, self.watch = signals, watch
 
     def uninstall(self) -> None:
         if self.signals is not None:
             self.signals.uninstall()
+        if self.watch is not None:
+            self.watch.stop()
 
     def local(self) -> bool:
         return self.signals is not None and self.signals.pending()
@@ -145,17 +182,108 @@ class StopVote:
 
 
 def install(names: tuple[str, ...], elastic: bool) -> StopVote:
-    """The stop vote for this run: handlers for ``names``, or none (disabled, or an elastic job)."""
+    """The stop vote for this run: handlers for ``names``, or none (disabled, or an elastic job); under a
+    launcher, a ``LauncherWatch`` that turns the launcher's death into a stop request (or, without handlers,
+    into an exit)."""
     from . import dist
 
     rt = dist.runtime()
-    if not names:
-        return StopVote(None)
     if elastic:
-        dist.log("stop signals: not handled in an elastic job (Horovod's elastic driver manages the workers); "
-                 "a signal ends the job as Horovod decides")
+        if names:
+            dist.log("stop signals: not handled in an elastic job (Horovod's elastic driver manages the workers); "
+                     "a signal ends the job as Horovod decides")
         return StopVote(None)
-    return StopVote(StopSignals(names, rt.rank).install())
+    signals = StopSignals(names, rt.rank).install() if names else None
+    return StopVote(signals, LauncherWatch.start(rt.rank, signals) if dist.launched() else None)
+
+
+# ------------------------------------------------------------------------------------ the launcher's death
+
+#: programs that start ranks; a rank watches each of these among its ancestors
+LAUNCHER_NAMES = ("horovodrun", "mpirun", "mpiexec", "orterun", "prterun", "hvd-ngp-launch", "hvd_ngp.launch",
+                  "hvd_ngp.tools.launch")
+WATCH_EVERY_S = 1.0
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time in clock ticks) of ``pid`` from /proc, or None when it is gone (or a zombie:
+    dead, its status not yet collected by its parent)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+    return None if fields[0] in ("Z", "X") else (int(fields[1]), fields[19])
+
+
+def _launcher_name(pid: int) -> str | None:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for arg in argv[:4]:  # the program, or a script run by python (``python horovodrun``, ``-m hvd_ngp.launch``)
+        name = os.path.basename(arg.decode(errors="replace"))
+        if name in LAUNCHER_NAMES:
+            return name
+    return None
+
+
+def launcher_ancestors(pid: int | None = None) -> list[tuple[int, str, str]]:
+    """(pid, name, start time) of each launcher process above ``pid`` (default: this process), nearest first."""
+    found, seen = [], set()
+    current = _stat(pid or os.getpid())
+    while current is not None and current[0] > 1 and current[0] not in seen:
+        parent = current[0]
+        seen.add(parent)
+        current = _stat(parent)
+        name = _launcher_name(parent)
+        if name is not None and current is not None:
+            found.append((parent, name, current[1]))
+    return found
+
+
+class LauncherWatch:
+    """A thread that notices when a launcher above this rank is gone (``kill -9`` of horovodrun leaves mpirun
+    and the ranks running, reparented to init) and asks for a stop with a checkpoint; without stop
+    handlers (``--stop_signals none``) it ends the rank at once (exit 1), so no rank trains unwatched."""
+
+    def __init__(self, rank: int, signals: StopSignals | None, launchers: list[tuple[int, str, str]]) -> None:
+        self.rank, self.signals, self.launchers = rank, signals, launchers
+        self._stop = threading.Event()
+
+    @staticmethod
+    def start(rank: int, signals: StopSignals | None) -> "LauncherWatch | None":
+        launchers = launcher_ancestors()
+        if not launchers:
+            return None
+        watch = LauncherWatch(rank, signals, launchers)
+        threading.Thread(target=watch._run, name="hvd_ngp-launcher-watch", daemon=True).start()
+        return watch
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def gone(self) -> tuple[int, str] | None:
+        """The first watched launcher that has exited (or whose pid now names another process), or None."""
+        for pid, name, started in self.launchers:
+            now = _stat(pid)
+            if now is None or now[1] != started:
+                return pid, name
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.wait(WATCH_EVERY_S):
+            dead = self.gone()
+            if dead is None:
+                continue
+            why = f"the launcher {dead[1]} (pid {dead[0]}) is gone"
+            if self.signals is not None:
+                self.signals.request(why)
+            else:
+                os.write(2, f"[rank {self.rank}] hvd_ngp: error: {why} and --stop_signals is none: exiting without "
+                            f"a checkpoint\n".encode())
+                os._exit(1)
+            return
 
 
 def write_marker(out_dir: Path, step: int, n_steps: int, signal_info: str, checkpoint: Path) -> None:

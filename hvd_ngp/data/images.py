@@ -10,16 +10,21 @@ import cv2
 import numpy as np
 import torch
 
-from ..errors import SceneError
+from ..errors import SceneError, os_cause
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG", ".webp", ".exr", ".bmp", ".tif", ".tiff")
 
 
 def read_image(path: Path, downscale: int = 1) -> np.ndarray:
     """Decode an image to ``[H, W, 4]`` uint8 RGBA (OpenCV; 16-bit and float images are converted)."""
-    img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    try:  # read here, not by OpenCV, which says "cannot decode" for a missing or unreadable file too
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise SceneError(f"{path}: cannot read image: {os_cause(exc)}") from None
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if data else None
     if img is None:
-        raise SceneError(f"{path}: cannot decode image (corrupt or unsupported format)")
+        raise SceneError(f"{path}: cannot decode image (corrupt or unsupported format"
+                         f"{', empty file' if not data else ''})")
     if img.dtype == np.uint16:
         img = (img.astype(np.float32) / 257.0 + 0.5).astype(np.uint8)
     elif img.dtype in (np.float32, np.float64):  # linear EXR/HDR -> sRGB 8-bit

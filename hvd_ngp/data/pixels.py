@@ -24,26 +24,11 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError, SceneError
-from ..observe.memory import GIB
+from ..observe.memory import GIB, host_memory_available
 from .scene import Frames
 from .shards import image_bytes
 
 PLACEMENTS = ("auto", "device", "host", "stream")
-
-
-def host_memory_available() -> int:
-    """Bytes of host memory available now (``MemAvailable``), or 0 when unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 @dataclass(frozen=True)

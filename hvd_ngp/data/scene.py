@@ -129,6 +129,22 @@ class Scene:
     scale: float = 0.33  # the scene file's world -> ngp space: p_ngp = cycle(p) * scale + offset (cameras.nerf_to_ngp)
     offset: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
 
+    def digest(self) -> str:
+        """SHA-256 (16 hex digits) of what training sees of the scene: both splits' poses, intrinsics,
+        distortion, image sizes and file names, the aabb and aabb_scale. Not the pixels (too slow to
+        hash at start) and not the folder, which may be mounted at another path on another node."""
+        import hashlib
+
+        h = hashlib.sha256(f"{self.aabb_scale}".encode())
+        for frames in (self.train, self.test):
+            h.update(f"<{len(frames)}>".encode())
+            for t in (frames.c2w, frames.intrinsics, frames.distortion, frames.sizes, frames.fisheye):
+                if t is not None:
+                    h.update(t.detach().cpu().contiguous().numpy().tobytes())
+            h.update("|".join(Path(n).name for n in frames.names).encode())
+        h.update(self.aabb.detach().cpu().double().numpy().tobytes())
+        return h.hexdigest()[:16]
+
     def summary(self) -> dict:
         """JSON-friendly description (``python -m hvd_ngp.data info``)."""
         return {

@@ -40,6 +40,8 @@ class FrameMeta:
     c2w: np.ndarray          # [3, 4] ngp space
     camera: dict             # intrinsics fields: the frame's own, falling back to the file's
     own_intrinsics: bool     # the frame sets its own focal length / size
+    index: int = 0           # its place in the file's frames list
+    own_keys: tuple = ()     # the camera fields the frame sets itself (messages name them as frames[i].'key')
 
 
 @dataclass
@@ -60,6 +62,18 @@ def _number(data: dict, key: str, path: Path, where: str = "") -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise SceneError(f"{path}: {where}'{key}' must be a finite number, got {value!r}")
     return float(value)
+
+
+def check_camera_fields(camera: dict, path: Path, where: str = "", keys=INTRINSIC_KEYS) -> None:
+    """Focal lengths and sizes positive, fields of view inside (0, pi) radians: else ``SceneError`` naming the key."""
+    for key in keys:
+        value = camera.get(key)
+        if value is None:
+            continue
+        if key.startswith("camera_angle_") and not 0.0 < value < math.pi:
+            raise SceneError(f"{path}: {where}'{key}' must be a field of view in radians inside (0, pi), got {value!r}")
+        if key in ("fl_x", "fl_y", "w", "h") and value <= 0:
+            raise SceneError(f"{path}: {where}'{key}' must be positive, got {value!r}")
 
 
 def _resolve_image(base: Path, file_path: str) -> Path | None:
@@ -142,6 +156,7 @@ def _parse_transforms(path: Path, sharpness_threshold: float, poses_only: bool =
         raise SceneError(f"{path}: missing 'frames' list")
     scale, offset = world_to_ngp(data, path)
     global_camera = {k: _number(data, k, path) for k in (*INTRINSIC_KEYS, *DISTORTION_KEYS)}
+    check_camera_fields(global_camera, path)
     global_camera["is_fisheye"] = bool(data.get("is_fisheye", False))
     frames: list[FrameMeta] = []
     missing = blurry = 0
@@ -167,16 +182,19 @@ def _parse_transforms(path: Path, sharpness_threshold: float, poses_only: bool =
             image = path.parent / fp
         camera = dict(global_camera)
         own = {k: _number(f, k, path, where) for k in (*INTRINSIC_KEYS, *DISTORTION_KEYS) if k in f}
+        check_camera_fields(own, path, where)
         camera.update(own)
         if "is_fisheye" in f:
             camera["is_fisheye"] = bool(f["is_fisheye"])
         frames.append(FrameMeta(image, nerf_to_ngp(arr, scale, offset).astype(np.float32), camera,
-                                any(k in own for k in ("fl_x", "fl_y", "camera_angle_x", "w", "h"))))
+                                any(k in own for k in ("fl_x", "fl_y", "camera_angle_x", "w", "h")), i, tuple(own)))
     return TransformsFile(path, data, frames, missing, blurry)
 
 
-def camera_intrinsics(cam: dict, image_w: int, image_h: int, downscale: int, path: Path) -> list[float]:
-    """fx, fy, cx, cy at the decoded image's resolution from a frame's camera fields."""
+def camera_intrinsics(cam: dict, image_w: int, image_h: int, downscale: int, path: Path,
+                      frame: FrameMeta | None = None) -> list[float]:
+    """fx, fy, cx, cy at the decoded image's resolution from a frame's camera fields; the principal point must
+    lie inside the image (``SceneError`` naming the key, and ``frame``'s place when the frame sets it)."""
     file_w = cam.get("w") or image_w * downscale
     file_h = cam.get("h") or image_h * downscale
     fx, fy = cam.get("fl_x"), cam.get("fl_y")
@@ -191,6 +209,11 @@ def camera_intrinsics(cam: dict, image_w: int, image_h: int, downscale: int, pat
     fy = fx if fy is None else fy
     cx = file_w / 2 if cam.get("cx") is None else cam["cx"]
     cy = file_h / 2 if cam.get("cy") is None else cam["cy"]
+    for key, value, size, axis in (("cx", cx, file_w, "width"), ("cy", cy, file_h, "height")):
+        if not 0.0 <= value <= size:
+            where = f"frames[{frame.index}]." if frame is not None and key in frame.own_keys else ""
+            raise SceneError(f"{path}: {where}'{key}' = {value:g} puts the principal point outside the image "
+                             f"(its {axis} is {size:g} pixels)")
     sx, sy = image_w / file_w, image_h / file_h
     return [fx * sx, fy * sy, cx * sx, cy * sy]
 
@@ -213,7 +236,7 @@ def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, th
         raise SceneError(f"{tf.path}: images have different sizes ({shown}) but not every frame gives its own "
                          "intrinsics (a frame that sets any of 'fl_x', 'fl_y', 'camera_angle_x', 'w', 'h' gives its own; "
                          "give them in every frame)")
-    intrinsics = [camera_intrinsics(f.camera, w, h, downscale, tf.path) for f, (w, h) in zip(frames, sizes)]
+    intrinsics = [camera_intrinsics(f.camera, w, h, downscale, tf.path, f) for f, (w, h) in zip(frames, sizes)]
     stack, has_alpha = (stack_images(images) if decode else (None, False))
     distortion = [[f.camera.get(k) or 0.0 for k in DISTORTION_KEYS] for f in frames]
     out = Frames(stack, torch.from_numpy(np.stack([f.c2w for f in frames])),

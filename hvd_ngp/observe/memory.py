@@ -18,7 +18,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -207,6 +209,118 @@ def check_fit(budget: MemoryBudget, footprint: TrainingFootprint, eval_reserve: 
         f"training needs about {human_gib(footprint.total + eval_reserve)} of GPU memory ({footprint.describe()}, "
         f"evaluation at least {human_gib(eval_reserve)}) but the budget is {human_gib(budget.bytes)} "
         f"({budget.source}); the largest part is {biggest}")
+
+
+# ------------------------------------------------------------------------------------ host memory
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Host memory this process may still take: ``available`` bytes (the smaller of the kernel's
+    ``MemAvailable`` and the job's cgroup limit less its usage; 0: unknown) and where that came from."""
+
+    available: int
+    source: str
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except (OSError, ValueError):
+        return None
+    if text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return None if value >= UNLIMITED else value
+
+
+def cgroup_memory_limit(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
+                        ) -> tuple[int, int, Path] | None:
+    """The tightest memory limit of this process's cgroups -> (limit, usage, limit file), or None (no limit).
+
+    cgroup v2 (``0::/path``): ``memory.max`` and ``memory.current``; v1 (a ``memory`` controller line):
+    ``memory/…/memory.limit_in_bytes`` and ``memory.usage_in_bytes``. The cgroup's folder and each of its
+    ancestors up to the mount are read (a SLURM job step sits below the job's limit); inside a container the
+    path the kernel names may not exist under the container's mount, whose own folder then holds the limit."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        if controllers == "":  # v2 unified hierarchy
+            base, limit_name, usage_name = root, "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base, limit_name, usage_name = root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        folder = base / rel.lstrip("/")
+        while True:
+            if (folder / limit_name).is_file():
+                limit = _read_int(folder / limit_name)
+                if limit is not None:
+                    candidates.append((limit, _read_int(folder / usage_name) or 0, folder / limit_name))
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    if not candidates:
+        return None
+    return min(candidates, key=lambda c: c[0] - c[1])
+
+
+def _meminfo_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def host_memory(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT) -> HostMemory:
+    """What this process may still take of host memory: the kernel's ``MemAvailable``, bounded by the job's
+    cgroup (a SLURM ``--mem`` job, a container) when that is tighter."""
+    free = _meminfo_available()
+    limit = cgroup_memory_limit(proc_cgroup, root)
+    if limit is not None and (free == 0 or limit[0] - limit[1] < free):
+        left = max(limit[0] - limit[1], 0)
+        return HostMemory(left, f"cgroup limit {human_gib(limit[0])} ({limit[2]}) less {human_gib(limit[1])} used")
+    return HostMemory(free, f"MemAvailable {human_gib(free)}" if free else "unknown")
+
+
+def host_memory_available() -> int:
+    """Bytes of host memory available now to this process (``host_memory``), or 0 when unknown."""
+    return host_memory().available
+
+
+def check_host_fit(need: int, host: HostMemory, ranks_on_host: int, what: str) -> None:
+    """Refuse, before training, a plan whose host memory per rank (``need`` bytes: ``what``) exceeds this rank's
+    share of what the host and the job's cgroup allow."""
+    if host.available <= 0:
+        return
+    share = host.available // max(ranks_on_host, 1)
+    if need <= share:
+        return
+    per = f" / {ranks_on_host} ranks on this host" if ranks_on_host > 1 else ""
+    raise MemoryBudgetError(
+        f"training needs about {human_gib(need)} of host memory per rank ({what}) but each rank may take "
+        f"{human_gib(share)} ({host.source}{per}); lower --target_samples, use --preload stream or --downscale, "
+        f"or ask the scheduler for more memory (SLURM --mem)")
 
 
 # ------------------------------------------------------------------------------------ readings

@@ -22,6 +22,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .. import faultpoints
+from ..cluster import preempt
 from ..data.cameras import intersect_aabb
 from ..observe.memory import (DEFAULT_ROW_BYTES, RENDER_HEADROOM, MemoryBudget, MemoryBudgetError, human_gib,
                               plan_render)
@@ -227,6 +229,8 @@ def render_in_chunks(render: Callable[[Tensor, Tensor, Tensor | None], tuple[Ten
     rgbs, depths = [], []
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):
+            preempt.interruption_point()  # a stop request during an evaluation: no need to finish the view
+            faultpoints.render_chunk()  # test hook (HVD_NGP_FAULTS); a no-op otherwise
             o, d = origins[s:s + chunk], directions[s:s + chunk]
             j = None if step_offset == 0.5 else torch.full((o.shape[0],), step_offset, device=o.device)
             rgb, opacity, depth = render(o, d, j)

@@ -40,7 +40,7 @@ import torch
 
 from ..cluster import dist
 from .. import faultpoints
-from ..errors import SnapshotError
+from ..errors import SnapshotError, os_cause
 from .trainstate import TrainState
 
 FORMAT_V1 = "hvd_ngp.snapshot.v1"  # model, grid, optimizer, step, config (read for compatibility)
@@ -64,7 +64,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise SnapshotError(f"{path}: cannot write: {exc.strerror}") from None
+        raise SnapshotError(f"{path}: cannot write: {os_cause(exc)}") from None
     stream = None
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide checkpoints from the user's group
@@ -86,7 +86,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
             pass
         if stream is not None and stream.error is not None:  # torch reports it as "unexpected pos ..."
             exc = stream.error
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        reason = os_cause(exc) if isinstance(exc, OSError) and exc.errno else str(exc).splitlines()[0]
         raise SnapshotError(f"{path}: writing failed ({reason}); any previous file there is unchanged") from None
     return path
 
@@ -451,39 +451,99 @@ class CheckpointManager:
 
 # ------------------------------------------------------------------------------------ resume
 
+#: the model blocks a checkpoint's training depends on (``trained_on``); the optimizer and the distributed
+#: block may change on a resume (a new learning rate, other ranks)
+TRAINED_ON_BLOCKS = ("encoding", "network", "dir_encoding", "rgb_network", "loss", "marching")
 
-def _pick(spec: str | None, manager: CheckpointManager) -> tuple[Path, dict] | None:
+
+def trained_on(model: dict, scene_digest: str) -> dict:
+    """What a checkpoint records it was trained on: the scene's digest and the model, loss and marching blocks."""
+    return {"scene": scene_digest, **{block: model.get(block) for block in TRAINED_ON_BLOCKS}}
+
+
+def _flat(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key in sorted(value):
+            out.update(_flat(value[key], f"{prefix}.{key}"))
+        return out or {prefix: {}}
+    return {prefix: value}
+
+
+def trained_on_differences(recorded: dict, now: dict) -> list[str]:
+    """``"marching.grid_resolution: 16 in the checkpoint, 32 now"`` for each setting that differs; settings the
+    checkpoint does not record (an older file) are not compared."""
+    found = []
+    for key in now:
+        if key not in recorded:
+            continue
+        if key == "scene":
+            if recorded[key] != now[key]:
+                found.append(f"scene: digest {recorded[key]} in the checkpoint, {now[key]} now (another scene, split "
+                             f"or --downscale)")
+            continue
+        before, after = _flat(recorded[key], key), _flat(now[key], key)
+        for name in sorted(set(before) | set(after)):
+            if json.dumps(before.get(name), sort_keys=True) != json.dumps(after.get(name), sort_keys=True):
+                found.append(f"{name}: {json.dumps(before.get(name, '<unset>'))} in the checkpoint, "
+                             f"{json.dumps(after.get(name, '<unset>'))} now")
+    return found
+
+
+def check_trained_on(path: Path, snap: dict, expect: dict | None, allow_changes: bool) -> str:
+    """Rank 0: refuse (``SnapshotError`` naming each difference) a checkpoint trained on another scene or model,
+    unless ``allow_changes``; returns a note for the log ("" when nothing differs or nothing is recorded)."""
+    if expect is None:
+        return ""
+    recorded = snapshot_config(snap).get("trained_on") if "config" in snap else None
+    if not recorded:
+        return "it records no scene digest or model settings (an older checkpoint): not compared"
+    diff = trained_on_differences(recorded, expect)
+    if diff and not allow_changes:
+        raise SnapshotError(f"{path}: was trained on something else than this run: " + "; ".join(diff)
+                            + ". Resume with the same scene and model, give another --ckpt_dir (or --out_dir), or "
+                              "pass --allow_resume_changes if the change is intended")
+    return ("resumed despite --allow_resume_changes: " + "; ".join(diff)) if diff else ""
+
+
+def _pick(spec: str | None, manager: CheckpointManager, expect: dict | None = None,
+          allow_changes: bool = False) -> tuple[Path, dict, str] | None:
     """Rank 0: the checkpoint ``spec`` names ('auto', a file, a folder), read and validated; None: start fresh."""
     if spec is None:
         return None
     if spec == "auto":
-        return manager.newest_valid("cpu", warn=dist.log)
-    path = Path(spec)
-    if path.is_dir():
-        found = CheckpointManager(path).newest_valid("cpu", warn=dist.log)
+        found = manager.newest_valid("cpu", warn=dist.log)
+    elif Path(spec).is_dir():
+        found = CheckpointManager(spec).newest_valid("cpu", warn=dist.log)
         if found is None:
-            raise SnapshotError(f"{path}: no valid checkpoint (ckpt-<step>.pt) in this folder")
-        return found
-    return path, read_snapshot(path, "cpu")
+            raise SnapshotError(f"{spec}: no valid checkpoint (ckpt-<step>.pt) in this folder")
+    else:
+        found = Path(spec), read_snapshot(spec, "cpu")
+    if found is None:
+        return None
+    return (*found, check_trained_on(found[0], found[1], expect, allow_changes))
 
 
 def resume(ts: TrainState, spec: str | None, manager: CheckpointManager, reseed: Callable[[], None],
-           elastic: bool = False) -> None:
+           elastic: bool = False, expect: dict | None = None, allow_changes: bool = False) -> None:
     """Start ``ts`` from the checkpoint ``spec`` names, or from scratch (every rank gets rank 0's model).
 
     Rank 0 decides (and skips invalid newest files with a warning); collective, except in an
     elastic job, where rank 0 loads the shared state alone and the first elastic sync spreads it.
+    ``expect``: this run's ``trained_on``; a checkpoint that records another is refused on every rank
+    (``check_trained_on``) unless ``allow_changes``.
     """
     rt = dist.runtime()
     if elastic:
-        found = _pick(spec, manager) if rt.is_root else None
+        found = _pick(spec, manager, expect, allow_changes) if rt.is_root else None
         if found is not None:
             _load_shared(ts, found[1], str(found[0]))
             ts.step = int(found[1]["step"])
             ts.progress = json.loads(found[1].get("progress", json.dumps(ts.progress)))
             dist.log(f"resumed from {found[0]} at step {ts.step} (elastic: per-rank streams start fresh)")
         return
-    found = dist.agree(lambda: _pick(spec, manager) if rt.is_root else None, "finding the checkpoint to resume from")
+    found = dist.agree(lambda: _pick(spec, manager, expect, allow_changes) if rt.is_root else None,
+                       "finding the checkpoint to resume from")
     name = dist.broadcast_object(str(found[0]) if found is not None else None, name="checkpoint.resume")
     if name is None:
         if spec == "auto":
@@ -494,4 +554,5 @@ def resume(ts: TrainState, spec: str | None, manager: CheckpointManager, reseed:
             dist.broadcast_state(ts.field)
         return
     note = restore(ts, found[1] if found is not None else None, name, reseed)
-    dist.log(f"resumed from {name} at step {ts.step}" + (f"; note: {note}" if note else ""))
+    notes = [n for n in (found[2] if found is not None else "", note) if n]
+    dist.log(f"resumed from {name} at step {ts.step}" + "".join(f"; note: {n}" for n in notes))

@@ -13,6 +13,9 @@ step faults (``WHEN`` is a step ``S`` or a range ``A-B``, checked when step S st
     hang       the rank sleeps forever (alive but stuck)
     slow       the rank sleeps SLOW_SECONDS_PER_SAMPLE per sample it rendered in the step (a slower GPU:
                its time grows with its work, so load balancing can even it out)
+render faults (``WHEN`` is the N-th render chunk this process renders, from 1; evaluations render in chunks):
+    slow_render  the chunk sleeps SLOW_RENDER_S first (a long evaluation); the first one prints
+                 "fault: slow render chunk N"
 checkpoint-write faults (``WHEN`` is the N-th checkpoint this process writes, from 1):
     save_enospc  the write fails with ENOSPC ("No space left on device") after 1 KiB
     save_pause   the write stops after 1 KiB, prints "fault: paused writing PATH" and sleeps forever
@@ -38,6 +41,8 @@ ENV = "HVD_NGP_FAULTS"  # also hvd_ngp.faultpoints.ENV: the registry that calls 
 STEP_KINDS = ("nan_loss", "raise", "exit", "kill", "hang", "slow")
 SLOW_SECONDS_PER_SAMPLE = 10e-6
 SAVE_KINDS = ("save_enospc", "save_pause")
+RENDER_KINDS = ("slow_render",)
+SLOW_RENDER_S = 1.0
 _PARTIAL_BYTES = 1024
 
 
@@ -63,8 +68,9 @@ def parse(text: str) -> list[Fault]:
             fault = Fault(kind, int(rank), int(first), int(last or first))
         except ValueError:
             raise ConfigError(f"{ENV}: cannot parse {item!r} (expected KIND@RANK:STEP or KIND@RANK:FIRST-LAST)") from None
-        if fault.kind not in STEP_KINDS + SAVE_KINDS:
-            raise ConfigError(f"{ENV}: unknown fault {fault.kind!r} in {item!r} (known: {', '.join(STEP_KINDS + SAVE_KINDS)})")
+        known = STEP_KINDS + SAVE_KINDS + RENDER_KINDS
+        if fault.kind not in known:
+            raise ConfigError(f"{ENV}: unknown fault {fault.kind!r} in {item!r} (known: {', '.join(known)})")
         faults.append(fault)
     return faults
 
@@ -115,6 +121,24 @@ def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:
     if ENV in os.environ and any(f.kind == "nan_loss" and f.hits(_rank(), step) for f in armed()):
         return loss * float("nan")
     return loss
+
+
+_chunks = 0
+_said_slow = False
+
+
+def render_chunk() -> None:
+    """Before each render chunk: sleep ``SLOW_RENDER_S`` when a ``slow_render`` fault is armed for this chunk."""
+    global _chunks, _said_slow
+    if ENV not in os.environ:
+        return
+    _chunks += 1
+    rank = _rank()
+    if any(f.kind == "slow_render" and f.hits(rank, _chunks) for f in armed()):
+        if not _said_slow:
+            _said_slow = True
+            _say(rank, f"slow render chunk {_chunks}")
+        time.sleep(SLOW_RENDER_S)
 
 
 _saves = 0

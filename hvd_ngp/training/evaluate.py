@@ -16,9 +16,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..cluster import dist
+from ..cluster import dist, preempt
 from ..data import Frames
 from ..data.sampler import image_pixels, image_rays
+from ..errors import OutputError, os_cause
 from ..model.field import NGPField
 from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from ..render.occupancy import OccupancyGrid
@@ -131,14 +132,18 @@ def to_uint8(img: Tensor) -> np.ndarray:
 def write_png(path: Path, rgb: np.ndarray) -> None:
     import cv2
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cv2.imwrite(str(path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    ok, encoded = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    try:  # cv2.imwrite returns False on a failed write and says nothing
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encoded.tobytes())
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write the render: {os_cause(exc)}") from None
 
 
 def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,
              background: str, n_views: int = 0, save_dir: Path | None = None, n_save: int = 0,
              writer: str = "root", fast: bool = False, protocol: str = "std", budget: MemoryBudget | None = None,
-             parallel=None) -> dict:
+             parallel=None, stops: preempt.StopSignals | None = None) -> dict:
     """PSNR (mean over views) and SSIM over the first ``n_views`` views (0: all) under ``protocol`` (see
     the module docstring; ``ngp`` ignores ``background``). Collective: every rank renders views
     ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
@@ -147,7 +152,11 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
     (``writer="root"``, the trainer's rule), or written by the rank that rendered them
     (``writer="each_rank"``, for the render tool on a shared filesystem). Views are rendered within
     ``budget`` (see ``ViewRenderer``). Model parallel (``parallel``): replica d's K ranks render views
-    ``d, d + D, ...`` together, and its region-0 rank reports them."""
+    ``d, d + D, ...`` together, and its region-0 rank reports them.
+
+    ``stops``: the run's stop handlers. Then a stop request cuts this rank's view short between two chunks
+    (not under model parallelism, whose chunks exchange segments), the ranks vote after each round of views
+    (one tiny allreduce), and on a stop every rank returns ``{"stopped": True, ...}`` at once."""
     rt = dist.runtime()
     n = len(frames) if n_views <= 0 else min(n_views, len(frames))
     if n == 0:
@@ -159,17 +168,27 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
     field.eval()
     renderer = ViewRenderer(field, grid, schedule, early_termination, fast, budget, parallel)
     first, step = (rt.rank, rt.size) if parallel is None else parallel.view_share()
-    for i in range(first, n, step):
-        img = renderer.view_ngp(frames, i) if protocol == "ngp" else renderer.view(frames, i, bg)
-        if parallel is not None and not parallel.reports:
-            continue
-        gt = reference_view(frames, i, protocol, bg).view_as(img)
-        scores[i, 0] = float(torch.mean((img - gt) ** 2))
-        scores[i, 1] = ssim(img, gt)
-        if i < n_save:
-            keep.append((i, to_uint8(img)))
-            if writer == "each_rank" and save_dir is not None:
-                write_png(save_dir / f"test_{i:03d}.png", keep.pop()[1])
+    interrupted = False
+    for i in range(first, first + step * -(-n // step), step):  # the same number of rounds on every rank
+        if i < n and not interrupted:
+            try:
+                with preempt.interruptible(stops if parallel is None else None):
+                    img = renderer.view_ngp(frames, i) if protocol == "ngp" else renderer.view(frames, i, bg)
+            except preempt.Interrupted:
+                interrupted = True
+            else:
+                if parallel is None or parallel.reports:
+                    gt = reference_view(frames, i, protocol, bg).view_as(img)
+                    scores[i, 0] = float(torch.mean((img - gt) ** 2))
+                    scores[i, 1] = ssim(img, gt)
+                    if i < n_save:
+                        keep.append((i, to_uint8(img)))
+                        if writer == "each_rank" and save_dir is not None:
+                            write_png(save_dir / f"test_{i:03d}.png", keep.pop()[1])
+        if stops is not None and float(dist.allreduce(torch.tensor([float(interrupted or stops.pending())]), "max",
+                                                      name="eval.stop")[0]) > 0:
+            field.train(was_training)
+            return {"psnr": float("nan"), "ssim": float("nan"), "views": 0, "stopped": True}
     field.train(was_training)
     scores = dist.allreduce(scores, "sum", name="eval.scores")
     gathered = dist.allgather_object(keep, name="eval.images") if n_save > 0 and writer == "root" else []

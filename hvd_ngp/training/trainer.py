@@ -26,18 +26,19 @@ import torch
 from .. import faultpoints
 from ..cluster import dist, elastic, nccl_net, preempt
 from ..cluster.comm import CommSettings
+from ..cluster.consistency import agree_on_settings
 from ..cluster.hvdtools import apply as apply_horovod_tools
 from ..cluster.topology import nodes_of_size
 from ..launcher_env import launcher_sizes
 from ..data import Scene, load_scene
 from ..data.pipeline import DataPipeline
 from ..data.sampler import RayBatch, RaySampler
-from ..errors import ConfigError
+from ..errors import ConfigError, OutputError, os_cause
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.field import NGPField
 from ..observe.clock import TrainClock
-from ..observe.memory import (EVAL_RESERVE, GIB, MemoryBudget, MemoryMeter, check_fit, human_gib, out_of_memory_as_error,
-                              ranks_on_device)
+from ..observe.memory import (EVAL_RESERVE, GIB, MemoryBudget, MemoryMeter, check_fit, check_host_fit, host_memory,
+                              human_gib, out_of_memory_as_error, ranks_on_device)
 from ..observe.monitor import Monitor
 from ..observe.metrics import COL, UNLIMITED_STEPS
 from ..observe.profiling import NULL_TIMER, StageTimer
@@ -45,6 +46,7 @@ from ..render.occupancy import OccupancyGrid
 from ..state import checkpoint
 from ..state.checkpoint import CheckpointManager, resume
 from ..state.failures import NonFiniteGuard, Watchdog
+from ..state.outputs import OutputLock, check_output_files, describe_owner
 from ..state.trainstate import TrainState, make_rank_streams
 from .ahead import Draw, DrawAhead
 from .budget import RayBudget
@@ -166,6 +168,8 @@ class Trainer:
             test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale,
             sharpness_threshold=args.sharpness_threshold, lazy_train=True),
             "loading the scene")
+        if not dist.elastic():  # one allgather: a rank with other settings or another scene stops every rank now
+            agree_on_settings(shared_settings(args, scene), "settings")
         dist.log(f"scene {scene.source}: {len(scene.train)} train / {len(scene.test)} test views, "
                  f"{scene.train.width}x{scene.train.height}, aabb_scale {scene.aabb_scale}"
                  + (f", {scene.skipped_frames} frame(s) skipped: image missing" if scene.skipped_frames else ""))
@@ -179,6 +183,14 @@ class Trainer:
         data_rt = replace(rt, rank=groups.replica, size=groups.replicas) if groups.enabled else rt
         data = DataPipeline.build(scene.train, args, data_rt, args.scene_cache, device_budget=image_room)
         dist.log(data.describe())
+        placed = data.placement
+        host_images = placed.nbytes if placed.mode == "host" or (placed.mode == "device" and not use_cuda) else 0
+        host_need = host_images + (0 if use_cuda else footprint.total)
+        elastic.startup_agree(lambda: check_host_fit(
+            host_need, host_memory(), rt.local_size,
+            f"training images {human_gib(host_images)}" + ("" if use_cuda else
+                                                          f", model, optimizer and step buffers {human_gib(footprint.total)}")),
+            "checking the host memory budget")
         if memory.bytes is not None:
             images = data.placement.nbytes if data.placement.mode == "device" else 0
             dist.log(f"{'GPU memory' if use_cuda else 'memory'}: budget {human_gib(memory.bytes)} ({memory.source}); training needs about "
@@ -260,7 +272,8 @@ class Trainer:
                      exchange=exchange)
         tr.use_draw_ahead(args.draw_ahead)
         tr.use_grid_graph(args.graph_grid_update)
-        resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic())
+        resume(state, args.resume or args.load_snapshot, ckpts, tr.reseed, elastic=dist.elastic(),
+               expect=checkpoint.trained_on(args.model, scene.digest()), allow_changes=args.allow_resume_changes)
         if "data" in state.progress:  # epoch, balance, error map and resolution of the resumed run
             data.load_state_dict(state.progress["data"])
         return tr
@@ -417,7 +430,8 @@ class Trainer:
                             self.march.early_termination,
                             self.args.eval_background, self.args.n_eval_views if n_views is None else n_views,
                             save_dir, n_save, fast=self.backend in FAST_RENDERER_BACKENDS and self.mp is None,
-                            protocol=self.args.eval_protocol, budget=self.memory, parallel=self.mp)
+                            protocol=self.args.eval_protocol, budget=self.memory, parallel=self.mp,
+                            stops=self.stops.signals)
 
 
 def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] | None = None,
@@ -430,12 +444,25 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
     training (``control.Watcher``); then every rank obeys its pause, resume and save requests
     (``control.RunControl``)."""
     tr = Trainer.build(args)
+    lock = None
+    try:
+        ckpt_dir = tr.ckpts.directory if checkpointing(args) or tr.stops.signals else None  # a stop always checkpoints
+        lock = elastic.startup_agree(lambda: prepare_outputs(args, ckpt_dir), "preparing the output folders")
+        return train(tr, args, stop_after_eval, attach)
+    finally:
+        tr.stops.uninstall()  # the default actions again (an in-process caller keeps its own handlers)
+        if lock is not None:  # rank 0: the output folder is free again
+            lock.release()
+
+
+def train(tr: Trainer, args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] | None = None,
+          attach: Callable[[Trainer], Watcher] | None = None) -> RunResult:
+    """The run loop of ``run`` after start-up (every rank), with the output folder prepared and locked
+    (``stop_after_eval``, ``attach``: as for ``run``)."""
     rt, scene, field, grid, march, backend, ts = tr.rt, tr.scene, tr.field, tr.grid, tr.march, tr.backend, tr.state
-    ckpt_dir = tr.ckpts.directory if checkpointing(args) or tr.stops.signals else None  # a stop always checkpoints
-    elastic.startup_agree(lambda: prepare_outputs(args, ckpt_dir), "preparing the output folders")
     source = args.model["_source"]
     out_dir = Path(args.out_dir)
-    config = {"args": vars_for_json(args)}
+    config = {"args": vars_for_json(args), "trained_on": checkpoint.trained_on(args.model, scene.digest())}
 
     length = (f"{args.n_steps} steps" + (f" (or {args.time_budget_s:g} s)" if args.time_budget_s else "")
               if args.n_steps < UNLIMITED_STEPS else f"for {args.time_budget_s:g} s")
@@ -490,6 +517,15 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
                 dist.log(f"[step {step}] resumed after {clock.last_pause:.1f} s")
 
     stopped: list[str] = []  # set when a stop signal was agreed (preempt)
+
+    def stop_with_checkpoint(step: int, during: str = "") -> None:
+        """Every rank agreed to stop (a signal, or the launcher gone): checkpoint, marker, then exit 75."""
+        who = tr.stops.who()
+        dist.log(f"[step {step}] stop requested ({who}){during}: writing a checkpoint, then exiting with status "
+                 f"{preempt.EXIT_PREEMPTED} (resume with --resume auto)")
+        path = write_checkpoint(step)
+        dist.agree(lambda: preempt.write_marker(out_dir, step, args.n_steps, who, path), "writing the stop marker")
+        stopped.append(who)
     set_up = [False]  # this process's first step taken (outside the training clock: see first_step)
 
     def first_step(stats) -> None:
@@ -533,13 +569,7 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
                 # a stop signal on any rank (preempt): agreed through this step's non-finite-guard allreduce
                 # (or a tiny allreduce every 8 steps), so every rank stops after the same step
                 if tr.stops.decide(step, tr.guard) and step < args.n_steps:
-                    who = tr.stops.who()
-                    dist.log(f"[step {step}] stop requested ({who}): writing a checkpoint, then exiting with status "
-                             f"{preempt.EXIT_PREEMPTED} (resume with --resume auto)")
-                    path = write_checkpoint(step)
-                    dist.agree(lambda: preempt.write_marker(out_dir, step, args.n_steps, who, path),
-                               "writing the stop marker")
-                    stopped.append(who)
+                    stop_with_checkpoint(step)
                     break
 
                 if step % args.log_every == 0 or step == args.n_steps:
@@ -576,6 +606,9 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
                     with paused(clock, watchdog, monitor):
                         ev = tr.evaluate()
                     stats.started += clock.last_pause
+                    if ev.get("stopped"):  # a stop request cut the evaluation short
+                        stop_with_checkpoint(step, " during an evaluation")
+                        break
                     progress["curve"].append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"],
                                               "ssim": ev["ssim"], "eval_seconds": round(clock.last_pause, 3)})
                     dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
@@ -607,7 +640,6 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
     monitor.close()
     if watcher is not None:
         watcher.close()
-    tr.stops.uninstall()  # the default actions again (an in-process caller keeps its own handlers)
     rt, step = dist.runtime(), ts.step
     if stopped:  # a stop signal: the checkpoint is written; no final evaluation, exit EXIT_PREEMPTED now
         tr.data.close()
@@ -627,6 +659,11 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
 
     eval_started = time.perf_counter()
     ev = tr.evaluate(save_dir=out_dir / "renders", n_save=args.save_renders)
+    if ev.get("stopped"):  # training is done, its final evaluation was cut short: a resume evaluates again
+        stop_with_checkpoint(step, " during the final evaluation")
+        dist.log(f"stopped after step {step} of {args.n_steps} on a signal ({stopped[0]}) before the final "
+                 f"evaluation ended; checkpoint in {tr.ckpts.directory}; exit status {preempt.EXIT_PREEMPTED}")
+        return RunResult(field, grid, step, {"steps": step, "stopped": stopped[0]}, stopped[0])
     progress["curve"].append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"], "ssim": ev["ssim"],
                               "eval_seconds": round(time.perf_counter() - eval_started, 3)})
     samples_per_sec = progress["total_samples"] / max(train_seconds, 1e-9)
@@ -646,10 +683,12 @@ def run(args: argparse.Namespace, stop_after_eval: Callable[[int, float], bool] 
     if tr.mp is not None:
         metrics["model_parallel"] = model_parallel_summary(tr)
     if rt.is_root:
-        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
-        if args.metrics_json:
-            Path(args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
+        for path in [out_dir / "metrics.json"] + ([Path(args.metrics_json)] if args.metrics_json else []):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(metrics, indent=1))
+            except OSError as exc:
+                raise OutputError(f"{path}: cannot write the metrics: {os_cause(exc)}") from None
     return RunResult(field, grid, step, metrics)
 
 
@@ -679,10 +718,11 @@ def checkpointing(args: argparse.Namespace) -> bool:
     return args.ckpt_every > 0 or args.ckpt_every_minutes > 0
 
 
-def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> None:
-    """Rank 0: create the output folders and prove they are writable now, not after hours of training."""
+def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> OutputLock | None:
+    """Rank 0: create the output folders, lock the output folder for this run (``OutputLock``) and prove that
+    every file the run writes can be written now, not after hours of training. Returns the lock (rank 0)."""
     if not dist.runtime().is_root:
-        return
+        return None
     folders = [("output folder (--out_dir)", Path(args.out_dir))]
     if ckpt_dir is not None:
         folders.append(("checkpoint folder (--ckpt_dir)", ckpt_dir))
@@ -695,8 +735,38 @@ def prepare_outputs(args: argparse.Namespace, ckpt_dir: Path | None) -> None:
             with tempfile.TemporaryFile(dir=folder):
                 pass
         except OSError as exc:
-            raise ConfigError(f"{folder}: cannot write to the {what}: {exc.strerror}") from None
-    preempt.clear_marker(Path(args.out_dir))  # a previous stop's marker: this run decides anew
+            raise ConfigError(f"{folder}: cannot write to the {what}: {os_cause(exc)}") from None
+    out_dir = Path(args.out_dir)
+    lock = OutputLock.acquire(out_dir)
+    try:
+        files = [("metrics file", out_dir / "metrics.json"), ("stop marker", out_dir / preempt.MARKER)]
+        files += [(f"file of --{option}", Path(getattr(args, option))) for option in ("save_snapshot", "metrics_json")
+                  if getattr(args, option)]
+        if ckpt_dir is not None:
+            files.append(("checkpoint", ckpt_dir / f"ckpt-{args.n_steps:08d}.pt"))
+        check_output_files(files)
+    except ConfigError:
+        lock.release()
+        raise
+    if lock.took_over:
+        dist.log(f"{lock.path}: took over the lock of a run that ended without releasing it (crashed or killed: "
+                 f"{describe_owner(lock.took_over)})")
+    preempt.clear_marker(out_dir)  # a previous stop's marker: this run decides anew
+    return lock
+
+
+#: options that may differ between ranks: where each rank writes or caches (an MPMD launch gives each its own),
+#: how many threads it uses, and paths whose content is compared instead (the scene by its digest)
+PER_RANK_OPTIONS = ("out_dir", "metrics_json", "save_snapshot", "ckpt_dir", "scene_cache", "threads", "config", "scene",
+                    "load_snapshot", "resume")
+
+
+def shared_settings(args: argparse.Namespace, scene: Scene) -> dict:
+    """What every rank must agree on: the resolved options and model blocks, and the scene's digest."""
+    settings = {f"--{k}": v for k, v in vars_for_json(args).items() if k not in PER_RANK_OPTIONS and k != "model"}
+    settings.update({f"{block} block": v for block, v in args.model.items() if not block.startswith("_")})
+    settings["scene (digest of poses, intrinsics, sizes, names)"] = scene.digest()
+    return settings
 
 
 def vars_for_json(args: argparse.Namespace) -> dict:
