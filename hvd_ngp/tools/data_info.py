@@ -9,11 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from pathlib import Path
+
 from ..errors import run_cli
 from ..data import BUILTIN, load_scene, scene_format
 from ..data.builtin import ensure_builtin
 from ..data.images import decode_images
 from ..data.transforms import camera_intrinsics, locate_transforms, scene_aabb
+from .process import Options, process
+from .process import __doc__ as process_doc
 
 
 def transforms_info(path, args) -> dict:
@@ -49,8 +53,35 @@ def info(args) -> dict:
     return transforms_info(path, args)
 
 
+def add_process_parser(sub) -> None:
+    q = sub.add_parser("process", help="photos or a video -> a posed transforms.json scene (COLMAP)",
+                       description=process_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = q.add_mutually_exclusive_group(required=True)
+    src.add_argument("--images", type=Path, help="a folder of photos")
+    src.add_argument("--video", type=Path, help="a video file (frames sampled at --fps)")
+    q.add_argument("--out", type=Path, required=True, help="the scene folder to write")
+    q.add_argument("--fps", type=float, default=2.0, help="frames per second taken from --video")
+    q.add_argument("--max_size", type=int, default=0, help="long side of the written images (0: as captured)")
+    q.add_argument("--colmap_size", type=int, default=640, help="long side of the images COLMAP sees")
+    q.add_argument("--camera_model", default="OPENCV", help="COLMAP camera model (one camera for all frames)")
+    q.add_argument("--matcher", choices=("auto", "exhaustive", "sequential"), default="auto")
+    q.add_argument("--min_registered", type=float, default=0.5,
+                   help="fail unless COLMAP registers at least this fraction of the frames")
+    q.add_argument("--threads", type=int, default=-1, help="COLMAP threads (-1: all cores)")
+    q.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def run_process(args) -> int:
+    opt = Options(max_size=args.max_size, colmap_size=args.colmap_size, camera_model=args.camera_model, fps=args.fps,
+                  matcher=args.matcher, min_registered=args.min_registered, threads=args.threads, quiet=args.quiet)
+    data = process(args.out, images=args.images, video=args.video, opt=opt)
+    print(json.dumps({"out": str(args.out), "frames": len(data["frames"]), **data["colmap"],
+                      "aabb_scale": data["aabb_scale"], "camera_model": data["camera_model"]}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``info SCENE [options]``: the scene's summary as JSON on stdout."""
+    """``info SCENE [options]`` (the scene's summary as JSON on stdout), ``process``, ``pack``."""
     p = argparse.ArgumentParser(prog="python -m hvd_ngp.data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -63,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--sharpness_threshold", type=float, default=0.0)
     i.add_argument("--scene_cache", default="~/.cache/hvd_ngp/scenes")
     i.add_argument("--builtin_seed", type=int, default=0)
+    add_process_parser(sub)
     args = p.parse_args(argv)
+    if args.command == "process":
+        return run_process(args)
     print(json.dumps(info(args), indent=1))
     return 0
 
