@@ -254,8 +254,9 @@ def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, th
     if not frames:
         return empty_frames(), False
     paths = [f.image_path for f in frames]
+    masks = [f.mask_path for f in frames] if any(f.mask_path for f in frames) else None
     if decode:
-        images = decode_images(paths, downscale, threads)
+        images = decode_images(paths, downscale, threads, masks)
         sizes = [(im.shape[1], im.shape[0]) for im in images]
     else:
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths)))) as pool:
@@ -271,7 +272,7 @@ def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, th
     out = Frames(stack, torch.from_numpy(np.stack([f.c2w for f in frames])),
                  torch.tensor(intrinsics, dtype=torch.float32), torch.tensor(distortion, dtype=torch.float32),
                  torch.tensor(sizes, dtype=torch.int64), torch.tensor([f.camera["is_fisheye"] for f in frames]),
-                 [str(p) for p in paths], ImageFiles(paths, downscale))
+                 [str(p) for p in paths], ImageFiles(paths, downscale, masks))
     return out, has_alpha
 
 

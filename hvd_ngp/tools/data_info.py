@@ -42,6 +42,8 @@ def transforms_info(path, args) -> dict:
         "focal_px": round(focal, 3) if focal else None,
         "aabb_scale": aabb_scale,
         "aabb": [[round(float(v), 6) for v in row] for row in aabb.tolist()],
+        "masked_frames": sum(f.mask_path is not None for f in frames),
+        "notes": tf.notes,
     }
 
 
