@@ -3,7 +3,9 @@
 Frames are matched by image file name (without folder and extension). The estimated camera centres
 are aligned to the reference ones by the least-squares similarity (Umeyama: scale, rotation,
 translation); then, per frame, the rotation error is the angle between the aligned and the
-reference camera orientations, and the centre error is the distance between the centres as a
+reference camera orientations (``rotation_deg``: rotated by that similarity, the stricter number;
+``rotation_deg_orientation_fit``: by the rotation that best fits the orientations themselves, which
+a nearly collinear or planar camera path pins down better), and the centre error is the distance between the centres as a
 percentage of the scene size (the largest distance between two reference cameras). Prints JSON
 with the medians and maxima.
 """
@@ -34,6 +36,19 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> tuple[float, np.ndarray, np.nda
     return s, rot, mu_d - s * rot @ mu_s
 
 
+def _angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Angles in degrees ``[N]`` between rotations ``a`` and ``b`` ``[N, 3, 3]``."""
+    rel = np.einsum("nji,njk->nik", a, b)  # a^T b
+    return np.degrees(np.arccos(np.clip((np.trace(rel, axis1=1, axis2=2) - 1) / 2, -1, 1)))
+
+
+def mean_rotation(est: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """The rotation ``[3, 3]`` G minimising sum |G est_i - ref_i|_F^2 (chordal mean of ref_i est_i^T)."""
+    u, _, vt = np.linalg.svd(np.einsum("nij,nkj->ik", ref, est))
+    sign = np.diag([1.0, 1.0, np.sign(np.linalg.det(u @ vt))])
+    return u @ sign @ vt
+
+
 def pose_errors(est: np.ndarray, ref: np.ndarray) -> dict:
     """Errors of camera-to-world poses ``est`` against ``ref`` (both ``[N, 3|4, 4]``, same convention)."""
     if len(est) < 3:
@@ -42,11 +57,11 @@ def pose_errors(est: np.ndarray, ref: np.ndarray) -> dict:
     centres = (s * (rot @ est[:, :3, 3].T)).T + t
     size = max(np.linalg.norm(ref[:, None, :3, 3] - ref[None, :, :3, 3], axis=-1).max(), 1e-12)
     centre_err = np.linalg.norm(centres - ref[:, :3, 3], axis=1) / size * 100
-    rel = np.einsum("nji,njk->nik", rot @ est[:, :3, :3], ref[:, :3, :3])  # (R est)^T ref
-    cos = np.clip((np.trace(rel, axis1=1, axis2=2) - 1) / 2, -1, 1)
-    rot_err = np.degrees(np.arccos(cos))
+    rot_err = _angles(rot @ est[:, :3, :3], ref[:, :3, :3])
+    fit_err = _angles(mean_rotation(est[:, :3, :3], ref[:, :3, :3]) @ est[:, :3, :3], ref[:, :3, :3])
     return {"frames": int(len(est)), "scale": s,
             "rotation_deg": {"median": float(np.median(rot_err)), "max": float(rot_err.max())},
+            "rotation_deg_orientation_fit": {"median": float(np.median(fit_err)), "max": float(fit_err.max())},
             "centre_pct_of_scene": {"median": float(np.median(centre_err)), "max": float(centre_err.max())},
             "scene_size": float(size)}
 
