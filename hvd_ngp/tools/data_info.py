@@ -11,10 +11,12 @@ import json
 
 from pathlib import Path
 
-from ..errors import run_cli
+from ..errors import SceneError, run_cli
 from ..data import BUILTIN, load_scene, scene_format
 from ..data.builtin import ensure_builtin
 from ..data.images import decode_images
+from ..data.packed import pack_scene
+from ..data.packed import __doc__ as packed_doc
 from ..data.transforms import camera_intrinsics, locate_transforms, scene_aabb
 from .process import Options, process
 from .process import __doc__ as process_doc
@@ -49,9 +51,9 @@ def transforms_info(path, args) -> dict:
 
 def info(args) -> dict:
     path = ensure_builtin(args.scene_cache, args.builtin_seed) if args.scene == BUILTIN else args.scene
-    if scene_format(path) == "llff":
+    if scene_format(path) in ("llff", "packed"):
         scene = load_scene(path, holdout_every=args.holdout_every, downscale=args.downscale)
-        return {**scene.summary(), "format": "llff"}
+        return {**scene.summary(), "format": scene_format(path)}
     return transforms_info(path, args)
 
 
@@ -82,6 +84,19 @@ def run_process(args) -> int:
     return 0
 
 
+def run_pack(args) -> int:
+    if args.shards < 1:
+        raise SceneError(f"--shards must be >= 1, got {args.shards}")
+    scene = load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
+                       train_split=args.train_split, test_split=args.test_split, holdout_every=args.holdout_every,
+                       downscale=args.downscale, sharpness_threshold=args.sharpness_threshold, lazy_train=True)
+    meta = pack_scene(scene, args.out, args.shards, args.holdout_every, args.downscale)
+    size = sum(f.stat().st_size for f in Path(args.out).glob("*.u8"))
+    print(json.dumps({"out": str(args.out), "train": len(scene.train), "test": len(scene.test),
+                      "shards": {s: len(v["shards"]) for s, v in meta["splits"].items()}, "bytes": size}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``info SCENE [options]`` (the scene's summary as JSON on stdout), ``process``, ``pack``."""
     p = argparse.ArgumentParser(prog="python -m hvd_ngp.data", description=__doc__,
@@ -97,9 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--scene_cache", default="~/.cache/hvd_ngp/scenes")
     i.add_argument("--builtin_seed", type=int, default=0)
     add_process_parser(sub)
+    k = sub.add_parser("pack", help="a scene -> decoded uint8 shards that every rank memory-maps",
+                       description=packed_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    k.add_argument("scene", help="'builtin', a scene folder, or a transforms*.json file")
+    k.add_argument("--out", type=Path, required=True, help="the packed scene folder to write")
+    k.add_argument("--shards", type=int, default=8, help="shard files per split (e.g. the number of ranks)")
+    for name, kind, default in (("train_split", str, "train"), ("test_split", str, "test"), ("holdout_every", int, 0),
+                                ("downscale", int, 1), ("sharpness_threshold", float, 0.0)):
+        k.add_argument(f"--{name}", type=kind, default=default)
+    k.add_argument("--scene_cache", default="~/.cache/hvd_ngp/scenes")
+    k.add_argument("--builtin_seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.command == "process":
         return run_process(args)
+    if args.command == "pack":
+        return run_pack(args)
     print(json.dumps(info(args), indent=1))
     return 0
 
