@@ -1,4 +1,5 @@
-"""``python -m hvd_ngp.data info SCENE``: what the trainer will see, as JSON, without training.
+"""``python -m hvd_ngp.data info SCENE``: what the trainer will see, as JSON, without training (also ``process``
+and ``pack``: see ``hvd_ngp.tools.process`` and ``hvd_ngp.data.packed``).
 
 Prints counts per split, skipped frames, image resolutions, aabb_scale and the bounds used. Only
 image headers are needed for the sizes when the file gives w/h; otherwise images are decoded.
