@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .builtin import ensure_builtin
 from .llff import load_llff_scene
+from .packed import is_packed, load_packed_scene
 from .scene import Frames, Scene
 from .transforms import load_transforms_scene
 
@@ -14,8 +15,11 @@ BUILTIN = "builtin"
 
 
 def scene_format(path: str | os.PathLike) -> str:
-    """'llff' for a folder with poses_bounds.npy, else 'transforms' (instant-ngp / Blender)."""
+    """'packed' for a folder with packed.json (``hvd-ngp-data pack``), 'llff' for one with poses_bounds.npy,
+    else 'transforms' (instant-ngp / Blender / nerfstudio)."""
     p = Path(path).expanduser()
+    if is_packed(p):
+        return "packed"
     return "llff" if p.is_dir() and (p / "poses_bounds.npy").is_file() else "transforms"
 
 
@@ -28,6 +32,8 @@ def load_scene(scene: str | os.PathLike = BUILTIN, *, scene_cache: str | os.Path
     None, ``scene.train.files`` decodes them): the trainer's data pipeline places them itself.
     """
     path = ensure_builtin(scene_cache, builtin_seed) if str(scene) == BUILTIN else scene
+    if scene_format(path) == "packed":
+        return load_packed_scene(path, holdout_every, downscale, lazy_train)
     if scene_format(path) == "llff":
         return load_llff_scene(path, holdout_every, downscale, lazy_train)
     return load_transforms_scene(path, train_split, test_split, holdout_every, downscale, sharpness_threshold,

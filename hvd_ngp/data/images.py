@@ -43,6 +43,24 @@ def read_image(path: Path, downscale: int = 1) -> np.ndarray:
     return np.ascontiguousarray(img)
 
 
+def apply_mask(image: np.ndarray, mask_path: Path) -> np.ndarray:
+    """Zero the alpha of ``image`` ``[H, W, 4]`` where the grey mask image is zero (resized to the image)."""
+    mask = cv2.imread(str(mask_path), cv2.IMREAD_GRAYSCALE)
+    if mask is None:
+        raise SceneError(f"{mask_path}: cannot decode mask image")
+    h, w = image.shape[:2]
+    if mask.shape != (h, w):
+        mask = cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST)
+    image[..., 3][mask == 0] = 0
+    return image
+
+
+def read_masked(path: Path, downscale: int, mask_path: Path | None) -> np.ndarray:
+    """``read_image`` with alpha zeroed where the frame's mask (if any) is zero."""
+    image = read_image(path, downscale)
+    return image if mask_path is None else apply_mask(image, mask_path)
+
+
 def image_size(path: Path, downscale: int = 1) -> tuple[int, int]:
     """(width, height) of ``path`` as ``read_image`` will return it: from the file header when Pillow can
     read it (no decoding), else by decoding the image once."""
@@ -56,12 +74,14 @@ def image_size(path: Path, downscale: int = 1) -> tuple[int, int]:
     return (w // downscale, h // downscale) if downscale > 1 else (w, h)
 
 
-def decode_images(paths: list[Path], downscale: int, threads: int = 8) -> list[np.ndarray]:
-    """Decode in parallel threads (OpenCV releases the GIL while decoding)."""
+def decode_images(paths: list[Path], downscale: int, threads: int = 8,
+                  masks: list[Path | None] | None = None) -> list[np.ndarray]:
+    """Decode in parallel threads (OpenCV releases the GIL while decoding); ``masks``: per image or None."""
     if not paths:
         return []
+    masks = masks or [None] * len(paths)
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths)))) as pool:
-        return list(pool.map(lambda p: read_image(p, downscale), paths))
+        return list(pool.map(lambda pm: read_masked(pm[0], downscale, pm[1]), zip(paths, masks)))
 
 
 def stack_images(images: list[np.ndarray]) -> tuple[torch.Tensor, bool]:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .images import read_image
+from .images import read_masked
 
 
 @dataclass
@@ -19,13 +19,15 @@ class ImageFiles:
 
     paths: list[Path]
     downscale: int = 1
+    masks: list[Path | None] | None = None  # per frame: alpha is zeroed where the mask is zero
 
     def read(self, index: int) -> np.ndarray:
         """Decode frame ``index`` -> ``[H, W, 4]`` uint8 RGBA (raises ``SceneError`` naming the file)."""
-        return read_image(self.paths[index], self.downscale)
+        return read_masked(self.paths[index], self.downscale, self.masks[index] if self.masks else None)
 
     def subset(self, index: list[int]) -> "ImageFiles":
-        return ImageFiles([self.paths[i] for i in index], self.downscale)
+        return ImageFiles([self.paths[i] for i in index], self.downscale,
+                          [self.masks[i] for i in index] if self.masks else None)
 
 
 @dataclass

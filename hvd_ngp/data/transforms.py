@@ -8,6 +8,15 @@ Fields (global, and per frame where instant-ngp allows it): ``camera_angle_x/_y`
 ``aabb``, ``scale`` (0.33), ``offset`` ([0.5, 0.5, 0.5]), ``up``, per-frame ``sharpness``
 (frames below ``sharpness_threshold`` are discarded), ``file_path`` with or without extension
 (frames whose image is missing are skipped and counted). Errors name the file and the problem.
+
+nerfstudio's variants: ``camera_model`` (global or per frame) PINHOLE / SIMPLE_PINHOLE (no
+distortion allowed), OPENCV (radial-tangential) or OPENCV_FISHEYE (equidistant with k1..k4, no
+p1/p2); any other model is refused. ``applied_transform`` records how the poses were made from
+COLMAP's world: it is checked and the poses are used as given. ``ply_file_path`` is ignored (the
+trainer starts from an empty field), with a note. Per-frame ``mask_path``: a grey image, zero where
+pixels are masked out; masked pixels get alpha 0, so training composites them over its random
+background and the model learns them as empty (right for masks that cut an object out of its
+surroundings; a mask over a transient occluder also empties the space in front of what it hides).
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ import math
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +38,9 @@ from .images import IMAGE_EXTENSIONS, decode_images, image_size, stack_images
 from .scene import Frames, ImageFiles, Scene
 
 DISTORTION_KEYS = ("k1", "k2", "k3", "k4", "p1", "p2")
+#: nerfstudio ``camera_model`` values -> (fisheye, distortion keys that may be non-zero)
+CAMERA_MODELS = {"PINHOLE": (False, ()), "SIMPLE_PINHOLE": (False, ()), "OPENCV": (False, DISTORTION_KEYS),
+                 "OPENCV_FISHEYE": (True, ("k1", "k2", "k3", "k4"))}
 INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
 
 
@@ -42,6 +54,7 @@ class FrameMeta:
     own_intrinsics: bool     # the frame sets its own focal length / size
     index: int = 0           # its place in the file's frames list
     own_keys: tuple = ()     # the camera fields the frame sets itself (messages name them as frames[i].'key')
+    mask_path: Path | None = None  # grey image, zero where pixels are masked out
 
 
 @dataclass
@@ -53,6 +66,7 @@ class TransformsFile:
     frames: list[FrameMeta]
     missing: int
     blurry: int
+    notes: list[str] = field(default_factory=list)  # fields read but not used, for ``info``
 
 
 def _number(data: dict, key: str, path: Path, where: str = "") -> float | None:
@@ -99,6 +113,33 @@ def _matrix(value, path: Path, where: str) -> np.ndarray:
     if not np.isfinite(arr).all():
         raise SceneError(f"{path}: {where}transform_matrix contains NaN or Inf")
     return arr
+
+
+def _camera_model(camera: dict, model, path: Path, where: str) -> None:
+    """Check nerfstudio's ``camera_model`` against the distortion fields and set ``is_fisheye`` from it."""
+    if model is None:
+        return
+    if model not in CAMERA_MODELS:
+        raise SceneError(f"{path}: {where}'camera_model' {model!r} is not supported (supported: "
+                         f"{', '.join(CAMERA_MODELS)})")
+    fisheye, allowed = CAMERA_MODELS[model]
+    for k in DISTORTION_KEYS:
+        if camera.get(k) and k not in allowed:
+            raise SceneError(f"{path}: {where}'{k}' is non-zero but camera_model {model} has no such parameter")
+    camera["is_fisheye"] = fisheye
+
+
+def _applied_transform(data: dict, path: Path) -> str | None:
+    value = data.get("applied_transform")
+    if value is None:
+        return None
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.shape not in ((3, 4), (4, 4)) or not np.isfinite(arr).all():
+        raise SceneError(f"{path}: 'applied_transform' must be a 3x4 (or 4x4) matrix of finite numbers")
+    return "applied_transform: recorded only (the frames' poses already include it)"
 
 
 def frame_line(path: Path, index: int) -> int | None:
@@ -158,6 +199,12 @@ def _parse_transforms(path: Path, sharpness_threshold: float, poses_only: bool =
     global_camera = {k: _number(data, k, path) for k in (*INTRINSIC_KEYS, *DISTORTION_KEYS)}
     check_camera_fields(global_camera, path)
     global_camera["is_fisheye"] = bool(data.get("is_fisheye", False))
+    if "is_fisheye" in data and "camera_model" in data:
+        raise SceneError(f"{path}: give 'camera_model' or 'is_fisheye', not both")
+    _camera_model(global_camera, data.get("camera_model"), path, "")
+    notes = [n for n in [_applied_transform(data, path)] if n]
+    if "ply_file_path" in data:
+        notes.append(f"ply_file_path: ignored ({data['ply_file_path']!r}; the field starts empty)")
     frames: list[FrameMeta] = []
     missing = blurry = 0
     for i, f in enumerate(frames_json):
@@ -186,9 +233,25 @@ def _parse_transforms(path: Path, sharpness_threshold: float, poses_only: bool =
         camera.update(own)
         if "is_fisheye" in f:
             camera["is_fisheye"] = bool(f["is_fisheye"])
+        _camera_model(camera, f.get("camera_model", data.get("camera_model")), path,
+                      where if "camera_model" in f or own else "")
+        mask = _mask(f, path, where)
         frames.append(FrameMeta(image, nerf_to_ngp(arr, scale, offset).astype(np.float32), camera,
-                                any(k in own for k in ("fl_x", "fl_y", "camera_angle_x", "w", "h")), i, tuple(own)))
-    return TransformsFile(path, data, frames, missing, blurry)
+                                any(k in own for k in ("fl_x", "fl_y", "camera_angle_x", "w", "h")), i, tuple(own),
+                                mask))
+    return TransformsFile(path, data, frames, missing, blurry, notes)
+
+
+def _mask(frame: dict, path: Path, where: str) -> Path | None:
+    value = frame.get("mask_path")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SceneError(f"{path}: {where}mask_path must be a file name, got {value!r}")
+    mask = _resolve_image(path.parent, value)
+    if mask is None:
+        raise SceneError(f"{path}: {where}mask_path {value!r}: no such image")
+    return mask
 
 
 def camera_intrinsics(cam: dict, image_w: int, image_h: int, downscale: int, path: Path,
@@ -225,8 +288,9 @@ def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, th
     if not frames:
         return empty_frames(), False
     paths = [f.image_path for f in frames]
+    masks = [f.mask_path for f in frames] if any(f.mask_path for f in frames) else None
     if decode:
-        images = decode_images(paths, downscale, threads)
+        images = decode_images(paths, downscale, threads, masks)
         sizes = [(im.shape[1], im.shape[0]) for im in images]
     else:
         with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths)))) as pool:
@@ -242,7 +306,7 @@ def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, th
     out = Frames(stack, torch.from_numpy(np.stack([f.c2w for f in frames])),
                  torch.tensor(intrinsics, dtype=torch.float32), torch.tensor(distortion, dtype=torch.float32),
                  torch.tensor(sizes, dtype=torch.int64), torch.tensor([f.camera["is_fisheye"] for f in frames]),
-                 [str(p) for p in paths], ImageFiles(paths, downscale))
+                 [str(p) for p in paths], ImageFiles(paths, downscale, masks))
     return out, has_alpha
 
 

@@ -1,4 +1,5 @@
-"""``python -m hvd_ngp.data info SCENE``: what the trainer will see, as JSON, without training.
+"""``python -m hvd_ngp.data info SCENE``: what the trainer will see, as JSON, without training (also ``process``
+and ``pack``: see ``hvd_ngp.tools.process`` and ``hvd_ngp.data.packed``).
 
 Prints counts per split, skipped frames, image resolutions, aabb_scale and the bounds used. Only
 image headers are needed for the sizes when the file gives w/h; otherwise images are decoded.
@@ -9,11 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..errors import run_cli
+from pathlib import Path
+
+from ..errors import SceneError, run_cli
 from ..data import BUILTIN, load_scene, scene_format
 from ..data.builtin import ensure_builtin
 from ..data.images import decode_images
+from ..data.packed import pack_scene
+from ..data.packed import __doc__ as packed_doc
 from ..data.transforms import camera_intrinsics, locate_transforms, scene_aabb
+from .process import Options, process
+from .process import __doc__ as process_doc
 
 
 def transforms_info(path, args) -> dict:
@@ -38,19 +45,61 @@ def transforms_info(path, args) -> dict:
         "focal_px": round(focal, 3) if focal else None,
         "aabb_scale": aabb_scale,
         "aabb": [[round(float(v), 6) for v in row] for row in aabb.tolist()],
+        "masked_frames": sum(f.mask_path is not None for f in frames),
+        "notes": tf.notes,
     }
 
 
 def info(args) -> dict:
     path = ensure_builtin(args.scene_cache, args.builtin_seed) if args.scene == BUILTIN else args.scene
-    if scene_format(path) == "llff":
+    if scene_format(path) in ("llff", "packed"):
         scene = load_scene(path, holdout_every=args.holdout_every, downscale=args.downscale)
-        return {**scene.summary(), "format": "llff"}
+        return {**scene.summary(), "format": scene_format(path)}
     return transforms_info(path, args)
 
 
+def add_process_parser(sub) -> None:
+    q = sub.add_parser("process", help="photos or a video -> a posed transforms.json scene (COLMAP)",
+                       description=process_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = q.add_mutually_exclusive_group(required=True)
+    src.add_argument("--images", type=Path, help="a folder of photos")
+    src.add_argument("--video", type=Path, help="a video file (frames sampled at --fps)")
+    q.add_argument("--out", type=Path, required=True, help="the scene folder to write")
+    q.add_argument("--fps", type=float, default=2.0, help="frames per second taken from --video")
+    q.add_argument("--max_size", type=int, default=0, help="long side of the written images (0: as captured)")
+    q.add_argument("--colmap_size", type=int, default=640, help="long side of the images COLMAP sees")
+    q.add_argument("--camera_model", default="OPENCV", help="COLMAP camera model (one camera for all frames)")
+    q.add_argument("--matcher", choices=("auto", "exhaustive", "sequential"), default="auto")
+    q.add_argument("--min_registered", type=float, default=0.5,
+                   help="fail unless COLMAP registers at least this fraction of the frames")
+    q.add_argument("--threads", type=int, default=-1, help="COLMAP threads (-1: all cores)")
+    q.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def run_process(args) -> int:
+    opt = Options(max_size=args.max_size, colmap_size=args.colmap_size, camera_model=args.camera_model, fps=args.fps,
+                  matcher=args.matcher, min_registered=args.min_registered, threads=args.threads, quiet=args.quiet)
+    data = process(args.out, images=args.images, video=args.video, opt=opt)
+    print(json.dumps({"out": str(args.out), "frames": len(data["frames"]), **data["colmap"],
+                      "aabb_scale": data["aabb_scale"], "camera_model": data["camera_model"]}))
+    return 0
+
+
+def run_pack(args) -> int:
+    if args.shards < 1:
+        raise SceneError(f"--shards must be >= 1, got {args.shards}")
+    scene = load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
+                       train_split=args.train_split, test_split=args.test_split, holdout_every=args.holdout_every,
+                       downscale=args.downscale, sharpness_threshold=args.sharpness_threshold, lazy_train=True)
+    meta = pack_scene(scene, args.out, args.shards, args.holdout_every, args.downscale)
+    size = sum(f.stat().st_size for f in Path(args.out).glob("*.u8"))
+    print(json.dumps({"out": str(args.out), "train": len(scene.train), "test": len(scene.test),
+                      "shards": {s: len(v["shards"]) for s, v in meta["splits"].items()}, "bytes": size}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``info SCENE [options]``: the scene's summary as JSON on stdout."""
+    """``info SCENE [options]`` (the scene's summary as JSON on stdout), ``process``, ``pack``."""
     p = argparse.ArgumentParser(prog="python -m hvd_ngp.data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -63,7 +112,22 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--sharpness_threshold", type=float, default=0.0)
     i.add_argument("--scene_cache", default="~/.cache/hvd_ngp/scenes")
     i.add_argument("--builtin_seed", type=int, default=0)
+    add_process_parser(sub)
+    k = sub.add_parser("pack", help="a scene -> decoded uint8 shards that every rank memory-maps",
+                       description=packed_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    k.add_argument("scene", help="'builtin', a scene folder, or a transforms*.json file")
+    k.add_argument("--out", type=Path, required=True, help="the packed scene folder to write")
+    k.add_argument("--shards", type=int, default=8, help="shard files per split (e.g. the number of ranks)")
+    for name, kind, default in (("train_split", str, "train"), ("test_split", str, "test"), ("holdout_every", int, 0),
+                                ("downscale", int, 1), ("sharpness_threshold", float, 0.0)):
+        k.add_argument(f"--{name}", type=kind, default=default)
+    k.add_argument("--scene_cache", default="~/.cache/hvd_ngp/scenes")
+    k.add_argument("--builtin_seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.command == "process":
+        return run_process(args)
+    if args.command == "pack":
+        return run_pack(args)
     print(json.dumps(info(args), indent=1))
     return 0
 

@@ -60,6 +60,10 @@
 #                                              # update, two rounds); triton beside tcnn in one bench run
 #   bash scripts/gpu/session.sh fox OUT        # fox, 60 s, --holdout_every 8, seeds 1337 and 1 (HVD_NGP_SEEDS, HVD_NGP_VARIANT;
 #                                              # HVD_NGP_FOX_EVALS: evaluations before the end, e.g. 15,30)
+#   bash scripts/gpu/session.sh colmap_fox     # here, after prepare: issue 48, COLMAP poses for fox's 50 photos
+#                                              # (hvd-ngp-data process, 480 px for COLMAP) -> .stage/fox/transforms_colmap.json
+#   bash scripts/gpu/session.sh fox_colmap OUT # issue 48: fox 60 s, --holdout_every 8, the shipped poses vs the COLMAP ones
+#                                              # (the same 7 held-out views; HVD_NGP_SEEDS, HVD_NGP_VARIANT as for fox)
 #   bash scripts/gpu/session.sh steps14 OUT    # issue 14: ours to 30000 steps, scored at 6000 and 30000 (beside ingp_steps)
 #   bash scripts/gpu/session.sh eval14 OUT     # evaluation time: .stage/old (HVD_NGP_OLD=963e6a6) vs this tree, lego and fox
 #   bash scripts/gpu/session.sh restructure OUT   # bench throughput of .stage/old (a git archive of an older commit) vs this tree
@@ -638,6 +642,25 @@ if isinstance(grid, (bytes, bytearray)):
         mean = max(float(np.clip(g[0], 0, None).mean()), 0.0)
         print("instant-ngp grid: cascades", n, "occupied per cascade", [round(float((c > min(0.01, mean)).mean()), 4) for c in g])
 PY
+    ;;
+  colmap_fox)  # development machine: process fox's photos into a scene of copies, keep its transforms.json beside fox's
+    # images (the same names, full resolution), as transforms_colmap.json; the copies are removed
+    tmp=$(mktemp -d) && nice -n 10 .venv/bin/python -m hvd_ngp.data process --images .stage/fox/images --out "$tmp/fox" \
+      --colmap_size 480 --quiet && cp "$tmp/fox/transforms.json" .stage/fox/transforms_colmap.json
+    rm -rf "$tmp"
+    .venv/bin/python -m hvd_ngp.tools.pose_check .stage/fox/transforms_colmap.json .stage/fox/transforms.json
+    ;;
+  fox_colmap)  # issue 48: 60 s on fox with the shipped poses and with COLMAP's (colmap_fox), same flags and held-out views
+    variant_flags ${HVD_NGP_VARIANT:-base}
+    for seed in ${HVD_NGP_SEEDS:-1337 1}; do
+      for poses in shipped colmap; do
+        scene=$S/fox; [ $poses = colmap ] && scene=$S/fox/transforms_colmap.json
+        python3 -m hvd_ngp.train --scene $scene --holdout_every 8 --time_budget_s 60 --seed $seed --log_every 4000 \
+          --save_renders 0 "${extra[@]}" --out_dir $out/fox${poses}_$seed >$out/fox${poses}_$seed.log 2>&1
+        rm -rf $out/fox${poses}_$seed/checkpoints
+      done
+    done
+    runs_table "$out" "fox*_*"
     ;;
   fox)  # issue 14: fox on a 60 s budget with --holdout_every 8, the defaults or HVD_NGP_VARIANT (HVD_NGP_SEEDS, default
     # 1337 1); evaluated at the end only unless HVD_NGP_FOX_EVALS (e.g. 15,30): one fox evaluation of the 7 views took
