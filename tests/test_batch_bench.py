@@ -4,6 +4,7 @@ take the learning rate of K ranks."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -67,3 +68,23 @@ def test_batch_bench_refuses_flags_it_sets():
         batch.main(["--max_steps", "4", "--", *TINY_ARGS, "--seed", "3"])
     with pytest.raises(ConfigError, match="give --budget_s or --max_steps"):
         batch.main(["--", *TINY_ARGS])
+
+
+def test_a_run_stopped_by_a_signal_is_left_out_and_the_bench_exits_75(scene_cache, tmp_path, monkeypatch):
+    """A signal cut the K = 2 run short (a scheduler's SIGTERM; on the GPU machine a time limit): the K = 1 run is
+    written, the cut run and the ones after it are not, and the bench exits with the stop's status 75."""
+    real_run = batch.run
+
+    def stopped_at_k2(args, stop_after_eval=None):
+        if args.comm.backward_passes_per_step == 2:
+            return SimpleNamespace(stopped="SIGTERM on rank 0", step=3, metrics={})
+        return real_run(args, stop_after_eval=stop_after_eval)
+
+    monkeypatch.setattr(batch, "run", stopped_at_k2)
+    out = tmp_path / "batch.json"
+    with pytest.raises(SystemExit) as stop:
+        batch.main(["--ks", "1,2,4", "--seeds", "3", "--psnr_targets", "5", "--eval_every", "4", "--n_eval_views", "1",
+                    "--max_steps", "8", "--out_dir", str(tmp_path / "b"), "--json", str(out), "--",
+                    *trainer_flags(scene_cache, tmp_path), "--log_every", "2"])
+    assert stop.value.code == 75
+    assert [r["k"] for r in json.loads(out.read_text())["runs"]] == [1]

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from ..cluster.preempt import EXIT_PREEMPTED
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..errors import ConfigError
 from ..training.trainer import run
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(opts.out_dir)
     plan = [(seed, k) for seed in seeds for k in ks]
     left = opts.budget_s
-    runs, details = [], []
+    runs, details, stopped, where = [], [], None, {}
     for i, (seed, k) in enumerate(plan):
         # what earlier runs left, split over the runs to come; at least half an even share (a run may overrun its
         # share by up to 8 steps: the trainer reads its clock every 8 steps)
@@ -115,7 +116,13 @@ def main(argv: list[str] | None = None) -> dict:
             return max(reached) >= targets[-1]
 
         result = run(args, stop_after_eval=all_reached)
+        if result.stopped:  # a signal (a scheduler's, a time limit's): this run is cut short, so it is left out
+            stopped = f"K = {k}, seed {seed}: stopped at step {result.step} ({result.stopped})"
+            print(f"{stopped}; the {len(runs)} run(s) before it are written, the rest are not run", file=sys.stderr,
+                  flush=True)
+            break
         m = result.metrics
+        where = {"scene": m["scene"], "device": m["device"]}
         timed_steps = max(m["steps"] - 1, 1)  # the first step (kernel compilation) is off the training clock
         seconds = m["train_seconds"]
         left = max(left - seconds, 0.0) if opts.budget_s > 0 else left
@@ -130,9 +137,11 @@ def main(argv: list[str] | None = None) -> dict:
                         "eval_every": every, "lr_multiplier": m["communication"]["lr_multiplier"], "curve": curve})
         print(f"K = {k}, seed {seed}: {m['steps']} steps in {seconds:.1f} s, {row['step_ms']:.2f} ms/step, "
               f"targets {row['steps_to_psnr']}, final {row['final_psnr']:.2f} dB", file=sys.stderr, flush=True)
+    if not runs:
+        raise SystemExit(EXIT_PREEMPTED)
     ones = [r["step_ms"] for r in runs if r["k"] == 1]
     per_pass = sum(ones) / len(ones) if ones else min(r["step_ms"] / r["k"] for r in runs)
-    result = {"scene": m["scene"], "device": m["device"], "step_ms_per_backward_pass": per_pass, "runs": runs}
+    result = {**where, "step_ms_per_backward_pass": per_pass, "runs": runs}
     rows = [{"K": r["k"], "seed": r["seed"], "samples/step": r["samples_per_step"], "step ms": f"{r['step_ms']:.2f}",
              "ms per pass": f"{r['step_ms'] / r['k']:.2f}", "lr x": f"{d['lr_multiplier']:.3g}",
              **{f"steps to {key} dB": "-" if v is None else v for key, v in r["steps_to_psnr"].items()},
@@ -146,4 +155,6 @@ def main(argv: list[str] | None = None) -> dict:
     write_json(opts.details_json or out / "details.json", {"options": vars(opts), "runs": details})
     if not math.isfinite(per_pass):
         raise ConfigError("no step time was measured")
+    if stopped:
+        raise SystemExit(EXIT_PREEMPTED)
     return result
