@@ -3,8 +3,9 @@
 #   parallel     tests that launch real ranks (horovodrun/mpirun, Gloo and MPI)   -m parallel
 #   interpreter  Triton kernels under the CPU interpreter (tests/conftest.py's INTERPRETER_MODULES)
 #   unit         everything else
-# The parallel lane runs beside the other two, which run one after the other (each lane is mostly one busy
-# process, and the parallel lane's ranks idle in start-up and collectives). Each lane keeps pytest's
+# The parallel lane runs beside the other two, which run one after the other; it spreads its tests over two
+# pytest-xdist workers (HVD_NGP_PARALLEL_WORKERS), since its ranks idle in start-up, collectives and waits for
+# signals (tests of simulated hosts share one worker: tests/conftest.py's xdist groups). Each lane keeps pytest's
 # --durations table in its log; the logs are printed when their lane ends, then one summary line per lane and
 # a total line. Exit status: 0 when every lane passed (a lane that selects nothing counts as passed).
 #
@@ -29,10 +30,13 @@ for lane in "${lanes[@]}"; do
   [[ -n "${SELECT[$lane]:-}" ]] || { echo "scripts/test.sh: unknown lane '$lane' (parallel, interpreter, unit)" >&2; exit 2; }
 done
 
+WORKERS="${HVD_NGP_PARALLEL_WORKERS:-2}"
 run_lane() {  # run_lane NAME: one pytest process; its log, exit status and wall seconds under $LOGS
-  local name=$1 start rc
+  local name=$1 start rc spread=()
+  [[ $name == parallel && $WORKERS -gt 1 ]] && spread=(-n "$WORKERS" --dist loadgroup)
   start=$(date +%s)
-  "$PY" -m pytest -q -p no:cacheprovider --durations=15 -m "${SELECT[$name]}" "${EXTRA[@]}" >"$LOGS/$name.log" 2>&1
+  "$PY" -m pytest -q -p no:cacheprovider --durations=15 -m "${SELECT[$name]}" "${spread[@]}" "${EXTRA[@]}" \
+    >"$LOGS/$name.log" 2>&1
   rc=$?
   ((rc == 5)) && rc=0  # nothing selected
   echo "$rc $(($(date +%s) - start))" >"$LOGS/$name.status"

@@ -54,6 +54,9 @@ INTERPRETER_ARGS = ["--encoding", _tiny_block("--encoding", merge_runs_below=0, 
 #: test modules whose tests mostly run Triton kernels under the CPU interpreter: the "interpreter" lane
 #: (scripts/test.sh runs the lanes side by side)
 INTERPRETER_MODULES = {"test_kernels", "test_mlp_kernels", "test_graphed", "test_ahead"}
+#: modules whose tests share machine-wide state (simulated hosts' network namespaces and subnet): under
+#: pytest-xdist's loadgroup, each module's tests run on one worker
+ONE_WORKER_MODULES = {"test_simhosts", "test_links"}
 #: what in a test's own source says that it launches real ranks
 LAUNCHES_RANKS = ("run_ranks(", "horovodrun", "mpirun", "simhosts", "run_script(", "start_script(")
 
@@ -74,6 +77,8 @@ def pytest_collection_modifyitems(config, items) -> None:
                 item.add_marker(pytest.mark.parallel)
         if item.get_closest_marker("parallel") is None and item.module.__name__ in INTERPRETER_MODULES:
             item.add_marker(pytest.mark.interpreter)
+        if item.module.__name__ in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def tensor_digest(tensors) -> str:
