@@ -3,17 +3,18 @@
 #   parallel     tests that launch real ranks (horovodrun/mpirun, Gloo and MPI)   -m parallel
 #   interpreter  Triton kernels under the CPU interpreter (tests/conftest.py's INTERPRETER_MODULES)
 #   unit         everything else
-# The parallel lane runs beside the other two, which run one after the other; it spreads its tests over two
-# pytest-xdist workers (HVD_NGP_PARALLEL_WORKERS), since its ranks idle in start-up, collectives and waits for
-# signals (tests of simulated hosts share one worker: tests/conftest.py's xdist groups). Each lane keeps pytest's
-# --durations table in its log; the logs are printed when their lane ends, then one summary line per lane and
+# The interpreter lane runs beside the parallel lane, and the unit lane follows the parallel lane (the two sides
+# take about as long). The parallel lane spreads its tests over two pytest-xdist workers
+# (HVD_NGP_PARALLEL_WORKERS), since its ranks idle in start-up, collectives and waits for signals (tests of
+# simulated hosts share one worker: tests/conftest.py's xdist groups). Each lane keeps pytest's --durations table
+# in its log; the logs are printed when their lane ends, then one summary line per lane and
 # a total line. Exit status: 0 when every lane passed (a lane that selects nothing counts as passed).
 #
 #   bash scripts/test.sh                  # all lanes
 #   bash scripts/test.sh unit parallel    # some lanes
 #   HVD_NGP_TEST_ARGS="-x -k march" bash scripts/test.sh interpreter   # more pytest options for every lane
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 PY="${HVD_NGP_PYTHON:-.venv/bin/python}"
 LOGS="${HVD_NGP_TEST_LOGS:-runs/test-lanes}"
 mkdir -p "$LOGS"
@@ -45,9 +46,14 @@ run_lane() {  # run_lane NAME: one pytest process; its log, exit status and wall
 
 t0=$(date +%s)
 rm -f "$LOGS"/*.status
+has() { [[ " ${lanes[*]} " == *" $1 "* ]]; }
 pids=()
-if [[ " ${lanes[*]} " == *" parallel "* ]]; then run_lane parallel & pids+=($!); fi
-for lane in "${lanes[@]}"; do [[ $lane == parallel ]] || run_lane "$lane"; done
+if has parallel; then { run_lane parallel; if has unit; then run_lane unit; fi; } & pids+=($!); fi
+for lane in "${lanes[@]}"; do
+  [[ $lane == parallel ]] && continue
+  [[ $lane == unit ]] && has parallel && continue  # it follows the parallel lane
+  run_lane "$lane"
+done
 wait "${pids[@]}" 2>/dev/null
 
 status=0 passed=0 failed=0 skipped=0

@@ -14,7 +14,8 @@ import pytest
 from conftest import ROOT, TINY_ARGS
 
 CLUSTER = ROOT / "scripts" / "cluster"
-SCRIPTS = [CLUSTER / "launch.sh", CLUSTER / "slurm.sbatch", CLUSTER / "pbs.sh", ROOT / "scripts" / "setup.sh"]
+SCRIPTS = [CLUSTER / "launch.sh", CLUSTER / "slurm.sbatch", CLUSTER / "pbs.sh", ROOT / "scripts" / "setup.sh",
+           ROOT / "scripts" / "test.sh", ROOT / ".ci" / "run"]
 
 
 def tool(name: str) -> str:

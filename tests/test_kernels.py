@@ -92,8 +92,9 @@ def test_hashgrid_output_layouts_agree():
     same features and table gradients, whatever the layout of the incoming gradient."""
     spec = HashGridSpec(6, 2, 12, 4, 2.0)
     torch.manual_seed(2)
-    cols, rows = HashGridTriton(spec, **SMALL_GRID_LAUNCH).to(DEV), \
-        HashGridTriton(spec, feature_major=False, **SMALL_GRID_LAUNCH).to(DEV)
+    merge = {"merge_runs_below": 0} if SMALL else {}  # the layouts, not the merging (tested below), on the interpreter
+    cols, rows = HashGridTriton(spec, **SMALL_GRID_LAUNCH, **merge).to(DEV), \
+        HashGridTriton(spec, feature_major=False, **SMALL_GRID_LAUNCH, **merge).to(DEV)
     assert cols.feature_major and not rows.feature_major
     with torch.no_grad():
         cols.params.normal_()
@@ -207,9 +208,9 @@ def test_hashgrid_backward_merging_runs_matches_reference(spec, merge):
     with torch.no_grad():
         ref.params.normal_()
         fast.params.copy_(ref.params)
-    n = 400 if SMALL else 1 << 16
+    n = 300 if SMALL else 1 << 16
     for x, count in ((rays_of_points(n, 40, 1 / 256, 2).to(DEV), None), (torch.rand(n, 3, device=DEV), None),
-                     (rays_of_points(n, 40, 1 / 256, 3).to(DEV), n - 121)):
+                     (rays_of_points(n, 40, 1 / 256, 3).to(DEV), n - 81)):
         ref.params.grad = fast.params.grad = None
         rows = n if count is None else count
         g = torch.randn(n, spec.n_output_dims, device=DEV)
