@@ -16,18 +16,18 @@ from ..data.transforms import load_poses
 from ..errors import CameraPathError, SceneError, read_json_object
 
 
+def nearest_point_to_lines(origins: np.ndarray, directions: np.ndarray) -> tuple[np.ndarray, float]:
+    """The point closest (least squares) to every line ``origins[i] + t directions[i]`` (both ``[N, 3]``), and
+    the condition number of its normal equations (large: the lines are nearly parallel)."""
+    d = directions / np.linalg.norm(directions, axis=1, keepdims=True)
+    projectors = np.eye(3)[None] - d[:, :, None] * d[:, None, :]  # [N, 3, 3]: onto each line's normal plane
+    a, b = projectors.sum(0), np.einsum("nij,nj->i", projectors, origins)
+    return np.linalg.lstsq(a, b, rcond=None)[0], float(np.linalg.cond(a))
+
+
 def look_at_point(c2w: Tensor) -> np.ndarray:
     """The point closest (least squares) to every camera's optical axis. c2w ``[N, 3, 4]`` (ngp: column 2 forward)."""
-    o = c2w[:, :, 3].double().numpy()
-    d = c2w[:, :, 2].double().numpy()
-    d = d / np.linalg.norm(d, axis=1, keepdims=True)
-    a = np.zeros((3, 3))
-    b = np.zeros(3)
-    for oi, di in zip(o, d):
-        p = np.eye(3) - np.outer(di, di)
-        a += p
-        b += p @ oi
-    return np.linalg.lstsq(a, b, rcond=None)[0]
+    return nearest_point_to_lines(c2w[:, :, 3].double().numpy(), c2w[:, :, 2].double().numpy())[0]
 
 
 def azimuth_range(azimuths: np.ndarray) -> tuple[float, float]:

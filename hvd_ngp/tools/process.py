@@ -27,6 +27,7 @@ import cv2
 import numpy as np
 
 from ..errors import SceneError
+from ..render.camera_path import nearest_point_to_lines
 from ..data.images import IMAGE_EXTENSIONS, read_image
 
 #: COLMAP camera model -> the transforms.json fields its parameters fill, in COLMAP's order
@@ -194,15 +195,8 @@ def camera_fields(camera, scale: float) -> dict:
 def look_centre(centres: np.ndarray, forwards: np.ndarray) -> np.ndarray | None:
     """The point nearest to all optical axes (least squares), or None when they are nearly parallel.
     centres, forwards ``[N, 3]``."""
-    a = np.zeros((3, 3))
-    b = np.zeros(3)
-    for c, d in zip(centres, forwards):
-        p = np.eye(3) - np.outer(d, d)
-        a += p
-        b += p @ c
-    if np.linalg.cond(a) > 1e4:
-        return None
-    return np.linalg.solve(a, b)
+    point, condition = nearest_point_to_lines(np.asarray(centres, np.float64), np.asarray(forwards, np.float64))
+    return None if condition > 1e4 else point
 
 
 def _rotation_to_z(up: np.ndarray) -> np.ndarray:

@@ -13,27 +13,19 @@ import numpy as np
 import torch
 
 from ..data import Frames
+from ..render.camera_path import matrix_to_quaternion, quaternion_to_matrix
 
 
 def quaternion_matrix(wxyz) -> np.ndarray:
-    """Unit quaternion (w, x, y, z) -> rotation ``[3, 3]``."""
-    w, x, y, z = np.asarray(wxyz, dtype=np.float64) / np.linalg.norm(wxyz)
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
+    """Unit quaternion (w, x, y, z: viser's order) -> rotation ``[3, 3]``."""
+    w, x, y, z = np.asarray(wxyz, dtype=np.float64)
+    return quaternion_to_matrix(np.array([x, y, z, w]))
 
 
 def matrix_quaternion(r: np.ndarray) -> np.ndarray:
-    """Rotation ``[3, 3]`` -> unit quaternion (w, x, y, z) with w >= 0."""
-    r = np.asarray(r, dtype=np.float64)
-    k = np.array([[r[0, 0] - r[1, 1] - r[2, 2], r[1, 0] + r[0, 1], r[2, 0] + r[0, 2], r[2, 1] - r[1, 2]],
-                  [r[1, 0] + r[0, 1], r[1, 1] - r[0, 0] - r[2, 2], r[2, 1] + r[1, 2], r[0, 2] - r[2, 0]],
-                  [r[2, 0] + r[0, 2], r[2, 1] + r[1, 2], r[2, 2] - r[0, 0] - r[1, 1], r[1, 0] - r[0, 1]],
-                  [r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1], r[0, 0] + r[1, 1] + r[2, 2]]]) / 3
-    vals, vecs = np.linalg.eigh(k)
-    x, y, z, w = vecs[:, np.argmax(vals)]
-    q = np.array([w, x, y, z])
-    return q if w >= 0 else -q
+    """Rotation ``[3, 3]`` -> unit quaternion (w, x, y, z: viser's order) with w >= 0."""
+    x, y, z, w = matrix_to_quaternion(r)
+    return np.array([w, x, y, z])
 
 
 def camera_frames(position, wxyz, fov_y: float, width: int, height: int) -> Frames:
