@@ -107,7 +107,8 @@ def test_cells_no_camera_sees_are_never_occupied():
 
 def test_the_first_step_is_set_up_not_training_time(tmp_path, scene_cache, monkeypatch, capsys):
     """A GPU's first step compiles the kernels on a cold cache (about 15 s on one H200): it is left out of
-    --time_budget_s, so a 1 s budget still trains about 1 s after a 3 s first step."""
+    --time_budget_s, so a 1 s budget still trains at least 1 s after a 3 s first step, and the training time
+    leaves those 3 s out (a relation between the run's wall time and its training time, whatever the load)."""
     import time
 
     from hvd_ngp.training.trainer import Trainer, run
@@ -123,8 +124,10 @@ def test_the_first_step_is_set_up_not_training_time(tmp_path, scene_cache, monke
     monkeypatch.setattr(Trainer, "step", slow_first)
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
                        "--time_budget_s", "1", "--out_dir", str(tmp_path / "o"), "--save_renders", "0"])
+    started = time.monotonic()
     result = run(args)
-    assert 1.0 <= result.metrics["train_seconds"] < 3.0 and result.metrics["steps"] > 8
+    wall = time.monotonic() - started
+    assert 1.0 <= result.metrics["train_seconds"] <= wall - 3.0 and result.metrics["steps"] > 8
     first = re.search(r"\] first step ([0-9.]+) s, not counted in the training time", capsys.readouterr().err)
     assert first and float(first.group(1)) >= 3.0
 
