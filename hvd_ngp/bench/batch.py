@@ -38,14 +38,11 @@ from ..cluster.preempt import EXIT_PREEMPTED
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..errors import ConfigError
 from ..training.trainer import run
-from .report import table, write_json
+from .report import comma_list, table, write_json
 
 
 def _list(text: str, kind, what: str) -> list:
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--{what} expects comma-separated numbers, got {text!r}") from None
+    values = comma_list(text, kind, what)
     if not values:
         raise ConfigError(f"--{what} is empty")
     return values

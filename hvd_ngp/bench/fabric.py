@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..cluster import fabric_model as fm
 from ..errors import ConfigError
-from .report import table, write_json
+from .report import comma_list, table, write_json
 
 PROJECTED = "PROJECTED by the alpha-beta model (docs/scaling.md), not measured"
 DEFAULT_MODES = "flat,hierarchical,hierarchical-rdma,fp16,accum{k},delayed,periodic{h},delayed+fp16"
@@ -54,10 +54,7 @@ def from_throughput(path: str, backend: str | None) -> tuple[float, float, str]:
 
 
 def parse_ints(text: str, what: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"--{what} expects comma-separated integers, got {text!r}") from None
+    values = comma_list(text, int, what)
     if not values or any(v < 1 or v > 64 for v in values):
         raise ConfigError(f"--{what} values must be 1..64, got {text!r}")
     return values

@@ -8,6 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..errors import ConfigError
+
 
 def table(rows: list[dict], columns: list[str]) -> str:
     cells = [[str(r.get(c, "")) for c in columns] for r in rows]
@@ -31,3 +33,13 @@ def append_markdown(path: str | Path, title: str, body: str, argv: list[str] | N
     header = "" if path.exists() else "# Benchmarks\n\nMeasured results, newest last. Each section names the command.\n"
     with path.open("a") as f:
         f.write(f"{header}\n## {title} ({stamp})\n\n`{command}`\n\n{body}\n")
+
+
+def comma_list(text: str, kind, flag: str, error: type[Exception] = ConfigError) -> list:
+    """``--flag a,b,c`` as a list of ``kind`` (int or float; blanks skipped); a bad item raises ``error``
+    naming the flag."""
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        what = "integers" if kind is int else "numbers"
+        raise error(f"--{flag} expects comma-separated {what}, got {text!r}") from None

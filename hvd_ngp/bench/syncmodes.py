@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..cluster.comm import GRAD_SYNCS
 from ..errors import HvdNgpError
-from .report import table, write_json
+from .report import comma_list, table, write_json
 
 
 class BenchError(HvdNgpError):
@@ -27,10 +27,7 @@ class BenchError(HvdNgpError):
 
 
 def _ints(text: str, what: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise BenchError(f"--{what} expects comma-separated integers, got {text!r}") from None
+    return comma_list(text, int, what, BenchError)
 
 
 def train_once(ranks: int, mode: str, seed: int, opts: argparse.Namespace, out: Path) -> dict:
