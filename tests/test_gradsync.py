@@ -61,6 +61,11 @@ def test_one_rank(scene_cache, tmp_path):
     assert late[1] == late[0] and late[2] != late[1] and late[2] != plain[2], "step 1 must not move the parameters"
     assert tr.exchange.pending == 4 and tr.exchange.flush(tr.optimizer, tr.guard) and tr.exchange.pending is None
     assert tensor_digest(tr.field.parameters()) != late[-1]
+    tr, half = _train(scene_cache, tmp_path / "g", 4, "--grad_sync", "delayed_grid")
+    grid = [tensor_digest(tr.field.encoding_parameters())]
+    assert half[1] != half[0] and half[1] != late[1], "step 1 must move the MLPs (their average is not late)"
+    assert tr.exchange.pending == 4 and tr.exchange.flush(tr.optimizer, tr.guard)
+    assert tensor_digest(tr.field.encoding_parameters()) != grid[0], "the flush must apply the grid's last average"
 
 
 @pytest.mark.parallel
@@ -73,8 +78,8 @@ def test_real_ranks(controller, checks, scene_cache, tmp_path):
                      controller=controller)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    names = {"delayed": ["delayed_reference"], "periodic": ["periodic_sync"],
-             "resume": ["exact_resume_delayed", "exact_resume_periodic"]}
+    names = {"delayed": ["delayed_reference", "delayed_grid_reference"], "periodic": ["periodic_sync"],
+             "resume": ["exact_resume_delayed", "exact_resume_delayed_grid", "exact_resume_periodic"]}
     for check in checks.split(","):
         for name in names[check]:
             assert f"CHECK {name} OK" in out, out[-4000:]

@@ -37,7 +37,7 @@ REDUCE_OPS = ("average", "adasum")
 LR_SCALINGS = ("auto", "none", "linear", "sqrt")
 #: when gradients meet (docs/sync-modes.md): every step (Horovod's allreduce, waited for in the step), one step
 #: late (the allreduce runs during the next step), or parameters averaged every --sync_period steps (local steps)
-GRAD_SYNCS = ("every", "delayed", "periodic")
+GRAD_SYNCS = ("every", "delayed", "delayed_grid", "periodic")
 DEFAULT_SYNC_PERIOD = 8
 #: NCCL_ALGO values NCCL 2.2x understands (case-insensitive)
 NCCL_ALGORITHMS = ("ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
@@ -75,7 +75,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         "auto (sqrt(m) with average, Adasum's rule with adasum), none, linear (x m), sqrt")
     g.add_argument("--grad_sync", choices=GRAD_SYNCS, default="every",
                    help="every: average gradients every step; delayed: step t's allreduce runs during step t+1 and "
-                        "its average is applied one step late; periodic: each rank steps on its own gradient and "
+                        "its average is applied one step late; delayed_grid: the MLPs' gradients every step, the hash grid's one step late (its allreduce, ~99%% of the bytes, runs during step t+1); periodic: each rank steps on its own gradient and "
                         "parameters and Adam moments are averaged every --sync_period steps (docs/sync-modes.md)")
     g.add_argument("--sync_period", type=int, default=None, metavar="H",
                    help="--grad_sync periodic: steps between parameter averages (default 8)")
@@ -230,7 +230,7 @@ class CommSettings:
     lr_scaling: str
     block: DistributedBlock
     model_parallel: int = 1  # K regions per replica (``--model_parallel`` or distributed.model_parallel)
-    grad_sync: str = "every"  # every | delayed | periodic (``--grad_sync``)
+    grad_sync: str = "every"  # every | delayed | delayed_grid | periodic (``--grad_sync``)
     sync_period: int = 1  # periodic: steps between parameter averages
 
     @staticmethod
@@ -369,6 +369,8 @@ class CommSettings:
         """The gradient-sync mode in words (log lines)."""
         if self.grad_sync == "delayed":
             return "gradients averaged one step late (the allreduce runs during the next step)"
+        if self.grad_sync == "delayed_grid":
+            return "MLP gradients averaged every step, the hash grid's one step late (during the next step)"
         if self.grad_sync == "periodic":
             return f"local steps, parameters and Adam moments averaged every {self.sync_period} steps"
         return "gradients averaged every step"

@@ -51,15 +51,27 @@ class DelayedAveraging:
 
     mode = "delayed"
 
-    def __init__(self, parameters, guard: NonFiniteGuard | None) -> None:
-        self.grads = FlatGradients(parameters, tail=guard.width if guard else 0, name="delayed")
+    def __init__(self, parameters, guard: NonFiniteGuard | None, fresh=()) -> None:
+        """``fresh``: parameters averaged at once, every step (``--grad_sync delayed_grid``: the MLPs), with the
+        guard's flags; the rest (the hash grid) one step late. Empty: everything one step late."""
+        fresh_ids = {id(p) for p in fresh}
+        named = [item if isinstance(item, tuple) else (f"parameter {i}", item) for i, item in enumerate(parameters)]
+        late = [(n, p) for n, p in named if id(p) not in fresh_ids]
+        now = [(n, p) for n, p in named if id(p) in fresh_ids and p.requires_grad]
+        self.now = FlatGradients(now, tail=guard.width if guard else 0, name="delayed.now") \
+            if now else None
+        self.grads = FlatGradients(late, tail=0 if self.now is not None else (guard.width if guard else 0),
+                                   name="delayed")
         self.wire = [{dt: torch.zeros_like(b) for dt, b in self.grads.buffers.items()} for _ in range(2)]
         self.pending: int | None = None
         self._handle: dist.PendingAllreduce | None = None
         self._slot = 0  # the wire buffers of the pending average
+        self._late_ok = True  # (fresh mode) the step whose average is in flight was not skipped
 
     def zero_grad(self) -> None:
         self.grads.zero_()
+        if self.now is not None:
+            self.now.zero_()
 
     def _wait(self) -> None:
         if self._handle is not None:
@@ -69,6 +81,8 @@ class DelayedAveraging:
     def finish(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, loss: Tensor, step: int) -> bool:
         """After step ``step``'s backward (1-based, collective): send its gradient, apply the previous step's
         average. Returns whether that update was skipped (a non-finite loss or gradient on some rank)."""
+        if self.now is not None:
+            return self._finish_fresh(optimizer, guard, loss, step)
         self.grads.check_views()
         if guard is not None:
             guard.fold(loss, self.grads.tail)
@@ -81,6 +95,41 @@ class DelayedAveraging:
         # the previous step's average (it travelled while this step computed), if any
         skipped = self._apply(optimizer, guard) if self.pending is not None else False
         self._handle, self._slot, self.pending = sent, slot, step
+        return skipped
+
+    def _finish_fresh(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, loss: Tensor,
+                      step: int) -> bool:
+        """``finish`` with fresh parameters: this step's fresh average (waited for, with the guard's flags) and the
+        previous step's late average go into one optimizer step. A skipped step's late gradient is never applied."""
+        self.now.check_views()
+        self.grads.check_views()
+        slot = 1 - self._slot if self.pending is not None else self._slot
+        mine = self.wire[slot]
+        for dt, b in self.grads.buffers.items():
+            mine[dt].copy_(b)
+        sent = dist.allreduce_buffers_start(list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine],
+                                            "avg")
+        if guard is not None:
+            guard.fold(loss, self.now.tail)
+        self.now.allreduce_()
+        skipped = guard.should_skip(optimizer, step, grads=self.now) if guard is not None else False
+        late = self.pending is not None and self._late_ok
+        if late:
+            self._wait()
+            for dt, b in self.grads.buffers.items():
+                b.copy_(self.wire[self._slot][dt])
+            if not skipped and not self.grads.all_finite():
+                late = False
+        if not skipped:
+            if late:
+                optimizer.step()
+            else:  # the late parameters sit this update out (the first step, or after a skipped one)
+                for _, p in self.grads.params:
+                    p.grad = None
+                optimizer.step()
+                self.grads.attach()
+        self._wait()
+        self._handle, self._slot, self.pending, self._late_ok = sent, slot, step, not skipped
         return skipped
 
     def _apply(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> bool:
@@ -105,6 +154,17 @@ class DelayedAveraging:
         Returns whether an update was applied (the caller then updates the parameter average)."""
         if self.pending is None:
             return False
+        if self.now is not None:  # the late parameters' last average alone
+            self._wait()
+            for dt, b in self.grads.buffers.items():
+                b.copy_(self.wire[self._slot][dt])
+            applied, self.pending = self._late_ok and self.grads.all_finite(), None
+            if applied:
+                for _, p in self.now.params:
+                    p.grad = None
+                optimizer.step()
+                self.now.attach()
+            return applied
         skipped = self._apply(optimizer, guard)
         self.pending = None
         return not skipped
@@ -117,16 +177,19 @@ class DelayedAveraging:
         """The average not yet applied (identical on every rank; ``settle`` first)."""
         if self.pending is None:
             return {"mode": self.mode, "pending": -1}
-        return {"mode": self.mode, "pending": int(self.pending),
+        return {"mode": self.mode, "pending": int(self.pending), "late_ok": self._late_ok,
                 "buffers": {_dtype_name(dt): t.detach().to("cpu").clone() for dt, t in self.wire[self._slot].items()}}
 
     def restore(self, state: dict | None) -> str:
         """Collective: rank 0's checkpointed ``state`` (others: None) -> the average to apply at the next step.
         Returns a note for the log ("" when nothing to say)."""
         self.grads.attach()  # Horovod's optimizer-state broadcast gives an empty state new ``p.grad`` tensors
+        if self.now is not None:
+            self.now.attach()
         meta = None
         if dist.runtime().is_root:
-            meta = {"mode": (state or {}).get("mode"), "pending": int((state or {}).get("pending", -1))}
+            meta = {"mode": (state or {}).get("mode"), "pending": int((state or {}).get("pending", -1)),
+                    "late_ok": bool((state or {}).get("late_ok", True))}
         meta = dist.broadcast_object(meta, name="gradsync.meta")
         self._handle, self.pending = None, None
         if meta["mode"] != self.mode or meta["pending"] < 0:
@@ -136,7 +199,7 @@ class DelayedAveraging:
             if dist.runtime().is_root:
                 t.copy_(state["buffers"][_dtype_name(dt)])
             dist.broadcast_(t, name=f"gradsync.{_dtype_name(dt)}")
-        self.pending = meta["pending"]
+        self.pending, self._late_ok = meta["pending"], meta["late_ok"]
         return ""
 
 
@@ -237,6 +300,10 @@ def make_exchange(comm: CommSettings, field: torch.nn.Module, optimizer: torch.o
     """The exchange ``--grad_sync`` asks for; None for ``every`` (Horovod's DistributedOptimizer)."""
     if comm.grad_sync == "delayed":
         return DelayedAveraging(field.named_parameters(), guard)
+    if comm.grad_sync == "delayed_grid":
+        delayed = DelayedAveraging(field.named_parameters(), guard, fresh=field.mlp_parameters())
+        delayed.mode = "delayed_grid"
+        return delayed
     if comm.grad_sync == "periodic":
         return PeriodicAveraging(field, optimizer, comm.sync_period, ema)
     return None

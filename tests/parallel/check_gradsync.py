@@ -1,4 +1,4 @@
-"""Run under ``horovodrun -np N``: ``--grad_sync delayed`` and ``periodic``, asserted on every rank.
+"""Run under ``horovodrun -np N``: ``--grad_sync delayed``, ``delayed_grid`` and ``periodic``, asserted on every rank.
 
     python tests/parallel/check_gradsync.py SCENE_CACHE OUT_DIR [CHECK,CHECK,...]
 
@@ -6,7 +6,8 @@ CHECKs (default all): delayed, periodic, resume.
 
 1. delayed: three steps (and the flush at the end) on fixed rays, SGD, equal a hand-computed reference:
    nothing moves at step 1, step t+1 applies the rank average of step t's gradients (gathered and
-   averaged here by hand); every rank holds the same parameters after every step;
+   averaged here by hand); every rank holds the same parameters after every step; delayed_grid the same, except
+   that the MLPs take their own step's average (they move at step 1);
 2. periodic (H = 2, Adam): the ranks differ after steps 1 and 3 and are identical (parameters and Adam
    moments) after step 2; a sync replaces every rank's tensors by their rank average;
 3. the trainer, each mode: 8 steps straight == 4 steps, checkpoint, resume, 4 more (bit-identical
@@ -78,11 +79,15 @@ class Setup(CommSetup):
         return [p.grad.clone() for p in field.parameters()]
 
 
-def check_delayed(s: Setup) -> None:
+def check_delayed(s: Setup, grid_only: bool = False) -> None:
+    """``grid_only`` (``--grad_sync delayed_grid``): the MLPs' average applied in its own step, the grid's one late."""
     rt = dist.runtime()
     field = s.field()
     opt = torch.optim.SGD(field.parameters(), lr=LR)
-    exchange = DelayedAveraging(field.named_parameters(), None)
+    fresh_ids = {id(p) for p in field.mlp_parameters()} if grid_only else set()
+    fresh = [id(p) in fresh_ids for p in field.parameters()]
+    assert not grid_only or 0 < sum(fresh) < len(fresh), "the field must have both MLP and grid parameters"
+    exchange = DelayedAveraging(field.named_parameters(), None, fresh=field.mlp_parameters() if grid_only else ())
     ref = [p.detach().clone() for p in field.parameters()]
     moved = []
     previous = None  # the hand-averaged gradient of the previous step
@@ -91,20 +96,30 @@ def check_delayed(s: Setup) -> None:
             s.step(field, opt, s.rays[t][rt.rank], t + 1, exchange)
         else:
             assert exchange.flush(opt, None), "the flush applied nothing"
-        # the reference: step t applies the average of step t-1's gradients (taken at the parameters then)
+        # the reference: step t applies the average of step t-1's gradients (taken at the parameters then); with
+        # grid_only the MLPs take step t's own average
         grads = [s.local_gradient(ref, s.rays[t][r]) for r in range(rt.size)] if t < STEPS else None
-        if previous is not None:
-            ref = [p - LR * g for p, g in zip(ref, previous)]
-        previous = None if grads is None else [sum(g[i] for g in grads) / rt.size for i in range(len(ref))]
+        current = None if grads is None else [sum(g[i] for g in grads) / rt.size for i in range(len(ref))]
+        ref = [p - LR * g if g is not None else p
+               for p, g in zip(ref, [(current[i] if current is not None else None) if fresh[i]
+                                     else (previous[i] if previous is not None else None) for i in range(len(ref))])]
+        previous = current
         for i, (p, q) in enumerate(zip(field.parameters(), ref)):
             torch.testing.assert_close(p.detach(), q, rtol=1e-5, atol=1e-7,
                                        msg=lambda m: f"delayed, step {t + 1}, parameter {i}: {m}")
         assert same_on_every_rank(list(field.parameters()), f"check.delayed.{t}"), f"ranks differ after step {t + 1}"
-        moved.append(max(float((p.detach() - q0).abs().max()) for p, q0 in zip(field.parameters(), s.field().parameters())))
-    assert moved[0] == 0.0 and all(m > 0 for m in moved[1:]), f"largest parameter change per step: {moved}"
+        moved.append([max(float((p.detach() - q0).abs().max()) if fresh[i] == side else 0.0
+                          for i, (p, q0) in enumerate(zip(field.parameters(), s.field().parameters())))
+                      for side in (True, False)])
+    late = [m[1] for m in moved]
+    assert late[0] == 0.0 and all(m > 0 for m in late[1:]), f"largest late-parameter change per step: {late}"
+    if grid_only:
+        assert moved[0][0] > 0, "delayed_grid: the MLPs must move at step 1 (their average is not late)"
+    name = "delayed_grid_reference" if grid_only else "delayed_reference"
     if rt.is_root:
-        print(f"CHECK delayed_reference OK ({STEPS} steps + flush on {rt.size} ranks: step t+1 applies step t's "
-              f"average; largest change from the start per step {['%.2e' % m for m in moved]})", flush=True)
+        print(f"CHECK {name} OK ({STEPS} steps + flush on {rt.size} ranks: step t+1 applies step t's "
+              f"average{' to the grid, the MLPs their own step' if grid_only else ''}; largest change from the "
+              f"start per step {['%.2e' % max(m) for m in moved]})", flush=True)
 
 
 def check_periodic(s: Setup) -> None:
@@ -152,10 +167,12 @@ def main() -> None:
     s = Setup(cache)
     if "delayed" in checks:
         check_delayed(s)
+        check_delayed(s, grid_only=True)
     if "periodic" in checks:
         check_periodic(s)
     if "resume" in checks:
         check_resume(cache, out, "delayed")
+        check_resume(cache, out, "delayed_grid")
         check_resume(cache, out, "periodic", "--sync_period", "3")
 
 
