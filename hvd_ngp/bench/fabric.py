@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from .report import comma_list, table, write_json
 
 PROJECTED = "PROJECTED by the alpha-beta model (docs/scaling.md), not measured"
-DEFAULT_MODES = "flat,hierarchical,hierarchical-rdma,fp16,accum{k},delayed,periodic{h},delayed+fp16"
+DEFAULT_MODES = "flat,hierarchical,hierarchical-rdma,fp16,accum{k},delayed,delayed_grid,periodic{h},delayed+fp16"
 
 
 def read_json(path: str) -> dict:
@@ -36,8 +36,8 @@ def read_json(path: str) -> dict:
     return data
 
 
-def from_throughput(path: str, backend: str | None) -> tuple[float, float, str]:
-    """(step ms, gradient bytes, what) from a ``bench throughput`` JSON: the named backend, else the fastest."""
+def from_throughput(path: str, backend: str | None) -> tuple[float, float, str, float]:
+    """(step ms, gradient bytes, what, the MLPs' gradient bytes) from a ``bench throughput`` JSON: the named backend, else the fastest."""
     data = read_json(path)
     runs = [r for r in data.get("training", []) if isinstance(r, dict) and (backend is None or r.get("backend") == backend)]
     if not runs:
@@ -50,7 +50,7 @@ def from_throughput(path: str, backend: str | None) -> tuple[float, float, str]:
     what = (f"{data.get('device', '?')}, {run.get('backend')} {run.get('precision')}, "
             f"{run.get('samples_per_step', 0):.0f} samples/step, gradient groups "
             + ", ".join(f"{k} {v / fm.MIB:.2f} MiB" for k, v in groups.items()))
-    return float(run["step_ms"]), float(sum(groups.values())), what
+    return float(run["step_ms"]), float(sum(groups.values())), what, float(sum(v for k, v in groups.items() if "mlp" in k))
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--grad_mib", type=float, help="gradient bytes per step in MiB (what one allreduce moves)")
     src.add_argument("--from_json", metavar="FILE", help="a bench throughput JSON (step_ms and gradient_bytes)")
     src.add_argument("--backend", default=None, help="with --from_json: that backend's entry (default: the fastest)")
+    src.add_argument("--mlp_kib", type=float, default=None,
+                     help="the MLPs' part of the gradient in KiB, what delayed_grid waits for (default: the JSON's "
+                          f"*mlp groups, else base.json's {fm.DEFAULT_MLP_BYTES / 1024:.1f} KiB)")
     fab = p.add_argument_group("the fabric")
     fab.add_argument("--preset", default="ib4",
                      help=f"comma-separated presets: clusters {', '.join(fm.CLUSTERS)}; networks {', '.join(fm.NETS)}; "
@@ -97,12 +100,12 @@ def default_ranks(f: fm.Fabric) -> list[int]:
 
 
 def ttq_tables(steps: dict, source: str, grad_bytes: float, fabrics: list[fm.Fabric], modes: list[fm.Mode],
-               psnrs: list[str]) -> tuple[list[str], list[dict]]:
+               psnrs: list[str], mlp_bytes: float = 0.0) -> tuple[list[str], list[dict]]:
     texts, rows = [], []
     for psnr in psnrs:
         for f in fabrics:
             for mode in modes:
-                part = fm.time_to_quality(steps, grad_bytes, f, psnr, mode, source)
+                part = fm.time_to_quality(steps, grad_bytes, f, psnr, mode, source, mlp_bytes)
                 crit = fm.critical_batch(part)
                 for r in part:
                     r.update(fabric=f.name, mode=mode.spec, psnr=psnr)
@@ -130,13 +133,15 @@ def main(argv: list[str] | None = None) -> dict:
     if opts.from_json:
         if opts.step_ms is not None or opts.grad_mib is not None:
             raise ConfigError("give either --from_json or --step_ms/--grad_mib, not both")
-        step_ms, grad_bytes, what = from_throughput(opts.from_json, opts.backend)
+        step_ms, grad_bytes, what, mlp_bytes = from_throughput(opts.from_json, opts.backend)
         what = f"from {opts.from_json}: {what}"
     else:
         if opts.step_ms is None or opts.grad_mib is None:
             raise ConfigError("give --step_ms and --grad_mib, or --from_json a bench throughput JSON")
-        step_ms, grad_bytes = opts.step_ms, opts.grad_mib * fm.MIB
+        step_ms, grad_bytes, mlp_bytes = opts.step_ms, opts.grad_mib * fm.MIB, float(fm.DEFAULT_MLP_BYTES)
         what = "given on the command line"
+    if opts.mlp_kib is not None:
+        mlp_bytes = opts.mlp_kib * 1024
     if opts.accumulate < 1 or opts.period < 1:
         raise ConfigError("--accumulate and --period must be >= 1")
     modes = [fm.Mode.parse(m) for m in (opts.modes or DEFAULT_MODES.format(k=opts.accumulate, h=opts.period)).split(",")]
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     texts, rows = [header], []
     for f in fabrics:
         ranks = parse_ints(opts.ranks, "ranks") if opts.ranks else default_ranks(f)
-        part = fm.project(step_ms, grad_bytes, ranks, f, modes)
+        part = fm.project(step_ms, grad_bytes, ranks, f, modes, mlp_bytes)
         rows += part
         shown = [{"N": r["ranks"], "nodes": r["nodes"], "mode": r["mode"], "comm ms": f"{r['comm_ms']:.2f}",
                   "exposed ms": f"{r['exposed_comm_ms']:.2f}", "exposed/step": f"{r['exposed_comm_ms'] / step_ms:.0%}",
@@ -164,10 +169,11 @@ def main(argv: list[str] | None = None) -> dict:
         if not keys:
             raise ConfigError(f"{opts.steps_json}: no steps_to_psnr keys in 'runs'")
         ttq_modes = [fm.Mode.parse(m) for m in opts.ttq_modes.split(",")]
-        more, ttq_rows = ttq_tables(steps, opts.steps_json, grad_bytes, fabrics, ttq_modes, keys)
+        more, ttq_rows = ttq_tables(steps, opts.steps_json, grad_bytes, fabrics, ttq_modes, keys, mlp_bytes)
         texts += more
     print("\n\n".join(texts))
-    result = {"projected": True, "note": PROJECTED, "step_ms": step_ms, "grad_bytes": grad_bytes, "source": what,
+    result = {"projected": True, "note": PROJECTED, "step_ms": step_ms, "grad_bytes": grad_bytes, "mlp_bytes": mlp_bytes,
+              "source": what,
               "rows": rows, "time_to_psnr": ttq_rows}
     if opts.json:
         write_json(opts.json, result)

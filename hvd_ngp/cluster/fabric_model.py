@@ -26,6 +26,9 @@ from typing import Iterable, Mapping, Sequence
 from ..errors import ConfigError
 
 MIB = 1 << 20
+#: the MLPs' gradient bytes with configs/nerf/base.json (density 12288 + colour 83456; ``bench throughput``'s
+#: gradient_bytes): what ``delayed_grid`` still waits for every step
+DEFAULT_MLP_BYTES = 12288 + 83456
 GB = 1e9
 
 
@@ -190,7 +193,7 @@ class Mode:
     """How the gradient exchange runs: the algorithm, its bytes, how often, and whether it overlaps compute.
 
     ``spec`` is a '+'-joined list such as ``flat``, ``hierarchical``, ``fp16``, ``accum4``, ``delayed``,
-    ``periodic8``, ``delayed+fp16``, ``hierarchical-rdma``."""
+    ``delayed_grid``, ``periodic8``, ``delayed+fp16``, ``hierarchical-rdma``."""
 
     spec: str
     hierarchical: str | None = None  # None: flat; "tcp" or "rdma": MPI's transport across nodes
@@ -198,6 +201,7 @@ class Mode:
     accumulate: int = 1  # backward passes per allreduce
     period: int = 1  # steps per parameter average
     delayed: bool = False  # step t's allreduce overlaps step t+1's compute
+    delayed_grid: bool = False  # only the hash grid's part overlaps; the MLPs' (``fresh_bytes``) is waited for
 
     @staticmethod
     def parse(spec: str) -> "Mode":
@@ -213,50 +217,66 @@ class Mode:
                 kw["fp16"] = True
             elif part == "delayed":
                 kw["delayed"] = True
+            elif part in ("delayed_grid", "delayedgrid"):
+                kw["delayed_grid"] = True
             elif part.startswith("accum") and part[5:].isdigit() and int(part[5:]) >= 1:
                 kw["accumulate"] = int(part[5:])
             elif part.startswith("periodic") and part[8:].isdigit() and int(part[8:]) >= 1:
                 kw["period"] = int(part[8:])
             else:
                 raise ConfigError(f"unknown mode part {part!r} in {spec!r} (flat, hierarchical, hierarchical-rdma, "
-                                  f"fp16, accumK, delayed, periodicH, joined by '+')")
+                                  f"fp16, accumK, delayed, delayed_grid, periodicH, joined by '+')")
         return Mode(spec, **kw)
 
 
-def exposed_comm_ms(step_ms: float, grad_bytes: float, ranks: int, f: Fabric, mode: Mode) -> dict:
-    """One projected row: ``comm_ms`` (one exchange), ``exposed_comm_ms`` (per backward pass, what the step
-    waits for), ``efficiency`` = step / (step + exposed). ``step_ms``: one backward pass on one GPU."""
-    nodes, _ = placement(ranks, f)
-    n_bytes = grad_bytes / 2 if mode.fp16 else grad_bytes
+def allreduce_ms(ranks: int, n_bytes: float, f: Fabric, mode: Mode) -> float:
+    """One allreduce of ``n_bytes`` (before fp16 halving) the way ``mode`` runs it, in ms."""
+    n_bytes = n_bytes / 2 if mode.fp16 else n_bytes
     if mode.hierarchical:
-        comm_s = hierarchical_allreduce_s(ranks, n_bytes, f, mode.hierarchical)
-    else:
-        comm_s = flat_allreduce_s(ranks, n_bytes, f)
-    comm_ms = comm_s * 1e3
+        return hierarchical_allreduce_s(ranks, n_bytes, f, mode.hierarchical) * 1e3
+    return flat_allreduce_s(ranks, n_bytes, f) * 1e3
+
+
+def exposed_comm_ms(step_ms: float, grad_bytes: float, ranks: int, f: Fabric, mode: Mode,
+                    fresh_bytes: float = 0.0) -> dict:
+    """One projected row: ``comm_ms`` (one exchange), ``exposed_comm_ms`` (per backward pass, what the step
+    waits for), ``efficiency`` = step / (step + exposed). ``step_ms``: one backward pass on one GPU.
+    ``fresh_bytes``: the MLPs' part of ``grad_bytes`` (``delayed_grid`` waits for it every step, alone, before
+    the grid's part starts)."""
+    nodes, _ = placement(ranks, f)
     passes = mode.accumulate * mode.period  # backward passes per exchange
-    if mode.delayed:
+    if mode.delayed_grid:
+        fresh = min(max(fresh_bytes, 0.0), grad_bytes)
+        fresh_ms = allreduce_ms(ranks, fresh, f, mode) if fresh > 0 and ranks > 1 else 0.0
+        late_ms = allreduce_ms(ranks, grad_bytes - fresh, f, mode)
+        comm_ms = fresh_ms + late_ms
+        exposed = (fresh_ms + max(0.0, late_ms - step_ms * passes)) / passes
+    elif mode.delayed:
         # the exchange overlaps the next optimizer step's compute (all its backward passes)
+        comm_ms = allreduce_ms(ranks, grad_bytes, f, mode)
         exposed = max(0.0, comm_ms - step_ms * passes) / passes
     else:
+        comm_ms = allreduce_ms(ranks, grad_bytes, f, mode)
         exposed = comm_ms / passes
     return {"ranks": ranks, "nodes": nodes, "mode": mode.spec, "fabric": f.name, "comm_ms": comm_ms,
             "exposed_comm_ms": exposed, "efficiency": step_ms / (step_ms + exposed), "projected": True}
 
 
-def project(step_ms: float, grad_bytes: float, ranks: Iterable[int], f: Fabric, modes: Sequence[Mode]) -> list[dict]:
+def project(step_ms: float, grad_bytes: float, ranks: Iterable[int], f: Fabric, modes: Sequence[Mode],
+            fresh_bytes: float = DEFAULT_MLP_BYTES) -> list[dict]:
     """Rows for every (ranks, mode); ranks beyond the fabric's size are an error."""
     if not (step_ms > 0 and math.isfinite(step_ms)):
         raise ConfigError(f"step time must be > 0 ms, got {step_ms}")
     if not (grad_bytes > 0 and math.isfinite(grad_bytes)):
         raise ConfigError(f"gradient size must be > 0, got {grad_bytes} bytes")
-    return [exposed_comm_ms(step_ms, grad_bytes, n, f, m) for n in ranks for m in modes]
+    return [exposed_comm_ms(step_ms, grad_bytes, n, f, m, fresh_bytes) for n in ranks for m in modes]
 
 
 # ------------------------------------------------------------------------------------- time to quality
 
 
 def time_to_quality(steps: Mapping, grad_bytes: float, f: Fabric, psnr: str, mode: Mode,
-                    source: str = "steps JSON") -> list[dict]:
+                    source: str = "steps JSON", fresh_bytes: float = 0.0) -> list[dict]:
     """Projected time-to-``psnr`` dB at N = K ranks from one-GPU runs with K backward passes per step.
 
     ``steps``: the steps-to-PSNR JSON (``step_ms_per_backward_pass``; ``runs``: k, seed, steps_to_psnr{psnr:
@@ -290,7 +310,7 @@ def time_to_quality(steps: Mapping, grad_bytes: float, f: Fabric, psnr: str, mod
             continue
         values = by_k[k]
         mean = None if any(v is None for v in values) else sum(values) / len(values)
-        exposed = exposed_comm_ms(pass_ms, grad_bytes, k, f, mode)["exposed_comm_ms"] if k > 1 else 0.0
+        exposed = exposed_comm_ms(pass_ms, grad_bytes, k, f, mode, fresh_bytes)["exposed_comm_ms"] if k > 1 else 0.0
         step_ms = pass_ms + exposed
         rows.append({"ranks": k, "seeds": len(values), "steps": mean, "step_ms": step_ms, "exposed_comm_ms": exposed,
                      "time_s": None if mean is None else mean * step_ms / 1e3, "projected": True})

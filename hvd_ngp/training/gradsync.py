@@ -103,15 +103,16 @@ class DelayedAveraging:
         previous step's late average go into one optimizer step. A skipped step's late gradient is never applied."""
         self.now.check_views()
         self.grads.check_views()
+        if guard is not None:
+            guard.fold(loss, self.now.tail)
+        # the small fresh average first, waited for, so that Horovod cannot fuse it with the grid's large one
+        self.now.allreduce_()
         slot = 1 - self._slot if self.pending is not None else self._slot
         mine = self.wire[slot]
         for dt, b in self.grads.buffers.items():
             mine[dt].copy_(b)
         sent = dist.allreduce_buffers_start(list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine],
                                             "avg")
-        if guard is not None:
-            guard.fold(loss, self.now.tail)
-        self.now.allreduce_()
         skipped = guard.should_skip(optimizer, step, grads=self.now) if guard is not None else False
         late = self.pending is not None and self._late_ok
         if late:
