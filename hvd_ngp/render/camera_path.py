@@ -12,7 +12,6 @@ import torch
 from torch import Tensor
 
 
-
 def nearest_point_to_lines(origins: np.ndarray, directions: np.ndarray) -> tuple[np.ndarray, float]:
     """The point closest (least squares) to every line ``origins[i] + t directions[i]`` (both ``[N, 3]``), and
     the condition number of its normal equations (large: the lines are nearly parallel)."""
