@@ -1,27 +1,55 @@
 """The architecture, held by tools: the import-linter contracts in setup.cfg (layers, the one Horovod
-importer, a model that knows no rays or ranks, testing reached only through the fault registry)
-and no import cycle between hvd_ngp's modules."""
+importer, a model that knows no rays or ranks, a renderer without ranks or scenes, an observer that plans no
+render, testing reached only through the fault registry) and no import cycle between hvd_ngp's modules."""
 
 from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "hvd_ngp"
 
 
-def test_import_contracts_hold():
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` with setup.cfg's contracts on the ``hvd_ngp`` package under ``root``."""
     lint = Path(sys.executable).parent / "lint-imports"
     assert lint.exists(), f"{lint}: install import-linter (scripts/requirements.txt)"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([str(lint), "--config", str(ROOT / "setup.cfg"), "--no-cache"], cwd=ROOT, env=env,
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(lint), "--config", str(ROOT / "setup.cfg"), "--no-cache"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+def test_import_contracts_hold():
+    proc = lint_imports(ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "broken" not in proc.stdout.split("Contracts:")[-1].replace("0 broken", "")
+
+
+@pytest.mark.parametrize("module, added, contract", [
+    ("render/occupancy.py", "from ..cluster import dist", "The renderer is functions of tensors and callbacks"),
+    ("render/volume.py", "from ..data.cameras import pixel_rays", "The renderer is functions of tensors and callbacks"),
+    ("observe/memory.py", "from ..render.plan import plan_render", "Observation measures and reports"),
+    ("model/field.py", "from ..render.geometry import intersect_aabb", "The model knows no rays"),
+])
+def test_contracts_break_on_a_forbidden_import(tmp_path, module, added, contract):
+    """A copy of the package with one forbidden import added: lint-imports fails, naming the contract and the
+    import (the contracts are not vacuous, and the copy, not the checkout, was linted)."""
+    shutil.copytree(PACKAGE, tmp_path / "hvd_ngp", ignore=shutil.ignore_patterns("__pycache__", "csrc"))
+    path = tmp_path / "hvd_ngp" / module
+    path.write_text(path.read_text() + f"\n{added}  # noqa: E402\n")
+    proc = lint_imports(tmp_path)
+    out = " ".join((proc.stdout + proc.stderr).split())  # the report wraps long lines
+    assert proc.returncode != 0, out
+    source = "hvd_ngp." + module.removesuffix(".py").replace("/", ".")
+    assert f"{contract}" in out.split("Contracts:")[-1] and "BROKEN" in out, out
+    assert source in out, out
 
 
 def module_name(path: Path) -> str:

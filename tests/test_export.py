@@ -15,8 +15,8 @@ from hvd_ngp.cluster import dist
 from hvd_ngp.data.cameras import nerf_to_ngp
 from hvd_ngp.errors import CameraPathError, ConfigError
 from hvd_ngp.render import StepSchedule
-from hvd_ngp.render.camera_path import (interpolate_keyframes, load_camera_path, matrix_to_quaternion,
-                                        quaternion_to_matrix)
+from hvd_ngp.render.camera_path import interpolate_keyframes, matrix_to_quaternion, quaternion_to_matrix
+from hvd_ngp.tools.camera_files import load_camera_path
 
 from conftest import TINY_ARGS
 

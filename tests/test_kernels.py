@@ -516,7 +516,7 @@ def test_fast_renderer_with_nothing_marched_keeps_gradients_finite():
 def test_inference_render_within_a_small_workspace_equals_the_exact_one():
     """Evaluation renders with a workspace smaller than the chunk's candidates (several groups, the
     network a few rows at a time): the same pixels as one exactly sized pass and the reference."""
-    from hvd_ngp.observe.memory import RenderPlan
+    from hvd_ngp.render.plan import RenderPlan
     from hvd_ngp.render import render_rays
     from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast
 

@@ -12,9 +12,10 @@ import torch
 
 from hvd_ngp.errors import HvdNgpError
 from hvd_ngp.config import CPU_CONFIG, parse_args
-from hvd_ngp.observe.memory import (GIB, MAX_CANDIDATES, MAX_CHUNK_RAYS, MAX_ROWS, RENDER_HEADROOM, MemoryBudget,
-                                    MemoryBudgetError, RenderCosts, StepCosts, check_fit, plan_render,
-                                    ranks_on_device, split_by_capacity, training_footprint)
+from hvd_ngp.observe.memory import (GIB, MemoryBudget, MemoryBudgetError, StepCosts, check_fit, ranks_on_device,
+                                    training_footprint)
+from hvd_ngp.render.plan import (MAX_CANDIDATES, MAX_CHUNK_RAYS, MAX_ROWS, RENDER_HEADROOM, RenderCosts, plan_render,
+                                 split_by_capacity)
 
 from conftest import ROOT, SHARED_DATA, TINY_ARGS, gpu_or_skip, tiny_trainer
 

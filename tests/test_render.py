@@ -9,7 +9,8 @@ import torch
 
 from hvd_ngp.cluster import dist
 from hvd_ngp.render.occupancy import OccupancyGrid
-from hvd_ngp.render import StepSchedule, march, render_rays, transmittance_weights
+from hvd_ngp.render import StepSchedule, march, render_image, render_rays, transmittance_weights
+from hvd_ngp.render.volume import render_in_chunks
 
 AABB = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
 
@@ -108,6 +109,60 @@ def test_march_skips_free_cells_and_grid_update_is_max_decay():
     before = grid.density.clone()
     grid.update(lambda x: torch.zeros(x.shape[0]), step_size=0.01, step=1, warmup_steps=10, seed=0)
     torch.testing.assert_close(grid.density, before * 0.5)
+
+
+def test_grid_update_in_shares_merged_by_the_reduce_callback_equals_the_whole_update():
+    """The grid runs no collective: two processes' shares of the chosen cells, evaluated apart and merged through
+    ``reduce_max`` (here the other share's values, as the ranks' Max allreduce brings them), give the grid of one
+    process that refreshes every cell, at warm-up (every cell) and after it (drawn cells)."""
+    def density(x):
+        return (torch.sin(9 * x).sum(-1) * 40).clamp(min=0)
+
+    whole, mine, theirs = (OccupancyGrid(AABB, resolution=8, n_cascades=2, decay=0.5) for _ in range(3))
+    for step in (0, 12, 16):
+        whole.update(density, 0.01, step, warmup_steps=10, seed=5)
+        fresh0 = mine.evaluate(*mine.draw_cells(step, 10, 5), density, 0.01, share=(0, 2))
+        seen = []
+        theirs.update(density, 0.01, step, warmup_steps=10, seed=5, share=(1, 2),
+                      reduce_max=lambda f: seen.append(f.clone()) or torch.maximum(f, fresh0))
+        mine.merge(fresh0, lambda f: torch.maximum(f, seen[0]))
+        assert len(seen) == 1 and (fresh0 > 0).any() and (seen[0] > 0).any() and not torch.equal(fresh0, seen[0])
+        if step == 0:  # warm-up: every cell once, split between the shares
+            assert not ((fresh0 > 0) & (seen[0] > 0)).any()
+        for grid in (mine, theirs):
+            assert torch.equal(grid.density, whole.density) and torch.equal(grid.occupied, whole.occupied)
+    assert 0 < whole.occupancy_fraction() < 1
+
+
+def test_chunked_renders_call_between_chunks_before_each_chunk_and_stop_when_it_raises():
+    """``between_chunks`` (the evaluation's stop check) runs before every chunk; when it raises, no further
+    chunk renders and the exception reaches the caller, through ``render_image`` too."""
+    rgb_sigma, sig = const_field(lambda x: torch.full((x.shape[0],), 2.0))
+    o, d = axis_rays(8)
+    rendered, before = [], []
+
+    def render(o, d, j):
+        rendered.append(o.shape[0])
+        out = render_rays(rgb_sigma, sig, o, d, AABB, None, StepSchedule.uniform(1 / 64), 0.0, j)
+        return out.rgb, out.opacity, out.depth
+
+    rgb, _ = render_in_chunks(render, o, d, torch.ones(3), 3, between_chunks=lambda: before.append(sum(rendered)))
+    assert before == [0, 3, 6] and rendered == [3, 3, 2] and rgb.shape == (8, 3)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_the_second():
+        if rendered:
+            raise Stop
+
+    rendered.clear()
+    with pytest.raises(Stop):
+        render_in_chunks(render, o, d, torch.ones(3), 3, between_chunks=stop_at_the_second)
+    assert rendered == [3]
+    with pytest.raises(Stop):
+        render_image(rgb_sigma, sig, o, d, AABB, None, StepSchedule.uniform(1 / 64), torch.ones(3),
+                     between_chunks=stop_at_the_second)
 
 
 def test_occupied_cells_are_visible_and_above_the_threshold_or_the_mean_of_cascade_0():

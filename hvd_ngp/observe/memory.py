@@ -5,9 +5,8 @@ ranks on that GPU) is what this process may hold. ``--gpu_memory_gb`` also caps 
 (``torch.cuda.set_per_process_memory_fraction``), so a large card behaves like a small one.
 
 From the budget come: the fit check before training (model, optimizer state, occupancy grid, step
-buffers; ``check_fit``), and the chunks of evaluation and rendering (``plan_render``): rays per chunk,
-candidate slots of the marching workspace, rows per network call. A render never holds more than
-its plan, whatever the scene, so the caching allocator does not grow to the whole card.
+buffers; ``check_fit``), and the chunks of evaluation and rendering, planned by the renderer from what
+``MemoryBudget.available`` leaves (``render.plan``).
 
 ``MemoryMeter`` reads torch's peak allocated and reserved bytes per phase (training step,
 evaluation), resetting the peaks at each phase's start.
@@ -15,7 +14,6 @@ evaluation), resetting the peaks at each phase's start.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import math
 import os
@@ -30,12 +28,6 @@ from ..errors import HvdNgpError
 GIB = float(1 << 30)
 MARGIN_FRACTION = 0.05   # of the card, left free by the default budget (CUDA context, other processes)
 MARGIN_MIN_BYTES = 1 << 30
-#: of the free budget at render time: the allocator's rounding and fragmentation, cuBLAS workspaces
-RENDER_HEADROOM = 0.8
-#: upper bounds of a render plan: beyond them the kernels are saturated and memory only grows
-MAX_CHUNK_RAYS = 1 << 18
-MAX_CANDIDATES = 1 << 25
-MAX_ROWS = 1 << 21
 DEFAULT_ROW_BYTES = 2048  # a network row without gradients, where it cannot be measured (CPU)
 
 
@@ -92,63 +84,6 @@ def ranks_on_device(local_rank: int, local_size: int, device_count: int) -> int:
         return 1
     index = local_rank % device_count
     return len(range(index, local_size, device_count))
-
-
-# ------------------------------------------------------------------------------------ render plans
-
-
-@dataclass(frozen=True)
-class RenderCosts:
-    """Bytes one item of a render holds at its peak: per ray of a chunk, per candidate slot of the
-    marching workspace (with the compaction that follows it), per row of a network call."""
-
-    per_ray: int
-    per_candidate: int
-    per_row: int
-
-
-@dataclass(frozen=True)
-class RenderPlan:
-    """Sizes of one render: ``rays`` per chunk, ``candidates`` slots in the marching workspace (at least
-    one ray's worst case), ``rows`` per network call."""
-
-    rays: int
-    candidates: int
-    rows: int
-
-
-def plan_render(available: int | None, costs: RenderCosts, max_candidates_per_ray: int,
-                what: str = "rendering") -> RenderPlan:
-    """The largest plan that fits ``available`` bytes (None: the upper bounds).
-
-    The budget is split 1 : 3 : 4 between the ray chunk, the candidate workspace and the network rows
-    (after ``RENDER_HEADROOM``). Never zero; ``MemoryBudgetError`` when even one ray's worst case
-    (``max_candidates_per_ray`` candidates and a network call of one row) does not fit."""
-    if available is None:
-        return RenderPlan(MAX_CHUNK_RAYS, MAX_CANDIDATES, MAX_ROWS)
-    usable = int(available * RENDER_HEADROOM)
-    rays = min(MAX_CHUNK_RAYS, usable // 8 // costs.per_ray)
-    candidates = min(MAX_CANDIDATES, 3 * usable // 8 // costs.per_candidate)
-    rows = min(MAX_ROWS, usable // 2 // costs.per_row)
-    least = costs.per_ray + max_candidates_per_ray * costs.per_candidate + costs.per_row
-    if rays < 1 or candidates < max_candidates_per_ray or rows < 1:
-        raise MemoryBudgetError(
-            f"{what} needs at least {human_gib(least / RENDER_HEADROOM)} of GPU memory for one ray "
-            f"({max_candidates_per_ray} marching candidates), but only {human_gib(available)} are free under the "
-            f"budget: raise --gpu_memory_gb, or lower encoding.log2_hashmap_size or marching.max_steps")
-    return RenderPlan(int(rays), int(candidates), int(rows))
-
-
-def split_by_capacity(ends: list[int], capacity: int) -> list[tuple[int, int]]:
-    """Consecutive ray ranges ``[a, b)`` whose candidates fit ``capacity``; ``ends`` ``[R]``: the running
-    total of candidates per ray (a cumulative sum). Every range holds at least one ray."""
-    groups, a, base = [], 0, 0
-    while a < len(ends):
-        # the largest b with ends[b-1] - base <= capacity (one ray always goes, the plan guarantees it fits)
-        b = max(bisect.bisect_right(ends, base + capacity, lo=a), a + 1)
-        groups.append((a, b))
-        base, a = ends[b - 1], b
-    return groups
 
 
 # ------------------------------------------------------------------------------------ fit check

@@ -29,9 +29,9 @@ from torch import Tensor
 from .compact_triton import compact_gather
 from .composite_triton import composite, count_until_opaque
 from .march_triton import march_counts, march_packed, march_write, segments
-from ..observe.memory import RenderCosts, RenderPlan, split_by_capacity
 from .occupancy import OccupancyGrid
 from ..observe.profiling import NULL_TIMER, StageTimer
+from .plan import RenderCosts, RenderPlan, split_by_capacity
 from .schedule import MarchLaunch, StepSchedule
 
 if TYPE_CHECKING:  # volume imports this module lazily (its fast path): no import back at run time
@@ -150,7 +150,7 @@ class FastRenderer:
         return FastRenderResult(out_rgb, opacity, depth, packed.fits & fits, packed.total, total)
 
 
-#: bytes one item of an inference render holds (``observe.memory.RenderCosts``): per ray, the count pass's
+#: bytes one item of an inference render holds (``render.plan.RenderCosts``): per ray, the count pass's
 #: per-segment int32 counts, int64 ends and int32 starts plus rays and results; per candidate slot,
 #: t, dt, ray and its density (16), the compaction's int64 plans (48) and the kept t, dt (8), rounded up
 CANDIDATE_BYTES = 96
@@ -196,7 +196,7 @@ def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tenso
                      grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4,
                      workspace: RenderWorkspace | None = None, jitter: Tensor | None = None
                      ) -> tuple[Tensor, Tensor, Tensor]:
-    """Inference with the Triton kernels within a plan (``observe.memory.plan_render``): rgb ``[R, 3]`` (no
+    """Inference with the Triton kernels within a plan (``render.plan.plan_render``): rgb ``[R, 3]`` (no
     background), opacity ``[R]``, depth ``[R]``; ``jitter`` ``[R]`` as in training (None: 0.5).
 
     Rays march in windows of their candidates (``FIRST_WINDOW``, then twice as many each time, as

@@ -54,7 +54,7 @@ def _time(s, dt_min, dt_max, t1, t2, s1, s2, lc, CONE: tl.constexpr):
 @triton.jit
 def _box_span(lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, ox, oy, oz, ix, iy, iz):
     """Entry and exit ``t`` of rays (origins ``o``, inverse directions ``i``) through a box: the slab test,
-    exactly as ``data.cameras.intersect_aabb`` (unclamped)."""
+    exactly as ``geometry.intersect_aabb`` (unclamped)."""
     ax, bx = (lo_x - ox) * ix, (hi_x - ox) * ix
     ay, by = (lo_y - oy) * iy, (hi_y - oy) * iy
     az, bz = (lo_z - oz) * iz, (hi_z - oz) * iz

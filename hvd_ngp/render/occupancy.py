@@ -9,7 +9,10 @@ uniformly and a quarter among occupied cells); a cell is occupied when its value
 
 Across ranks: the cells to refresh are drawn from a generator seeded by (seed, step) — the same
 on every rank — each rank evaluates its 1/size share, and the fresh values are reduced with Max,
-so every rank ends with a bit-identical grid. The field is only reached through ``density_fn``.
+so every rank ends with a bit-identical grid. The grid runs no collective itself: the caller names
+this rank's ``share`` and passes the Max reduction as the ``reduce_max`` callback
+(``training.grid_sync``); both default to one process alone. The field is only reached through
+``density_fn``.
 """
 
 from __future__ import annotations
@@ -20,9 +23,14 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from ..cluster import dist
-
 DensityFn = Callable[[Tensor], Tensor]  # positions [M, 3] -> sigma [M]
+ReduceMax = Callable[[Tensor], Tensor]  # this rank's fresh values [K * R^3] -> the elementwise max over ranks
+ALONE = (0, 1)  # the share of a process that refreshes every chosen cell itself
+
+
+def _alone(fresh: Tensor) -> Tensor:
+    """The Max reduction of a process alone: its own values."""
+    return fresh
 
 
 class OccupancyGrid(nn.Module):
@@ -87,21 +95,24 @@ class OccupancyGrid(nn.Module):
 
     @torch.no_grad()
     def update(self, density_fn: DensityFn, step_size: float, step: int, warmup_steps: int, seed: int,
-               chunk: int = 1 << 18, box: Tensor | None = None, share: tuple[int, int] | None = None) -> None:
-        """Refresh the grid (collective: every rank calls it at the same step).
+               chunk: int = 1 << 18, box: Tensor | None = None, share: tuple[int, int] = ALONE,
+               reduce_max: ReduceMax = _alone) -> None:
+        """Refresh the grid. ``share`` (index, count): this process's part of the chosen cells (every index
+        of ``0..count-1`` must refresh its part); ``reduce_max``: the elementwise Max of the fresh values
+        over those parts (with ranks: a collective, so every rank calls ``update`` at the same step).
 
         Stored values are optical thicknesses ``sigma * step_size`` in every cascade (instant-ngp's
         setting: the finest step size, not the larger one rays take in outer cascades, so thin density
         far out is not marked occupied 2^k times more readily), compared with ``min(threshold, mean)``.
 
-        Model parallel: ``density_fn`` is this rank's region field, ``box`` ``[2, 3]`` its region and
-        ``share`` (index, count) its part among the region's copies. The rank refreshes only the chosen
-        cells that overlap its box, at points clamped into the box; the Max reduction over all ranks
-        then gives every cell the densest of its overlapping regions, so every rank holds the same grid
-        (the union of the region grids, each region's cascades clipped to its box).
+        Data parallel: ``share`` is (rank, size). Model parallel: ``density_fn`` is this rank's region
+        field, ``box`` ``[2, 3]`` its region and ``share`` its part among the region's copies, while the Max
+        still runs over every rank. The rank refreshes only the chosen cells that overlap its box, at points
+        clamped into the box; the Max then gives every cell the densest of its overlapping regions, so every
+        rank holds the same grid (the union of the region grids, each region's cascades clipped to its box).
         """
         cells, offset = self.draw_cells(step, warmup_steps, seed)
-        self.merge(self.evaluate(cells, offset, density_fn, step_size, chunk, box, share))
+        self.merge(self.evaluate(cells, offset, density_fn, step_size, chunk, box, share), reduce_max)
 
     def _seeded(self, step: int, seed: int) -> torch.Generator:
         """The update's random stream at ``step``: seeded by (seed, step), the same on every rank."""
@@ -141,18 +152,17 @@ class OccupancyGrid(nn.Module):
         return torch.cat([uniform, self.draw_occupied(u)])
 
     def evaluate(self, cells: Tensor, offset: Tensor, density_fn: DensityFn, step_size: float,
-                 chunk: int = 1 << 18, box: Tensor | None = None, share: tuple[int, int] | None = None) -> Tensor:
-        """This rank's fresh optical thickness ``[K * R^3]`` (0 where it evaluated nothing): its share of
-        ``cells`` ``[M]`` at ``offset`` ``[M, 3]`` (see ``update`` for ``box`` and ``share``). No collective,
-        no host read (without ``box``), so a CUDA graph can hold it."""
-        rt = dist.runtime()
+                 chunk: int = 1 << 18, box: Tensor | None = None, share: tuple[int, int] = ALONE) -> Tensor:
+        """This process's fresh optical thickness ``[K * R^3]`` (0 where it evaluated nothing): its ``share``
+        (index, count) of ``cells`` ``[M]`` at ``offset`` ``[M, 3]`` (see ``update`` for ``box``). No
+        collective, no host read (without ``box``), so a CUDA graph can hold it."""
+        index, count = share
         if box is None:
-            mine, my_offset = cells[rt.rank::rt.size], offset[rt.rank::rt.size]
+            mine, my_offset = cells[index::count], offset[index::count]
         else:
             box = box.to(cells.device)
             lo, hi = self.cell_positions(cells, torch.zeros_like(offset)), self.cell_positions(cells, torch.ones_like(offset))
             overlaps = ((hi > box[0]) & (lo < box[1])).all(dim=-1)
-            index, count = share or (0, 1)
             mine, my_offset = cells[overlaps][index::count], offset[overlaps][index::count]
         fresh = torch.zeros(self.n_cells, device=cells.device)
         for start in range(0, mine.numel(), chunk):
@@ -164,10 +174,10 @@ class OccupancyGrid(nn.Module):
             fresh.scatter_reduce_(0, idx, sigma * step_size, reduce="amax")
         return fresh
 
-    def merge(self, fresh: Tensor) -> None:
-        """Every rank's ``fresh`` ``[K * R^3]`` reduced with Max (collective; in place), then decay, max and the
-        occupied bits."""
-        fresh = dist.allreduce_(fresh, "max", name="occupancy.update")
+    def merge(self, fresh: Tensor, reduce_max: ReduceMax = _alone) -> None:
+        """``fresh`` ``[K * R^3]`` reduced by ``reduce_max`` (every share's values: see ``update``), then decay,
+        max and the occupied bits."""
+        fresh = reduce_max(fresh)
         decayed = torch.maximum(self.density * self.decay, fresh.view_as(self.density))
         self.density.copy_(torch.where(self.visible, decayed, torch.zeros_like(decayed)))
         self.refresh_occupied()

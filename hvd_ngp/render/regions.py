@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..data.cameras import intersect_aabb
 from ..errors import ConfigError
 from ..observe.profiling import NULL_TIMER, StageTimer
+from .geometry import intersect_aabb
 from .occupancy import OccupancyGrid
 from .schedule import StepSchedule
 from .volume import RGBSigmaFn, Samples, SigmaFn, accumulate, drop_occluded, transmittance_weights

@@ -23,13 +23,12 @@ import torch
 from torch import Tensor
 
 from .. import faultpoints
-from ..cluster import preempt
-from ..data.cameras import intersect_aabb
-from ..observe.memory import (DEFAULT_ROW_BYTES, RENDER_HEADROOM, MemoryBudget, MemoryBudgetError, human_gib,
-                              plan_render)
-from .occupancy import OccupancyGrid
-from .schedule import StepSchedule
+from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudget
 from ..observe.profiling import NULL_TIMER, StageTimer
+from .geometry import intersect_aabb
+from .occupancy import OccupancyGrid
+from .plan import plan_render, reference_chunk
+from .schedule import StepSchedule
 
 RGBSigmaFn = Callable[..., tuple[Tensor, Tensor]]  # x [M,3], d [M,3] -> rgb [M,3], sigma [M]; n_rows as SigmaFn
 SigmaFn = Callable[..., Tensor]  # x [M,3] -> sigma [M]; the fast renderer adds n_rows=count (rows >= count unused)
@@ -167,38 +166,18 @@ def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, di
     return out
 
 
-#: bytes per dense-lane slot of the reference renderer (positions, times, masks, densities, weights),
-#: besides its network row
-REFERENCE_LANE_BYTES = 256
-REFERENCE_MAX_CHUNK = 1 << 14
-
-
-def reference_chunk(available: int | None, lanes_per_ray: int, row_bytes: int = DEFAULT_ROW_BYTES) -> int:
-    """Rays per chunk of the reference renderer within ``available`` bytes (None: the default chunk), each
-    lane holding ``REFERENCE_LANE_BYTES`` and a network row of ``row_bytes``; ``MemoryBudgetError`` when one
-    ray's dense lanes do not fit."""
-    if available is None:
-        return REFERENCE_MAX_CHUNK
-    lane_bytes = REFERENCE_LANE_BYTES + row_bytes
-    rays = int(available * RENDER_HEADROOM) // (lanes_per_ray * lane_bytes)
-    if rays < 1:
-        raise MemoryBudgetError(f"rendering one ray needs {human_gib(lanes_per_ray * lane_bytes / RENDER_HEADROOM)} "
-                                f"of GPU memory ({lanes_per_ray} steps), but only {human_gib(available)} are free "
-                                f"under the budget: raise --gpu_memory_gb or lower marching.max_steps")
-    return min(rays, REFERENCE_MAX_CHUNK)
-
-
 def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
                  grid: OccupancyGrid | None, schedule: StepSchedule, background: Tensor,
                  early_termination: float = 1e-4, fast: bool = False, budget: MemoryBudget | None = None,
-                 workspace=None, row_bytes: int | None = None, step_offset: float = 0.5) -> tuple[Tensor, Tensor]:
+                 workspace=None, row_bytes: int | None = None, step_offset: float = 0.5,
+                 between_chunks: Callable[[], None] | None = None) -> tuple[Tensor, Tensor]:
     """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``.
 
     ``fast``: the Triton kernels (``render.fast``) instead of the reference. Chunks are planned from
-    ``budget`` (None: the default sizes): the fast path takes a ``workspace``
+    ``budget`` (None: the default sizes; ``render.plan``): the fast path takes a ``workspace``
     (``render.fast.RenderWorkspace``, reused across calls) or plans one here; ``row_bytes``: measured
     bytes per network row (see ``observe.memory.bytes_per_row``); ``step_offset`` in [0, 1): where samples sit
-    inside their steps (the ``jitter`` of every ray)."""
+    inside their steps (the ``jitter`` of every ray); ``between_chunks``: see ``render_in_chunks``."""
     available = budget.available() if budget is not None else None
     if fast:
         from .fast import RenderWorkspace, inference_costs, render_rays_fast
@@ -217,19 +196,23 @@ def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, d
         out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, j)
         return out.rgb, out.opacity, out.depth
 
-    return render_in_chunks(render, origins, directions, background, chunk, step_offset)
+    return render_in_chunks(render, origins, directions, background, chunk, step_offset, between_chunks)
 
 
 def render_in_chunks(render: Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor, Tensor]],
                      origins: Tensor, directions: Tensor, background: Tensor, chunk: int,
-                     step_offset: float = 0.5) -> tuple[Tensor, Tensor]:
+                     step_offset: float = 0.5, between_chunks: Callable[[], None] | None = None
+                     ) -> tuple[Tensor, Tensor]:
     """Rays ``[R, 3]`` rendered ``chunk`` at a time without gradients by ``render(o, d, jitter)`` -> (rgb
     ``[r, 3]``, opacity ``[r]``, depth ``[r]``): rgb on ``background`` ``[R, 3]``, depth ``[R]``. ``jitter`` is
-    None at ``step_offset`` 0.5 (the renderers' default), else ``step_offset`` for every ray."""
+    None at ``step_offset`` 0.5 (the renderers' default), else ``step_offset`` for every ray.
+    ``between_chunks()`` runs before each chunk: the caller's way to cut the render short by raising (the
+    evaluation passes ``cluster.preempt.interruption_point``: a stop request needs no finished view)."""
     rgbs, depths = [], []
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):
-            preempt.interruption_point()  # a stop request during an evaluation: no need to finish the view
+            if between_chunks is not None:
+                between_chunks()
             faultpoints.render_chunk()  # test hook (HVD_NGP_FAULTS); a no-op otherwise
             o, d = origins[s:s + chunk], directions[s:s + chunk]
             j = None if step_offset == 0.5 else torch.full((o.shape[0],), step_offset, device=o.device)
@@ -243,6 +226,13 @@ def over_background(rgb: Tensor, opacity: Tensor, background: Tensor) -> Tensor:
     """Rendered (premultiplied) ``rgb`` ``[R, 3]`` of ``opacity`` ``[R]`` over ``background`` ``[R, 3]`` or ``[3]``
     -> ``[R, 3]`` in fp32."""
     return rgb.float() + background * (1.0 - opacity.float()[:, None])
+
+
+def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
+    """Straight (not premultiplied) RGBA ``[R, 4]``, such as a training image's pixels, over ``background``
+    ``[R, 3]`` or ``[3]`` -> RGB ``[R, 3]`` in rgba's dtype: the targets that ``over_background``'s renders
+    are compared with."""
+    return rgba[:, :3] * rgba[:, 3:4] + background * (1.0 - rgba[:, 3:4])
 
 
 def max_lanes(schedule: StepSchedule, aabb: Tensor) -> int:

@@ -19,9 +19,10 @@ from ..cluster import dist
 from ..config import json_object
 from ..data import Frames
 from ..errors import ConfigError, run_cli
-from ..render.camera_path import CameraPath, load_camera_path, orbit
+from ..render.camera_path import CameraPath, orbit
 from ..render.outputs import OUTPUTS, colorize_depth, colorize_normal, colorize_opacity, depth_range, parse_outputs
 from ..training.evaluate import BACKGROUNDS, evaluate, to_uint8, write_png
+from .camera_files import load_camera_path
 from .trained import RENDER_MARCHING_KEYS, Trained, load_trained
 from .video import write_mp4
 

@@ -22,19 +22,14 @@ from ..data.sampler import image_pixels, image_rays
 from ..errors import OutputError, os_cause
 from ..model.field import NGPField
 from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
+from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudget, bytes_per_row
+from ..render import StepSchedule, composite_background, max_lanes, render_image
 from ..render.occupancy import OccupancyGrid
-from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudget, bytes_per_row, plan_render
-from ..render import StepSchedule, max_lanes, render_image
 from ..render.outputs import render_outputs
-from ..render.volume import reference_chunk
+from ..render.plan import plan_render, reference_chunk
 
 BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
 NGP_SPP = 8  # instant-ngp's scripts/run.py
-
-
-def composite_background(rgba: Tensor, background: Tensor) -> Tensor:
-    """RGBA ``[R, 4]`` over background ``[R, 3]`` or ``[3]`` -> RGB ``[R, 3]``."""
-    return rgba[:, :3] * rgba[:, 3:4] + background * (1.0 - rgba[:, 3:4])
 
 
 class ViewRenderer:
@@ -85,7 +80,8 @@ class ViewRenderer:
             return rgb.clamp(0, 1).view(h, w, 3)
         rgb, _ = render_image(field, field.density, o, d, field.aabb, self.grid, self.schedule,
                               background, self.early_termination, fast=self.fast, budget=self.budget,
-                              workspace=self.workspace, row_bytes=self.row_bytes, step_offset=step_offset)
+                              workspace=self.workspace, row_bytes=self.row_bytes, step_offset=step_offset,
+                              between_chunks=preempt.interruption_point)
         w, h = frames.image_size(index)
         return rgb.clamp(0, 1).view(h, w, 3)
 

@@ -50,9 +50,10 @@ from ..faultpoints import ENV as FAULTS_ENV
 from ..model.field import NGPField
 from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render.occupancy import OccupancyGrid
+from ..render.volume import composite_background
 from ..state.failures import NonFiniteGuard
 from .budget import copy_to_host
-from .evaluate import composite_background
+from .grid_sync import max_over_ranks, rank_share
 from .recipe import Marching
 from .step import AUTOCAST, StepResult, masked_mean, ray_losses
 
@@ -413,7 +414,8 @@ class GraphedGridUpdate:
     @torch.no_grad()
     def _body(self) -> Tensor:
         uniform, u, offset = self.draws
-        return self.grid.evaluate(self.grid.pick(uniform, u), offset, self.density_fn, self.step_size, self.chunk)
+        return self.grid.evaluate(self.grid.pick(uniform, u), offset, self.density_fn, self.step_size, self.chunk,
+                                  share=rank_share())
 
     @torch.no_grad()
     def _capture(self) -> None:
@@ -429,12 +431,12 @@ class GraphedGridUpdate:
         """The update of step ``step`` (collective, as ``OccupancyGrid.update``; after warm-up only)."""
         self.grid.random_draws(step, self.seed, out=self.draws)
         if not self.capture:
-            self.grid.merge(self._body())
+            self.grid.merge(self._body(), max_over_ranks)
             return
         if self.graph is None:
             self._capture()
         self.graph.replay()
-        self.grid.merge(self.fresh)
+        self.grid.merge(self.fresh, max_over_ranks)
 
 
 def why_not_deferred(optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> str | None:

@@ -17,10 +17,9 @@ from ..data.sampler import RayBatch
 from ..model.field import NGPField
 from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render import render_rays
-from ..render.volume import over_background
+from ..render.volume import composite_background, over_background
 from ..render.occupancy import OccupancyGrid
 from ..state.failures import NonFiniteGuard
-from .evaluate import composite_background
 from .recipe import Marching
 
 if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected

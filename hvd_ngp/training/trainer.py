@@ -53,6 +53,7 @@ from .budget import RayBudget
 from .gradsync import DelayedAveraging, PeriodicAveraging, make_exchange
 from .control import RunControl, Watcher
 from .graphed import GraphedGridUpdate, GraphedStep, eligibility, set_learning_rate, use_graphs
+from .grid_sync import update_grid
 from .evaluate import BACKGROUNDS, evaluate
 from .model_parallel import ModelParallel, hash_parameters, plan_partition, region_model
 from .optim import OptimizerChain, make_ema
@@ -334,12 +335,12 @@ class Trainer:
             if self.grid_graph is not None and step >= self.march.warmup_steps:
                 self.grid_graph(step)
             elif self.mp is None:
-                self.grid.update(self.field.density, self.march.schedule.dt_min, step,
-                                 self.march.warmup_steps, args.seed)
+                update_grid(self.grid, self.field.density, self.march.schedule.dt_min, step,
+                            self.march.warmup_steps, args.seed)
             else:  # each region refreshes the cells overlapping its box, shared among its copies
                 g = self.mp.groups
-                self.grid.update(self.field.density, self.march.schedule.dt_min, step,
-                                 self.march.warmup_steps, args.seed, box=self.mp.box, share=(g.replica, g.replicas))
+                update_grid(self.grid, self.field.density, self.march.schedule.dt_min, step,
+                            self.march.warmup_steps, args.seed, box=self.mp.box, share=(g.replica, g.replicas))
             timer.mark("occupancy update")
         n_rays = self.budget.n_rays * self.args.comm.backward_passes_per_step  # the budget is per backward pass
         draw = None if self.ahead is None else self.ahead.take(step, n_rays, self.sampler, self.generator)
