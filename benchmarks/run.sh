@@ -25,7 +25,7 @@ STEPS=(
   "memory|GPU: lego 2000 steps under an 8 GiB memory budget and without one; bench memory (evaluation under budgets 0, 16, 8 GiB)"
   "scaling|GPUs: bench scaling on 1, 2, 4, 8 ranks (as the GPUs allow), weak and strong, time to 33/34/35 dB; Horovod from .whl_hvd"
   "batch|GPU: bench batch: steps to 33 and 35 dB at K backward passes per step (K ranks' step on one device)"
-  "inference|GPU: render speed of a trained snapshot: test views and an orbit video per second (the load subtracted)"
+  "inference|GPU: render speed of a trained snapshot: test views and orbit video frames per second (the load subtracted; PyAV from .whl_av)"
   "export|GPU: the snapshot's marching-cubes mesh and its silhouette IoU on lego's test views (trimesh etc. from .whl_look)"
   "viewer|GPU: bench viewer: training steps/s with a headless Chromium watching against without"
   "colmap|GPU: fox on a time budget with the shipped poses and with COLMAP's (colmap-poses), the same held-out views"
@@ -113,6 +113,7 @@ PY
       --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d "$dir" "$@"; }
     dl .whl configargparse msgpack                                # what the GPU image lacks
     dl .whl_look trimesh PyMCubes rtree embreex scipy              # export (about 35 MB: carry it alone)
+    dl .whl_av av                                                  # inference's orbit video: H.264 (about 36 MB)
     mkdir -p .whl_tcnn .whl_hvd && cp "$src"/wheels/tinycudann-*.whl .whl_tcnn/ 2>/dev/null
     cp "$src"/wheels/horovod-*-cp312-*.whl .whl_hvd/ 2>/dev/null  # scaling: Horovod with NCCL
     if [[ -n ${HVD_NGP_OLD:-} ]]; then rm -rf .stage/old && mkdir -p .stage/old && git archive "$HVD_NGP_OLD" | tar -x -C .stage/old; fi
@@ -130,7 +131,7 @@ PY
     [[ -d .stage/lego/train ]] && cp -r .stage/lego/train .stage/lego/transforms_*.json "$S/lego/"
     for part in test_a test_b; do [[ -d .stage/lego/$part ]] && cp .stage/lego/$part/* "$S/lego/test/"; done
     for d in fox ingp old; do [[ -d .stage/$d ]] && rm -rf "${S:?}/$d" && cp -r ".stage/$d" "$S/"; done
-    for w in .whl .whl_tcnn .whl_hvd .whl_look; do
+    for w in .whl .whl_tcnn .whl_hvd .whl_look .whl_av; do
       ls $w/*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site $w/*.whl
     done
     echo "staged in $S: lego train $(count "$S/lego/train"), test $(count "$S/lego/test");" \
