@@ -57,7 +57,8 @@ def pytest_logs(logs: list[Path]) -> list[dict]:
     for log in logs:
         text = log.read_text(errors="replace")
         closing = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", line)]
-        count = lambda word: int(m.group(1)) if closing and (m := re.search(rf"(\d+) {word}", closing[-1])) else 0  # noqa: E731
+        last = closing[-1] if closing else ""
+        count = lambda word: int(m.group(1)) if (m := re.search(rf"(\d+) {word}", last)) else 0  # noqa: E731
         rows.append({"file": log.stem.removeprefix("pytest_"), "passed": count("passed"), "failed": count("failed"),
                      "errors": count("error"), "skipped": count("skipped"), "finished": bool(closing),
                      "failures": " ".join(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M))[:300]})

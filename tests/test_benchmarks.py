@@ -80,7 +80,8 @@ def test_tables_read_runs_throughput_pytest_and_the_anchor(tmp_path, capsys):
 
     for name, rate in (("throughput_new_1", 100e6), ("throughput_new_2", 110e6), ("throughput_new_3", 90e6)):
         (tmp_path / f"{name}.json").write_text(json.dumps({"training": [
-            {"backend": "triton", "precision": "bf16", "samples_per_sec": rate, "step_ms": 2.5, "rays_per_step": 1e5}]}))
+            {"backend": "triton", "precision": "bf16", "samples_per_sec": rate, "step_ms": 2.5,
+             "rays_per_step": 1e5}]}))
     files = [str(p) for p in sorted(tmp_path.glob("throughput_new_*.json"))]
     assert t.main(["throughput", str(tmp_path), "throughput", *files]) == 0
     summary = json.loads((tmp_path / "throughput.json").read_text())["summary"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY_ARGS
+from conftest import ROOT, TINY_ARGS, _tiny_block
 from hvd_ngp.config import BASE_CONFIG, CONFIG_DIR, CPU_CONFIG, config_file, load_json_config, parse_args
 
 #: what a wheel must carry besides Python modules (read at run time through Path(__file__))
@@ -46,7 +46,7 @@ def defining_module(module: str, name: str) -> str:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return module
-        if isinstance(node, ast.ImportFrom) and any(alias.name == name and alias.asname is None for alias in node.names):
+        if isinstance(node, ast.ImportFrom) and any(a.name == name and a.asname is None for a in node.names):
             package = module.split(".")[: len(module.split(".")) - node.level] if node.level else []
             if node.level and _module_file(module).name == "__init__.py":
                 package = module.split(".")[: len(module.split(".")) - node.level + 1]
@@ -90,7 +90,7 @@ def test_built_in_configs_are_package_data_found_by_name(tmp_path, monkeypatch):
     for spelling in ("cpu.json", "cpu", "configs/nerf/cpu.json"):
         assert config_file(spelling) == CPU_CONFIG
         assert parse_args(["--config", spelling]).config == str(CPU_CONFIG.resolve())
-    assert parse_args([f"--config=configs/nerf/captured.json"]).config == str((CONFIG_DIR / "captured.json").resolve())
+    assert parse_args(["--config=configs/nerf/captured.json"]).config == str((CONFIG_DIR / "captured.json").resolve())
     assert config_file("elsewhere/cpu.json") == Path("elsewhere/cpu.json")  # only bare names and the old path
     mine = tmp_path / "cpu.json"
     mine.write_text(json.dumps({"parent": "base.json", "n_steps": 7}))  # no base.json beside it: the built-in one
@@ -103,13 +103,15 @@ def test_built_in_configs_are_package_data_found_by_name(tmp_path, monkeypatch):
 
 
 def _venv_with_parent_packages(where: Path) -> Path:
-    """A fresh venv whose only extra path is this environment's site-packages (no network needed: pip, torch,
-    Horovod... come from there; a path line in a .pth, so an editable install's finder there is not run)."""
+    """A fresh venv whose only extra paths are this environment's site folders (no network needed: pip, torch,
+    Horovod... come from there; path lines in a .pth, so an editable install's finder there is not run)."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(where)], check=True)
     python = where / "bin" / "python"
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
-    parents = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    # this environment's site folders, the ones a parent environment lends it through a .pth included
+    parents = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                             *(p for p in sys.path if Path(p).name in ("site-packages", "dist-packages"))])
     Path(site, "_hvd_ngp_parent_site.pth").write_text("".join(f"{p}\n" for p in parents))
     return python
 
@@ -150,7 +152,9 @@ def test_wheel_installs_into_a_fresh_venv_and_trains_from_outside_the_checkout(t
     out = work / "run"
     # --backend torch: the C++ kernel would compile here for a minute (its source's presence is checked above; the
     # same source compiles in tests/test_encoding.py)
-    proc = subprocess.run([str(bin_dir / "hvd-ngp-train"), *TINY_ARGS, "--n_eval_views", "1", "--n_steps", "20",
+    coarse_eval = _tiny_block("--marching", eval_steps_per_diagonal=64)  # the evaluation as coarse as training
+    proc = subprocess.run([str(bin_dir / "hvd-ngp-train"), *TINY_ARGS, "--marching", coarse_eval,
+                           "--n_eval_views", "1", "--n_steps", "20",
                            "--log_every", "10", "--device", "cpu", "--backend", "torch", "--progress", "off",
                            "--scene_cache", str(scene_cache), "--out_dir", str(out)],
                           capture_output=True, text=True, env=env, cwd=work, timeout=300)

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ceiling_repeats", type=int, default=20, help="timed allreduces per tensor for the ceiling")
     p.add_argument("--out_dir", default=None, help="per-run results and logs (default runs/bench/scaling-<time>)")
     p.add_argument("--json", default=None, help="summary JSON (default <out_dir>/scaling.json)")
-    p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default, '' or 'none': no)")
+    p.add_argument("--markdown", default="",
+                   help="also append a dated Markdown section to this file (default, '' or 'none': no)")
     p.add_argument("--timeout_s", type=float, default=0, help="give up on one rank count after this long (0: never)")
     p.add_argument("--note", default="", help="a sentence added to the Markdown section (e.g. what else ran on the machine)")
     g = p.add_argument_group("launch (as hvd-ngp-launch)")
