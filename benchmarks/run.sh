@@ -59,8 +59,8 @@ scene_of() {  # NAME -> the scene argument: lego and fox from the stage (checked
 }
 holdout() { [[ $1 == fox ]] && echo "--holdout_every 8"; }  # fox has no test split: every 8th photo held out
 train() { "$PY" -m hvd_ngp.train --log_every 4000 --save_renders 0 "$@" "${flags[@]}"; }
-snapshot() {  # the snapshot inference and export read: HVD_NGP_SNAP, else lego trained HVD_NGP_SECONDS (60) once
-  snap=${HVD_NGP_SNAP:-$S/snap_lego_${HVD_NGP_SECONDS:-60}s.pt}
+snapshot() {  # the snapshot inference and export read: HVD_NGP_SNAP, else HVD_NGP_SCENE (lego) trained HVD_NGP_SECONDS (60) once
+  snap=${HVD_NGP_SNAP:-$S/snap_$(basename "${HVD_NGP_SCENE:-lego}")_${HVD_NGP_SECONDS:-60}s.pt}
   [[ -f $snap ]] && return
   local scene; scene=$(scene_of "${HVD_NGP_SCENE:-lego}") || exit $?
   train --scene "$scene" --time_budget_s "${HVD_NGP_SECONDS:-60}" --n_eval_views 1 --out_dir "$out/snapshot_run" \
@@ -271,10 +271,11 @@ PY
   export)
     snapshot
     scene=$(scene_of "${HVD_NGP_SCENE:-lego}") || exit $?
-    "$PY" -m hvd_ngp.tools.export mesh "$snap" --scene "$scene" --out "$out/mesh.ply" 2>&1 | grep -E "mesh:|rror"
-    "$PY" -m hvd_ngp.tools.export iou "$snap" --scene "$scene" --mesh "$out/mesh.ply" --json "$out/iou.json" \
-      2>&1 | grep -E "IoU|rror"
-    [[ -f $out/iou.json ]] || die "export: no $out/iou.json" 1
+    for what in mesh iou; do
+      args=(mesh --out "$out/mesh.ply"); [[ $what == iou ]] && args=(iou --mesh "$out/mesh.ply" --json "$out/iou.json")
+      "$PY" -m hvd_ngp.tools.export "${args[0]}" "$snap" --scene "$scene" "${args[@]:1}" >"$out/export_$what.log" 2>&1 \
+        || { tail -3 "$out/export_$what.log"; die "export: hvd-ngp-export $what failed ($out/export_$what.log)" 1; }
+    done
     tables fields "$out" export "$out/iou.json"
     ;;
   viewer)
