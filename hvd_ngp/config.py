@@ -34,7 +34,8 @@ from .errors import ConfigError, read_json_object
 from .observe.metrics import UNLIMITED_STEPS
 from .observe.monitor import MonitorSettings
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
+#: the built-in configs, package data (installed with the wheel; ``--config cpu.json`` names one from anywhere)
+CONFIG_DIR = Path(__file__).resolve().parent / "configs" / "nerf"
 DEFAULT_STEPS = 2000
 RAY_COUNT_MULTIPLE = 64  # the adaptive ray count moves in multiples of this (training.budget.RayBudget)
 BASE_CONFIG = CONFIG_DIR / "base.json"
@@ -67,9 +68,24 @@ def merge_patch(base: dict, patch: dict) -> dict:
     return out
 
 
+def config_file(path: str | os.PathLike) -> Path:
+    """``path`` itself when it exists; else the built-in config it names: ``cpu.json``, ``cpu`` or the
+    checkout's old spelling ``configs/nerf/cpu.json`` (from any directory). Unknown names stay as given,
+    so the caller's error names the file."""
+    given = Path(path).expanduser()
+    if given.exists():
+        return given
+    name = given.name if given.suffix == ".json" else f"{given.name}.json"
+    folder = given.parent.as_posix()
+    if folder in (".", "configs/nerf", "nerf") and (CONFIG_DIR / name).is_file():
+        return CONFIG_DIR / name
+    return given
+
+
 def load_json_config(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> dict:
-    """Load an instant-ngp style JSON config, resolving its ``"parent"`` chain (paths relative to the file)."""
-    path = Path(path).expanduser().resolve()
+    """Load an instant-ngp style JSON config, resolving its ``"parent"`` chain (paths relative to the file;
+    a parent that is not there may name a built-in config, see ``config_file``)."""
+    path = config_file(path).resolve()
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
         raise ConfigError(f"{path}: circular 'parent' chain: {chain}")
@@ -78,7 +94,8 @@ def load_json_config(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> d
     if parent is not None:
         if not isinstance(parent, str):
             raise ConfigError(f"{path}: 'parent' must be a file name, found {parent!r}")
-        data = merge_patch(load_json_config(path.parent / parent, (*_seen, path)), data)
+        local = path.parent / parent
+        data = merge_patch(load_json_config(local if local.exists() else parent, (*_seen, path)), data)
     data.pop("parent", None)
     return data
 
@@ -326,12 +343,30 @@ def parse_args(argv: Sequence[str] | None = None, default_config: Path | None = 
     explicit = any(a == "--config" or a.startswith("--config=") for a in argv) or "HVD_NGP_CONFIG" in os.environ
     if not explicit:
         argv = ["--config", str(default_config or BASE_CONFIG), *argv]
+    argv = _with_config_file(argv)
     args = parser.parse_args(argv)
     config_path = _config_path(argv) or os.environ.get("HVD_NGP_CONFIG")
     args.config = str(Path(config_path).resolve()) if config_path else None
     args.model = resolve_model(args)
     validate(args)
     return args
+
+
+def _with_config_file(argv: list[str]) -> list[str]:
+    """``argv`` with its ``--config`` value (or ``HVD_NGP_CONFIG``'s, moved onto the command line) resolved by
+    ``config_file``, so built-in configs load by name from any directory."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a == "--config" and i + 1 < len(out):
+            out[i + 1] = str(config_file(out[i + 1]))
+            return out
+        if a.startswith("--config="):
+            out[i] = "--config=" + str(config_file(a.split("=", 1)[1]))
+            return out
+    env = os.environ.get("HVD_NGP_CONFIG")
+    if env is not None and config_file(env) != Path(env).expanduser():
+        out = ["--config", str(config_file(env)), *out]
+    return out
 
 
 def _config_path(argv: Sequence[str]) -> str | None:

@@ -15,7 +15,7 @@ from conftest import ROOT, TINY_ARGS
 
 CLUSTER = ROOT / "scripts" / "cluster"
 SCRIPTS = [CLUSTER / "launch.sh", CLUSTER / "slurm.sbatch", CLUSTER / "pbs.sh", ROOT / "scripts" / "setup.sh",
-           ROOT / "scripts" / "test.sh", ROOT / ".ci" / "run"]
+           ROOT / "scripts" / "test.sh", ROOT / ".ci" / "run", ROOT / "benchmarks" / "run.sh"]
 
 
 def tool(name: str) -> str:

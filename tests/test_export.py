@@ -256,6 +256,8 @@ def test_export_and_render_tools_on_a_trained_snapshot(snapshot, tmp_path):
         render(["--load_snapshot", str(snapshot), "--outputs", "rgb,dpth"])
     with pytest.raises(ConfigError, match=r"--out m.stl: a mesh is written as .ply, .obj, .glb"):
         export(["mesh", str(snapshot), "--out", "m.stl"])
+    with pytest.raises(ConfigError, match="--mesh .*no_such.ply: no such file"):  # not trimesh's traceback
+        export(["iou", str(snapshot), "--mesh", str(tmp_path / "no_such.ply"), "--device", "cpu"])
     normal = np.load(tmp_path / "r" / "poses_frames" / "normal_0001.npy")
     lit = np.linalg.norm(normal, axis=-1) > 0.5
     assert lit.mean() > 0.2 and np.allclose(np.linalg.norm(normal[lit], axis=-1), 1, atol=1e-4)

@@ -196,6 +196,58 @@ def test_a_block_the_device_cannot_hold_is_halved_until_it_fits(monkeypatch):
         mlp_triton.launch_fitting(kernel, 1000, 64, torch.device("cpu"), (), {"H": 16}, 4)
 
 
+def test_the_row_block_is_chosen_from_the_shared_memory_limit():
+    """fitting_block: the largest of block, block / 2, ... whose shared memory fits the device's limit (the H100's
+    232448 bytes against the 256 KiB the 128-wide fp32 backward needed at 64 rows); no limit (CPU): the block as
+    asked; nothing fits: OutOfResources with the smallest block's need. The CPU has no limit."""
+    import triton
+
+    from hvd_ngp.model import mlp_triton
+
+    need = {64: 262144, 32: 131072, 16: 65536}.__getitem__
+    assert mlp_triton.fitting_block(64, need, 232448) == 32
+    assert mlp_triton.fitting_block(64, need, 262144) == 64  # exactly the limit fits
+    assert mlp_triton.fitting_block(64, need, None) == 64
+    with pytest.raises(triton.runtime.errors.OutOfResources) as refused:
+        mlp_triton.fitting_block(64, need, 60000)
+    assert (refused.value.required, refused.value.limit) == (65536, 60000)
+    assert mlp_triton.max_shared_memory(torch.device("cpu")) is None
+
+
+def test_a_cuda_launch_compiles_to_choose_its_block_before_launching(monkeypatch):
+    """launch_fitting on a CUDA device: candidates are compiled (warmup) and measured against the device's shared
+    memory before any launch, so the first launch is already at a block that fits (no refused launch); the
+    choice is remembered (no compiling again)."""
+    import triton
+
+    from hvd_ngp.model import mlp_triton
+
+    compiled, launched = [], []
+
+    class Kernel:  # a jitted kernel's surface: warmup compiles and reports shared memory, [grid] launches
+        fn = type("fn", (), {"__name__": "fake_cuda"})
+
+        def warmup(self, *args, BLOCK, num_warps, grid, **constexprs):
+            compiled.append(BLOCK)
+            return type("compiled", (), {"metadata": type("meta", (), {"shared": BLOCK * 4096})})
+
+        def __getitem__(self, grid):
+            def launch(*args, BLOCK, num_warps, **constexprs):
+                if BLOCK * 4096 > 232448:
+                    raise triton.runtime.errors.OutOfResources(BLOCK * 4096, 232448, "shared memory")
+                launched.append(BLOCK)
+            return launch
+
+    monkeypatch.setattr(mlp_triton, "_FITTED_BLOCK", {})
+    monkeypatch.setattr(mlp_triton, "max_shared_memory", lambda device: 232448)
+    monkeypatch.setattr(mlp_triton, "programs", lambda n, block, device: 1)
+    cuda = torch.device("cuda", 0)
+    assert mlp_triton.launch_fitting(Kernel(), 1000, 128, cuda, (), {"H": 128}, 4) == 32
+    assert compiled == [128, 64, 32] and launched == [32]
+    assert mlp_triton.launch_fitting(Kernel(), 1000, 128, cuda, (), {"H": 128}, 4) == 32
+    assert compiled == [128, 64, 32] and launched == [32, 32]
+
+
 def test_state_dict_is_the_torch_twins():
     """The fused MLP has the nn.Sequential's parameters, names and shapes: snapshots move both ways,
     and the same seed initialises both the same."""

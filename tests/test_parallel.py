@@ -129,7 +129,7 @@ def test_bad_input_fails_fast_on_every_rank(problem, scene_cache, tmp_path):
     if "--out_dir" not in flags:
         flags += ["--out_dir", str(out)]
     start = time.monotonic()
-    proc = run_ranks(["-m", "hvd_ngp.train", "--config", str(ROOT / "configs/nerf/cpu.json"), *TINY_ARGS,
+    proc = run_ranks(["-m", "hvd_ngp.train", "--config", str(ROOT / "hvd_ngp/configs/nerf/cpu.json"), *TINY_ARGS,
                       "--scene_cache", str(scene_cache), "--device", "cpu", *flags], timeout=180)
     elapsed = time.monotonic() - start
     out_text = proc.stdout + proc.stderr

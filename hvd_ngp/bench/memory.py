@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--budgets", default="0,16,8", help="comma-separated GiB (0: the default budget, uncapped)")
     p.add_argument("--eval_views", type=int, default=0, help="test views per evaluation (0: all)")
     p.add_argument("--json", default="runs/bench/memory.json")
-    p.add_argument("--markdown", default="docs/BENCHMARKS.md", help="append a dated section here ('' to skip)")
+    p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags")
     opts = p.parse_args(argv)
     extra = [a for a in opts.extra if a != "--"]

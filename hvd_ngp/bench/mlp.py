@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--fill", type=float, default=0.5, help="filled share of the rows in the density pass")
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--json", default="runs/bench/mlp.json")
-    p.add_argument("--markdown", default="docs/BENCHMARKS.md", help="append a dated section here ('' to skip)")
+    p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
     opts = p.parse_args(argv)
     dev = dist.init(opts.device).device
     args = parse_args((["--config", opts.config] if opts.config else []) + ["--device", opts.device],

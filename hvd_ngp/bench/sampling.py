@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="device and host image budget of the streamed variant (0: half the decoded images)")
     p.add_argument("--out", default="runs/bench/sampling", help="one trainer output folder per variant under here")
     p.add_argument("--json", default="runs/bench/sampling.json")
-    p.add_argument("--markdown", default="docs/BENCHMARKS.md", help="append a dated section here ('' to skip)")
+    p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags (all variants)")
     opts = p.parse_args(argv)
     opts.extra = [a for a in opts.extra if a != "--"]

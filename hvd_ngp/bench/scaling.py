@@ -14,8 +14,8 @@ time spent waiting for gradient allreduces, the training time (evaluation exclud
 first reached each target (evaluated every ``--eval_every`` steps or at ``--eval_at_s`` times; by
 default ten times per run; "not reached" otherwise), and
 Horovod's allreduce of the same gradient sizes against raw ``torch.distributed`` (gloo on CPU, nccl
-on GPU) measured in the same processes. Prints a table, writes JSON, and appends a dated section
-with the command to docs/BENCHMARKS.md.
+on GPU) measured in the same processes. Prints a table, writes JSON, and (``--markdown FILE``) appends a
+dated section with the command to FILE.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ceiling_repeats", type=int, default=20, help="timed allreduces per tensor for the ceiling")
     p.add_argument("--out_dir", default=None, help="per-run results and logs (default runs/bench/scaling-<time>)")
     p.add_argument("--json", default=None, help="summary JSON (default <out_dir>/scaling.json)")
-    p.add_argument("--markdown", default="docs/BENCHMARKS.md", help="append a section here ('none': do not)")
+    p.add_argument("--markdown", default="",
+                   help="also append a dated Markdown section to this file (default, '' or 'none': no)")
     p.add_argument("--timeout_s", type=float, default=0, help="give up on one rank count after this long (0: never)")
     p.add_argument("--note", default="", help="a sentence added to the Markdown section (e.g. what else ran on the machine)")
     g = p.add_argument_group("launch (as hvd-ngp-launch)")
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     json_path = Path(opts.json or out_dir / "scaling.json")
     write_json(json_path, summary)
     print(f"\nwrote {json_path}", flush=True)
-    if opts.markdown != "none":
+    if opts.markdown not in ("", "none"):
         c = last["communication"]
         allreduce = describe_allreduce(c["hierarchical_allreduce"], last["device"] != "cpu")
         how = {"weak": f"weak scaling ({trainer.target_samples} samples per rank and step)",

@@ -582,7 +582,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="after training, time the hash grid kernels' candidate launches on one batch's points (GPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="runs/bench/throughput.json")
-    p.add_argument("--markdown", default="docs/BENCHMARKS.md", help="append a dated section here ('' to skip)")
+    p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags")
     opts = p.parse_args(argv)
     opts.extra = [a for a in opts.extra if a != "--"]

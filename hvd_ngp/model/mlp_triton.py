@@ -9,9 +9,10 @@ Kernels (grid: ``min(row blocks, programs)``; each program loads every weight ma
 math's dtype, and then walks row blocks ``pid, pid + programs, ...``, so the weights stay on chip):
 
 - forward: a block of ``FWD_BLOCK`` rows goes through every layer in registers (``tl.dot``);
-- backward: a block of ``BWD_BLOCK`` rows (fewer where the device's shared memory cannot hold that many: see
-  ``launch_fitting``) *recomputes* the forward (nothing but the input is saved:
-  no ``[N, width]`` activations written or read back), then back-propagates layer by layer. Each program
+- backward: a block of ``BWD_BLOCK`` rows (fewer where the device's shared memory cannot hold that many,
+  chosen before the first launch from the compiled kernel's need and the device's limit: see
+  ``launch_fitting``) *recomputes* the forward (nothing but the input is saved: no ``[N, width]``
+  activations written or read back), then back-propagates layer by layer. Each program
   sums its weight gradients over its row blocks in fp32 registers and adds them once into fp32
   gradient buffers with ``tl.atomic_add`` (so the summation order, and the last bits, vary run to run).
 
@@ -30,6 +31,8 @@ rows ``>= n_rows`` (and their input gradients) are zeros.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import triton
@@ -212,18 +215,71 @@ def _pad(n: int) -> int:
 
 
 _SM_COUNT: dict[int, int] = {}
+_SHARED_LIMIT: dict[int, int | None] = {}
 #: the row block that fitted the device's shared memory, per (kernel, constexprs, device)
 _FITTED_BLOCK: dict[tuple, int] = {}
 MIN_BLOCK = 16  # tl.dot's smallest tile
 
 
+def max_shared_memory(device: torch.device) -> int | None:
+    """Bytes of shared memory one program may use on ``device``: the limit Triton holds a compiled kernel to
+    (its driver's ``max_shared_mem``; torch's ``shared_memory_per_block_optin`` if that is not there), e.g.
+    232448 on an H100 or H200. None off CUDA (the CPU interpreter has no such limit)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SHARED_LIMIT:
+        try:
+            limit = int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+        except (AttributeError, KeyError, RuntimeError, TypeError):
+            limit = int(getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", 0)) or None
+        _SHARED_LIMIT[index] = limit
+    return _SHARED_LIMIT[index]
+
+
+def fitting_block(block: int, shared_bytes: Callable[[int], int], limit: int | None) -> int:
+    """The largest row block ``block``, ``block / 2``, ... (at least ``MIN_BLOCK``) whose ``shared_bytes(block)``
+    is within ``limit`` bytes; ``block`` itself without a limit. Raises Triton's ``OutOfResources`` (the
+    smallest block's need against the limit) when none fits."""
+    if limit is None:
+        return block
+    while True:
+        need = shared_bytes(block)
+        if need <= limit:
+            return block
+        if block // 2 < MIN_BLOCK:
+            raise triton.runtime.errors.OutOfResources(need, limit, "shared memory")
+        block //= 2
+
+
+def _compiled_shared_bytes(kernel, n: int, device: torch.device, args: tuple, constexprs: dict,
+                           num_warps: int) -> Callable[[int], int]:
+    """``block -> shared memory bytes`` of ``kernel`` compiled (not launched) at that block: Triton's own number,
+    the one its launch checks; the compiled kernel stays in Triton's cache for the launch."""
+    def shared(block: int) -> int:
+        compiled = kernel.warmup(*args, **constexprs, BLOCK=block, num_warps=num_warps,
+                                 grid=(programs(n, block, device),))
+        return int(compiled.metadata.shared)
+    return shared
+
+
 def launch_fitting(kernel, n: int, block: int, device: torch.device, args: tuple, constexprs: dict,
                    num_warps: int) -> int:
     """Launch ``kernel`` over ``n`` rows with the largest row block <= ``block`` whose shared memory the device
-    holds: a block the compiler refuses (Triton's ``OutOfResources``, raised before anything runs, e.g. the
-    128-wide fp32 backward at 64 rows asks for 256 KiB where an H100 has 227 KiB) is halved, down to
-    ``MIN_BLOCK``, and the block that fitted is remembered. Returns the block launched."""
+    holds. The first launch of a (kernel, constexprs, device) chooses the block up front: each candidate is
+    compiled, and its shared memory compared with ``max_shared_memory(device)`` (``fitting_block``; e.g. the
+    128-wide fp32 backward at 64 rows needs 256 KiB where an H100 has 227 KiB). Should a launch still be
+    refused (Triton's ``OutOfResources``: a Triton without ``warmup``, another resource), the block is halved,
+    down to ``MIN_BLOCK``. The block that fitted is remembered. Returns the block launched."""
     key = (kernel.fn.__name__, tuple(sorted(constexprs.items())), str(device))
+    if key not in _FITTED_BLOCK and hasattr(kernel, "warmup"):
+        limit = max_shared_memory(device)
+        if limit is not None:
+            try:
+                block = fitting_block(block, _compiled_shared_bytes(kernel, n, device, args, constexprs, num_warps),
+                                      limit)
+            except (AttributeError, TypeError):  # a Triton whose warmup or metadata differ: the launch decides
+                pass
     block = _FITTED_BLOCK.get(key, block)
     while True:
         try:

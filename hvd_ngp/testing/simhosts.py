@@ -485,5 +485,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> None:
+    """``hvd-ngp-simhosts`` (``python -m hvd_ngp.simhosts``)."""
+    run_cli(main, argv, prog="simhosts")
+
+
 if __name__ == "__main__":
-    run_cli(main, prog="simhosts")
+    cli()
