@@ -4,11 +4,15 @@ trainer's parser, and a site that `mkdocs build --strict` builds (issue 47)."""
 from __future__ import annotations
 
 import argparse
+import functools
+import http.server
 import importlib.util
 import os
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -96,19 +100,68 @@ def test_configuration_page_carries_the_marker():
     assert MARKER in (ROOT / "docs" / "configuration.md").read_text()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs is not installed (scripts/setup.sh installs it)")
-def test_mkdocs_build_strict(tmp_path):
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The docs site, built once by `mkdocs build --strict` (skipped where mkdocs is not installed)."""
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("mkdocs is not installed (scripts/setup.sh installs it)")
+    out = tmp_path_factory.mktemp("docs") / "site"
     # no --quiet: mkdocs then drops the warnings before --strict counts them, and a broken link passes
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def _options() -> list[str]:
+    return [a.option_strings[0] for a in build_parser()._actions if a.option_strings and a.option_strings[0] != "-h"]
+
+
+def test_mkdocs_build_strict(site):
     html = (site / "configuration" / "index.html").read_text()
     assert "config-reference" not in html  # the marker was filled in
-    missing = [a.option_strings[0] for a in build_parser()._actions
-               if a.option_strings and a.option_strings[0] != "-h" and f"<code>{a.option_strings[0]}</code>" not in html]
+    missing = [o for o in _options() if f"<code>{o}</code>" not in html]
     assert not missing, f"the built configuration page lacks {missing}"
     for page in ("install", "first-run", "your-own-capture", "scaling", "operations", "monitoring", "troubleshooting",
                  "look-at-your-result", "BENCHMARKS", "ARCHITECTURE"):
         assert (site / page / "index.html").is_file(), page
+
+
+def test_the_configuration_page_in_chromium(site, tmp_path):
+    """Served over HTTP and opened in headless Chromium as a reader would: the theme's styles apply, every option
+    is a row of a rendered table, and the screenshot is not blank."""
+    from hvd_ngp.viewer.browser import HeadlessChromium, find_chromium
+
+    exe = find_chromium()
+    if exe is None:
+        pytest.skip("no Chromium installed (scripts/setup.sh with HVD_NGP_BROWSER=1: apt-get install chromium)")
+    import cv2
+    import numpy as np
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with HeadlessChromium(1200, 900, executable=exe) as browser:
+            browser.open(f"http://127.0.0.1:{server.server_address[1]}/configuration/")
+            deadline = time.monotonic() + 30
+            while browser.evaluate("document.readyState") != "complete" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            header = browser.evaluate("getComputedStyle(document.querySelector('.md-header')).backgroundColor")
+            assert header not in (None, "", "rgba(0, 0, 0, 0)"), f"the theme's stylesheet did not apply: {header}"
+            rows = browser.evaluate("""Array.from(document.querySelectorAll('article table tbody tr'))
+                .filter(r => r.getBoundingClientRect().height > 0)
+                .map(r => r.querySelector('td code') ? r.querySelector('td code').textContent : '')""")
+            shown = [r for r in rows if r.startswith("--")]
+            assert sorted(shown) == sorted(_options()), set(shown) ^ set(_options())
+            browser.evaluate("document.evaluate(\"//code[text()='--n_steps']\", document, null, 9, null)"
+                             ".singleNodeValue.scrollIntoView()")
+            png = browser.screenshot()
+        (tmp_path / "configuration.png").write_bytes(png)
+        shot = cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_GRAYSCALE)
+        assert shot.shape[1] == 1200 and shot.std() > 10, f"blank page? {tmp_path / 'configuration.png'}"
+    finally:
+        server.shutdown()
+        server.server_close()
