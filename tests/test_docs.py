@@ -103,8 +103,8 @@ def test_configuration_page_carries_the_marker():
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """The docs site, built once by `mkdocs build --strict` (skipped where mkdocs is not installed)."""
-    if importlib.util.find_spec("mkdocs") is None:
-        pytest.skip("mkdocs is not installed (scripts/setup.sh installs it)")
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
+        pytest.skip("mkdocs-material is not installed (scripts/setup.sh installs it: scripts/requirements.txt)")
     out = tmp_path_factory.mktemp("docs") / "site"
     # no --quiet: mkdocs then drops the warnings before --strict counts them, and a broken link passes
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
