@@ -279,7 +279,7 @@ if [[ -n "${HVD_NGP_TCNN_SRC:-}" ]]; then
     "${PIP[@]}" --no-deps --force-reinstall "$WHEEL_DIR"/tinycudann-*.whl
   fi
   "$PY" -c 'import torch, tinycudann; print("[setup] tinycudann", getattr(tinycudann, "__version__", "?"), "imports")' >&2 \
-    || die "tinycudann does not import (a compiler mismatch? see README, GPU cluster troubleshooting)"
+    || die "tinycudann does not import (a compiler mismatch? see docs/troubleshooting.md, On GPU nodes)"
 fi
 
 "$VENV/bin/horovodrun" --check-build

@@ -205,7 +205,7 @@ def horovodrun_options() -> set[str]:
 
 def test_trainer_options_are_not_ambiguous_under_horovodrun():
     """horovodrun parses the whole command line: a flag after the script that is a prefix of two or
-    more of its options is rejected as ambiguous (README Troubleshooting)."""
+    more of its options is rejected as ambiguous (docs/troubleshooting.md)."""
     theirs = horovodrun_options()
     assert "--network-interfaces" in theirs and "--fusion-threshold-mb" in theirs
     ours = {s for a in trainer_parser()._actions for s in a.option_strings if s.startswith("--")}
