@@ -37,6 +37,8 @@ def test_modes_refuse_what_they_cannot_run():
 def test_periodic_learning_rate_is_one_ranks_batch():
     """Delayed averages every rank's gradient (the batch of every); periodic steps on one rank's."""
     assert settings("--grad_sync", "delayed").lr_multiplier(4, 4, False) == pytest.approx(2.0)
+    assert settings("--grad_sync", "delayed_grid").lr_multiplier(4, 4, False) == 1.0
+    assert settings("--grad_sync", "delayed_grid", "--lr_scaling", "sqrt").lr_multiplier(4, 4, False) == 2.0
     assert settings("--grad_sync", "periodic").lr_multiplier(4, 4, False) == 1.0
     assert settings("--grad_sync", "periodic", "--backward_passes_per_step", "4").lr_multiplier(4, 4, False) == 2.0
 
