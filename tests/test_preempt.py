@@ -102,8 +102,7 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scen
 def test_hvd_ngp_launch_forwards_a_stop_and_exits_75(scene_cache, tmp_path):
     """The supervisor under horovodrun's MPI controller, where a bare horovodrun would only lose its /bin/sh."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "hvd_ngp.tools.launch", "-H", "localhost:2", "--launcher", "horovodrun",
-           "--controller", "mpi", "--", *trainer(scene_cache, out, *COMMON, "--n_steps", "100000")[2:]]
+    cmd = launch_via_hvd_ngp_launch("mpi", trainer(scene_cache, out, *COMMON, "--n_steps", "100000"))
     job = Job(cmd)
     try:
         rc, gone_s, last_logged = signal_and_wait(job, out, "launcher")
@@ -112,6 +111,50 @@ def test_hvd_ngp_launch_forwards_a_stop_and_exits_75(scene_cache, tmp_path):
     check_stop(out, job.output, last_logged)
     assert rc == STOPPED, (rc, job.output[-3000:])
     assert "hvd-ngp-launch: got SIGTERM: SIGUSR1 to mpirun" in job.output, job.output[-3000:]
+    assert_all_ranks_gone(str(out))
+
+
+def launch_via_hvd_ngp_launch(controller: str, module_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "hvd_ngp.tools.launch", "-H", "localhost:2", "--launcher", "horovodrun",
+            "--controller", controller, "--", *module_args[2:]]
+
+
+#: the exit status of each launcher after a Ctrl-C that the ranks answered with a checkpoint (docs/troubleshooting.md):
+#: horovodrun's Gloo driver turns any non-zero rank status into 1; horovodrun --mpi is /bin/sh -c mpirun, and that
+#: shell dies of the SIGINT at once (130 in a shell) while mpirun and the ranks finish the stop; hvd-ngp-launch
+#: exits 75 whenever the stop marker was written
+CTRL_C_STATUS = {"horovodrun-gloo": 1, "horovodrun-mpi": -signal.SIGINT, "hvd-ngp-launch-gloo": STOPPED}
+
+
+@pytest.mark.parametrize("launcher", sorted(CTRL_C_STATUS))
+def test_ctrl_c_to_the_process_group_stops_with_a_checkpoint(launcher, scene_cache, tmp_path):
+    """A terminal's Ctrl-C: SIGINT to the launcher's whole process group. The ranks (in their own groups under
+    either launcher) hear of it from the launcher (horovodrun's Gloo driver, mpirun) or through their launcher
+    watch (the dead shell of horovodrun --mpi) and stop with a checkpoint; the launcher exits as documented."""
+    out = tmp_path / "out"
+    args = trainer(scene_cache, out, *COMMON, "--n_steps", "100000")
+    cmd = launch_via_hvd_ngp_launch("gloo", args) if launcher.startswith("hvd-ngp-launch") else launch_cmd(launcher, args)
+    job = Job(cmd, own_group=True)
+    try:
+        assert job.wait_for("[step 20]", 240), job.output[-3000:]
+        last_logged = max(logged_steps(job.output))
+        os.killpg(job.proc.pid, signal.SIGINT)
+        sent = time.monotonic()
+        rc = job.wait(120)
+        while rank_pids(str(out)) and time.monotonic() - sent < 90:  # hang guard
+            time.sleep(0.2)
+        gone_s = time.monotonic() - sent
+        job._reader.join(10)  # under horovodrun --mpi, mpirun writes the last lines after the shell is gone
+    finally:
+        kill_job(job, str(out))
+    text = job.output
+    print(f"{launcher}: Ctrl-C -> status {rc}, every rank gone {gone_s:.1f} s later")
+    assert gone_s < 30, gone_s
+    step = check_stop(out, text, last_logged)
+    assert f"stopped at step {step} of 100000 on a signal" in text, text[-3000:]
+    assert rc == CTRL_C_STATUS[launcher], (rc, text[-3000:])
+    if launcher == "hvd-ngp-launch-gloo":
+        assert "hvd-ngp-launch: got SIGINT: SIGUSR1 to ranks" in text, text[-3000:]
     assert_all_ranks_gone(str(out))
 
 

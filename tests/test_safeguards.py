@@ -100,29 +100,35 @@ def test_a_stop_during_an_evaluation_checkpoints_before_the_launcher_kills(scene
     assert_all_ranks_gone(str(out))
 
 
+#: what each launcher's death looks like to the ranks: horovodrun --mpi is /bin/sh running mpirun (the ranks' watch
+#: sees that shell go); a dead mpirun closes the ranks' output pipes; horovodrun's Gloo driver also leaves a
+#: middleman per rank that SIGTERMs the rank when horovodrun dies (and SIGKILLs it 5 s later)
+LAUNCHER_DEATH = {"horovodrun-mpi": r"the launcher sh -c mpirun \(pid \d+\) is gone on rank 0",
+                  "horovodrun-gloo": r"SIGTERM on rank 0|the launcher horovodrun \(pid \d+\) is gone on rank 0",
+                  "mpirun": r"the launcher mpirun \(pid \d+\) is gone on rank 0|output pipe closed on rank 0"}
+
+
 @pytest.mark.parallel
-@pytest.mark.skip(reason="issue 46 item 3 open: under horovodrun --mpi the ranks still trained 60 s after kill -9 of "
-                         "horovodrun (LauncherWatch did not fire; not yet understood)")
-def test_ranks_stop_with_a_checkpoint_when_the_launcher_is_killed(scene_cache, tmp_path):
-    """kill -9 of horovodrun (MPI controller) leaves mpirun and the ranks running: each rank's launcher watch
-    notices, and every rank stops with a checkpoint and exit 75 instead of training on unwatched."""
+@pytest.mark.parametrize("launcher", sorted(LAUNCHER_DEATH))
+def test_ranks_stop_with_a_checkpoint_when_the_launcher_is_killed(launcher, scene_cache, tmp_path):
+    """kill -9 of the launcher the user started: every rank notices (its launcher watch, its output pipe, or
+    horovodrun's middleman), stops with a checkpoint within 30 s and exits instead of training on unwatched."""
     out = tmp_path / "out"
-    job = Job(launch_cmd("horovodrun-mpi", trainer(scene_cache, out, *COMMON, "--n_steps", "100000")))
+    job = Job(launch_cmd(launcher, trainer(scene_cache, out, *COMMON, "--n_steps", "100000")))
     try:
         assert job.wait_for("[step 20]", 240), job.output[-3000:]
+        assert set(rank_pids(str(out))) == {0, 1}
         os.kill(job.proc.pid, signal.SIGKILL)
         killed = time.monotonic()
-        deadline = killed + 60
-        while rank_pids(str(out)) and time.monotonic() < deadline:
+        while rank_pids(str(out)) and time.monotonic() < killed + 90:  # hang guard
             time.sleep(0.2)
         gone_s = time.monotonic() - killed
-        job._reader.join(10)
     finally:
         kill_job(job, str(out))
-    text = job.output
-    assert gone_s < 60, gone_s
-    assert re.search(r"the launcher horovodrun \(pid \d+\) is gone: stopping every rank", text), text[-3000:]
-    marker = json.loads((out / "preempted.json").read_text())
+    print(f"{launcher} killed: every rank gone {gone_s:.1f} s later")
+    assert gone_s < 30, (gone_s, job.output[-3000:])
+    marker = json.loads((out / "preempted.json").read_text())  # written after the checkpoint
+    assert re.search(LAUNCHER_DEATH[launcher], marker["signal"]), marker
     assert read_snapshot(marker["checkpoint"])["step"] == marker["step"] >= 20, marker
     assert_all_ranks_gone(str(out))
 
