@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 from unittest import mock
@@ -134,6 +135,42 @@ def test_ranks_stop_with_a_checkpoint_when_the_launcher_is_killed(launcher, scen
 
 
 # ------------------------------------------------------------------------------------ in one process
+
+
+def test_horovodruns_shell_is_watched_as_a_launcher():
+    """horovodrun --mpi execs /bin/sh -c "mpirun ...": that shell (the pid the user holds) is a launcher of
+    the processes below it. Here a shell of the same form runs sleep (``; true``: the shell cannot exec it)."""
+    shell = subprocess.Popen(["/bin/sh", "-c", "mpirun --version >/dev/null 2>&1; sleep 30; true"])
+    try:
+        children, deadline = [], time.monotonic() + 30
+        while not children and time.monotonic() < deadline:
+            time.sleep(0.05)
+            children = Path(f"/proc/{shell.pid}/task/{shell.pid}/children").read_text().split()
+            children = [int(c) for c in children if Path(f"/proc/{c}/cmdline").read_bytes().startswith(b"sleep")]
+        assert children, "the shell did not start sleep"
+        assert (shell.pid, "sh -c mpirun") in [a[:2] for a in preempt.launcher_ancestors(children[0])]
+        assert preempt._launcher_name(os.getpid()) is None
+    finally:
+        shell.kill()
+        shell.wait()
+
+
+def test_a_lost_output_pipe_asks_for_a_stop_instead_of_failing():
+    """The launcher that read a rank's output died: the next write neither raises nor is lost silently, the rank
+    asks for a stop with a checkpoint."""
+    r, w = os.pipe()
+    stream = os.fdopen(w, "w", buffering=1)
+    signals = preempt.StopSignals(("TERM",), rank=0)  # handlers not installed: only the flag
+    watch = preempt.LauncherWatch(0, signals, [])
+    guarded = preempt._SurvivingStream(stream, watch.output_gone)
+    guarded.write("training\n")
+    assert os.read(r, 100) == b"training\n" and not preempt.output_lost(w) and not signals.pending()
+    os.close(r)  # the launcher is gone
+    assert preempt.output_lost(w)
+    guarded.write("[step 20] ...\n")
+    guarded.flush()
+    assert signals.received == "the launcher's end of this rank's output pipe closed"
+    stream.close = lambda: None  # its buffer cannot be flushed anywhere; do not raise at garbage collection
 
 
 def test_settings_differences_name_each_setting_and_the_ranks():
