@@ -90,7 +90,8 @@ def test_distortion_round_trip_and_effect(tmp_path):
 @pytest.mark.parametrize("fisheye", [False, True], ids=["opencv", "fisheye"])
 def test_newton_with_a_tolerance_stops_early_at_the_same_solution(fisheye, monkeypatch):
     """The direction maps' solve (one camera's coefficients broadcast, ``tol``) stops after a few iterations
-    (start-up of distorted scenes: fox's maps took 15 s with 10 iterations) and matches the 10-iteration one."""
+    (start-up of distorted scenes: fox's maps took 15 s with 10 iterations) and matches the 10-iteration one
+    (here in float64; the maps solve in float32, checked against the exact rays by the test below)."""
     calls = []
     real = cameras.converged
     monkeypatch.setattr(cameras, "converged", lambda step, tol: calls.append(tol) or real(step, tol))
@@ -104,7 +105,7 @@ def test_newton_with_a_tolerance_stops_early_at_the_same_solution(fisheye, monke
     calls.clear()
     fast = solve(x, y, k[None], tol=cameras.MAP_TOL)
     assert 2 <= len(calls) <= 6, len(calls)
-    torch.testing.assert_close(fast, full, atol=1e-12, rtol=0)
+    torch.testing.assert_close(fast, full, atol=1e-9, rtol=0)
 
 
 def test_fisheye_rays_use_the_equidistant_model(tmp_path):
