@@ -121,16 +121,17 @@ def launch_via_hvd_ngp_launch(controller: str, module_args: list[str]) -> list[s
 
 #: the exit status of each launcher after a Ctrl-C that the ranks answered with a checkpoint (docs/troubleshooting.md):
 #: horovodrun's Gloo driver turns any non-zero rank status into 1; horovodrun --mpi is /bin/sh -c mpirun, and that
-#: shell dies of the SIGINT at once (130 in a shell) while mpirun and the ranks finish the stop; hvd-ngp-launch
-#: exits 75 whenever the stop marker was written
+#: shell ends on the SIGINT (-2: 130 in a shell) once mpirun is done; hvd-ngp-launch exits 75 whenever the stop
+#: marker was written
 CTRL_C_STATUS = {"horovodrun-gloo": 1, "horovodrun-mpi": -signal.SIGINT, "hvd-ngp-launch-gloo": STOPPED}
 
 
 @pytest.mark.parametrize("launcher", sorted(CTRL_C_STATUS))
 def test_ctrl_c_to_the_process_group_stops_with_a_checkpoint(launcher, scene_cache, tmp_path):
     """A terminal's Ctrl-C: SIGINT to the launcher's whole process group. The ranks (in their own groups under
-    either launcher) hear of it from the launcher (horovodrun's Gloo driver, mpirun) or through their launcher
-    watch (the dead shell of horovodrun --mpi) and stop with a checkpoint; the launcher exits as documented."""
+    every launcher) hear of it from the launcher: horovodrun's Gloo driver SIGTERMs them (SIGKILL 5 s later),
+    mpirun SIGTERMs them after odls_base_sigkill_timeout (1 s; SIGKILL 1 s later), hvd-ngp-launch sends SIGUSR1;
+    they stop with a checkpoint and the launcher exits as documented."""
     out = tmp_path / "out"
     args = trainer(scene_cache, out, *COMMON, "--n_steps", "100000")
     cmd = launch_via_hvd_ngp_launch("gloo", args) if launcher.startswith("hvd-ngp-launch") else launch_cmd(launcher, args)
