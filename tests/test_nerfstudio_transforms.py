@@ -135,10 +135,12 @@ def masked_scene(root, mode):
     return load_scene(root, mask_mode=mode)
 
 
-def drawn_pixels(frames, n, scores=None):
+def drawn_pixels(frames, n, scores=False):
+    """(image, y, x) ``[n]`` of ``n`` training rays drawn from 4x4 tiles, and their importance weights
+    (``scores``: random per-tile scores)."""
     sampler = RaySampler(frames, 0, 1, seed=3, device=torch.device("cpu"), tile_size=4, prefetch=False)
-    if scores is not None:
-        sampler.set_scores(scores(sampler.grid.n_tiles))
+    if scores:
+        sampler.set_scores(torch.rand(sampler.grid.n_tiles, generator=torch.Generator().manual_seed(0)))
     batch = sampler.sample(n)
     return frames.locate(batch.pixel), batch.weight
 
@@ -155,7 +157,7 @@ def test_exclude_mask_mode_never_draws_masked_pixels_and_keeps_their_colour(tmp_
     assert torch.equal(drawn, keep)  # every kept pixel drawn (about 48 times each)
     assert abs(float((img == 0).float().mean()) - 160 / 416) < 0.02  # uniform over the kept pixels
     # importance sampling by tile scores: still only kept pixels, and the weights make means over kept pixels
-    (img, y, x), weight = drawn_pixels(scene.train, 20000, lambda t: torch.rand(t, generator=torch.Generator().manual_seed(0)))
+    (img, y, x), weight = drawn_pixels(scene.train, 20000, scores=True)
     assert keep[img, y, x].all() and weight is not None
     assert abs(float((weight * (img == 0)).mean()) - 160 / 416) < 0.03
     # the alpha mode (the default) draws the masked pixels and trains them as transparent

@@ -135,7 +135,8 @@ def test_ctrl_c_to_the_process_group_stops_with_a_checkpoint(launcher, scene_cac
     they stop with a checkpoint and the launcher exits as documented."""
     out = tmp_path / "out"
     args = trainer(scene_cache, out, *COMMON, "--n_steps", "100000")
-    cmd = launch_via_hvd_ngp_launch("gloo", args) if launcher.startswith("hvd-ngp-launch") else launch_cmd(launcher, args)
+    via_launch = launcher.startswith("hvd-ngp-launch")
+    cmd = launch_via_hvd_ngp_launch("gloo", args) if via_launch else launch_cmd(launcher, args)
     job = Job(cmd, own_group=True)
     try:
         assert job.wait_for("[step 20]", 240), job.output[-3000:]

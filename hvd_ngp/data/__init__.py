@@ -37,8 +37,8 @@ def load_scene(scene: str | os.PathLike = BUILTIN, *, scene_cache: str | os.Path
     path = ensure_builtin(scene_cache, builtin_seed) if str(scene) == BUILTIN else scene
     if scene_format(path) == "packed":
         if mask_mode == "exclude":
-            raise ConfigError(f"{path}: --mask_mode exclude needs the scene's transforms.json: a packed scene holds its "
-                              "masks as alpha (hvd-ngp-data pack applied them)")
+            raise ConfigError(f"{path}: --mask_mode exclude needs the scene's transforms.json: a packed scene "
+                              "holds its masks as alpha (hvd-ngp-data pack applied them)")
         return load_packed_scene(path, holdout_every, downscale, lazy_train)
     if scene_format(path) == "llff":
         return load_llff_scene(path, holdout_every, downscale, lazy_train)

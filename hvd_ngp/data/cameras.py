@@ -110,7 +110,8 @@ def distort(x: Tensor, y: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
     return xd, yd
 
 
-def undistort(xd: Tensor, yd: Tensor, k: Tensor, iterations: int = 10, tol: float | None = None) -> tuple[Tensor, Tensor]:
+def undistort(xd: Tensor, yd: Tensor, k: Tensor, iterations: int = 10,
+              tol: float | None = None) -> tuple[Tensor, Tensor]:
     """Invert ``distort`` by Newton iterations with the model's analytic Jacobian. ``tol``: stop as soon as no
     coordinate moves by more than this (one host sync per iteration: for precomputed maps, where Newton's
     quadratic convergence ends the solve after 3-4 iterations; None: always ``iterations``, no sync)."""

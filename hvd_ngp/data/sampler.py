@@ -273,7 +273,8 @@ class RaySampler:
             py = y0 + torch.minimum((pick[:, 1] * th).long(), th - 1)
         else:  # one of the tile's kept pixels, uniformly
             kept = G.count[tile]
-            local = self._kept.offset[self._kept.start[tile] + torch.minimum((pick[:, 0] * kept).long(), kept - 1)].long()
+            at = self._kept.start[tile] + torch.minimum((pick[:, 0] * kept).long(), kept - 1)
+            local = self._kept.offset[at].long()
             px, py = x0 + local % tw, y0 + local // tw
         off = self._offsets(n, self.jitter)
         if F == 1:
