@@ -87,10 +87,11 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scen
     assert f"stopped at step {step} of 100000 on a signal" in text, text[-3000:]
     if launcher == "horovodrun-gloo":  # horovodrun itself exits 1 whenever a rank exits non-zero
         # signalled itself, it SIGTERMs each rank's shell and, racing with the shell's exit, may SIGSTOP and
-        # SIGKILL that shell after the rank exited 75: it then reports 137 for that rank
+        # SIGKILL, or SIGTERM, that shell after the rank exited 75: it then reports 137 or 143 for that rank
+        # (143 seen once under load 13, 2026-12-06, with the stop's checkpoint and marker in place)
         codes = {int(c) for c in re.findall(r"Process \d exit with status code (\d+)", text)}
         if codes or target == "rank":
-            assert STOPPED in codes and codes <= {STOPPED, 137}, (rc, codes, text[-3000:])
+            assert STOPPED in codes and codes <= {STOPPED, 137, 143}, (rc, codes, text[-3000:])
         else:  # once in CI (2026-12-05, f4c8cfd) horovodrun, signalled itself, exited reporting no rank's status:
             # then the stop's own line and marker (check_stop: exit_code 75) are what is left to check
             assert text.rstrip().endswith(f"exit status {STOPPED}"), (rc, text[-3000:])
