@@ -209,6 +209,9 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument("--downscale", type=int, default=1, help="integer image downscale factor applied at load time")
     g.add_argument("--sharpness_threshold", type=float, default=0.0,
                    help="discard frames whose 'sharpness' field is below this (0: keep all)")
+    g.add_argument("--mask_mode", choices=("alpha", "exclude"), default="alpha",
+                   help="nerfstudio mask_path (0 = masked out): alpha: masked pixels train as transparent; exclude: "
+                        "they are never drawn for training nor counted in test PSNR (docs/your-own-capture.md)")
     g.add_argument("--train_background", choices=("random", "white", "black"), default="random",
                    help="background composited behind RGBA training images")
     g.add_argument("--eval_background", choices=("white", "black"), default="white",

@@ -1,5 +1,6 @@
 """nerfstudio's transforms.json variants: per-frame intrinsics, camera_model, applied_transform,
-ply_file_path and mask_path, from small hand-written files."""
+ply_file_path and mask_path (as alpha, or excluded from training and scoring: ``--mask_mode exclude``), from small
+hand-written files."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import torch
 
 from hvd_ngp.data import load_scene
 from hvd_ngp.data.cameras import distort
-from hvd_ngp.data.sampler import image_rays
-from hvd_ngp.errors import SceneError
+from hvd_ngp.data.sampler import RaySampler, image_rays
+from hvd_ngp.errors import ConfigError, SceneError
 from hvd_ngp.tools.data_info import main as data_main
+from hvd_ngp.training.evaluate import view_mse
 
 POSE = [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 3], [0, 0, 0, 1]]
 
@@ -114,3 +116,69 @@ def test_mask_zeroes_alpha_of_masked_pixels(tmp_path, lazy):
     assert (a[:, :4, 3] == 0).all() and (a[:, 4:, 3] == 255).all()
     assert (a[..., :3] == 128).all()  # colour kept
     assert (b[..., 3] == 255).all()
+
+
+def masked_scene(root, mode):
+    """Two 16x16 frames: 'a' with its 6 left columns masked out (mask 0: through the middle of 4x4 tiles), 'b'
+    without a mask."""
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    mask = np.full((16, 16), 255, np.uint8)
+    mask[:, :6] = 0
+    cv2.imwrite(str(root / "masks" / "a.png"), mask)
+    frames = []
+    for name in ("a", "b"):
+        cv2.imwrite(str(root / "images" / f"{name}.png"), np.full((16, 16, 3), 128, np.uint8))
+        frames.append({"file_path": f"images/{name}.png", "transform_matrix": POSE,
+                       **({"mask_path": "masks/a.png"} if name == "a" else {})})
+    (root / "transforms.json").write_text(json.dumps({"fl_x": 16.0, "frames": frames}))
+    return load_scene(root, mask_mode=mode)
+
+
+def drawn_pixels(frames, n, scores=False):
+    """(image, y, x) ``[n]`` of ``n`` training rays drawn from 4x4 tiles, and their importance weights
+    (``scores``: random per-tile scores)."""
+    sampler = RaySampler(frames, 0, 1, seed=3, device=torch.device("cpu"), tile_size=4, prefetch=False)
+    if scores:
+        sampler.set_scores(torch.rand(sampler.grid.n_tiles, generator=torch.Generator().manual_seed(0)))
+    batch = sampler.sample(n)
+    return frames.locate(batch.pixel), batch.weight
+
+
+def test_exclude_mask_mode_never_draws_masked_pixels_and_keeps_their_colour(tmp_path):
+    scene = masked_scene(tmp_path / "exclude", "exclude")
+    images, keep = scene.train.images, scene.train.keep
+    assert (images[..., 3] == 255).all() and (images[..., :3] == 128).all()  # nothing turned transparent
+    assert not keep[0, :, :6].any() and keep[0, :, 6:].all() and keep[1].all()
+    (img, y, x), _ = drawn_pixels(scene.train, 20000)
+    assert keep[img, y, x].all()  # no masked pixel drawn
+    drawn = torch.zeros_like(keep)
+    drawn[img, y, x] = True
+    assert torch.equal(drawn, keep)  # every kept pixel drawn (about 48 times each)
+    assert abs(float((img == 0).float().mean()) - 160 / 416) < 0.02  # uniform over the kept pixels
+    # importance sampling by tile scores: still only kept pixels, and the weights make means over kept pixels
+    (img, y, x), weight = drawn_pixels(scene.train, 20000, scores=True)
+    assert keep[img, y, x].all() and weight is not None
+    assert abs(float((weight * (img == 0)).mean()) - 160 / 416) < 0.03
+    # the alpha mode (the default) draws the masked pixels and trains them as transparent
+    alpha = masked_scene(tmp_path / "alpha", "alpha")
+    assert alpha.train.keep is None and (alpha.train.images[0, :, :6, 3] == 0).all()
+    (img, y, x), _ = drawn_pixels(alpha.train, 2000)
+    assert ((img == 0) & (x < 6)).any()
+
+
+def test_exclude_mask_mode_scores_test_views_over_kept_pixels_only(tmp_path):
+    scene = masked_scene(tmp_path, "exclude")
+    keep = scene.train.keep[0]
+    gt = torch.full((16, 16, 3), 0.5)
+    img = gt.clone()
+    img[:, :6] = 1.0  # wrong only where the mask excludes
+    assert view_mse(img, gt, keep) == 0.0
+    assert view_mse(img, gt, None) == pytest.approx(0.25 * 6 / 16)
+    img[:, 6:] += 0.1
+    assert view_mse(img, gt, keep) == pytest.approx(0.01)
+
+
+def test_mask_mode_must_be_known(tmp_path):
+    with pytest.raises(ConfigError, match="--mask_mode must be one of alpha, exclude, got 'ignore'"):
+        masked_scene(tmp_path, "ignore")

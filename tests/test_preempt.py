@@ -87,10 +87,11 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scen
     assert f"stopped at step {step} of 100000 on a signal" in text, text[-3000:]
     if launcher == "horovodrun-gloo":  # horovodrun itself exits 1 whenever a rank exits non-zero
         # signalled itself, it SIGTERMs each rank's shell and, racing with the shell's exit, may SIGSTOP and
-        # SIGKILL that shell after the rank exited 75: it then reports 137 for that rank
+        # SIGKILL, or SIGTERM, that shell after the rank exited 75: it then reports 137 or 143 for that rank
+        # (143 seen once under load 13, 2026-12-06, with the stop's checkpoint and marker in place)
         codes = {int(c) for c in re.findall(r"Process \d exit with status code (\d+)", text)}
         if codes or target == "rank":
-            assert STOPPED in codes and codes <= {STOPPED, 137}, (rc, codes, text[-3000:])
+            assert STOPPED in codes and codes <= {STOPPED, 137, 143}, (rc, codes, text[-3000:])
         else:  # once in CI (2026-12-05, f4c8cfd) horovodrun, signalled itself, exited reporting no rank's status:
             # then the stop's own line and marker (check_stop: exit_code 75) are what is left to check
             assert text.rstrip().endswith(f"exit status {STOPPED}"), (rc, text[-3000:])
@@ -102,8 +103,7 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scen
 def test_hvd_ngp_launch_forwards_a_stop_and_exits_75(scene_cache, tmp_path):
     """The supervisor under horovodrun's MPI controller, where a bare horovodrun would only lose its /bin/sh."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "hvd_ngp.tools.launch", "-H", "localhost:2", "--launcher", "horovodrun",
-           "--controller", "mpi", "--", *trainer(scene_cache, out, *COMMON, "--n_steps", "100000")[2:]]
+    cmd = launch_via_hvd_ngp_launch("mpi", trainer(scene_cache, out, *COMMON, "--n_steps", "100000"))
     job = Job(cmd)
     try:
         rc, gone_s, last_logged = signal_and_wait(job, out, "launcher")
@@ -112,6 +112,53 @@ def test_hvd_ngp_launch_forwards_a_stop_and_exits_75(scene_cache, tmp_path):
     check_stop(out, job.output, last_logged)
     assert rc == STOPPED, (rc, job.output[-3000:])
     assert "hvd-ngp-launch: got SIGTERM: SIGUSR1 to mpirun" in job.output, job.output[-3000:]
+    assert_all_ranks_gone(str(out))
+
+
+def launch_via_hvd_ngp_launch(controller: str, module_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "hvd_ngp.tools.launch", "-H", "localhost:2", "--launcher", "horovodrun",
+            "--controller", controller, "--", *module_args[2:]]
+
+
+#: the exit status of each launcher after a Ctrl-C that the ranks answered with a checkpoint (docs/troubleshooting.md):
+#: horovodrun --mpi is /bin/sh -c mpirun, and that shell ends on the SIGINT (-2: 130 in a shell) once mpirun is
+#: done; hvd-ngp-launch exits 75 whenever the stop marker was written. A bare horovodrun --gloo is left to
+#: test_a_signal_stops_every_rank_with_a_checkpoint: its ranks run in sessions of their own, so a Ctrl-C reaches
+#: only horovodrun, which treats SIGINT as SIGTERM (and exits 1)
+CTRL_C_STATUS = {"horovodrun-mpi": -signal.SIGINT, "hvd-ngp-launch-gloo": STOPPED}
+
+
+@pytest.mark.parametrize("launcher", sorted(CTRL_C_STATUS))
+def test_ctrl_c_to_the_process_group_stops_with_a_checkpoint(launcher, scene_cache, tmp_path):
+    """A terminal's Ctrl-C: SIGINT to the launcher's whole process group. The ranks (in their own groups under
+    every launcher) hear of it from the launcher: horovodrun's Gloo driver SIGTERMs them (SIGKILL 5 s later),
+    mpirun SIGTERMs them after odls_base_sigkill_timeout (1 s; SIGKILL 1 s later), hvd-ngp-launch sends SIGUSR1;
+    they stop with a checkpoint and the launcher exits as documented."""
+    out = tmp_path / "out"
+    args = trainer(scene_cache, out, *COMMON, "--n_steps", "100000")
+    via_launch = launcher.startswith("hvd-ngp-launch")
+    cmd = launch_via_hvd_ngp_launch("gloo", args) if via_launch else launch_cmd(launcher, args)
+    job = Job(cmd, own_group=True)
+    try:
+        assert job.wait_for("[step 20]", 240), job.output[-3000:]
+        last_logged = max(logged_steps(job.output))
+        os.killpg(job.proc.pid, signal.SIGINT)
+        sent = time.monotonic()
+        rc = job.wait(120)
+        while rank_pids(str(out)) and time.monotonic() - sent < 90:  # hang guard
+            time.sleep(0.2)
+        gone_s = time.monotonic() - sent
+        job._reader.join(10)  # the last lines may still be in the pipe
+    finally:
+        kill_job(job, str(out))
+    text = job.output
+    print(f"{launcher}: Ctrl-C -> status {rc}, every rank gone {gone_s:.1f} s later")
+    assert gone_s < 30, gone_s
+    step = check_stop(out, text, last_logged)
+    assert f"stopped at step {step} of 100000 on a signal" in text, text[-3000:]
+    assert rc == CTRL_C_STATUS[launcher], (rc, text[-3000:])
+    if launcher == "hvd-ngp-launch-gloo":
+        assert "hvd-ngp-launch: got SIGINT: SIGUSR1 to ranks" in text, text[-3000:]
     assert_all_ranks_gone(str(out))
 
 

@@ -51,9 +51,11 @@ def trainer(scene_cache: Path, out_dir: Path, *extra: str) -> list[str]:
 class Job:
     """A launcher process; its merged stdout/stderr is collected by a thread so a test can wait for lines."""
 
-    def __init__(self, cmd: list[str], env: dict | None = None) -> None:
+    def __init__(self, cmd: list[str], env: dict | None = None, own_group: bool = False) -> None:
+        """``own_group``: the launcher leads a new process group, as a terminal's job does (for a Ctrl-C)."""
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                     process_group=0 if own_group else None)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -216,13 +218,21 @@ def _stat(pid: int) -> tuple[int, str] | None:
     return None if fields[0] in ("Z", "X") else (int(fields[1]), fields[19])
 
 
+SHELLS = ("sh", "bash", "dash")
+
+
 def _launcher_name(pid: int) -> str | None:
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        argv = [arg.decode(errors="replace") for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
     except OSError:
         return None
+    if len(argv) >= 3 and os.path.basename(argv[0]) in SHELLS and argv[1] == "-c" and argv[2].split():
+        # ``horovodrun --mpi`` execs ``/bin/sh -c "mpirun ..."``: the pid the user started (and may kill) is that
+        # shell, and mpirun, its child, outlives it
+        name = os.path.basename(argv[2].split()[0])
+        return f"sh -c {name}" if name in LAUNCHER_NAMES else None
     for arg in argv[:4]:  # the program, or a script run by python (``python horovodrun``, ``-m hvd_ngp.launch``)
-        name = os.path.basename(arg.decode(errors="replace"))
+        name = os.path.basename(arg)
         if name in LAUNCHER_NAMES:
             return name
     return None
@@ -242,26 +252,87 @@ def launcher_ancestors(pid: int | None = None) -> list[tuple[int, str, str]]:
     return found
 
 
+def output_lost(fd: int) -> bool:
+    """Whether ``fd`` is a pipe whose reading end is closed: the launcher that forwarded this rank's output died
+    (its next write would fail with EPIPE)."""
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR and POLLHUP are always reported
+    try:
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def silence_lost_output() -> list[int]:
+    """Point stdout and stderr (fds 1, 2) at /dev/null where their reader is gone -> the fds redirected, so the
+    rank's later writes (and Python's flush at exit) no longer fail."""
+    lost = [fd for fd in (1, 2) if output_lost(fd)]
+    if lost:
+        null = os.open(os.devnull, os.O_WRONLY)
+        for fd in lost:
+            os.dup2(null, fd)
+        os.close(null)
+    return lost
+
+
+class _SurvivingStream:
+    """``sys.stdout``/``sys.stderr`` whose writes survive the death of their reader: a broken pipe calls ``lost``
+    (which silences the fds and asks for a stop) and the write goes on to /dev/null."""
+
+    def __init__(self, stream, lost) -> None:
+        self._stream, self._lost = stream, lost
+
+    def _retry(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            self._lost()
+            try:
+                return call(*args)
+            except OSError:
+                return None
+
+    def write(self, text: str):
+        return self._retry(self._stream.write, text)
+
+    def flush(self) -> None:
+        self._retry(self._stream.flush)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 class LauncherWatch:
-    """A thread that notices when a launcher above this rank is gone (``kill -9`` of horovodrun leaves mpirun
-    and the ranks running, reparented to init) and asks for a stop with a checkpoint; without stop
-    handlers (``--stop_signals none``) it ends the rank at once (exit 1), so no rank trains unwatched."""
+    """A thread that notices when the launcher above this rank is gone and asks for a stop with a checkpoint;
+    without stop handlers (``--stop_signals none``) it ends the rank at once (exit 1), so no rank trains unwatched.
+
+    "Gone" is either of: a launcher among this rank's ancestors exited (``kill -9`` of ``horovodrun --mpi``, which
+    is ``/bin/sh -c mpirun``, leaves mpirun and the ranks running, reparented to init); or the pipe that carried
+    this rank's stdout/stderr to the launcher lost its reader (``kill -9`` of mpirun or of horovodrun's Gloo
+    driver): the thread sees that within ``WATCH_EVERY_S``, and a write that meets it first (``_SurvivingStream``)
+    asks at once. Either way the rank's output then goes to /dev/null (``silence_lost_output``): the stop's
+    outcome is in ``preempted.json``.
+    """
 
     def __init__(self, rank: int, signals: StopSignals | None, launchers: list[tuple[int, str, str]]) -> None:
         self.rank, self.signals, self.launchers = rank, signals, launchers
         self._stop = threading.Event()
+        self._asked = threading.Lock()
 
     @staticmethod
-    def start(rank: int, signals: StopSignals | None) -> "LauncherWatch | None":
-        launchers = launcher_ancestors()
-        if not launchers:
-            return None
-        watch = LauncherWatch(rank, signals, launchers)
+    def start(rank: int, signals: StopSignals | None) -> "LauncherWatch":
+        watch = LauncherWatch(rank, signals, launcher_ancestors())
+        sys.stdout = _SurvivingStream(sys.stdout, watch.output_gone)
+        sys.stderr = _SurvivingStream(sys.stderr, watch.output_gone)
         threading.Thread(target=watch._run, name="hvd_ngp-launcher-watch", daemon=True).start()
         return watch
 
     def stop(self) -> None:
         self._stop.set()
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if isinstance(stream, _SurvivingStream):
+                setattr(sys, name, stream._stream)
 
     def gone(self) -> tuple[int, str] | None:
         """The first watched launcher that has exited (or whose pid now names another process), or None."""
@@ -271,19 +342,33 @@ class LauncherWatch:
                 return pid, name
         return None
 
+    def output_gone(self) -> None:
+        """The launcher's end of this rank's output pipe is closed: silence the output and ask for a stop."""
+        silence_lost_output()
+        self._ask("the launcher's end of this rank's output pipe closed")
+
+    def _ask(self, why: str) -> None:
+        if not self._asked.acquire(blocking=False):
+            return
+        if self.signals is not None:
+            self.signals.request(why)
+        else:
+            try:
+                os.write(2, f"[rank {self.rank}] hvd_ngp: error: {why} and --stop_signals is none: exiting without "
+                            f"a checkpoint\n".encode())
+            except OSError:
+                pass
+            os._exit(1)
+
     def _run(self) -> None:
         while not self._stop.wait(WATCH_EVERY_S):
             dead = self.gone()
-            if dead is None:
-                continue
-            why = f"the launcher {dead[1]} (pid {dead[0]}) is gone"
-            if self.signals is not None:
-                self.signals.request(why)
-            else:
-                os.write(2, f"[rank {self.rank}] hvd_ngp: error: {why} and --stop_signals is none: exiting without "
-                            f"a checkpoint\n".encode())
-                os._exit(1)
-            return
+            if silence_lost_output() and dead is None:
+                self._ask("the launcher's end of this rank's output pipe closed")
+            if dead is not None:
+                self._ask(f"the launcher {dead[1]} (pid {dead[0]}) is gone")
+            if self._asked.locked():
+                return
 
 
 def write_marker(out_dir: Path, step: int, n_steps: int, signal_info: str, checkpoint: Path) -> None:

@@ -43,15 +43,19 @@ def read_image(path: Path, downscale: int = 1) -> np.ndarray:
     return np.ascontiguousarray(img)
 
 
-def apply_mask(image: np.ndarray, mask_path: Path) -> np.ndarray:
-    """Zero the alpha of ``image`` ``[H, W, 4]`` where the grey mask image is zero (resized to the image)."""
+def read_mask(mask_path: Path, width: int, height: int) -> np.ndarray:
+    """A grey mask image -> ``[height, width]`` bool, True where the pixel counts (non-zero), resized (nearest)."""
     mask = cv2.imread(str(mask_path), cv2.IMREAD_GRAYSCALE)
     if mask is None:
         raise SceneError(f"{mask_path}: cannot decode mask image")
-    h, w = image.shape[:2]
-    if mask.shape != (h, w):
-        mask = cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST)
-    image[..., 3][mask == 0] = 0
+    if mask.shape != (height, width):
+        mask = cv2.resize(mask, (width, height), interpolation=cv2.INTER_NEAREST)
+    return mask != 0
+
+
+def apply_mask(image: np.ndarray, mask_path: Path) -> np.ndarray:
+    """Zero the alpha of ``image`` ``[H, W, 4]`` where the grey mask image is zero (resized to the image)."""
+    image[..., 3][~read_mask(mask_path, image.shape[1], image.shape[0])] = 0
     return image
 
 
@@ -82,6 +86,21 @@ def decode_images(paths: list[Path], downscale: int, threads: int = 8,
     masks = masks or [None] * len(paths)
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths)))) as pool:
         return list(pool.map(lambda pm: read_masked(pm[0], downscale, pm[1]), zip(paths, masks)))
+
+
+def stack_masks(masks: list[Path | None], sizes: list[tuple[int, int]], threads: int = 8) -> torch.Tensor:
+    """Per-frame mask files (None: every pixel counts) at the images' sizes (width, height) -> ``[N, H_max, W_max]``
+    bool, True where a pixel counts; the padding is False."""
+    wmax, hmax = max(w for w, _ in sizes), max(h for _, h in sizes)
+    keep = torch.zeros((len(sizes), hmax, wmax), dtype=torch.bool)
+
+    def one(i: int) -> None:
+        w, h = sizes[i]
+        keep[i, :h, :w] = True if masks[i] is None else torch.from_numpy(read_mask(masks[i], w, h))
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(sizes)))) as pool:
+        list(pool.map(one, range(len(sizes))))
+    return keep
 
 
 def stack_images(images: list[np.ndarray]) -> tuple[torch.Tensor, bool]:

@@ -11,6 +11,10 @@ so no pixel's probability falls below ``floor`` times its uniform one, and each 
 importance weight ``(n_t / sum n) / p(tile)`` (at most ``1 / floor``) that makes a weighted mean over
 the batch an unbiased estimate of the mean over the shard's pixels. Uniform sampling has no weights.
 
+With ``frames.keep`` (``--mask_mode exclude``) a tile's pixel count is its kept pixels and the pixel is
+drawn uniformly from the tile's list of kept pixels (``shards.KeptPixels``): masked-out pixels are never
+drawn, and the CDF, the weights and the shard sizes are over kept pixels.
+
 With ``resolution`` F > 1 (``--dynamic_resolution``) a ray goes through a random point of an F x F
 pixel block and its colour is the block's mean: training sees the images at 1/F resolution.
 
@@ -27,7 +31,7 @@ of about forty small ones; the random numbers, and so the pixels and colours, ar
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -35,7 +39,8 @@ from torch import Tensor
 from .cameras import DirectionMaps, pixel_rays
 from .pixels import StackedPixels, StreamedPixels
 from .scene import Frames
-from .shards import TileGrid, auto_tile_size, shard_tiles, shard_units
+from .shards import KeptPixels, TileGrid, auto_tile_size, shard_tiles, shard_units
+from ..errors import SceneError
 from ..triton_support import triton_available
 
 #: the fused draw: auto (one Triton kernel per batch on a CUDA GPU where it applies; ``--fused_draw auto``),
@@ -126,6 +131,12 @@ class RaySampler:
                                                            frames.sizes) else None)
         self.tile_size = auto_tile_size(frames.sizes, tile_size)
         self.grid = TileGrid.build(frames.sizes, self.tile_size)
+        # masked-out pixels (``frames.keep``): each tile counts and lists only its kept pixels, so the tile CDF,
+        # the importance weights and the shard sizes are over kept pixels, and a pixel is drawn from the list
+        self.kept = None if frames.keep is None else KeptPixels.build(self.grid, frames.keep.cpu())
+        if self.kept is not None:
+            self.grid = replace(self.grid, count=self.kept.count)
+            self._kept = self.kept.to(self.index_device)
         self._grid = self.grid.to(self.index_device)
         self.generator = torch.Generator(device=self.index_device)
         self.generator.manual_seed(seed + rank)
@@ -158,6 +169,7 @@ class RaySampler:
             (not triton_available(self.device.type), "Triton cannot run on this device"),
             (not (isinstance(self.store, StackedPixels) and self.store.on_device), "the images are not on the device"),
             (self.has_distortion or self.has_fisheye, "the cameras have lens distortion or are fisheye"),
+            (self.kept is not None, "masks exclude pixels (--mask_mode exclude)"),
         ]
         found = [why for bad, why in reasons if bad]
         return "; ".join(found) if found else None
@@ -206,6 +218,11 @@ class RaySampler:
         resident = self.store.resident()
         if resident is not None:
             tiles = tiles[torch.isin(self.grid.image[tiles], resident)]
+        if self.kept is not None:
+            tiles = tiles[self.grid.count[tiles] > 0]
+            if not len(tiles):
+                raise SceneError(f"rank {self.rank}: every pixel of its share of the training images is masked out "
+                                 "(--mask_mode exclude); check the masks (0 = ignore) or use fewer ranks")
         n = self.grid.count[tiles].double()
         uniform = n / n.sum()
         weight = None
@@ -251,8 +268,14 @@ class RaySampler:
         tile = self._active[k]
         img, x0, y0, tw, th = G.image[tile], G.x0[tile], G.y0[tile], G.w[tile], G.h[tile]
         pick = torch.rand((n, 2), generator=g, device=dev)
-        px = x0 + torch.minimum((pick[:, 0] * tw).long(), tw - 1)
-        py = y0 + torch.minimum((pick[:, 1] * th).long(), th - 1)
+        if self.kept is None:
+            px = x0 + torch.minimum((pick[:, 0] * tw).long(), tw - 1)
+            py = y0 + torch.minimum((pick[:, 1] * th).long(), th - 1)
+        else:  # one of the tile's kept pixels, uniformly
+            kept = G.count[tile]
+            at = self._kept.start[tile] + torch.minimum((pick[:, 0] * kept).long(), kept - 1)
+            local = self._kept.offset[at].long()
+            px, py = x0 + local % tw, y0 + local // tw
         off = self._offsets(n, self.jitter)
         if F == 1:
             u, v = px.float() + off[:, 0], py.float() + off[:, 1]

@@ -43,6 +43,8 @@ class Frames:
                 polynomial for fisheye frames)
     sizes:      ``[N, 2]`` int64 width, height of each image
     fisheye:    ``[N]`` bool, equidistant fisheye projection instead of pinhole
+    keep:       ``[N, H, W]`` bool, True where a pixel counts (``--mask_mode exclude``: masked-out pixels are
+                never drawn for training nor scored); None: every pixel counts
     """
 
     images: Tensor | None
@@ -53,6 +55,7 @@ class Frames:
     fisheye: Tensor | None = None
     names: list[str] = field(default_factory=list)
     files: ImageFiles | None = None
+    keep: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.images is None and (self.files is None or self.sizes is None):
@@ -106,12 +109,13 @@ class Frames:
         idx = torch.as_tensor(index, dtype=torch.long)
         return Frames(None if self.images is None else self.images[idx], self.c2w[idx], self.intrinsics[idx],
                       self.distortion[idx], self.sizes[idx], self.fisheye[idx], [self.names[i] for i in index],
-                      None if self.files is None else self.files.subset(index))
+                      None if self.files is None else self.files.subset(index),
+                      None if self.keep is None else self.keep[idx])
 
     def to(self, device: torch.device) -> "Frames":
         return Frames(None if self.images is None else self.images.to(device), self.c2w.to(device),
                       self.intrinsics.to(device), self.distortion.to(device), self.sizes.to(device),
-                      self.fisheye.to(device), self.names, self.files)
+                      self.fisheye.to(device), self.names, self.files, self.keep)
 
 
 

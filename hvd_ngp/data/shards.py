@@ -132,6 +132,36 @@ class TileGrid:
                                      ("image", "x0", "y0", "w", "h", "count", "first", "pixel_offset", "width")))
 
 
+@dataclass
+class KeptPixels:
+    """The pixels that count (``Frames.keep``, ``--mask_mode exclude``), listed tile by tile: ``count`` ``[T]``
+    int64 kept pixels per tile, ``start`` ``[T]`` int64 where each tile's list begins in ``offset`` ``[V]`` int32,
+    a kept pixel's place in its tile (row-major: ``(y - y0) * w + (x - x0)``)."""
+
+    count: Tensor
+    start: Tensor
+    offset: Tensor
+
+    @staticmethod
+    def build(grid: TileGrid, keep: Tensor) -> "KeptPixels":
+        """``keep`` ``[N, H, W]`` bool (padding False) -> the kept pixels of ``grid``'s tiles."""
+        tiles, offsets = [], []
+        for i in range(grid.n_images):  # one image at a time: the index tensors stay image-sized
+            ys, xs = keep[i].nonzero(as_tuple=True)
+            tile = grid.tile_of(torch.full_like(xs, i), xs, ys)
+            order = torch.sort(tile, stable=True).indices
+            tile = tile[order]
+            tiles.append(tile)
+            offsets.append(((ys[order] - grid.y0[tile]) * grid.w[tile] + xs[order] - grid.x0[tile]).to(torch.int32))
+        tile = torch.cat(tiles) if tiles else torch.zeros(0, dtype=torch.long)
+        count = torch.bincount(tile, minlength=grid.n_tiles)
+        start = torch.cumsum(count, 0) - count
+        return KeptPixels(count, start, torch.cat(offsets) if offsets else torch.zeros(0, dtype=torch.int32))
+
+    def to(self, device: torch.device) -> "KeptPixels":
+        return KeptPixels(self.count.to(device), self.start.to(device), self.offset.to(device))
+
+
 def shard_tiles(grid: TileGrid, by: str, seed: int, rank: int, world_size: int, epoch: int) -> Tensor:
     """This rank's tile ids ``[k]`` (sorted) when sharding by ``'tile'`` or by ``'image'``."""
     if by == "tile":

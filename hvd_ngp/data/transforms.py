@@ -14,9 +14,12 @@ distortion allowed), OPENCV (radial-tangential) or OPENCV_FISHEYE (equidistant w
 p1/p2); any other model is refused. ``applied_transform`` records how the poses were made from
 COLMAP's world: it is checked and the poses are used as given. ``ply_file_path`` is ignored (the
 trainer starts from an empty field), with a note. Per-frame ``mask_path``: a grey image, zero where
-pixels are masked out; masked pixels get alpha 0, so training composites them over its random
-background and the model learns them as empty (right for masks that cut an object out of its
-surroundings; a mask over a transient occluder also empties the space in front of what it hides).
+pixels are masked out. ``mask_mode`` "alpha" (the default): masked pixels get alpha 0, so training
+composites them over its random background and the model learns them as empty (right for masks that cut
+an object out of its surroundings; a mask over a transient occluder also empties the space in front of
+what it hides). "exclude": the pixels keep their colour and alpha, and ``Frames.keep`` marks them, so they
+are never drawn for training nor counted in test PSNR (right for transient occluders, people, the
+operator's shadow).
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import SceneError, read_json_object
+from ..errors import ConfigError, SceneError, read_json_object
 from .cameras import nerf_to_ngp
-from .images import IMAGE_EXTENSIONS, decode_images, image_size, stack_images
+from .images import IMAGE_EXTENSIONS, decode_images, image_size, stack_images, stack_masks
 from .scene import Frames, ImageFiles, Scene
 
 DISTORTION_KEYS = ("k1", "k2", "k3", "k4", "p1", "p2")
@@ -281,14 +284,21 @@ def camera_intrinsics(cam: dict, image_w: int, image_h: int, downscale: int, pat
     return [fx * sx, fy * sy, cx * sx, cy * sy]
 
 
+MASK_MODES = ("alpha", "exclude")
+
+
 def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, threads: int = 8,
-                 decode: bool = True) -> tuple[Frames, bool]:
+                 decode: bool = True, mask_mode: str = "alpha") -> tuple[Frames, bool]:
     """Decode the images and assemble ``Frames``; images of several sizes need per-frame intrinsics.
-    ``decode=False``: read only the image sizes; the pixels are decoded later from ``Frames.files``."""
+    ``decode=False``: read only the image sizes; the pixels are decoded later from ``Frames.files``.
+    ``mask_mode``: what a frame's ``mask_path`` does (``MASK_MODES``, see the module docstring)."""
+    if mask_mode not in MASK_MODES:
+        raise ConfigError(f"--mask_mode must be one of {', '.join(MASK_MODES)}, got {mask_mode!r}")
     if not frames:
         return empty_frames(), False
     paths = [f.image_path for f in frames]
     masks = [f.mask_path for f in frames] if any(f.mask_path for f in frames) else None
+    keep_masks, masks = (masks, None) if mask_mode == "exclude" else (None, masks)
     if decode:
         images = decode_images(paths, downscale, threads, masks)
         sizes = [(im.shape[1], im.shape[0]) for im in images]
@@ -306,7 +316,8 @@ def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, th
     out = Frames(stack, torch.from_numpy(np.stack([f.c2w for f in frames])),
                  torch.tensor(intrinsics, dtype=torch.float32), torch.tensor(distortion, dtype=torch.float32),
                  torch.tensor(sizes, dtype=torch.int64), torch.tensor([f.camera["is_fisheye"] for f in frames]),
-                 [str(p) for p in paths], ImageFiles(paths, downscale, masks))
+                 [str(p) for p in paths], ImageFiles(paths, downscale, masks),
+                 None if keep_masks is None else stack_masks(keep_masks, sizes, threads))
     return out, has_alpha
 
 
@@ -383,9 +394,10 @@ def locate_transforms(scene: str | os.PathLike, train_split: str = "train", test
 
 def load_transforms_scene(scene: str | os.PathLike, train_split: str = "train", test_split: str = "test",
                           holdout_every: int = 0, downscale: int = 1, sharpness_threshold: float = 0.0,
-                          lazy_train: bool = False) -> Scene:
+                          lazy_train: bool = False, mask_mode: str = "alpha") -> Scene:
     """Load a ``transforms*.json`` scene (folder or file). ``lazy_train``: the training images are not
-    decoded (``Frames.images`` is None; ``has_alpha`` then describes the test images only)."""
+    decoded (``Frames.images`` is None; ``has_alpha`` then describes the test images only). ``mask_mode``:
+    see ``build_frames``."""
     files = locate_transforms(scene, train_split, test_split, holdout_every, sharpness_threshold)
     tf = files.train
     missing = tf.missing + (files.test.missing if files.test is not None and files.test is not tf else 0)
@@ -393,8 +405,8 @@ def load_transforms_scene(scene: str | os.PathLike, train_split: str = "train", 
         raise SceneError(f"{tf.path}: no usable frames ({missing} listed images are missing, {tf.blurry} below the "
                          f"sharpness threshold)")
     aabb, aabb_scale = scene_aabb(tf.data, tf.path)
-    train, alpha_train = build_frames(tf, files.train_frames, downscale, decode=not lazy_train)
-    test, alpha_test = build_frames(files.test or tf, files.test_frames, downscale)
+    train, alpha_train = build_frames(tf, files.train_frames, downscale, decode=not lazy_train, mask_mode=mask_mode)
+    test, alpha_test = build_frames(files.test or tf, files.test_frames, downscale, mask_mode=mask_mode)
     scale, offset = world_to_ngp(tf.data, tf.path)
     return Scene(train, test, aabb, aabb_scale, alpha_train or alpha_test, str(files.root), missing, tf.blurry,
                  up_vector(tf.data), scale, offset.tolist())

@@ -86,7 +86,8 @@ def load_trained(snapshot: str, device: str = "auto", scene: str | None = None, 
                                            builtin_seed=cfg["builtin_seed"], train_split=cfg["train_split"],
                                            test_split=cfg["test_split"], holdout_every=cfg["holdout_every"],
                                            downscale=downscale or cfg["downscale"],
-                                           sharpness_threshold=cfg.get("sharpness_threshold", 0.0)), "loading the scene")
+                                           sharpness_threshold=cfg.get("sharpness_threshold", 0.0),
+                                           mask_mode=cfg.get("mask_mode", "alpha")), "loading the scene")
     model = cfg["model"]
     # tiny-cuda-nn keeps its own parameter layout: a snapshot trained with it renders with it
     backend = "tcnn" if uses_tcnn_layout(state["model"]) else resolve_backend("auto", rt.device)

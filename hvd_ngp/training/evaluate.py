@@ -136,11 +136,23 @@ def write_png(path: Path, rgb: np.ndarray) -> None:
         raise OutputError(f"{path}: cannot write the render: {os_cause(exc)}") from None
 
 
+def view_mse(img: Tensor, gt: Tensor, keep: Tensor | None) -> float:
+    """Mean squared error of a render ``[H, W, 3]`` against its reference over the pixels that count: ``keep``
+    ``[H_max, W_max]`` bool (the frame's mask, padded; None, or a view masked out entirely: every pixel)."""
+    err = ((img - gt) ** 2).mean(dim=-1)
+    if keep is not None:
+        keep = keep[:img.shape[0], :img.shape[1]].to(err.device)
+        if bool(keep.any()):
+            return float(err[keep].mean())
+    return float(err.mean())
+
+
 def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,
              background: str, n_views: int = 0, save_dir: Path | None = None, n_save: int = 0,
              writer: str = "root", fast: bool = False, protocol: str = "std", budget: MemoryBudget | None = None,
              parallel=None, stops: preempt.StopSignals | None = None) -> dict:
-    """PSNR (mean over views) and SSIM over the first ``n_views`` views (0: all) under ``protocol`` (see
+    """PSNR (mean over views; over each view's kept pixels, ``Frames.keep``) and SSIM (whole views) over the
+    first ``n_views`` views (0: all) under ``protocol`` (see
     the module docstring; ``ngp`` ignores ``background``). Collective: every rank renders views
     ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
 
@@ -175,7 +187,7 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
             else:
                 if parallel is None or parallel.reports:
                     gt = reference_view(frames, i, protocol, bg).view_as(img)
-                    scores[i, 0] = float(torch.mean((img - gt) ** 2))
+                    scores[i, 0] = view_mse(img, gt, None if frames.keep is None else frames.keep[i])
                     scores[i, 1] = ssim(img, gt)
                     if i < n_save:
                         keep.append((i, to_uint8(img)))

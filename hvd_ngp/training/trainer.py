@@ -167,7 +167,7 @@ class Trainer:
         scene: Scene = elastic.startup_agree(lambda: load_scene(
             args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed, train_split=args.train_split,
             test_split=args.test_split, holdout_every=args.holdout_every, downscale=args.downscale,
-            sharpness_threshold=args.sharpness_threshold, lazy_train=True),
+            sharpness_threshold=args.sharpness_threshold, lazy_train=True, mask_mode=args.mask_mode),
             "loading the scene")
         if not dist.elastic():  # one allgather: a rank with other settings or another scene stops every rank now
             agree_on_settings(shared_settings(args, scene), "settings")
