@@ -33,6 +33,7 @@ from .data.pipeline import DataSettings
 from .errors import ConfigError, read_json_object
 from .observe.metrics import UNLIMITED_STEPS
 from .observe.monitor import MonitorSettings
+from .settings import Settings
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "nerf"
 DEFAULT_STEPS = 2000
@@ -312,11 +313,29 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None, default_config: Path | None = None) -> argparse.Namespace:
-    """Parse CLI/env/config and return options plus ``args.model``: the merged network config dict.
+def parse_settings(argv: Sequence[str] | None = None, default_config: Path | None = None) -> Settings:
+    """Parse CLI/env/config once, validate, and return the typed settings (``settings.Settings``).
 
     ``default_config`` is used when neither ``--config`` nor ``HVD_NGP_CONFIG`` names one.
     """
+    return validate(parse_flags(argv, default_config))
+
+
+def parse_args(argv: Sequence[str] | None = None, default_config: Path | None = None) -> argparse.Namespace:
+    """The validated flags as a flat Namespace, for tools and tests that read or change flags by name (the
+    trainer itself takes ``parse_settings``'s typed groups; ``training.trainer.as_settings`` turns a Namespace
+    into them). The values ``validate`` derives are copied on: ``n_steps`` resolved, ``stop_signal_names``,
+    and the validated groups ``comm``, ``data`` and ``monitor``."""
+    args = parse_flags(argv, default_config)
+    s = validate(args)
+    args.n_steps, args.stop_signal_names = s.loop.n_steps, s.loop.stop_signals
+    args.comm, args.data, args.monitor = s.runtime.comm, s.data, s.monitor
+    return args
+
+
+def parse_flags(argv: Sequence[str] | None = None, default_config: Path | None = None) -> argparse.Namespace:
+    """Parse CLI/env/config into the flags plus ``args.model`` (the merged network config dict) and
+    ``args.config`` (the config file's resolved path), not yet validated."""
     argv = list(argv) if argv is not None else None
     parser = build_parser()
     if argv is None:
@@ -330,7 +349,6 @@ def parse_args(argv: Sequence[str] | None = None, default_config: Path | None = 
     config_path = _config_path(argv) or os.environ.get("HVD_NGP_CONFIG")
     args.config = str(Path(config_path).resolve()) if config_path else None
     args.model = resolve_model(args)
-    validate(args)
     return args
 
 
@@ -356,15 +374,17 @@ def resolve_model(args: argparse.Namespace) -> dict:
     return model
 
 
-def validate(args: argparse.Namespace) -> None:
-    """Cross-field checks with messages that say what was expected."""
-    if args.n_steps is None:
-        args.n_steps = UNLIMITED_STEPS if args.time_budget_s else DEFAULT_STEPS
-    positive = ("n_steps", "target_samples", "n_rays_init", "max_rays", "log_every", "downscale", "ckpt_keep",
-                "commit_every")
-    for name in positive:
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
+def validate(args: argparse.Namespace) -> Settings:
+    """Cross-field checks with messages that say what was expected; returns the typed settings, with the
+    values derived from the flags (the step count, the stop signals, the validated groups) computed here
+    once. ``args`` is left as parsed."""
+    n_steps = args.n_steps
+    if n_steps is None:
+        n_steps = UNLIMITED_STEPS if args.time_budget_s else DEFAULT_STEPS
+    positive = ("target_samples", "n_rays_init", "max_rays", "log_every", "downscale", "ckpt_keep", "commit_every")
+    for name, value in (("n_steps", n_steps), *((name, getattr(args, name)) for name in positive)):
+        if value <= 0:
+            raise ConfigError(f"--{name} must be positive, got {value}")
     if args.resume is not None and args.load_snapshot is not None:
         raise ConfigError("give --resume or --load_snapshot, not both")
     for name in ("gpu_memory_gb", "time_budget_s", "eval_every", "n_eval_views", "save_renders", "holdout_every", "threads",
@@ -372,7 +392,7 @@ def validate(args: argparse.Namespace) -> None:
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(args, name)}")
     try:
-        args.stop_signal_names = parse_signals(args.stop_signals)
+        stop_signals = parse_signals(args.stop_signals)
     except ValueError as exc:
         raise ConfigError(f"--stop_signals: {exc}") from None
     if not 0 < args.sample_fill <= 2:
@@ -382,13 +402,13 @@ def validate(args: argparse.Namespace) -> None:
                           f"got {args.max_rays}")
     if args.n_rays_init > args.max_rays:
         raise ConfigError(f"--n_rays_init ({args.n_rays_init}) exceeds --max_rays ({args.max_rays})")
-    args.comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated
+    comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated
     if not 0 <= args.viewer <= 65535:
         raise ConfigError(f"--viewer must be a TCP port (1-65535, 0: off), got {args.viewer}")
-    if args.viewer and args.comm.model_parallel > 1:
+    if args.viewer and comm.model_parallel > 1:
         raise ConfigError("--viewer: not available with --model_parallel (rank 0 holds one region only)")
     if args.viewer_budget_ms <= 0 or not 0 < args.viewer_share <= 1:
         raise ConfigError(f"--viewer_budget_ms must be > 0 and --viewer_share in (0, 1], got "
                           f"{args.viewer_budget_ms:g} and {args.viewer_share:g}")
-    args.data = DataSettings.from_args(args)  # the data options, validated once (DataPipeline.build reads them)
-    args.monitor = MonitorSettings.from_args(args)  # the monitoring options, validated once (the trainer's Monitor)
+    return Settings.from_namespace(args, n_steps, stop_signals, comm, DataSettings.from_args(args),
+                                   MonitorSettings.from_args(args))
