@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .cluster.comm import CommSettings
 from .data.pipeline import DataSettings
@@ -28,6 +28,8 @@ from .observe.monitor import MonitorSettings
 @dataclass(frozen=True)
 class SceneSettings:
     """Which scene and how it is loaded (``data.load_scene``'s arguments)."""
+
+    TITLE: ClassVar[str] = "scene"  # its --help group
 
     scene: str
     scene_cache: str
@@ -50,6 +52,8 @@ class ModelSettings:
     """The merged network blocks (``blocks``: encoding, network, ..., marching, optimizer, loss,
     distributed and ``_source``, the config file they came from), the compute path and precision flags."""
 
+    TITLE: ClassVar[str] = "model: compute path and precision (the network blocks: see below)"  # its --help group
+
     blocks: dict
     backend: str
     precision: str  # the flag; the trainer resolves "auto" against its device (``recipe.resolve_precision``)
@@ -63,6 +67,8 @@ class ModelSettings:
 @dataclass(frozen=True)
 class RuntimeSettings:
     """Where and how this rank runs: device, threads, memory, the communication knobs and Horovod's tools."""
+
+    TITLE: ClassVar[str] = "runtime: device, threads, memory (communication and Horovod's tools: the next two groups)"  # its --help group
 
     device: str
     threads: int
@@ -80,6 +86,8 @@ class RuntimeSettings:
 class StepSettings:
     """One training step: its ray and sample counts, random streams, background and graphed-step modes."""
 
+    TITLE: ClassVar[str] = "training step: rays, samples, seed, background, CUDA graphs"  # its --help group
+
     target_samples: int
     sample_fill: float
     n_rays_init: int
@@ -96,6 +104,8 @@ class StepSettings:
 class LoopSettings:
     """The run loop's schedule: length, time budget, log interval, safeguards and stop signals."""
 
+    TITLE: ClassVar[str] = "run loop: length, time budget, log interval, safeguards, stop signals"  # its --help group
+
     n_steps: int  # derived: --n_steps, else unlimited under --time_budget_s alone, else DEFAULT_STEPS
     time_budget_s: float
     budget_lr_decay: str
@@ -110,6 +120,8 @@ class LoopSettings:
 class EvalSettings:
     """Test-view evaluations: when (steps, seconds), on how many views, against which background."""
 
+    TITLE: ClassVar[str] = "evaluation"  # its --help group
+
     eval_every: int
     eval_at_s: tuple[float, ...]
     eval_at_steps: tuple[int, ...]
@@ -122,6 +134,8 @@ class EvalSettings:
 @dataclass(frozen=True)
 class OutputSettings:
     """What the run writes and reads back: output folder, metrics, snapshots, checkpoints, resume."""
+
+    TITLE: ClassVar[str] = "outputs, snapshots, checkpoints and resume"  # its --help group
 
     out_dir: str
     metrics_json: str | None
@@ -147,6 +161,8 @@ class OutputSettings:
 @dataclass(frozen=True)
 class ViewerSettings:
     """The live web viewer on rank 0 (``port`` 0: off)."""
+
+    TITLE: ClassVar[str] = "web viewer (docs/viewer.md)"  # its --help group
 
     viewer: int
     viewer_host: str
