@@ -46,7 +46,7 @@ def device_name(device: torch.device) -> str:
 
 @dataclass
 class Parts:
-    """What ``build_parts`` made, in the order ``Trainer`` holds it."""
+    """What ``build_parts`` made (``training.trainer.Trainer`` holds it)."""
 
     rt: dist.Runtime
     backend: str
@@ -59,19 +59,19 @@ class Parts:
     lr_at: object
     loss_fn: object
     scaler: torch.amp.GradScaler | None
-    renderer: object
+    renderer: object  # the fast renderer, the model-parallel exchange, or None (the reference)
     budget: RayBudget
-    state: TrainState
+    state: TrainState  # what a checkpoint saves
     ckpts: CheckpointManager
     guard: NonFiniteGuard | None
-    data: DataPipeline
-    memory: MemoryBudget
-    meter: MemoryMeter
-    stops: preempt.StopVote
-    eager: EagerStep
-    graphed: GraphedStep | None
-    mp: ModelParallel | None
-    exchange: DelayedAveraging | PeriodicAveraging | None
+    data: DataPipeline  # placement, sampling strategy, balance; its sampler is ``state.sampler``
+    memory: MemoryBudget  # what this process may hold on its device (--gpu_memory_gb)
+    meter: MemoryMeter    # peak torch memory of the training step and of evaluation
+    stops: preempt.StopVote  # agreed stop on signals
+    eager: EagerStep  # the eager step (model parallel: ``ModelParallelStep``); ``graphed`` replaces it when set
+    graphed: GraphedStep | None  # the step as CUDA graphs (--cuda_graphs), else ``eager``
+    mp: ModelParallel | None  # --model_parallel K > 1: this rank's region and the segment exchange
+    exchange: DelayedAveraging | PeriodicAveraging | None  # --grad_sync delayed | periodic; None: every step
 
 
 def start_runtime(s: Settings) -> tuple[dist.Runtime, str]:

@@ -14,42 +14,30 @@ import contextlib
 from dataclasses import dataclass, fields
 from dataclasses import field as dc_field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
 from .. import faultpoints
-from ..cluster import dist, elastic, preempt
+from ..cluster import dist, elastic
 from ..cluster.comm import CommSettings
 from ..config import validate
-from ..data import Scene
-from ..data.pipeline import DataPipeline
 from ..data.sampler import RayBatch, RaySampler
 from ..model.encoding import FAST_RENDERER_BACKENDS
-from ..model.field import NGPField
-from ..observe.memory import MemoryBudget, MemoryMeter, out_of_memory_as_error
+from ..observe.memory import out_of_memory_as_error
 from ..observe.metrics import COL
 from ..observe.profiling import NULL_TIMER, StageTimer
-from ..render.occupancy import OccupancyGrid
 from ..settings import EvalSettings, Settings, StepSettings
 from ..state import checkpoint
-from ..state.checkpoint import CheckpointManager, resume
-from ..state.failures import NonFiniteGuard
-from ..state.trainstate import TrainState
+from ..state.checkpoint import resume
 from .ahead import Draw, DrawAhead
-from .budget import RayBudget
 from .builder import Parts, build_parts
 from .control import Watcher
 from .evaluate import BACKGROUNDS, evaluate
-from .gradsync import DelayedAveraging, PeriodicAveraging
-from .graphed import GraphedGridUpdate, GraphedStep, set_learning_rate
+from .graphed import GraphedGridUpdate, set_learning_rate
 from .loop import RunResult, prepare_outputs, train
 from .model_parallel import ModelParallel
-from .recipe import Marching
-from .step import EagerStep, StepContext, StepResult
-
-if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
-    from ..render.fast import FastRenderer
+from .step import StepContext, StepResult
 
 __all__ = ["RunResult", "Trainer", "as_settings", "run"]
 
@@ -64,8 +52,9 @@ def as_settings(settings: Settings | argparse.Namespace) -> Settings:
 
 
 @dataclass
-class Trainer:
-    """Everything one rank's training steps need, built by ``Trainer.build`` (collective).
+class Trainer(Parts):
+    """Everything one rank's training steps need: the builder's ``Parts`` (collective: ``Trainer.build``), the
+    settings the steps read, and the state between steps.
 
     ``state`` holds what a checkpoint saves (see ``trainstate``); ``sampler``, ``generator`` and
     ``start_step`` read through to it, because an elastic reset or a resume replaces them.
@@ -74,30 +63,7 @@ class Trainer:
     step_settings: StepSettings  # rays, seed, background, graphed-step modes
     eval_settings: EvalSettings  # test views, background, protocol
     comm: CommSettings  # gradient accumulation, the learning-rate rule
-    precision: str  # resolved: fp32 | fp16 | bf16
-    rt: dist.Runtime
-    backend: str
-    scene: Scene
-    field: NGPField
-    grid: OccupancyGrid
-    march: Marching
-    optimizer: torch.optim.Optimizer
-    lr_at: object
-    loss_fn: object
-    scaler: torch.amp.GradScaler | None
-    renderer: "FastRenderer | ModelParallel | None"
-    budget: RayBudget
-    state: TrainState
-    ckpts: CheckpointManager
-    guard: NonFiniteGuard | None
-    data: DataPipeline  # placement, sampling strategy, balance; its sampler is ``state.sampler``
-    memory: MemoryBudget  # what this process may hold on its device (--gpu_memory_gb)
-    meter: MemoryMeter    # peak torch memory of the training step and of evaluation
-    eager: EagerStep  # the eager step (model parallel: ``ModelParallelStep``); ``graphed`` replaces it when set
     budget_lr_factor: float = 1.0  # set by the run loop from the shared training clock (budget_lr_factor())
-    stops: preempt.StopVote = dc_field(default_factory=lambda: preempt.StopVote(None))  # agreed stop on signals
-    graphed: GraphedStep | None = None  # the step as CUDA graphs (--cuda_graphs), else ``eager``
-    mp: ModelParallel | None = None  # --model_parallel K > 1: this rank's region and the segment exchange
     mp_reports: list = dc_field(default_factory=list)  # per log interval (model parallel)
     ahead: DrawAhead | None = None  # --draw_ahead (graphed steps): the next step's rays, drawn early
     grid_graph: GraphedGridUpdate | None = None  # --graph_grid_update: the grid's update after warm-up, graphed
@@ -105,7 +71,6 @@ class Trainer:
     # step or at ``settle``; the run loop sums the interval's losses and samples there
     on_settled: Callable[[StepResult, int], None] | None = None
     _unsettled: tuple | None = None  # (step, result, rays, n_rays) of a step whose verdict is deferred
-    exchange: DelayedAveraging | PeriodicAveraging | None = None  # --grad_sync delayed | periodic; None: every
 
     @property
     def sampler(self) -> RaySampler:
