@@ -11,6 +11,10 @@ sets ``--precision`` and ``--target_samples``. A block given on the command line
 environment (``--encoding '{"log2_hashmap_size": 15}'``) is merge-patched over the file's block; the
 ``network`` block's option is ``--density_network`` (``--network`` clashes with horovodrun's options).
 Files with another extension use configargparse's ``key = value`` syntax.
+
+``parse_settings`` is the trainer's entry: parse once, ``validate``, and return the typed, frozen
+``settings.Settings`` (one group per concern); ``parse_args`` keeps a flat Namespace view for tools and
+tests that read flags by name.
 """
 
 from __future__ import annotations
