@@ -1,6 +1,6 @@
 """Entry point: ``python -m hvd_ngp.train`` (size 1) or under ``horovodrun``/``mpirun`` (N ranks).
 
-parse (``config.parse_args``) -> build (``training.trainer.Trainer.build``, collective) -> loop
+parse (``config.parse_settings``) -> build (``training.trainer.Trainer.build``, collective) -> loop
 (``training.trainer.run``). The loop, every rank, every step: occupancy update (every
 ``update_interval`` steps, collective) -> sample this rank's rays -> march + render -> loss ->
 backward -> the gradient allreduce (Horovod's, started in backward; one flat buffer in the graphed step)
@@ -15,7 +15,7 @@ from typing import NoReturn
 import torch
 
 from .cluster import dist, preempt
-from .config import BASE_CONFIG, CPU_CONFIG, parse_args
+from .config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from .errors import ConfigError, run_cli
 from .state.failures import report
 from .training.trainer import run
@@ -23,16 +23,17 @@ from .training.trainer import run
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = parse_args(argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
+        settings = parse_settings(argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
     except ConfigError as exc:
         report_on_every_rank(exc, "reading the configuration")
+    view = settings.viewer
     attach = None
-    if args.viewer:  # rank 0 alone imports the viewer (viser), inside run
+    if view.viewer:  # rank 0 alone imports the viewer (viser), inside run
         def attach(tr):
             from .viewer.live import LiveViewer
 
-            return LiveViewer(tr, args.viewer_host, args.viewer, args.viewer_budget_ms / 1000, args.viewer_share)
-    result = run(args, attach)
+            return LiveViewer(tr, view.viewer_host, view.viewer, view.viewer_budget_ms / 1000, view.viewer_share)
+    result = run(settings, attach=attach)
     return preempt.EXIT_PREEMPTED if result.stopped else 0
 
 

@@ -125,3 +125,43 @@ def test_no_import_cycle():
     assert graph["hvd_ngp.train"], "the import scan found nothing: the checker is broken"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+#: the longest function training/ may hold (issue 47: the trainer in three parts, each function readable)
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(path: Path, limit: int) -> list[tuple[str, int]]:
+    """(qualified name, lines) of every function in ``path`` (methods and nested functions included) whose
+    definition, decorators left out, spans more than ``limit`` lines."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                lines = child.end_lineno - child.lineno + 1
+                if not isinstance(child, ast.ClassDef) and lines > limit:
+                    found.append((name, lines))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text()), "")
+    return found
+
+
+def test_long_functions_are_found(tmp_path):
+    body = "\n".join(f"        x{i} = {i}" for i in range(81))
+    src = tmp_path / "m.py"
+    src.write_text(f"class A:\n    def long(self):\n{body}\n\n    def short(self):\n        def inner():\n"
+                   f"            pass\n\n\ndef f():\n    return 1\n")
+    assert long_functions(src, MAX_FUNCTION_LINES) == [("A.long", 82)]
+    assert long_functions(src, 100) == []
+
+
+def test_no_function_in_training_is_over_the_limit():
+    paths = sorted((PACKAGE / "training").glob("*.py"))
+    assert len(paths) > 5, "training/ not found: the check is broken"
+    over = [f"{p.name}: {name} ({lines} lines)" for p in paths for name, lines in long_functions(p, MAX_FUNCTION_LINES)]
+    assert not over, f"functions over {MAX_FUNCTION_LINES} lines in hvd_ngp/training: " + "; ".join(over)

@@ -76,7 +76,7 @@ def test_a_run_stopped_by_a_signal_is_left_out_and_the_bench_exits_75(scene_cach
     real_run = batch.run
 
     def stopped_at_k2(args, stop_after_eval=None):
-        if args.comm.backward_passes_per_step == 2:
+        if args.runtime.comm.backward_passes_per_step == 2:
             return SimpleNamespace(stopped="SIGTERM on rank 0", step=3, metrics={})
         return real_run(args, stop_after_eval=stop_after_eval)
 

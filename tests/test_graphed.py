@@ -153,7 +153,7 @@ def _graphed(tr, eager_steps: int = 10 ** 9, defer_verdict: bool = False) -> Gra
 
     grads = FlatGradients(tr.field.named_parameters(), tail=tr.guard.width if tr.guard else 0)
     step = GraphedStep(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, tr.renderer, grads, tr.guard,
-                       tr.args.precision, tr.data.settings.importance_weights, eager_steps=eager_steps,
+                       tr.precision, tr.data.settings.importance_weights, eager_steps=eager_steps,
                        defer_verdict=defer_verdict)
     step.ray_quantum = 64  # the interpreter marches every row: keep the padding small
     return step
@@ -351,7 +351,7 @@ def test_the_verdict_is_deferred_by_default_wherever_it_can_be(scene_cache, tmp_
                                                 "--nonfinite_limit", str(limit), *extra)))
     capsys.readouterr()
     step = GraphedStep.build(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, tr.renderer, tr.guard,
-                             tr.args.precision, True, "none", 1 << 12, defer_verdict=flag)
+                             tr.precision, True, "none", 1 << 12, defer_verdict=flag)
     assert step.defer_verdict is deferred
     assert ("deferred verdict: off (" in capsys.readouterr().err) is said
 

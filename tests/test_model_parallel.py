@@ -15,7 +15,7 @@ import torch
 
 from conftest import ROOT, TINY_ARGS, run_ranks, tiny_cpu_args
 
-from hvd_ngp.config import CPU_CONFIG, parse_args
+from hvd_ngp.config import CPU_CONFIG, parse_args, validate
 from hvd_ngp.data import load_scene
 from hvd_ngp.data.sampler import RaySampler
 from hvd_ngp.errors import ConfigError
@@ -139,10 +139,10 @@ def test_bad_combinations_are_errors_at_parse(scene_cache, flags, message):
 
 
 def test_config_block_sets_the_regions(scene_cache):
-    assert tiny(scene_cache, "--distributed", '{"model_parallel": 2}').comm.model_parallel == 2
-    assert tiny(scene_cache).comm.model_parallel == 1
-    args = tiny(scene_cache, "--model_parallel", "2")
-    assert args.comm.model_parallel == 2 and args.comm.lr_multiplier(4, 4, False) == pytest.approx(2 ** 0.5)
+    assert validate(tiny(scene_cache, "--distributed", '{"model_parallel": 2}')).runtime.comm.model_parallel == 2
+    assert validate(tiny(scene_cache)).runtime.comm.model_parallel == 1
+    comm = validate(tiny(scene_cache, "--model_parallel", "2")).runtime.comm
+    assert comm.model_parallel == 2 and comm.lr_multiplier(4, 4, False) == pytest.approx(2 ** 0.5)
 
 
 def test_regions_fit_a_budget_one_rank_does_not(scene_cache):
@@ -151,8 +151,8 @@ def test_regions_fit_a_budget_one_rank_does_not(scene_cache):
     scene = load_scene("builtin", scene_cache=str(scene_cache))
     budget = MemoryBudget(int(0.9 * (1 << 30)), "--gpu_memory_gb 0.9", torch.device("cpu"))
     with pytest.raises(MemoryBudgetError, match="--model_parallel"):
-        check_fit(budget, model_footprint(args, scene), EVAL_RESERVE)
-    check_fit(budget, model_footprint(args, scene, region_model(args.model, 2)), EVAL_RESERVE)
+        check_fit(budget, model_footprint(args.model, args.target_samples, scene), EVAL_RESERVE)
+    check_fit(budget, model_footprint(region_model(args.model, 2), args.target_samples, scene), EVAL_RESERVE)
 
 
 # ------------------------------------------------------------------------------------------ real ranks

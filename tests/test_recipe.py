@@ -270,7 +270,7 @@ def test_precision_auto_is_bf16_only_for_the_triton_step_on_a_gpu():
 
 def test_cpu_trainer_resolves_precision_auto_to_fp32(scene_cache, tmp_path):
     tr = tiny_trainer(scene_cache, tmp_path, 1)
-    assert tr.args.precision == "fp32" and not getattr(tr.field.density_mlp, "train_fused", False)
+    assert tr.precision == "fp32" and not getattr(tr.field.density_mlp, "train_fused", False)
 
 
 def test_fused_adam_on_request_follows_the_foreach_one():

@@ -369,13 +369,20 @@ def test_monitor_reports_per_rank_step_times_and_their_spread():
 # ------------------------------------------------------------------------------------ the pipeline in training
 
 
-def test_pipeline_advances_epochs_and_resolution_from_the_interval_table(scene_cache, tmp_path):
-    from hvd_ngp.config import CPU_CONFIG, parse_args
+def pipeline_of(frames, s, scene_cache: str):
+    """The data pipeline ``Trainer.build`` makes from the settings ``s`` (size 1)."""
     from hvd_ngp.data.pipeline import DataPipeline
 
-    args = parse_args(["--config", str(CPU_CONFIG), "--scene_cache", str(scene_cache), "--dynamic_resolution", "4"])
+    return DataPipeline.build(frames, s.data, dist.runtime(), s.step.seed, s.step.target_samples, s.step.max_rays,
+                              scene_cache)
+
+
+def test_pipeline_advances_epochs_and_resolution_from_the_interval_table(scene_cache, tmp_path):
+    from hvd_ngp.config import CPU_CONFIG, parse_settings
+
+    s = parse_settings(["--config", str(CPU_CONFIG), "--scene_cache", str(scene_cache), "--dynamic_resolution", "4"])
     lazy = load_scene("builtin", scene_cache=scene_cache, lazy_train=True)
-    pipe = DataPipeline.build(lazy.train, args, dist.runtime(), str(tmp_path))
+    pipe = pipeline_of(lazy.train, s, str(tmp_path))
     assert pipe.sampler.resolution == 4 and pipe.sampler.epoch == 0
     n = pipe.sampler.n_pixels
     step = table([{"steps": 10, "seconds": 1.0, "rays": n * 0.6, "loss_sum": 10 * 0.5}])
@@ -461,18 +468,17 @@ def test_pipeline_state_survives_a_json_round_trip(scene_cache, tmp_path):
     """Checkpoints keep the data schedule in the run's JSON progress record."""
     import json
 
-    from hvd_ngp.config import CPU_CONFIG, parse_args
-    from hvd_ngp.data.pipeline import DataPipeline
+    from hvd_ngp.config import CPU_CONFIG, parse_settings
 
     argv = ["--config", str(CPU_CONFIG), "--scene_cache", str(scene_cache), "--sampling", "error_map",
             "--dynamic_resolution", "2"]
     frames = load_scene("builtin", scene_cache=scene_cache, lazy_train=True).train
-    a = DataPipeline.build(frames, parse_args(argv), dist.runtime(), str(tmp_path))
+    a = pipeline_of(frames, parse_settings(argv), str(tmp_path))
     batch = a.sample(4096)
     a.observe(a.settings.error_map_interval - 1, batch, torch.rand(len(batch)), None)  # one reduction
     a.end_interval(table([{"steps": 10, "seconds": 1.0, "rays": a.sampler.n_pixels * 1.5, "loss_sum": 5.0}]))
     assert a.sampler.epoch == 1 and a.error_map.updates == 1
-    b = DataPipeline.build(frames, parse_args(argv), dist.runtime(), str(tmp_path))
+    b = pipeline_of(frames, parse_settings(argv), str(tmp_path))
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
     assert b.summary() == a.summary() and b.rays_drawn == a.rays_drawn
     assert torch.equal(b.sampler.probability, a.sampler.probability)
@@ -481,12 +487,11 @@ def test_pipeline_state_survives_a_json_round_trip(scene_cache, tmp_path):
 
 
 def test_new_sampler_keeps_strategy_and_epoch_for_a_new_world(scene_cache, tmp_path):
-    from hvd_ngp.config import CPU_CONFIG, parse_args
-    from hvd_ngp.data.pipeline import DataPipeline
+    from hvd_ngp.config import CPU_CONFIG, parse_settings
 
-    args = parse_args(["--config", str(CPU_CONFIG), "--scene_cache", str(scene_cache), "--sampling", "complexity"])
+    s = parse_settings(["--config", str(CPU_CONFIG), "--scene_cache", str(scene_cache), "--sampling", "complexity"])
     frames = load_scene("builtin", scene_cache=scene_cache, lazy_train=True).train
-    pipe = DataPipeline.build(frames, args, dist.runtime(), str(tmp_path))
+    pipe = pipeline_of(frames, s, str(tmp_path))
     pipe.sampler.set_epoch(3)
     first = pipe.sampler
     assert pipe.new_sampler(first.rank, first.world_size, first.seed) is first

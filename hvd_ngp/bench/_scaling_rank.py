@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..cluster import dist
-from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..errors import run_cli
 from ..model.encoding import model_for_backend
 from ..model.field import NGPField
@@ -73,14 +73,14 @@ def interval_mean(history: list[dict], key: str) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     own, trainer_argv = split_program_args(sys.argv[1:] if argv is None else argv)
     opts = build_parser().parse_args(own)
-    args = parse_args(trainer_argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
-    comm = args.comm
-    rt = dist.init(args.device, args.threads, env=comm.init_env(os.environ, dist.wants_cuda(args.device)))
-    sizes = gradient_sizes(args.model)  # builds the model on the CPU once
+    settings = parse_settings(trainer_argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
+    comm, device = settings.runtime.comm, settings.runtime.device
+    rt = dist.init(device, settings.runtime.threads, env=comm.init_env(os.environ, dist.wants_cuda(device)))
+    sizes = gradient_sizes(settings.model.blocks)  # builds the model on the CPU once
     ceiling = _collectives.measure(sizes, comm.block, opts.ceiling_repeats)
-    update = _collectives.measure_update(sizes, opts.ceiling_repeats, args.seed)
+    update = _collectives.measure_update(sizes, opts.ceiling_repeats, settings.step.seed)
 
-    result = run(args)  # the monitor measures comm share, GPU utilisation and energy per log interval
+    result = run(settings)  # the monitor measures comm share, GPU utilisation and energy per log interval
     if rt.is_root:
         history, train_s = result.metrics["history"], result.metrics["train_seconds"]
         energies = [h.get("energy_j") for h in history]
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         out = {
             "ranks": rt.size, "nodes": rt.cross_size, "device": result.metrics["device"],
             "controller": rt.controller, "steps": result.step, "train_seconds": train_s,
-            "target_samples": args.target_samples,  # per rank and step, as this run parsed it
+            "target_samples": settings.step.target_samples,  # per rank and step, as this run parsed it
             "samples_per_sec": result.metrics["samples_per_sec"], "steady_samples_per_sec": steady_throughput(history),
             "steady_step_s": steady_step_seconds(history),
             "comm_share": interval_mean(history, "comm_fraction") if rt.size > 1 else 0.0,

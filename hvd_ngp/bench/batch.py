@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from ..cluster.preempt import EXIT_PREEMPTED
-from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..errors import ConfigError
 from ..training.trainer import run
 from .report import comma_list, table, write_json
@@ -105,14 +105,14 @@ def main(argv: list[str] | None = None) -> dict:
                  "--out_dir", str(out / f"seed{seed}_k{k}"),
                  "--n_steps", str(opts.max_steps) if opts.max_steps > 0 else "100000000",
                  *(["--time_budget_s", f"{share:.3f}"] if share > 0 else [])]
-        args = parse_args(flags, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)  # as train
+        settings = parse_settings(flags, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)  # as train
         reached: list[float] = []
 
         def all_reached(step: int, psnr: float) -> bool:
             reached.append(psnr)
             return max(reached) >= targets[-1]
 
-        result = run(args, stop_after_eval=all_reached)
+        result = run(settings, stop_after_eval=all_reached)
         if result.stopped:  # a signal (a scheduler's, a time limit's): this run is cut short, so it is left out
             stopped = f"K = {k}, seed {seed}: stopped at step {result.step} ({result.stopped})"
             print(f"{stopped}; the {len(runs)} run(s) before it are written, the rest are not run", file=sys.stderr,

@@ -14,7 +14,7 @@ import time
 import torch
 
 from ..cluster import dist
-from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..observe.memory import GIB, MemoryBudget, MemoryMeter, ranks_on_device
 from ..training.trainer import Trainer
 from .report import append_markdown, table, write_json
@@ -53,10 +53,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags")
     opts = p.parse_args(argv)
     extra = [a for a in opts.extra if a != "--"]
-    args = parse_args(["--scene", opts.scene, "--device", opts.device, "--n_steps", str(opts.n_steps), *extra],
-                      default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG)
-    dist.init(args.device)
-    tr = Trainer.build(args)
+    settings = parse_settings(["--scene", opts.scene, "--device", opts.device, "--n_steps", str(opts.n_steps), *extra],
+                              default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG)
+    dist.init(settings.runtime.device)
+    tr = Trainer.build(settings)
     t0 = time.perf_counter()
     for step in range(opts.n_steps):
         tr.step(step)

@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from ..cluster import dist
-from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..model.encoding import make_position_encoding
 from ..model.field import make_mlp
 from ..triton_support import triton_available
@@ -108,9 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
     opts = p.parse_args(argv)
     dev = dist.init(opts.device).device
-    args = parse_args((["--config", opts.config] if opts.config else []) + ["--device", opts.device],
-                      default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG)
-    model = args.model
+    model = parse_settings((["--config", opts.config] if opts.config else []) + ["--device", opts.device],
+                           default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG).model.blocks
     enc = model["encoding"]
     n_enc = int(enc.get("n_levels", 16)) * int(enc.get("n_features_per_level", 2))
     n_geo = int(model["network"].get("n_output_dims", 16))

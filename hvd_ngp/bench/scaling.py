@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..cluster.comm import describe_allreduce
-from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..errors import HvdNgpError
 from ..tools.launch import build_parser as launch_parser
 from ..tools.launch import plan, split_program_args
@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     own, trainer_args = split_program_args(argv)
     opts = build_parser().parse_args(own)
     targets = [float(t) for t in opts.psnr_targets.split(",") if t]
-    trainer = parse_args(trainer_args, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
-    extra = [] if trainer.eval_every or trainer.eval_at_s else ["--eval_every", str(max(trainer.n_steps // 10, 1))]
-    extra += [] if trainer.n_eval_views else ["--n_eval_views", "8"]
+    trainer = parse_settings(trainer_args, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
+    extra = [] if trainer.eval.eval_every or trainer.eval.eval_at_s else ["--eval_every", str(max(trainer.loop.n_steps // 10, 1))]
+    extra += [] if trainer.eval.n_eval_views else ["--n_eval_views", "8"]
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(opts.out_dir or f"runs/bench/scaling-{stamp}")
     launch_opts = [a for flag, v in (("--hostfile", opts.hostfile), ("-H", opts.hosts), ("--iface", opts.iface))
@@ -187,10 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                     "--module", WORKER]
     slots = None
     if opts.hostfile or opts.hosts:
-        slots = plan(launch_parser().parse_args(launch_opts), os.environ, [], trainer.comm).placement.np
+        slots = plan(launch_parser().parse_args(launch_opts), os.environ, [], trainer.runtime.comm).placement.np
     modes = ["weak", "strong"] if opts.mode == "both" else [opts.mode]
     counts = rank_counts(opts.ranks, slots)
-    plans = [(mode, n, per_rank_samples(mode, trainer.target_samples, n)) for mode in modes for n in counts]
+    plans = [(mode, n, per_rank_samples(mode, trainer.step.target_samples, n)) for mode in modes for n in counts]
     results, done = [], {}
     for mode, n, per_rank in plans:
         if (n, per_rank) in done:  # e.g. one rank: weak and strong are the same run
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         program = ["--result", str(run_dir / "result.json"), "--ceiling_repeats", str(opts.ceiling_repeats), "--",
                    *trainer_args, *extra, "--out_dir", str(run_dir), "--save_renders", "0",
                    "--target_samples", str(per_rank)]
-        launch = plan(launch_parser().parse_args(["-np", str(n), *launch_opts]), os.environ, program, trainer.comm)
+        launch = plan(launch_parser().parse_args(["-np", str(n), *launch_opts]), os.environ, program, trainer.runtime.comm)
         print(f"scaling ({mode}): {n} rank(s), {per_rank} samples/rank/step: {launch.shell_line()}", file=sys.stderr,
               flush=True)
         try:
@@ -225,9 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     if opts.markdown not in ("", "none"):
         c = last["communication"]
         allreduce = describe_allreduce(c["hierarchical_allreduce"], last["device"] != "cpu")
-        how = {"weak": f"weak scaling ({trainer.target_samples} samples per rank and step)",
-               "strong": f"strong scaling ({trainer.target_samples} samples per step over all ranks)",
-               "both": f"weak and strong scaling ({trainer.target_samples} samples per step per rank, and over "
+        how = {"weak": f"weak scaling ({trainer.step.target_samples} samples per rank and step)",
+               "strong": f"strong scaling ({trainer.step.target_samples} samples per step over all ranks)",
+               "both": f"weak and strong scaling ({trainer.step.target_samples} samples per step per rank, and over "
                        f"all ranks)"}[opts.mode]
         settings = (f"{how}; {last['device']} on {socket.gethostname()}, {opts.launcher}, controller {last['controller']}; "
                     f"fusion {c['fusion_threshold_mb']:g} MiB, cycle {c['cycle_time_ms']:g} ms, compression "

@@ -16,21 +16,21 @@ import statistics
 import time
 
 from ..cluster import dist
-from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
+from ..settings import Settings
 from ..data import load_scene, scene_format
 from ..data.pipeline import DataPipeline
 from .report import append_markdown, table, write_json
 
 
-def one_run(args: argparse.Namespace, rt, n_rays: int) -> dict:
+def one_run(s: Settings, rt, n_rays: int) -> dict:
     """Seconds of each start-up stage on this rank, then the slowest rank's per stage."""
     dist.barrier()
     t0 = time.perf_counter()
-    scene = load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
-                       train_split=args.train_split, test_split=args.test_split, holdout_every=args.holdout_every,
-                       downscale=args.downscale, sharpness_threshold=args.sharpness_threshold, lazy_train=True)
+    scene = load_scene(s.scene.scene, **s.scene.load_kwargs(), lazy_train=True)
     t1 = time.perf_counter()
-    data = DataPipeline.build(scene.train, args, rt, args.scene_cache)
+    data = DataPipeline.build(scene.train, s.data, rt, s.step.seed, s.step.target_samples, s.step.max_rays,
+                              s.scene.scene_cache)
     t2 = time.perf_counter()
     batch = data.sampler.sample(n_rays)
     float(batch.rgba.sum())  # the batch is there
@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     default_config = BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG
     rows = []
     for scene in opts.scenes.split(","):
-        args = parse_args(["--scene", scene, "--holdout_every", str(opts.holdout_every), "--device", opts.device,
-                           *extra], default_config=default_config)
-        rt = dist.init(args.device, args.threads)
-        runs = [one_run(args, rt, opts.rays) for _ in range(opts.repeat)]
+        settings = parse_settings(["--scene", scene, "--holdout_every", str(opts.holdout_every), "--device", opts.device,
+                                   *extra], default_config=default_config)
+        rt = dist.init(settings.runtime.device, settings.runtime.threads)
+        runs = [one_run(settings, rt, opts.rays) for _ in range(opts.repeat)]
         row = {"scene": scene, "format": scene_format(scene), "ranks": rt.size,
                **{k: statistics.median(r[k] for r in runs) for k in runs[0]}, "first_run_s": runs[0]["total_s"],
                "runs": runs}

@@ -346,7 +346,7 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
     grids = bench_grid(tr) if dev.type == "cuda" and opts.grid_launches else []
     ev = tr.evaluate(n_views=opts.eval_views) if opts.eval_views else {"psnr": float("nan")}
     result = {
-        "backend": backend, "precision": args.precision,  # resolved by Trainer.build (--precision auto)
+        "backend": backend, "precision": tr.precision,  # resolved by Trainer.build (--precision auto)
         "samples_per_sec": float(samples) / seconds, "step_ms": seconds / opts.steps * 1e3,
         "samples_per_step": float(samples) / opts.steps, "rays_per_step": rays / opts.steps,
         "warmup_seconds": warm_s, "stages_ms": timer.mean_ms(), "test_psnr_after": ev["psnr"],
@@ -413,7 +413,7 @@ def bench_grid(tr: Trainer, repeat: int = 50) -> list[dict]:
     packed = march_packed(rays.origins, rays.directions, tr.field.aabb, tr.grid, tr.march.schedule, jitter,
                           capacity, positions=True, launch=tr.march.launch)
     x = tr.field.normalize(packed.x[:int(packed.total)]).detach().contiguous()
-    x_net = x[:min(x.shape[0], int(tr.args.target_samples))]
+    x_net = x[:min(x.shape[0], int(tr.step_settings.target_samples))]
     grad = torch.randn(x_net.shape[0], enc.n_output_dims, device=dev, generator=torch.Generator(dev).manual_seed(1))
     used = (enc.forward_launch, enc.backward_launch)
 

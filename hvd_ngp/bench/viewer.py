@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..cluster import dist
-from ..config import parse_args
+from ..config import parse_settings
 from ..training.trainer import run
 from ..viewer.browser import HeadlessChromium
 from ..viewer.live import LiveViewer
@@ -40,12 +40,13 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for watched in (False, True):
         port = free_port()
-        args = parse_args([*flags, "--save_renders", "0"] + (["--viewer", str(port)] if watched else []))
+        settings = parse_settings([*flags, "--save_renders", "0"] + (["--viewer", str(port)] if watched else []))
+        view = settings.viewer
         live: list[LiveViewer] = []
         browser: list[HeadlessChromium] = []
 
         def attach(tr):
-            live.append(LiveViewer(tr, "127.0.0.1", port, args.viewer_budget_ms / 1000, args.viewer_share))
+            live.append(LiveViewer(tr, "127.0.0.1", port, view.viewer_budget_ms / 1000, view.viewer_share))
             b = HeadlessChromium(width, height)
             b.open(live[0].viewer.url)
             browser.append(b)
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         started = time.perf_counter()
         try:
-            result = run(args, attach if watched else None)
+            result = run(settings, attach=attach if watched else None)
         finally:
             for b in browser:
                 b.close()
@@ -67,14 +68,14 @@ def main(argv: list[str] | None = None) -> dict:
                      "last_frame_side": live[0].viewer.resolution.side if live else None,
                      "device": m["device"], "test_psnr": m["test_psnr"]})
     slowdown = 1 - rows[1]["steps_per_s"] / rows[0]["steps_per_s"]
-    out = {"rows": rows, "slowdown": slowdown, "viewer_share": args.viewer_share,
-           "viewer_budget_ms": args.viewer_budget_ms, "flags": flags}
+    out = {"rows": rows, "slowdown": slowdown, "viewer_share": view.viewer_share,
+           "viewer_budget_ms": view.viewer_budget_ms, "flags": flags}
     if dist.runtime().is_root:
         print(f"{'viewer':>8} {'steps':>6} {'train s':>8} {'steps/s':>8} {'frames':>7} {'side':>5}  device")
         for r in rows:
             print(f"{'on' if r['viewer'] else 'off':>8} {r['steps']:>6} {r['train_seconds']:>8.2f} "
                   f"{r['steps_per_s']:>8.2f} {r['frames']:>7} {str(r['last_frame_side'] or '-'):>5}  {r['device']}")
-        print(f"slowdown with a browser watching: {100 * slowdown:.1f}% (frames may take {100 * args.viewer_share:g}% "
+        print(f"slowdown with a browser watching: {100 * slowdown:.1f}% (frames may take {100 * view.viewer_share:g}% "
               f"of the time)")
         print(json.dumps(out))
         if a.json:

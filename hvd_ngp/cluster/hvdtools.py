@@ -70,10 +70,11 @@ def _writable(option: str, path: str) -> str:
     return str(p)
 
 
-def apply(args: argparse.Namespace) -> dict[str, str]:
-    """Export the variables for ``args`` (before ``dist.init``); returns what was set."""
-    env = horovod_tool_env(args.timeline, args.timeline_mark_cycles, args.autotune, args.autotune_log,
-                           args.stall_check_s, args.stall_shutdown_s)
+def apply(tools) -> dict[str, str]:
+    """Export the variables for ``tools`` (before ``dist.init``): anything with this group's options as
+    attributes (``settings.RuntimeSettings``; a parsed Namespace); returns what was set."""
+    env = horovod_tool_env(tools.timeline, tools.timeline_mark_cycles, tools.autotune, tools.autotune_log,
+                           tools.stall_check_s, tools.stall_shutdown_s)
     os.environ.update(env)
     if env and not dist.launched():
         dist.log(f"hvd_ngp: note: {', '.join(sorted(env))} set, but a size-1 run without a launcher does not "

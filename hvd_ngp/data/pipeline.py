@@ -197,12 +197,13 @@ class DataPipeline:
         self.complexity_from_cache: bool | None = None
 
     @staticmethod
-    def build(frames: Frames, args: argparse.Namespace, rt: dist.Runtime, scene_cache: str | None = None,
-              device_budget: int | None = None) -> "DataPipeline":
-        """Everything from the options (collective, except in elastic jobs: every rank calls it).
-        ``device_budget``: bytes of device memory the images may use when ``--device_image_budget_gb``
-        is 0 (what the process's memory budget leaves; None: a quarter of the GPU)."""
-        settings: DataSettings = args.data  # validated by config.parse_args (``DataSettings.from_args``)
+    def build(frames: Frames, settings: DataSettings, rt: dist.Runtime, seed: int, target_samples: int,
+              max_rays: int, scene_cache: str | None = None, device_budget: int | None = None) -> "DataPipeline":
+        """Everything from the options (collective, except in elastic jobs: every rank calls it): ``settings``
+        validated by ``config.validate``; ``seed``, ``target_samples`` and ``max_rays``: the step's
+        (``--seed``, ``--target_samples``, ``--max_rays``). ``device_budget``: bytes of device memory the images
+        may use when ``--device_image_budget_gb`` is 0 (what the process's memory budget leaves; None: a quarter
+        of the GPU)."""
         device_gb = settings.device_image_budget_gb
         if device_gb == 0 and device_budget is not None and rt.device.type == "cuda":
             quarter = torch.cuda.get_device_properties(rt.device).total_memory // 4
@@ -213,14 +214,14 @@ class DataPipeline:
 
         def build_sampler() -> RaySampler:
             store = make_store(frames, placement, rt.device, settings)
-            return RaySampler(frames, rt.rank, rt.size, args.seed, rt.device, settings.train_ray_jitter, store=store,
+            return RaySampler(frames, rt.rank, rt.size, seed, rt.device, settings.train_ray_jitter, store=store,
                               tile_size=settings.tile_size, shard_by=shard_by, floor=settings.floor,
                               fused=settings.fused_draw)
 
         sampler = build_sampler() if dist.elastic() else dist.agree(build_sampler, "loading the training images")
         pipeline = DataPipeline(settings, sampler, placement,
-                                Balancer(settings.balance, rt.rank, rt.size, args.target_samples,
-                                         settings.balance_threshold, args.max_rays),
+                                Balancer(settings.balance, rt.rank, rt.size, target_samples,
+                                         settings.balance_threshold, max_rays),
                                 ErrorMap(sampler.grid.n_tiles, rt.device, settings.error_map_decay)
                                 if settings.sampling == "error_map" else None)
         if settings.sampling == "complexity":

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..cluster.comm import CommSettings, DistributedBlock
-from ..config import BASE_CONFIG, parse_args
+from ..config import BASE_CONFIG, parse_settings
 from ..cluster.preempt import EXIT_PREEMPTED, MARKER
 from ..errors import ConfigError, run_cli
 from ..cluster.topology import (FABRICS, Host, HostList, Placement, hierarchical_allreduce, mpi_as_fast_as_nccl,
@@ -232,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(own)
     comm, trainer = None, None
     if opts.module == TRAINER:  # check the trainer's options here, before any rank starts
-        trainer = parse_args(program_args, default_config=BASE_CONFIG)
-        comm = trainer.comm
+        trainer = parse_settings(program_args, default_config=BASE_CONFIG)
+        comm = trainer.runtime.comm
     launch = plan(opts, os.environ, program_args, comm)
     if opts.write_hostfile:
         hosts = resolve_hosts(opts, os.environ, comm.block.world_size if comm else None)
@@ -242,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         print(launch.describe(), flush=True)
         return 0
     print(launch.describe(), file=sys.stderr, flush=True)
-    marker = Path(trainer.out_dir) / MARKER if trainer else None
+    marker = Path(trainer.output.out_dir) / MARKER if trainer else None
     return supervise(launch.command, {**os.environ, **launch.env}, marker,
-                     trainer.stop_signal_names if trainer else ("USR1",))
+                     trainer.loop.stop_signals if trainer else ("USR1",))
 
 
 # ------------------------------------------------------------------------------------ supervision

@@ -55,7 +55,7 @@ from ..state.failures import NonFiniteGuard
 from .budget import copy_to_host
 from .grid_sync import max_over_ranks, rank_share
 from .recipe import Marching
-from .step import AUTOCAST, StepResult, masked_mean, ray_losses
+from .step import AUTOCAST, StepContext, StepResult, masked_mean, ray_losses
 
 #: steps run eagerly (same code, no capture) before the first capture
 EAGER_STEPS = 16
@@ -376,6 +376,14 @@ class GraphedStep:
         stats = stats.clone()  # the next replay overwrites the graph's outputs
         return StepResult(stats[0], stats[1], stats[2], stats[3], stats[4], skipped, ray_loss[:n].clone(),
                           valid[:n].clone(), counts=stats[2:5])
+
+    def run(self, ctx: StepContext) -> StepResult:
+        """The step interface (``step.TrainingStep``): ``self(...)`` with the context's inputs."""
+        return self(ctx.rays, ctx.background, ctx.jitter, ctx.step, ctx.loss_scale, ctx.timer, ctx.meanwhile,
+                    ctx.after_forward)
+
+    def budget_result(self, res: StepResult) -> StepResult:
+        return res
 
     def settle(self) -> bool | None:
         """The deferred verdict on the last step (``guard.decide``: it may raise ``NonFiniteError``), waiting

@@ -8,7 +8,6 @@ memory from the config alone).
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 
@@ -218,17 +217,16 @@ def budget_lr_factor(elapsed_s: float, budget_s: float, mode: str = "on") -> flo
 
 
 
-def model_footprint(args: argparse.Namespace, scene: Scene, model: dict | None = None) -> TrainingFootprint:
+def model_footprint(model: dict, target_samples: int, scene: Scene) -> TrainingFootprint:
     """Training's memory from the config alone, before anything is built (``observe.memory.check_fit``);
     ``model``: the config this rank builds (model parallel: one region's, ``model_parallel.region_model``)."""
-    model = model or args.model
     extent = float((scene.aabb[1] - scene.aabb[0]).max())
     spec = HashGridSpec.from_config(scaled_to_extent(model["encoding"], extent), model["_source"])
     n_params = spec.n_params * spec.n_features_per_level + MLP_PARAMS_ALLOWANCE  # table entries x features
     block = model["marching"]
     cells = int(block["grid_resolution"]) ** 3 * n_cascades_for(scene.aabb_scale)
     factor = candidate_factor(block, model["_source"])
-    return training_footprint(n_params, PARAMETER_COPIES, cells, int(factor * args.target_samples), args.target_samples,
+    return training_footprint(n_params, PARAMETER_COPIES, cells, int(factor * target_samples), target_samples,
                               STEP_COSTS)
 
 

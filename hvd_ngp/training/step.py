@@ -2,12 +2,17 @@
 
 ``train_step`` is what every rank calls every step; ``StepResult`` is what it returns;
 ``masked_mean`` reduces per-ray losses ``[R, C]`` without a host sync.
+
+The step interface: ``TrainingStep.run(ctx: StepContext) -> StepResult``, implemented by ``EagerStep``
+(``train_step`` with the reference or fast renderer), ``ModelParallelStep`` (the same with the
+segment-exchanging renderer; its samples come from the exchange) and ``graphed.GraphedStep`` (two
+CUDA graphs). ``Trainer.step`` draws the rays and calls whichever was built.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -164,3 +169,69 @@ def _result(loss: Tensor, mse: Tensor, n_samples, n_candidates, n_valid, skipped
                       torch.cat(ray_loss) if ray_loss else None, all_valid)
 
 
+
+
+@dataclass
+class StepContext:
+    """One step's inputs: ``rays`` ``[R]``, ``background`` ``[R, 3]`` (or ``[1, 3]`` expanded), marching
+    ``jitter`` ``[R]``, ``step`` (0-based), the rank's ``loss_scale`` (``data.balance``), the stage ``timer``;
+    for a graphed step ``meanwhile`` (host work while the GPU runs, ``--draw_ahead``) and ``after_forward``
+    (settling the previous step's deferred verdict)."""
+
+    rays: RayBatch
+    background: Tensor
+    jitter: Tensor | None
+    step: int
+    loss_scale: float = 1.0
+    timer: StageTimer = NULL_TIMER
+    meanwhile: Callable[[], None] | None = None
+    after_forward: Callable[[], None] | None = None
+
+
+class TrainingStep(Protocol):
+    """One training step on every rank (collective): render, loss, backward, gradient exchange, update."""
+
+    def run(self, ctx: StepContext) -> StepResult:
+        ...
+
+    def budget_result(self, res: StepResult) -> StepResult:
+        """What the ray budget learns from ``res`` (``RayBudget.update``)."""
+        ...
+
+
+@dataclass
+class EagerStep:
+    """``train_step`` with the parts it was built with (``renderer``: the fast renderer, or None for the
+    reference); ``backward_passes``: gradient accumulation; ``weight_gradient``: importance weights in the
+    gradient; ``exchange``: ``--grad_sync delayed|periodic``."""
+
+    field: NGPField
+    grid: OccupancyGrid
+    optimizer: torch.optim.Optimizer
+    march: Marching
+    loss_fn: object
+    precision: str
+    scaler: torch.amp.GradScaler | None
+    renderer: object
+    backward_passes: int
+    guard: NonFiniteGuard | None
+    weight_gradient: bool
+    exchange: object = None
+
+    def run(self, ctx: StepContext) -> StepResult:
+        return train_step(self.field, self.grid, self.optimizer, ctx.rays, ctx.background, self.march, self.loss_fn,
+                          ctx.jitter, self.precision, self.scaler, self.renderer, ctx.timer, self.backward_passes,
+                          self.guard, ctx.step + 1, self.weight_gradient, ctx.loss_scale, self.exchange)
+
+    def budget_result(self, res: StepResult) -> StepResult:
+        return res
+
+
+@dataclass
+class ModelParallelStep(EagerStep):
+    """The eager step with the segment-exchanging renderer (``renderer``: a ``ModelParallel``). The replica's
+    K ranks adapt to the same ray count, so they keep drawing the same rays: the budget learns the
+    replica's samples from the exchange."""
+
+    def budget_result(self, res: StepResult) -> StepResult:
+        return replace(res, n_samples=self.renderer.take_step_samples(), counts=None)

@@ -29,7 +29,7 @@ class LiveViewer:
     """Serves ``tr``'s field on ``host:port``; see the module docstring."""
 
     def __init__(self, tr: "Trainer", host: str, port: int, budget_s: float, share: float) -> None:
-        model = ViewedModel(tr.field, tr.grid, tr.march, tr.scene, tr.args.eval_background,
+        model = ViewedModel(tr.field, tr.grid, tr.march, tr.scene, tr.eval_settings.eval_background,
                             fast=tr.backend in FAST_RENDERER_BACKENDS and tr.mp is None, memory=tr.memory)
         self.lock = threading.Lock()
         self.paused, self.saves = False, 0
