@@ -1,0 +1,103 @@
+"""The single-pass inference renderer (render/infer.py) against the reference renderer and the two-pass one.
+
+Its Triton kernels run under Triton's CPU interpreter without a GPU (tiny ray counts)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_kernels import DEV, ball_scene, random_rays
+
+from hvd_ngp.observe.memory import RenderPlan, split_by_capacity
+from hvd_ngp.render import render_rays
+from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast
+from hvd_ngp.render.infer import InferenceStats, InferenceWindows, render_rays_single_pass, window_groups
+
+pytestmark = pytest.mark.interpreter
+
+TIGHT = dict(rtol=1e-4, atol=1e-5)
+
+
+def counting(fn, calls: list):
+    def wrapped(x, *rest, **kw):
+        calls.append(x.shape[0])
+        return fn(x, *rest, **kw)
+    return wrapped
+
+
+@pytest.mark.parametrize("occupied", [True, False])
+def test_single_pass_renders_the_reference_image_with_one_network_pass(occupied):
+    """The same rgb, opacity and depth as the reference (dense lanes, two passes) and the two-pass fast renderer,
+    from one network pass per evaluated sample: no density-only calls, and fewer network rows than the two-pass
+    path's density and colour passes together; rays turn opaque in later windows (transmittance carried)."""
+    aabb, grid, sch, ball, rgb_sigma = ball_scene(density=300.0, occupied=occupied)
+    o, d, j = random_rays(24, torch.tensor([0.5] * 3), 2.0, 12)
+    ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, j)
+    density_calls, full_calls = [], []
+    two = render_rays_fast(counting(rgb_sigma, full_calls), counting(ball, density_calls), o, d, aabb, grid, sch, 1e-3,
+                           jitter=j)
+    two_pass_rows = sum(density_calls) + sum(full_calls)
+    density_calls.clear(), full_calls.clear()
+    stats = InferenceStats()
+    out = render_rays_single_pass(counting(rgb_sigma, full_calls), counting(ball, density_calls), o, d, aabb, grid,
+                                  sch, 1e-3, jitter=j, windows=InferenceWindows(2, 8), stats=stats)
+    for name, a, b, c in zip(("rgb", "opacity", "depth"), out, (ref.rgb, ref.opacity, ref.depth), two):
+        torch.testing.assert_close(a, b, **TIGHT, msg=f"{name} against the reference")
+        torch.testing.assert_close(a, c, **TIGHT, msg=f"{name} against the two-pass renderer")
+    assert density_calls == [] and sum(full_calls) == stats.network_rows
+    assert int(stats.composited) == ref.n_samples  # the same samples, none twice
+    assert ref.n_samples <= stats.network_rows < two_pass_rows and stats.network_rows < ref.n_candidates
+    assert stats.iterations >= 3 and int((out[1] > 0.99).sum()) >= 8
+
+
+def test_single_pass_without_early_termination_composites_every_candidate():
+    aabb, grid, sch, ball, rgb_sigma = ball_scene(density=300.0)
+    o, d, j = random_rays(16, torch.tensor([0.5] * 3), 2.0, 13)
+    ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 0.0, j)
+    stats = InferenceStats()
+    out = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 0.0, jitter=j, stats=stats)
+    torch.testing.assert_close(out[0], ref.rgb, **TIGHT)
+    torch.testing.assert_close(out[2], ref.depth, **TIGHT)
+    assert int(stats.composited) == stats.network_rows == ref.n_candidates
+
+
+@pytest.mark.parametrize("windows", [InferenceWindows(1, 1), InferenceWindows(2, 64), InferenceWindows(8, 128)])
+def test_single_pass_in_a_small_workspace_equals_the_exact_render(windows):
+    """A workspace smaller than a window's candidates (several groups, the network 7 rows at a time; windows
+    wider than the workspace: the host-side split): the pixels of one exactly sized render, reused twice."""
+    aabb, grid, sch, ball, rgb_sigma = ball_scene(occupied=False)
+    o, d, _ = random_rays(40, torch.tensor([0.5] * 3), 2.0, 11)
+    exact = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3)
+    ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3)
+    torch.testing.assert_close(exact[0], ref.rgb, **TIGHT)
+    small = RenderWorkspace(RenderPlan(rays=40, candidates=48, rows=7), DEV)  # one ray has at most 48 candidates
+    for _ in range(2):
+        out = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, small, windows=windows)
+        for a, b in zip(out, exact):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_window_groups_cover_every_ray_within_the_capacity():
+    """Device-side groups: consecutive, covering all rays once, each within the capacity, with their true counts;
+    and windows as wide as the workspace fall back to the host's greedy split."""
+    g = torch.Generator().manual_seed(0)
+    for width, capacity in ((8, 40), (8, 1000), (30, 40)):
+        take = torch.randint(0, width + 1, (200,), generator=g)
+        ends = torch.cumsum(take, 0)
+        groups = window_groups(ends, capacity, width)
+        assert groups[0][0] == 0 and groups[-1][1] == 200
+        assert all(g1[1] == g2[0] for g1, g2 in zip(groups, groups[1:]))
+        for a, b, n in groups:
+            assert b > a and n == int(take[a:b].sum()) <= capacity
+        if width * 2 > capacity:
+            assert [(a, b) for a, b, _ in groups] == split_by_capacity(ends.tolist(), capacity)
+
+
+def test_inference_windows_parse_and_grow():
+    w = InferenceWindows.parse("4:64")
+    assert (w.first, w.most) == (4, 64)
+    assert w.next_width(1000, 1000) == 4 and w.next_width(1000, 100) == 40 and w.next_width(1000, 3) == 64
+    for bad in ("4", "a:b", "8:4", "0:4"):
+        with pytest.raises(ValueError, match="inference windows"):
+            InferenceWindows.parse(bad)
