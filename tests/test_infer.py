@@ -10,13 +10,20 @@ import torch
 from test_kernels import DEV, ball_scene, random_rays
 
 from hvd_ngp.observe.memory import RenderPlan, split_by_capacity
-from hvd_ngp.render import render_rays
+from hvd_ngp.render import StepSchedule, render_rays
 from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast
 from hvd_ngp.render.infer import InferenceStats, InferenceWindows, render_rays_single_pass, window_groups
 
 pytestmark = pytest.mark.interpreter
 
 TIGHT = dict(rtol=1e-4, atol=1e-5)
+
+
+def small_ball(**kw):
+    """``test_kernels.ball_scene`` with at most 64 steps per ray (48 cross the box): two march segments per ray
+    instead of 128, which the interpreter walks program by program."""
+    aabb, grid, _, ball, rgb_sigma = ball_scene(**kw)
+    return aabb, grid, StepSchedule.uniform(3 ** 0.5 / 48, max_steps=64), ball, rgb_sigma
 
 
 def counting(fn, calls: list):
@@ -26,13 +33,12 @@ def counting(fn, calls: list):
     return wrapped
 
 
-@pytest.mark.parametrize("occupied", [True, False])
-def test_single_pass_renders_the_reference_image_with_one_network_pass(occupied):
+def test_single_pass_renders_the_reference_image_with_one_network_pass():
     """The same rgb, opacity and depth as the reference (dense lanes, two passes) and the two-pass fast renderer,
     from one network pass per evaluated sample: no density-only calls, and fewer network rows than the two-pass
     path's density and colour passes together; rays turn opaque in later windows (transmittance carried)."""
-    aabb, grid, sch, ball, rgb_sigma = ball_scene(density=300.0, occupied=occupied)
-    o, d, j = random_rays(24, torch.tensor([0.5] * 3), 2.0, 12)
+    aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
+    o, d, j = random_rays(20, torch.tensor([0.5] * 3), 2.0, 12)
     ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, j)
     density_calls, full_calls = [], []
     two = render_rays_fast(counting(rgb_sigma, full_calls), counting(ball, density_calls), o, d, aabb, grid, sch, 1e-3,
@@ -52,8 +58,8 @@ def test_single_pass_renders_the_reference_image_with_one_network_pass(occupied)
 
 
 def test_single_pass_without_early_termination_composites_every_candidate():
-    aabb, grid, sch, ball, rgb_sigma = ball_scene(density=300.0)
-    o, d, j = random_rays(16, torch.tensor([0.5] * 3), 2.0, 13)
+    aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
+    o, d, j = random_rays(8, torch.tensor([0.5] * 3), 2.0, 13)
     ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 0.0, j)
     stats = InferenceStats()
     out = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 0.0, jitter=j, stats=stats)
@@ -62,16 +68,16 @@ def test_single_pass_without_early_termination_composites_every_candidate():
     assert int(stats.composited) == stats.network_rows == ref.n_candidates
 
 
-@pytest.mark.parametrize("windows", [InferenceWindows(1, 1), InferenceWindows(2, 64), InferenceWindows(8, 128)])
+@pytest.mark.parametrize("windows", [InferenceWindows(1, 2), InferenceWindows(4, 64)])
 def test_single_pass_in_a_small_workspace_equals_the_exact_render(windows):
     """A workspace smaller than a window's candidates (several groups, the network 7 rows at a time; windows
     wider than the workspace: the host-side split): the pixels of one exactly sized render, reused twice."""
-    aabb, grid, sch, ball, rgb_sigma = ball_scene(occupied=False)
-    o, d, _ = random_rays(40, torch.tensor([0.5] * 3), 2.0, 11)
+    aabb, grid, sch, ball, rgb_sigma = small_ball(occupied=False)
+    o, d, _ = random_rays(24, torch.tensor([0.5] * 3), 2.0, 11)
     exact = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3)
     ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3)
     torch.testing.assert_close(exact[0], ref.rgb, **TIGHT)
-    small = RenderWorkspace(RenderPlan(rays=40, candidates=48, rows=7), DEV)  # one ray has at most 48 candidates
+    small = RenderWorkspace(RenderPlan(rays=24, candidates=48, rows=7), DEV)  # one ray has at most 48 candidates
     for _ in range(2):
         out = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, small, windows=windows)
         for a, b in zip(out, exact):
@@ -101,3 +107,30 @@ def test_inference_windows_parse_and_grow():
     for bad in ("4", "a:b", "8:4", "0:4"):
         with pytest.raises(ValueError, match="inference windows"):
             InferenceWindows.parse(bad)
+
+
+def test_bench_inference_rows_compare_both_paths_on_a_trained_field(scene_cache, tmp_path):
+    """``bench throughput``'s inference rows on the tiny trainer's field (torch hash grid; the fast renderer's
+    kernels under the interpreter): both paths render the same pixels, each row has its timing and counts, and
+    the single pass's stages are the ones its docstring names."""
+    from conftest import _tiny_block, tiny_cpu_args
+
+    from hvd_ngp.bench.inference import bench_inference
+    from hvd_ngp.bench.throughput import inference_tables
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    marching = _tiny_block("--marching", max_steps=64, eval_steps_per_diagonal=32)  # 2 march segments per ray
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--marching", marching)))
+    tr.grid.occupied.fill_(True)  # one step in, the grid may be empty: every ray marches the whole box
+    out = bench_inference(tr, 6, 1, [InferenceWindows(2, 8), InferenceWindows(8, 32)])
+    assert out["size"] == [6, 6] and out["rays"] == 36
+    assert [r["path"] for r in out["rows"]] == ["two_pass", "single_pass 2:8", "single_pass 8:32"]
+    for row in out["rows"]:
+        assert row["ms/view"] > 0 and row["M rays/s"] > 0 and row["network rows/ray"] > 0
+        assert row["max |rgb - two_pass|"] < 1e-4 and "PSNR" not in row  # not the test image's own size
+    assert out["rows"][1]["iterations"] >= out["rows"][2]["iterations"] >= 1
+    assert set(out["stages_ms"]) <= {"march", "network", "composite", "compaction", "host waits"}
+    assert {"march", "network", "composite"} <= set(out["stages_ms"])
+    text = "\n".join(inference_tables([{"backend": "triton", "inference": out}]))
+    assert "Inference: one 6x6 view" in text and "| single_pass 8:32" in text and "Single-pass stages" in text
