@@ -134,3 +134,28 @@ def test_bench_inference_rows_compare_both_paths_on_a_trained_field(scene_cache,
     assert {"march", "network", "composite"} <= set(out["stages_ms"])
     text = "\n".join(inference_tables([{"backend": "triton", "inference": out}]))
     assert "Inference: one 6x6 view" in text and "| single_pass 8:32" in text and "Single-pass stages" in text
+
+
+def test_progress_bar_shows_at_once_on_a_terminal_and_after_5_s_in_a_log(monkeypatch, capsys):
+    """The bar of long renders: no delay when stderr is a terminal, ``LOG_DELAY_S`` when it is a file; none on
+    ranks that do not show it. A terminal's bar draws the view count."""
+    import io
+    import sys
+
+    from hvd_ngp.observe import progress as prog
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert prog.progress_delay() == 0.0
+    assert list(prog.progress(range(3), "test views", "view")) == [0, 1, 2]
+    assert "test views:" in term.getvalue() and "0/3" in term.getvalue()
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    assert prog.progress_delay() == prog.LOG_DELAY_S == 5.0
+    assert list(prog.progress(range(3), "test views", "view")) == [0, 1, 2] and log.getvalue() == ""
+    hidden = range(4)
+    assert prog.progress(hidden, "test views", "view", show=False) is hidden
