@@ -169,7 +169,7 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
     rt = dist.runtime()
     n = len(frames) if n_views <= 0 else min(n_views, len(frames))
     if n == 0:
-        return {"psnr": float("nan"), "ssim": float("nan"), "views": 0}
+        return {"psnr": float("nan"), "ssim": float("nan"), "views": 0, "seconds_per_view": float("nan")}
     bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
     scores = torch.zeros(n, 3, dtype=torch.float64)  # mse, ssim, render seconds
     keep: list[tuple[int, np.ndarray]] = []
