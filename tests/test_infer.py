@@ -4,9 +4,10 @@ Its Triton kernels run under Triton's CPU interpreter without a GPU (tiny ray co
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
-
 from test_kernels import DEV, ball_scene, random_rays
 
 from hvd_ngp.observe.memory import RenderPlan, split_by_capacity
@@ -16,7 +17,7 @@ from hvd_ngp.render.infer import InferenceStats, InferenceWindows, render_rays_s
 
 pytestmark = pytest.mark.interpreter
 
-TIGHT = dict(rtol=1e-4, atol=1e-5)
+TIGHT = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def small_ball(**kw):
@@ -93,7 +94,7 @@ def test_window_groups_cover_every_ray_within_the_capacity():
         ends = torch.cumsum(take, 0)
         groups = window_groups(ends, capacity, width)
         assert groups[0][0] == 0 and groups[-1][1] == 200
-        assert all(g1[1] == g2[0] for g1, g2 in zip(groups, groups[1:]))
+        assert all(g1[1] == g2[0] for g1, g2 in itertools.pairwise(groups))
         for a, b, n in groups:
             assert b > a and n == int(take[a:b].sum()) <= capacity
         if width * 2 > capacity:

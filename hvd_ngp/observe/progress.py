@@ -4,7 +4,8 @@ for ``LOG_DELAY_S`` seconds (a log file gets no bar for short renders)."""
 from __future__ import annotations
 
 import sys
-from typing import Iterable, TypeVar
+from collections.abc import Iterable
+from typing import TypeVar
 
 T = TypeVar("T")
 

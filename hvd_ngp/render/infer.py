@@ -21,6 +21,7 @@ The samples and their compositing are the reference's (``volume.render_rays``), 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -57,7 +58,7 @@ class InferenceWindows:
         return max(self.first, min(self.most, self.first * rays // max(alive, 1)))
 
     @staticmethod
-    def parse(text: str) -> "InferenceWindows":
+    def parse(text: str) -> InferenceWindows:
         """``"FIRST:MOST"`` (e.g. ``"8:128"``) -> InferenceWindows; ValueError naming the text otherwise."""
         try:
             first, most = (int(v) for v in text.split(":"))
@@ -96,7 +97,7 @@ def window_groups(ends: Tensor, capacity: int, width: int) -> list[tuple[int, in
     bounds = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), ends.shape[0])])
     sums = torch.cat([ends.new_zeros(1), ends])[bounds]
     b_host, s_host = bounds.tolist(), sums.tolist()
-    return [(a, b, s_host[k + 1] - s_host[k]) for k, (a, b) in enumerate(zip(b_host, b_host[1:])) if b > a]
+    return [(a, b, s_host[k + 1] - s_host[k]) for k, (a, b) in enumerate(itertools.pairwise(b_host)) if b > a]
 
 
 def network_pass(rgb_sigma_fn: RGBSigmaFn, x: Tensor, directions: Tensor, ray: Tensor, rows: int
