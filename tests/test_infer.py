@@ -69,20 +69,31 @@ def test_single_pass_without_early_termination_composites_every_candidate():
     assert int(stats.composited) == stats.network_rows == ref.n_candidates
 
 
-@pytest.mark.parametrize("windows", [InferenceWindows(1, 2), InferenceWindows(4, 64)])
-def test_single_pass_in_a_small_workspace_equals_the_exact_render(windows):
-    """A workspace smaller than a window's candidates (several groups, the network 7 rows at a time; windows
-    wider than the workspace: the host-side split): the pixels of one exactly sized render, reused twice."""
+def test_single_pass_in_a_small_workspace_equals_the_exact_render(monkeypatch):
+    """A workspace smaller than a window's candidates (several groups split on the device while windows are
+    narrow, on the host once they are wider than half the workspace; the network 7 rows at a time): the pixels
+    of one exactly sized render, both times in the same workspace."""
+    import hvd_ngp.render.infer as infer_mod
+
     aabb, grid, sch, ball, rgb_sigma = small_ball(occupied=False)
     o, d, _ = random_rays(24, torch.tensor([0.5] * 3), 2.0, 11)
     exact = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3)
     ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3)
     torch.testing.assert_close(exact[0], ref.rgb, **TIGHT)
+    splits = []
+
+    def recorded(ends, capacity, width):
+        groups = window_groups(ends, capacity, width)
+        splits.append((width, len(groups)))
+        return groups
+
+    monkeypatch.setattr(infer_mod, "window_groups", recorded)
     small = RenderWorkspace(RenderPlan(rays=24, candidates=48, rows=7), DEV)  # one ray has at most 48 candidates
-    for _ in range(2):
+    for windows in (InferenceWindows(4, 64), InferenceWindows(30, 64)):  # the same workspace twice
         out = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, small, windows=windows)
         for a, b in zip(out, exact):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert any(w <= 24 and n > 1 for w, n in splits) and any(w > 24 and n > 1 for w, n in splits), splits
 
 
 def test_window_groups_cover_every_ray_within_the_capacity():
@@ -124,17 +135,17 @@ def test_bench_inference_rows_compare_both_paths_on_a_trained_field(scene_cache,
     marching = _tiny_block("--marching", max_steps=64, eval_steps_per_diagonal=32)  # 2 march segments per ray
     tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--marching", marching)))
     tr.grid.occupied.fill_(True)  # one step in, the grid may be empty: every ray marches the whole box
-    out = bench_inference(tr, 6, 1, [InferenceWindows(2, 8), InferenceWindows(8, 32)])
-    assert out["size"] == [6, 6] and out["rays"] == 36
+    out = bench_inference(tr, 5, 1, [InferenceWindows(2, 8), InferenceWindows(8, 32)])
+    assert out["size"] == [5, 5] and out["rays"] == 25  # one march block of 32 rays
     assert [r["path"] for r in out["rows"]] == ["two_pass", "single_pass 2:8", "single_pass 8:32"]
     for row in out["rows"]:
         assert row["ms/view"] > 0 and row["M rays/s"] > 0 and row["network rows/ray"] > 0
-        assert row["max |rgb - two_pass|"] < 1e-4 and "PSNR" not in row  # not the test image's own size
+        assert row["max abs diff vs two_pass"] < 1e-4 and "PSNR" not in row  # not the test image's own size
     assert out["rows"][1]["iterations"] >= out["rows"][2]["iterations"] >= 1
     assert set(out["stages_ms"]) <= {"march", "network", "composite", "compaction", "host waits"}
     assert {"march", "network", "composite"} <= set(out["stages_ms"])
     text = "\n".join(inference_tables([{"backend": "triton", "inference": out}]))
-    assert "Inference: one 6x6 view" in text and "| single_pass 8:32" in text and "Single-pass stages" in text
+    assert "Inference: one 5x5 view" in text and "| single_pass 8:32" in text and "Single-pass stages" in text
 
 
 def test_progress_bar_shows_at_once_on_a_terminal_and_after_5_s_in_a_log(monkeypatch, capsys):

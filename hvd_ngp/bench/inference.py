@@ -4,7 +4,7 @@ and the single-pass ``infer.render_rays_single_pass`` under each ``--inference_w
 
 The view: the first test camera with its longer side scaled to ``--inference_size`` (800: lego's own size).
 Per path: ms per view (``repeat`` renders after one warm-up, the device synchronised), rays/s, network rows
-per ray (density and colour calls alike), the largest pixel difference from the two-pass render and the
+per ray (density and colour calls alike), the largest pixel difference from the two-pass render (max abs diff) and the
 PSNR against the test image when the view is at its own size. The single pass's stage breakdown (march,
 network, composite, compaction, host waits) comes from CUDA events (``observe.profiling.StageTimer``) in
 one more render: its host waits are the device's idle time while the host reads a count back.
@@ -97,7 +97,7 @@ def bench_inference(tr: Trainer, size: int, repeat: int, windows: list[Inference
             row = {"path": name, "ms/view": seconds * 1e3, "M rays/s": n_rays / seconds / 1e6,
                    "network rows/ray": network_rows[0] / repeat / n_rays,
                    "iterations": stats.iterations if w is not None else None,
-                   "max |rgb - two_pass|": float((images[name] - images["two_pass"]).abs().max())}
+                   "max abs diff vs two_pass": float((images[name] - images["two_pass"]).abs().max())}
             if own:
                 gt = reference_view(frames, 0, "std", black)
                 row["PSNR"] = mse_to_psnr(float(torch.mean((images[name].clamp(0, 1) - gt) ** 2)))
