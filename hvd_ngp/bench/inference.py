@@ -20,7 +20,7 @@ from torch import Tensor
 from ..data import Frames
 from ..data.sampler import image_rays
 from ..observe.metrics import mse_to_psnr
-from ..observe.profiling import StageTimer
+from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render.camera_path import CameraPath
 from ..render.fast import render_rays_fast
 from ..render.infer import InferenceStats, InferenceWindows, render_rays_single_pass
@@ -75,11 +75,10 @@ def bench_inference(tr: Trainer, size: int, repeat: int, windows: list[Inference
         def two_pass(ob: Tensor, db: Tensor, j: Tensor | None):
             return render_rays_fast(field, density, ob, db, tr.field.aabb, tr.grid, schedule, eps, workspace, j)
 
-        def single_pass(w: InferenceWindows, stats: InferenceStats | None = None, timer=None):
+        def single_pass(w: InferenceWindows, stats: InferenceStats | None = None, timer: StageTimer = NULL_TIMER):
             def render(ob: Tensor, db: Tensor, j: Tensor | None):
-                extra = {"timer": timer} if timer is not None else {}
                 return render_rays_single_pass(field, density, ob, db, tr.field.aabb, tr.grid, schedule, eps,
-                                               workspace, j, windows=w, stats=stats, **extra)
+                                               workspace, j, windows=w, timer=timer, stats=stats)
             return render
 
         paths = [("two_pass", two_pass, None)] + [(f"single_pass {w.first}:{w.most}", single_pass(w), w)
