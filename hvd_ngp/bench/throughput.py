@@ -9,6 +9,10 @@ forward+backward+Adam (torch, torch.compile, the fused Triton MLPs, tiny-cuda-nn
 hvd_ngp.bench mlp`` times the MLPs alone, per precision). Reports samples/s
 (samples through the network with gradients), ratios to the torch reference, peak GPU memory.
 
+After training, the ``inference`` rows (``bench/inference.py``, Triton backends): one view of the trained
+field at ``--inference_size`` by the two-pass and the single-pass inference renderer side by side, ms per
+view, rays/s and the single pass's stage breakdown.
+
 Then ``--profile_steps`` more steps under torch.profiler (after one unmeasured step under it, so
 the profiler's start-up is not counted): host-side kernel launches per step (the CUDA launch calls
 in ``LAUNCH_CALLS``; a CUDA-graph replay is one ``cudaGraphLaunch``), device kernels per step, the
@@ -36,7 +40,7 @@ from torch import Tensor
 
 from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
-from ..model.encoding import BACKENDS, model_for_backend, resolve_backend
+from ..model.encoding import BACKENDS, FAST_RENDERER_BACKENDS, model_for_backend, resolve_backend
 from ..model.encoding.hashgrid import MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
 from ..model.encoding.tcnn import tcnn_available
 from ..triton_support import triton_available
@@ -345,6 +349,13 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
     marches = bench_march(tr) if dev.type == "cuda" and opts.march_launches else []
     grids = bench_grid(tr) if dev.type == "cuda" and opts.grid_launches else []
     ev = tr.evaluate(n_views=opts.eval_views) if opts.eval_views else {"psnr": float("nan")}
+    inference = None
+    if opts.inference_size and tr.backend in FAST_RENDERER_BACKENDS and tr.mp is None:
+        from ..render.infer import InferenceWindows
+        from .inference import bench_inference
+
+        windows = [InferenceWindows.parse(w) for w in opts.inference_windows.split(",") if w.strip()]
+        inference = bench_inference(tr, opts.inference_size, opts.inference_repeat, windows)
     result = {
         "backend": backend, "precision": tr.precision,  # resolved by Trainer.build (--precision auto)
         "samples_per_sec": float(samples) / seconds, "step_ms": seconds / opts.steps * 1e3,
@@ -352,7 +363,7 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
         "warmup_seconds": warm_s, "stages_ms": timer.mean_ms(), "test_psnr_after": ev["psnr"],
         "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else None,
         **launches, "host_self_ms": host, "march_launches": marches,
-        "grid_launches": grids, "gradient_bytes": gradient_bytes(tr.field),
+        "grid_launches": grids, "gradient_bytes": gradient_bytes(tr.field), "inference": inference,
     }
     del tr
     gc.collect()
@@ -556,6 +567,25 @@ def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[
     return rows
 
 
+def inference_tables(training: list[dict]) -> list[str]:
+    """The inference rows of each backend that has them, and the single pass's stages (markdown blocks)."""
+    out = []
+    for r in training:
+        inf = r.get("inference")
+        if not inf:
+            continue
+        w, h = inf["size"]
+        rows = [{"backend": r["backend"], **{k: ("" if v is None else f"{v:.4g}" if isinstance(v, float) else v)
+                                             for k, v in row.items()}} for row in inf["rows"]]
+        out += [f"Inference: one {w}x{h} view of the trained field ({inf['rays']} rays, {inf['repeat']} renders "
+                f"per path, device synchronised), on black:", table(rows, list(rows[0]))]
+        if inf["stages_ms"]:
+            stages = [{"stage (ms/view)": k, r["backend"]: f"{v:.3f}"} for k, v in inf["stages_ms"].items()]
+            out += [f"Single-pass stages ({inf['stage_windows']}; CUDA events, one render):",
+                    table(stages, ["stage (ms/view)", r["backend"]])]
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -580,15 +610,31 @@ def main(argv: list[str] | None = None) -> dict:
                    help="after training, time the march kernel's candidate launches on one batch (GPU, fast renderer)")
     p.add_argument("--grid_launches", action="store_true",
                    help="after training, time the hash grid kernels' candidate launches on one batch's points (GPU)")
+    p.add_argument("--inference_size", type=int, default=800,
+                   help="after training, one view at this longer side by both inference paths (Triton backends; "
+                        "0: skip)")
+    p.add_argument("--inference_repeat", type=int, default=3, help="timed renders per inference path")
+    p.add_argument("--inference_windows", default="8:128",
+                   help="comma-separated FIRST:MOST candidate windows of the single-pass path, each a row "
+                        "(the first also gives the stage breakdown)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="runs/bench/throughput.json")
     p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags")
     opts = p.parse_args(argv)
     opts.extra = [a for a in opts.extra if a != "--"]
-    for name in ("profile_steps", "host_profile_steps"):
+    for name in ("profile_steps", "host_profile_steps", "inference_size"):
         if getattr(opts, name) < 0:
             p.error(f"--{name} must be >= 0, got {getattr(opts, name)}")
+    if opts.inference_repeat < 1:
+        p.error(f"--inference_repeat must be >= 1, got {opts.inference_repeat}")
+    from ..render.infer import InferenceWindows
+
+    try:
+        for w in opts.inference_windows.split(","):
+            InferenceWindows.parse(w)
+    except ValueError as exc:
+        p.error(f"--inference_windows: {exc}")
     dev = dist.init(opts.device).device
     if opts.backends == "all":
         fast = triton_available(dev.type) and dev.type == "cuda"
@@ -651,6 +697,7 @@ def main(argv: list[str] | None = None) -> dict:
            table(sources, ["launch source", *[r["backend"] for r in training]])] if sources else []),
         *([f"The host's costliest functions over {opts.host_profile_steps} steps under cProfile (self time per step):",
            table(host, ["host function (self ms/step)", *[r["backend"] for r in training]])] if host else []),
+        *inference_tables(training),
         *(["The march (count and write passes) of one batch after training, per launch (same samples each):",
            table(marches, list(marches[0]))] if marches else []),
         *(["The hash grid's kernels on one batch's marched points after training, per launch (same values each):",

@@ -38,16 +38,17 @@ def render_outputs(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor,
     """Rays ``[R, 3]`` rendered ``chunk`` at a time without gradients -> {"rgb" ``[R, 3]`` over ``background``,
     "opacity" ``[R]``, "depth" ``[R]`` (see the module docstring), and with ``normal_step`` > 0 "normal" ``[R, 3]``
     (unit, zero where nothing is hit; central differences ``normal_step`` apart)}. ``fast``: the Triton renderer
-    (``fast.render_rays_fast`` in ``workspace``) for rgb, opacity and depth; normals take the reference renderer."""
+    (``infer.render_rays_single_pass`` in ``workspace``) for rgb, opacity and depth; normals take the reference
+    renderer."""
     parts: dict[str, list[Tensor]] = {"rgb": [], "opacity": [], "depth": [], "normal": []}
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):
             o, d = origins[s:s + chunk], directions[s:s + chunk]
             if fast and normal_step <= 0:
-                from .fast import render_rays_fast
+                from .infer import render_rays_single_pass
 
-                rgb, opacity, depth = render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule,
-                                                       early_termination, workspace)
+                rgb, opacity, depth = render_rays_single_pass(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule,
+                                                              early_termination, workspace)
             else:
                 out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination,
                                   normal_step=normal_step)

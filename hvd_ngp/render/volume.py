@@ -170,18 +170,22 @@ def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, d
                  grid: OccupancyGrid | None, schedule: StepSchedule, background: Tensor,
                  early_termination: float = 1e-4, fast: bool = False, budget: MemoryBudget | None = None,
                  workspace=None, row_bytes: int | None = None, step_offset: float = 0.5,
-                 between_chunks: Callable[[], None] | None = None) -> tuple[Tensor, Tensor]:
+                 between_chunks: Callable[[], None] | None = None, inference: str = "single_pass"
+                 ) -> tuple[Tensor, Tensor]:
     """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``.
 
     ``fast``: the Triton kernels (``render.fast``) instead of the reference. Chunks are planned from
     ``budget`` (None: the default sizes; ``render.plan``): the fast path takes a ``workspace``
     (``render.fast.RenderWorkspace``, reused across calls) or plans one here; ``row_bytes``: measured
     bytes per network row (see ``observe.memory.bytes_per_row``); ``step_offset`` in [0, 1): where samples sit
-    inside their steps (the ``jitter`` of every ray); ``between_chunks``: see ``render_in_chunks``."""
+    inside their steps (the ``jitter`` of every ray); ``between_chunks``: see ``render_in_chunks``; ``inference``: the
+    fast path's renderer, one of ``INFERENCE_PATHS`` (``single_pass``: ``render.infer``; ``two_pass``:
+    ``render.fast.render_rays_fast``)."""
     available = budget.available() if budget is not None else None
     if fast:
-        from .fast import RenderWorkspace, inference_costs, render_rays_fast
+        from .fast import RenderWorkspace, inference_costs
 
+        render_fast = inference_path(inference)
         if workspace is None:
             costs = inference_costs(schedule, row_bytes or DEFAULT_ROW_BYTES)
             workspace = RenderWorkspace(plan_render(available, costs, max_lanes(schedule, aabb)), origins.device)
@@ -191,12 +195,29 @@ def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, d
 
     def render(o: Tensor, d: Tensor, j: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         if fast:
-            return render_rays_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination,
-                                    workspace, j)
+            return render_fast(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, workspace, j)
         out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, j)
         return out.rgb, out.opacity, out.depth
 
     return render_in_chunks(render, origins, directions, background, chunk, step_offset, between_chunks)
+
+
+#: the fast path's inference renderers (``render_image(inference=...)``, the render tool's ``--inference``)
+INFERENCE_PATHS = ("single_pass", "two_pass")
+
+
+def inference_path(name: str) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
+    """The inference renderer called ``name`` (one of ``INFERENCE_PATHS``), with ``render_rays_fast``'s
+    interface; ValueError for another name."""
+    if name == "single_pass":
+        from .infer import render_rays_single_pass
+
+        return render_rays_single_pass
+    if name == "two_pass":
+        from .fast import render_rays_fast
+
+        return render_rays_fast
+    raise ValueError(f"unknown inference path {name!r} (known: {', '.join(INFERENCE_PATHS)})")
 
 
 def render_in_chunks(render: Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor, Tensor]],

@@ -19,8 +19,10 @@ from ..cluster import dist
 from ..config import json_object
 from ..data import Frames
 from ..errors import ConfigError, run_cli
+from ..observe.progress import progress
 from ..render.camera_path import CameraPath, orbit
 from ..render.outputs import OUTPUTS, colorize_depth, colorize_normal, colorize_opacity, depth_range, parse_outputs
+from ..render.volume import INFERENCE_PATHS
 from ..training.evaluate import BACKGROUNDS, evaluate, to_uint8, write_png
 from .camera_files import load_camera_path
 from .trained import RENDER_MARCHING_KEYS, Trained, load_trained
@@ -59,19 +61,17 @@ def render_video(args, trained: Trained, name: str, cams: CameraPath, outputs: t
     """Every rank renders frames rank, rank + size, ... of ``cams`` (a progress bar on rank 0) and writes their
     ``outputs`` into ``out/<name>_frames`` (PNG, and .npy for depth, normal and opacity); rank 0 then writes one
     H.264 mp4 per output. Collective (the depth range is agreed: one colour scale for the whole video)."""
-    from tqdm import tqdm
-
     rt = dist.runtime()
     frames = path_frames(cams)
     n = len(frames)
     folder = out / f"{name}_frames"
     folder.mkdir(parents=True, exist_ok=True)
     bg = trained.background(args.background)
-    renderer = trained.renderer()
+    renderer = trained.renderer(args.inference)
     mine = range(rt.rank, n, rt.size)
     near, far = float("inf"), float("-inf")
-    for i in tqdm(mine, desc=f"{name} frames" + (f" (rank 0 of {rt.size})" if rt.size > 1 else ""), unit="frame",
-                  delay=2.0, disable=not rt.is_root):
+    for i in progress(mine, f"{name} frames" + (f" (rank 0 of {rt.size})" if rt.size > 1 else ""), "frame",
+                      rt.is_root):
         if outputs == ("rgb",):
             write_png(folder / f"frame_{i:04d}.png", to_uint8(renderer.view(frames, i, bg)))
             continue
@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> dict:
                         f"{', '.join(RENDER_MARCHING_KEYS)}; the occupancy grid stays the trained one)")
     p.add_argument("--gpu_memory_gb", type=float, default=0.0,
                    help="GPU memory this process may use; renders are chunked to fit (0: the free memory)")
+    p.add_argument("--inference", choices=INFERENCE_PATHS, default="single_pass",
+                   help="the Triton renderer's inference path: single_pass (one network pass per sample, "
+                        "docs/inference.md) or two_pass (density pass, then the whole network on the kept samples)")
     args = p.parse_args(argv)
     try:
         outputs = parse_outputs(args.outputs)
@@ -165,9 +168,11 @@ def main(argv: list[str] | None = None) -> dict:
         ev = evaluate(trained.field, trained.grid, scene.test, trained.march.render_schedule,
                       trained.march.early_termination, args.background or trained.cfg.get("eval_background", "white"),
                       n_views, out / "test", n_views, writer="each_rank", fast=trained.fast, budget=trained.budget,
-                      protocol=trained.cfg.get("eval_protocol", "std"))
-        result.update(test_psnr=ev["psnr"], test_ssim=ev["ssim"], test_views=ev["views"])
-        dist.log(f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views -> {out / 'test'}")
+                      protocol=trained.cfg.get("eval_protocol", "std"), inference=args.inference)
+        result.update(test_psnr=ev["psnr"], test_ssim=ev["ssim"], test_views=ev["views"],
+                      test_seconds_per_view=ev["seconds_per_view"], inference=args.inference if trained.fast else None)
+        dist.log(f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views, "
+                 f"{ev['seconds_per_view']:.3f} s per view -> {out / 'test'}")
     if args.camera_path or args.video != "none":
         name, cams = dist.agree(lambda: video_path(args, trained), "reading the camera path")
         result.update(render_video(args, trained, name, cams, outputs, out))

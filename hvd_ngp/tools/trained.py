@@ -62,11 +62,11 @@ class Trained:
         """The background ``[3]`` on the device: ``name``, else the one evaluations used."""
         return torch.tensor(BACKGROUNDS[name or self.cfg.get("eval_background", "white")], device=self.device)
 
-    def renderer(self) -> ViewRenderer:
-        """A ``ViewRenderer`` of the field in eval mode, within the memory budget."""
+    def renderer(self, inference: str = "single_pass") -> ViewRenderer:
+        """A ``ViewRenderer`` of the field in eval mode, within the memory budget (``inference``: its fast path)."""
         self.field.eval()
         return ViewRenderer(self.field, self.grid, self.march.render_schedule, self.march.early_termination,
-                            self.fast, self.budget)
+                            self.fast, self.budget, inference=inference)
 
 
 def load_trained(snapshot: str, device: str = "auto", scene: str | None = None, downscale: int | None = None,

@@ -10,6 +10,7 @@ is composited on black in linear light (``lin(c) * alpha``); both clipped to [0,
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudget, bytes_per_row
 from ..render import StepSchedule, composite_background, max_lanes, render_image
 from ..render.occupancy import OccupancyGrid
+from ..observe.progress import progress
 from ..render.outputs import render_outputs
 from ..render.plan import plan_render, reference_chunk
 
@@ -35,14 +37,16 @@ NGP_SPP = 8  # instant-ngp's scripts/run.py
 class ViewRenderer:
     """Renders whole views of ``field`` without gradients within a memory ``budget`` (None: default
     chunks): the bytes per network row are measured and the plan and workspace made once, then
-    reused by every view (``fast``: the Triton kernels)."""
+    reused by every view (``fast``: the Triton kernels, through ``inference``: one of
+    ``render.volume.INFERENCE_PATHS``)."""
 
     def __init__(self, field: NGPField, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,
-                 fast: bool = False, budget: MemoryBudget | None = None, parallel=None) -> None:
+                 fast: bool = False, budget: MemoryBudget | None = None, parallel=None,
+                 inference: str = "single_pass") -> None:
         """``parallel``: a ``model_parallel.ModelParallel``; views then render through its segment exchange
         (the reference renderer, chunks agreed by all ranks: collective)."""
         self.field, self.grid, self.schedule, self.early_termination = field, grid, schedule, early_termination
-        self.fast, self.budget, self.parallel = fast, budget, parallel
+        self.fast, self.budget, self.parallel, self.inference = fast, budget, parallel, inference
         device = field.aabb.device
         self.row_bytes = bytes_per_row(self._probe, 1 << 16, device, DEFAULT_ROW_BYTES)
         self.workspace = None
@@ -81,7 +85,7 @@ class ViewRenderer:
         rgb, _ = render_image(field, field.density, o, d, field.aabb, self.grid, self.schedule,
                               background, self.early_termination, fast=self.fast, budget=self.budget,
                               workspace=self.workspace, row_bytes=self.row_bytes, step_offset=step_offset,
-                              between_chunks=preempt.interruption_point)
+                              between_chunks=preempt.interruption_point, inference=self.inference)
         w, h = frames.image_size(index)
         return rgb.clamp(0, 1).view(h, w, 3)
 
@@ -150,7 +154,7 @@ def view_mse(img: Tensor, gt: Tensor, keep: Tensor | None) -> float:
 def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,
              background: str, n_views: int = 0, save_dir: Path | None = None, n_save: int = 0,
              writer: str = "root", fast: bool = False, protocol: str = "std", budget: MemoryBudget | None = None,
-             parallel=None, stops: preempt.StopSignals | None = None) -> dict:
+             parallel=None, stops: preempt.StopSignals | None = None, inference: str = "single_pass") -> dict:
     """PSNR (mean over views; over each view's kept pixels, ``Frames.keep``) and SSIM (whole views) over the
     first ``n_views`` views (0: all) under ``protocol`` (see
     the module docstring; ``ngp`` ignores ``background``). Collective: every rank renders views
@@ -164,28 +168,38 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
 
     ``stops``: the run's stop handlers. Then a stop request cuts this rank's view short between two chunks
     (not under model parallelism, whose chunks exchange segments), the ranks vote after each round of views
-    (one tiny allreduce), and on a stop every rank returns ``{"stopped": True, ...}`` at once."""
+    (one tiny allreduce), and on a stop every rank returns ``{"stopped": True, ...}`` at once.
+
+    ``inference``: the fast renderer's path (``ViewRenderer``). The result's ``seconds_per_view``: the mean wall
+    time of one view's render (device synchronised), over the views. Rank 0 shows a progress bar over its views
+    (``observe.progress``: at once on a terminal, else after 5 s)."""
     rt = dist.runtime()
     n = len(frames) if n_views <= 0 else min(n_views, len(frames))
     if n == 0:
-        return {"psnr": float("nan"), "ssim": float("nan"), "views": 0}
+        return {"psnr": float("nan"), "ssim": float("nan"), "views": 0, "seconds_per_view": float("nan")}
     bg = torch.tensor(BACKGROUNDS[background], device=rt.device)
-    scores = torch.zeros(n, 2, dtype=torch.float64)  # mse, ssim
+    scores = torch.zeros(n, 3, dtype=torch.float64)  # mse, ssim, render seconds
     keep: list[tuple[int, np.ndarray]] = []
     was_training = field.training
     field.eval()
-    renderer = ViewRenderer(field, grid, schedule, early_termination, fast, budget, parallel)
+    renderer = ViewRenderer(field, grid, schedule, early_termination, fast, budget, parallel, inference)
     first, step = (rt.rank, rt.size) if parallel is None else parallel.view_share()
     interrupted = False
-    for i in range(first, first + step * -(-n // step), step):  # the same number of rounds on every rank
+    rounds = range(first, first + step * -(-n // step), step)  # the same number of rounds on every rank
+    for i in progress(rounds, "test views", "view", rt.is_root):
         if i < n and not interrupted:
             try:
                 with preempt.interruptible(stops if parallel is None else None):
+                    t0 = time.perf_counter()
                     img = renderer.view_ngp(frames, i) if protocol == "ngp" else renderer.view(frames, i, bg)
+                    if img.is_cuda:
+                        torch.cuda.synchronize(img.device)
+                    seconds = time.perf_counter() - t0
             except preempt.Interrupted:
                 interrupted = True
             else:
                 if parallel is None or parallel.reports:
+                    scores[i, 2] = seconds
                     gt = reference_view(frames, i, protocol, bg).view_as(img)
                     scores[i, 0] = view_mse(img, gt, None if frames.keep is None else frames.keep[i])
                     scores[i, 1] = ssim(img, gt)
@@ -206,4 +220,5 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
                 write_png(save_dir / f"test_{i:03d}.png", img)
     psnrs = [mse_to_psnr(float(m)) for m in scores[:, 0]]
     return {"psnr": float(np.mean(psnrs)), "ssim": float(scores[:, 1].mean()), "views": n,
+            "seconds_per_view": float(scores[:, 2].mean()),
             "psnr_per_view": [round(p, 3) for p in psnrs]}

@@ -1,0 +1,177 @@
+"""Single-pass inference rendering: one network pass per sample, sized by the rays still alive.
+
+instant-ngp's inference (``NerfTracer``): per iteration every alive ray marches a few samples, ONE network
+pass gives density and colour of all of them, they are composited under the transmittance each ray carries,
+and the rays that turned opaque or left the box are compacted away; the alive count, not the candidates,
+sizes the work. ``fast.render_rays_fast`` (the two-pass path kept beside it) runs the density network over
+each window and then the whole network again over the kept samples: two hash-grid passes per kept sample.
+
+Here, per iteration:
+1. every alive ray's next ``width`` candidates are written with their positions (``march_write`` in window
+   mode; the march's count pass ran once per chunk);
+2. the whole network on them (``rgb_sigma_fn``, ``plan.rows`` at a time);
+3. per ray, the prefix whose transmittance before it exceeds ``early_termination`` (``count_until_opaque``,
+   the -sum(sigma dt) carried from the iterations before) is composited (``composite`` reads just that prefix)
+   under the carried transmittance; the rest of the window is the only evaluation wasted;
+4. rays that are opaque or have no candidates left drop out; ``width`` grows as rays die
+   (``InferenceWindows``), so each iteration evaluates about as many samples as the first.
+Host synchronisations: two per iteration (the window's sample count, the alive rays), none per sample.
+The samples and their compositing are the reference's (``volume.render_rays``), so the images match it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from ..observe.profiling import NULL_TIMER, StageTimer
+from .composite_triton import composite, count_until_opaque
+from .fast import RenderWorkspace, candidate_windows
+from .march_triton import march_counts, march_write
+from .occupancy import OccupancyGrid
+from .plan import RenderPlan, split_by_capacity
+from .schedule import StepSchedule
+
+if TYPE_CHECKING:  # volume imports this module lazily: no import back at run time
+    from .volume import RGBSigmaFn, SigmaFn
+
+
+@dataclass(frozen=True)
+class InferenceWindows:
+    """Candidates each alive ray marches per iteration: ``first`` in the first iteration, then
+    ``clamp(first * rays // alive, first, most)``: as rays die the survivors march further, and each
+    iteration evaluates about ``first * rays`` samples (instant-ngp's steps between compactions)."""
+
+    first: int = 8
+    most: int = 128
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.first <= self.most:
+            raise ValueError(f"inference windows need 1 <= first <= most, got {self.first}, {self.most}")
+
+    def next_width(self, rays: int, alive: int) -> int:
+        return max(self.first, min(self.most, self.first * rays // max(alive, 1)))
+
+    @staticmethod
+    def parse(text: str) -> InferenceWindows:
+        """``"FIRST:MOST"`` (e.g. ``"8:128"``) -> InferenceWindows; ValueError naming the text otherwise."""
+        try:
+            first, most = (int(v) for v in text.split(":"))
+        except ValueError:
+            raise ValueError(f"inference windows {text!r}: expected FIRST:MOST, e.g. 8:128") from None
+        return InferenceWindows(first, most)
+
+
+#: the windows inference renders with unless told otherwise
+WINDOWS = InferenceWindows()
+
+
+@dataclass
+class InferenceStats:
+    """Counts of single-pass renders, summed over calls: iterations, network rows (samples evaluated) and
+    composited samples (device scalar, read it after the render)."""
+
+    iterations: int = 0
+    network_rows: int = 0
+    composited: Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.int64))
+
+
+def window_groups(ends: Tensor, capacity: int, width: int) -> list[tuple[int, int, int]]:
+    """Ray ranges ``[a, b)`` with their candidate count n, each n <= ``capacity``; ``ends`` ``[A]`` int64: the
+    running total of the rays' window candidates, each ray at most ``width``. One small read from the device:
+    the total, then (when it does not fit) the boundaries at multiples of ``capacity - width``."""
+    total = int(ends[-1])
+    if total <= capacity:
+        return [(0, ends.shape[0], total)]
+    step = capacity - min(width, capacity)
+    if step < capacity // 2:  # windows as large as the workspace: the greedy split on the host
+        host = ends.tolist()
+        return [(a, b, host[b - 1] - (host[a - 1] if a else 0)) for a, b in split_by_capacity(host, capacity)]
+    marks = torch.arange(step, total, step, device=ends.device, dtype=ends.dtype)
+    cuts = torch.searchsorted(ends, marks, right=True)  # rays whose running total is <= each mark
+    bounds = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), ends.shape[0])])
+    sums = torch.cat([ends.new_zeros(1), ends])[bounds]
+    b_host, s_host = bounds.tolist(), sums.tolist()
+    return [(a, b, s_host[k + 1] - s_host[k]) for k, (a, b) in enumerate(itertools.pairwise(b_host)) if b > a]
+
+
+def network_pass(rgb_sigma_fn: RGBSigmaFn, x: Tensor, directions: Tensor, ray: Tensor, rows: int
+                 ) -> tuple[Tensor, Tensor]:
+    """rgb ``[n, 3]`` and sigma ``[n]`` of the samples at x ``[n, 3]`` along ``directions[ray]`` (``[A, 3]``,
+    ``[n]``), ``rows`` at a time."""
+    n = x.shape[0]
+    if n <= rows:
+        return rgb_sigma_fn(x, directions[ray])
+    out = [rgb_sigma_fn(x[a:a + rows], directions[ray[a:a + rows]]) for a in range(0, n, rows)]
+    return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+
+
+def render_rays_single_pass(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor,
+                            aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4,
+                            workspace: RenderWorkspace | None = None, jitter: Tensor | None = None,
+                            windows: InferenceWindows | None = None, timer: StageTimer = NULL_TIMER,
+                            stats: InferenceStats | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Inference (see the module docstring): rgb ``[R, 3]`` (no background), opacity ``[R]``, depth ``[R]``;
+    ``jitter`` ``[R]`` as in training (None: 0.5). ``render_rays_fast``'s interface (``sigma_fn`` unused);
+    the workspace's plan bounds the candidates written at once and the rows per network call (None: one
+    sized for these rays). ``timer``: stage marks (march, network, composite, compaction, host waits)."""
+    R = origins.shape[0]
+    dev = origins.device
+    windows = windows or WINDOWS
+    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter)
+    total = seg_count.sum(1, dtype=torch.int32)
+    timer.mark("march")
+    if workspace is None:
+        n = max(int(total.sum()) if R else 0, 1)
+        workspace = RenderWorkspace(RenderPlan(R, n, n), dev)
+    plan = workspace.plan
+    rgb = torch.zeros(R, 3, device=dev)
+    depth, transmittance = torch.zeros(R, device=dev), torch.ones(R, device=dev)
+    log_t = torch.zeros(R, device=dev)  # -sum(sigma dt) over each ray's composited samples
+    done = torch.zeros(R, device=dev, dtype=torch.int32)  # candidates marched so far, per ray
+    alive = torch.nonzero(total > 0).squeeze(1)
+    timer.mark("host waits")
+    width, log_eps = windows.first, math.log(early_termination) if early_termination > 0 else -math.inf
+    while alive.numel():
+        marched = done[alive]
+        skip, take = candidate_windows(seg_count[alive], marched, marched + width)
+        ends = torch.cumsum(take.sum(1, dtype=torch.int64), 0)
+        timer.mark("compaction")
+        groups = window_groups(ends, plan.candidates, width)
+        timer.mark("host waits")
+        for a, b, n in groups:
+            if n == 0:
+                continue
+            ids = alive[a:b]
+            d = directions[ids]
+            packed = march_write(origins[ids], d, aabb, grid, schedule, None if jitter is None else jitter[ids],
+                                 take[a:b], n, workspace.buffers, positions=True, skip=skip[a:b])
+            timer.mark("march")
+            c, sigma = network_pass(rgb_sigma_fn, packed.x, d, packed.ray.long(), plan.rows)
+            timer.mark("network")
+            carried = log_t[ids].contiguous()
+            keep = count_until_opaque(sigma, packed.dt, packed.start, packed.count, early_termination, carried)
+            log_t[ids] = carried
+            w_rgb, w_opacity, w_depth = composite(sigma, c, packed.dt, packed.t, packed.start, keep)
+            before = transmittance[ids]
+            rgb[ids] += before[:, None] * w_rgb
+            depth[ids] += before * w_depth
+            transmittance[ids] = before * (1.0 - w_opacity)
+            timer.mark("composite")
+            if stats is not None:
+                stats.network_rows += n
+                stats.composited = stats.composited.to(dev) + keep.sum()
+        if stats is not None:
+            stats.iterations += 1
+        done[alive] = marched + width
+        still = (marched + width < total[alive]) & (log_t[alive] > log_eps)
+        timer.mark("compaction")
+        alive = alive[still]  # reads the count back: a host wait
+        timer.mark("host waits")
+        width = windows.next_width(R, alive.numel())
+    return rgb, 1.0 - transmittance, depth

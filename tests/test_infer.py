@@ -1,0 +1,192 @@
+"""The single-pass inference renderer (render/infer.py) against the reference renderer and the two-pass one.
+
+Its Triton kernels run under Triton's CPU interpreter without a GPU (tiny ray counts)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from test_kernels import DEV, ball_scene, random_rays
+
+from hvd_ngp.render.plan import RenderPlan, split_by_capacity
+from hvd_ngp.render import StepSchedule, render_rays
+from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast
+from hvd_ngp.render.infer import InferenceStats, InferenceWindows, render_rays_single_pass, window_groups
+
+pytestmark = pytest.mark.interpreter
+
+TIGHT = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def small_ball(**kw):
+    """``test_kernels.ball_scene`` with at most 64 steps per ray (48 cross the box): two march segments per ray
+    instead of 128, which the interpreter walks program by program."""
+    aabb, grid, _, ball, rgb_sigma = ball_scene(**kw)
+    return aabb, grid, StepSchedule.uniform(3 ** 0.5 / 48, max_steps=64), ball, rgb_sigma
+
+
+def counting(fn, calls: list):
+    def wrapped(x, *rest, **kw):
+        calls.append(x.shape[0])
+        return fn(x, *rest, **kw)
+    return wrapped
+
+
+def test_single_pass_renders_the_reference_image_with_one_network_pass():
+    """The same rgb, opacity and depth as the reference (dense lanes, two passes) and the two-pass fast renderer,
+    from one network pass per evaluated sample: no density-only calls, and fewer network rows than the two-pass
+    path's density and colour passes together; rays turn opaque in later windows (transmittance carried)."""
+    aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
+    o, d, j = random_rays(20, torch.tensor([0.5] * 3), 2.0, 12)
+    ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, j)
+    density_calls, full_calls = [], []
+    two = render_rays_fast(counting(rgb_sigma, full_calls), counting(ball, density_calls), o, d, aabb, grid, sch, 1e-3,
+                           jitter=j)
+    two_pass_rows = sum(density_calls) + sum(full_calls)
+    density_calls.clear(), full_calls.clear()
+    stats = InferenceStats()
+    out = render_rays_single_pass(counting(rgb_sigma, full_calls), counting(ball, density_calls), o, d, aabb, grid,
+                                  sch, 1e-3, jitter=j, windows=InferenceWindows(2, 8), stats=stats)
+    for name, a, b, c in zip(("rgb", "opacity", "depth"), out, (ref.rgb, ref.opacity, ref.depth), two):
+        torch.testing.assert_close(a, b, **TIGHT, msg=f"{name} against the reference")
+        torch.testing.assert_close(a, c, **TIGHT, msg=f"{name} against the two-pass renderer")
+    assert density_calls == [] and sum(full_calls) == stats.network_rows
+    assert int(stats.composited) == ref.n_samples  # the same samples, none twice
+    assert ref.n_samples <= stats.network_rows < two_pass_rows and stats.network_rows < ref.n_candidates
+    assert stats.iterations >= 3 and int((out[1] > 0.99).sum()) >= 8
+
+
+def test_single_pass_without_early_termination_composites_every_candidate():
+    aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
+    o, d, j = random_rays(8, torch.tensor([0.5] * 3), 2.0, 13)
+    ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 0.0, j)
+    stats = InferenceStats()
+    out = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 0.0, jitter=j, stats=stats)
+    torch.testing.assert_close(out[0], ref.rgb, **TIGHT)
+    torch.testing.assert_close(out[2], ref.depth, **TIGHT)
+    assert int(stats.composited) == stats.network_rows == ref.n_candidates
+
+
+def test_single_pass_in_a_small_workspace_equals_the_exact_render(monkeypatch):
+    """A workspace smaller than a window's candidates (several groups split on the device while windows are
+    narrow, on the host once they are wider than half the workspace; the network 7 rows at a time): the pixels
+    of one exactly sized render, both times in the same workspace."""
+    import hvd_ngp.render.infer as infer_mod
+
+    aabb, grid, sch, ball, rgb_sigma = small_ball(occupied=False)
+    o, d, _ = random_rays(24, torch.tensor([0.5] * 3), 2.0, 11)
+    exact = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3)
+    ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3)
+    torch.testing.assert_close(exact[0], ref.rgb, **TIGHT)
+    splits = []
+
+    def recorded(ends, capacity, width):
+        groups = window_groups(ends, capacity, width)
+        splits.append((width, len(groups)))
+        return groups
+
+    monkeypatch.setattr(infer_mod, "window_groups", recorded)
+    small = RenderWorkspace(RenderPlan(rays=24, candidates=48, rows=7), DEV)  # one ray has at most 48 candidates
+    for windows in (InferenceWindows(4, 64), InferenceWindows(30, 64)):  # the same workspace twice
+        out = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, small, windows=windows)
+        for a, b in zip(out, exact):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert any(w <= 24 and n > 1 for w, n in splits) and any(w > 24 and n > 1 for w, n in splits), splits
+
+
+def test_window_groups_cover_every_ray_within_the_capacity():
+    """Device-side groups: consecutive, covering all rays once, each within the capacity, with their true counts;
+    and windows as wide as the workspace fall back to the host's greedy split."""
+    g = torch.Generator().manual_seed(0)
+    for width, capacity in ((8, 40), (8, 1000), (30, 40)):
+        take = torch.randint(0, width + 1, (200,), generator=g)
+        ends = torch.cumsum(take, 0)
+        groups = window_groups(ends, capacity, width)
+        assert groups[0][0] == 0 and groups[-1][1] == 200
+        assert all(g1[1] == g2[0] for g1, g2 in itertools.pairwise(groups))
+        for a, b, n in groups:
+            assert b > a and n == int(take[a:b].sum()) <= capacity
+        if width * 2 > capacity:
+            assert [(a, b) for a, b, _ in groups] == split_by_capacity(ends.tolist(), capacity)
+
+
+def test_inference_windows_parse_and_grow():
+    w = InferenceWindows.parse("4:64")
+    assert (w.first, w.most) == (4, 64)
+    assert w.next_width(1000, 1000) == 4 and w.next_width(1000, 100) == 40 and w.next_width(1000, 3) == 64
+    for bad in ("4", "a:b", "8:4", "0:4"):
+        with pytest.raises(ValueError, match="inference windows"):
+            InferenceWindows.parse(bad)
+
+
+def test_bench_inference_rows_compare_both_paths_on_a_trained_field(scene_cache, tmp_path):
+    """``bench throughput``'s inference rows on the tiny trainer's field (torch hash grid; the fast renderer's
+    kernels under the interpreter): both paths render the same pixels, each row has its timing and counts, and
+    the single pass's stages are the ones its docstring names."""
+    from conftest import _tiny_block, tiny_cpu_args
+
+    from hvd_ngp.bench.inference import bench_inference
+    from hvd_ngp.bench.throughput import inference_tables
+    from hvd_ngp.config import parse_args
+    from hvd_ngp.training.trainer import Trainer
+
+    marching = _tiny_block("--marching", max_steps=64, eval_steps_per_diagonal=32)  # 2 march segments per ray
+    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--marching", marching)))
+    tr.grid.occupied.fill_(True)  # one step in, the grid may be empty: every ray marches the whole box
+    out = bench_inference(tr, 5, 1, [InferenceWindows(2, 8), InferenceWindows(8, 32)])
+    assert out["size"] == [5, 5] and out["rays"] == 25  # one march block of 32 rays
+    assert [r["path"] for r in out["rows"]] == ["two_pass", "single_pass 2:8", "single_pass 8:32"]
+    for row in out["rows"]:
+        assert row["ms/view"] > 0 and row["M rays/s"] > 0 and row["network rows/ray"] > 0
+        assert row["max abs diff vs two_pass"] < 1e-4 and "PSNR" not in row  # not the test image's own size
+    assert out["rows"][1]["iterations"] >= out["rows"][2]["iterations"] >= 1
+    assert set(out["stages_ms"]) <= {"march", "network", "composite", "compaction", "host waits"}
+    assert {"march", "network", "composite"} <= set(out["stages_ms"])
+    text = "\n".join(inference_tables([{"backend": "triton", "inference": out}]))
+    assert "Inference: one 5x5 view" in text and "| single_pass 8:32" in text and "Single-pass stages" in text
+
+
+def test_progress_bar_shows_at_once_on_a_terminal_and_after_5_s_in_a_log(monkeypatch, capsys):
+    """The bar of long renders: no delay when stderr is a terminal, ``LOG_DELAY_S`` when it is a file; none on
+    ranks that do not show it. A terminal's bar draws the view count."""
+    import io
+    import sys
+
+    from hvd_ngp.observe import progress as prog
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert prog.progress_delay() == 0.0
+    assert list(prog.progress(range(3), "test views", "view")) == [0, 1, 2]
+    assert "test views:" in term.getvalue() and "0/3" in term.getvalue()
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    assert prog.progress_delay() == prog.LOG_DELAY_S == 5.0
+    assert list(prog.progress(range(3), "test views", "view")) == [0, 1, 2] and log.getvalue() == ""
+    hidden = range(4)
+    assert prog.progress(hidden, "test views", "view", show=False) is hidden
+
+
+def test_render_image_takes_either_inference_path_and_names_an_unknown_one():
+    """``render_image(fast=True)``, what evaluation and the render tool call: ``single_pass`` (the default) and
+    ``two_pass`` give the same image and depth over a background; another name is a one-line ValueError."""
+    from hvd_ngp.render import render_image
+
+    aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
+    o, d, _ = random_rays(12, torch.tensor([0.5] * 3), 2.0, 14)
+    bg = torch.tensor([0.2, 0.4, 0.6], device=DEV)
+    single = render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, step_offset=0.25)
+    two = render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, step_offset=0.25,
+                       inference="two_pass")
+    ref = render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, step_offset=0.25)
+    for a, b, c in zip(single, two, ref):
+        torch.testing.assert_close(a, b, **TIGHT)
+        torch.testing.assert_close(a, c, **TIGHT)
+    with pytest.raises(ValueError, match="unknown inference path 'fastest' \\(known: single_pass, two_pass\\)"):
+        render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, inference="fastest")
