@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import torch
 
-from .commclock import COMM_CLOCK
 from .. import launcher_env
 from ..errors import BackendError, ConfigError, HvdNgpError
+from .commclock import COMM_CLOCK
 
 T = TypeVar("T")
 

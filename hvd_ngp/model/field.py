@@ -11,8 +11,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .encoding import make_direction_encoding, make_position_encoding, scaled_to_extent
 from ..errors import ConfigError
+from .encoding import make_direction_encoding, make_position_encoding, scaled_to_extent
 
 MLP_TYPES = ("FullyFusedMLP", "CutlassMLP", "MLP")
 

@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..cluster import dist
 from .. import faultpoints
+from ..cluster import dist
 from ..errors import SnapshotError, os_cause
 from .trainstate import TrainState
 
@@ -84,9 +84,10 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
             os.unlink(tmp)
         except OSError:
             pass
+        cause: BaseException = exc
         if stream is not None and stream.error is not None:  # torch reports it as "unexpected pos ..."
-            exc = stream.error
-        reason = os_cause(exc) if isinstance(exc, OSError) and exc.errno else str(exc).splitlines()[0]
+            cause = stream.error
+        reason = os_cause(cause) if isinstance(cause, OSError) and cause.errno else str(cause).splitlines()[0]
         raise SnapshotError(f"{path}: writing failed ({reason}); any previous file there is unchanged") from None
     return path
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from ..data.images import IMAGE_EXTENSIONS, read_image
 from ..errors import SceneError
 from ..render.camera_path import nearest_point_to_lines
-from ..data.images import IMAGE_EXTENSIONS, read_image
 
 #: COLMAP camera model -> the transforms.json fields its parameters fill, in COLMAP's order
 CAMERA_PARAMS = {

@@ -13,8 +13,17 @@ import torch
 from torch import nn
 
 from ...errors import ConfigError
-from .hashgrid import (BACKWARD_LAUNCH, FEATURE_MAJOR, FORWARD_LAUNCH, KERNEL_OPTIONS, MERGE_RUNS_BELOW, GridLaunch,
-                       HashGridSpec, HashGridTorch, scaled_to_extent)
+from .hashgrid import (
+    BACKWARD_LAUNCH,
+    FEATURE_MAJOR,
+    FORWARD_LAUNCH,
+    KERNEL_OPTIONS,
+    MERGE_RUNS_BELOW,
+    GridLaunch,
+    HashGridSpec,
+    HashGridTorch,
+    scaled_to_extent,
+)
 from .sh import SphericalHarmonics
 
 BACKENDS = ("auto", "torch", "cpp", "triton", "tcnn")

@@ -159,13 +159,13 @@ class HashGridTorch(nn.Module):
         layout = spec.level_layout()
         self.params = nn.Parameter(torch.empty(spec.n_params, spec.n_features_per_level, dtype=dtype))
         nn.init.uniform_(self.params, -1e-4, 1e-4)
-        self.register_buffer("scales", torch.tensor([l[0] for l in layout], dtype=torch.float32), persistent=False)
-        self.register_buffer("resolutions", torch.tensor([l[1] for l in layout], dtype=torch.int64), persistent=False)
-        self.register_buffer("sizes", torch.tensor([l[2] for l in layout], dtype=torch.int64), persistent=False)
-        self.register_buffer("offsets", torch.tensor([l[3] for l in layout], dtype=torch.int64), persistent=False)
-        hashed = [i for i, l in enumerate(layout) if l[4]]
-        dense = [i for i, l in enumerate(layout) if not l[4]]
-        self.register_buffer("hashed_mask", torch.tensor([l[4] for l in layout], dtype=torch.bool), persistent=False)
+        self.register_buffer("scales", torch.tensor([lvl[0] for lvl in layout], dtype=torch.float32), persistent=False)
+        self.register_buffer("resolutions", torch.tensor([lvl[1] for lvl in layout], dtype=torch.int64), persistent=False)
+        self.register_buffer("sizes", torch.tensor([lvl[2] for lvl in layout], dtype=torch.int64), persistent=False)
+        self.register_buffer("offsets", torch.tensor([lvl[3] for lvl in layout], dtype=torch.int64), persistent=False)
+        hashed = [i for i, lvl in enumerate(layout) if lvl[4]]
+        dense = [i for i, lvl in enumerate(layout) if not lvl[4]]
+        self.register_buffer("hashed_mask", torch.tensor([lvl[4] for lvl in layout], dtype=torch.bool), persistent=False)
         self.register_buffer("hashed_levels", torch.tensor(hashed, dtype=torch.int64), persistent=False)
         self.register_buffer("dense_levels", torch.tensor(dense, dtype=torch.int64), persistent=False)
 
