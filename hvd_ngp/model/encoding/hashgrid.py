@@ -153,6 +153,15 @@ class HashGridTorch(nn.Module):
     gradient; no per-corner copies). Positions receive no gradient.
     """
 
+    # per-level buffers [L] (registered in __init__)
+    scales: Tensor
+    resolutions: Tensor
+    sizes: Tensor
+    offsets: Tensor
+    hashed_mask: Tensor
+    hashed_levels: Tensor  # [L_hashed]: indices of the hashed levels
+    dense_levels: Tensor  # [L_dense]
+
     def __init__(self, spec: HashGridSpec, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.spec = spec
