@@ -196,6 +196,7 @@ class GpuSampler:
             seconds = time.perf_counter() - self._started - self._paused_s
             util = self._util_sum / self._util_n if self._util_n else None
             power = self._power_sum / self._power_n if self._power_n else None
+            energy: float | None
             if energy_end is not None and self._energy_start is not None:
                 energy = (energy_end - self._energy_start - self._excluded_mj) / 1000.0  # mJ -> J
             else:

@@ -96,6 +96,7 @@ def silhouette_iou(args, trained: Trained) -> dict:
         if not Path(args.mesh).is_file():
             raise ConfigError(f"--mesh {args.mesh}: no such file")
         mesh = trimesh.load(args.mesh, force="mesh", process=False)
+        assert isinstance(mesh, trimesh.Trimesh)  # force="mesh"
         if args.space != "ngp":
             mesh.vertices = nerf_to_ngp_points(np.asarray(mesh.vertices), trained.scene.scale, trained.scene.offset)
     else:
