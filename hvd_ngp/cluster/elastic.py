@@ -67,6 +67,6 @@ def run(train_loop: Callable[[Callable[[], None]], None], reseed: Callable[[], N
         train_loop(commit)
 
     averages = ts.ema.tensors() if ts.ema is not None else {}
-    dist.elastic_run(body, ts.field, ts.optimizer, {"grid_density": ts.grid.get_buffer("density"), **averages}, on_reset,
+    dist.elastic_run(body, ts.field, ts.optimizer, {"grid_density": ts.grid.density, **averages}, on_reset,
                      step=ts.step, n_rays=ts.n_rays, progress=ts.progress,
                      ema_count=ts.ema.count if ts.ema is not None else 0)

@@ -27,7 +27,7 @@ CHUNK = 1 << 18
 def occupied_box(grid: OccupancyGrid, aabb: Tensor) -> Tensor:
     """The bounding box ``[2, 3]`` of the grid's occupied cells (every cascade), inside ``aabb``; ``aabb`` when
     nothing is occupied."""
-    cells = torch.nonzero(grid.get_buffer("occupied").view(-1)).squeeze(1)
+    cells = torch.nonzero(grid.occupied.view(-1)).squeeze(1)
     if cells.numel() == 0:
         return aabb.clone()
     lo = grid.cell_positions(cells, torch.zeros(cells.numel(), 3, device=cells.device)).min(0).values
