@@ -347,9 +347,9 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
     if rt.is_root:
         snap = held()
         root_meta = {"step": int(snap["step"]), "world_size": int(snap.get("world_size", 0)),
-                "layout": json.loads(snap.get("rank_layout", "[]")), "scaler": snap.get("scaler") or {},
-                "progress": json.loads(snap["progress"]) if "progress" in snap else None,
-                "ema_count": ts.ema.count if ts.ema is not None else 0}
+                     "layout": json.loads(snap.get("rank_layout", "[]")), "scaler": snap.get("scaler") or {},
+                     "progress": json.loads(snap["progress"]) if "progress" in snap else None,
+                     "ema_count": ts.ema.count if ts.ema is not None else 0}
     meta = dist.broadcast_object(root_meta, name="checkpoint.meta")
     assert meta is not None  # rank 0 sent it
     ts.step = meta["step"]
