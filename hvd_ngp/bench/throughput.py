@@ -335,7 +335,7 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
         tr.step(opts.warmup_steps + opts.steps + i, timer)
         timer.collect()
     first = opts.warmup_steps + 2 * opts.steps
-    # noqa F821 on the two lambdas: ruff reads the `del tr` below as unbinding tr in them; they run before it
+    # F821 silenced on the two lambdas: ruff reads the `del tr` below as unbinding tr in them; they run before it
     launches = (profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev)  # noqa: F821
                 if opts.profile_steps else
                 {"profiled_steps": 0, "profiled_step_ms": None, "launches_per_step": None, "kernels_per_step": None,
