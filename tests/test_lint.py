@@ -100,15 +100,19 @@ def test_format_check_catches_an_unformatted_file():
 
 
 def test_mypy_catches_a_new_type_error(tmp_path):
-    """pyproject.toml's mypy settings flag an Optional used unchecked and an unused ``type: ignore``."""
+    """pyproject.toml's mypy settings flag an Optional used unchecked, an unused ``type: ignore`` and one that
+    names no error code."""
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "bad.py").write_text(
-        "def size(x: list[int] | None) -> int:\n    return len(x)\n\n\ny: int = 1  # type: ignore[assignment]\n"
+        "def size(x: list[int] | None) -> int:\n    return len(x)\n\n\n"
+        "y: int = 1  # type: ignore[assignment]\n"
+        'z: int = "1"  # type: ignore\n'
     )
     config, cache = str(ROOT / "pyproject.toml"), str(tmp_path / "cache")
     proc = tool("mypy", "--config-file", config, "--cache-dir", cache, "-p", "pkg", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert 'bad.py:2: error: Argument 1 to "len" has incompatible type "list[int] | None"' in proc.stdout, proc.stdout
     assert 'bad.py:5: error: Unused "type: ignore" comment' in proc.stdout, proc.stdout
+    assert 'bad.py:6: error: "type: ignore" comment without error code' in proc.stdout, proc.stdout
