@@ -67,8 +67,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return "triton"
 
 
-def make_position_encoding(block: dict, backend: str = "torch", source: str = "config"
-                           ) -> HashGridTorch | TcnnEncoding:
+def make_position_encoding(block: dict, backend: str = "torch", source: str = "config") -> HashGridTorch | TcnnEncoding:
     """A hash grid from an instant-ngp ``encoding`` block on a concrete backend (see ``resolve_backend``).
 
     ``table_dtype`` ("float32" | "float16") is the precision the Triton backend gathers from;

@@ -168,13 +168,13 @@ class HashGridTorch(nn.Module):
         layout = spec.level_layout()
         self.params = nn.Parameter(torch.empty(spec.n_params, spec.n_features_per_level, dtype=dtype))
         nn.init.uniform_(self.params, -1e-4, 1e-4)
-        self.register_buffer("scales", torch.tensor([lvl[0] for lvl in layout], dtype=torch.float32), persistent=False)
-        self.register_buffer("resolutions", torch.tensor([lvl[1] for lvl in layout], dtype=torch.int64), persistent=False)
-        self.register_buffer("sizes", torch.tensor([lvl[2] for lvl in layout], dtype=torch.int64), persistent=False)
-        self.register_buffer("offsets", torch.tensor([lvl[3] for lvl in layout], dtype=torch.int64), persistent=False)
-        hashed = [i for i, lvl in enumerate(layout) if lvl[4]]
-        dense = [i for i, lvl in enumerate(layout) if not lvl[4]]
-        self.register_buffer("hashed_mask", torch.tensor([lvl[4] for lvl in layout], dtype=torch.bool), persistent=False)
+        self.register_buffer("scales", torch.tensor([lv[0] for lv in layout], dtype=torch.float32), persistent=False)
+        self.register_buffer("resolutions", torch.tensor([lv[1] for lv in layout], dtype=torch.int64), persistent=False)
+        self.register_buffer("sizes", torch.tensor([lv[2] for lv in layout], dtype=torch.int64), persistent=False)
+        self.register_buffer("offsets", torch.tensor([lv[3] for lv in layout], dtype=torch.int64), persistent=False)
+        hashed = [i for i, lv in enumerate(layout) if lv[4]]
+        dense = [i for i, lv in enumerate(layout) if not lv[4]]
+        self.register_buffer("hashed_mask", torch.tensor([lv[4] for lv in layout], dtype=torch.bool), persistent=False)
         self.register_buffer("hashed_levels", torch.tensor(hashed, dtype=torch.int64), persistent=False)
         self.register_buffer("dense_levels", torch.tensor(dense, dtype=torch.int64), persistent=False)
 
