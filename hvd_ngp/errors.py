@@ -49,7 +49,7 @@ def os_cause(exc: OSError) -> str:
     """``OSError`` -> its true cause in the system's words ("Permission denied", "No space left on device",
     "File name too long", "No such file or directory (deleted or moved?)"), never a guess."""
     words = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
-    return words + _HINTS.get(exc.errno, "")
+    return words + (_HINTS.get(exc.errno, "") if exc.errno is not None else "")
 
 
 def read_json_object(path: Path, error: type[HvdNgpError], what: str) -> dict:
@@ -94,4 +94,6 @@ def run_cli(main: Callable[[list[str] | None], object], argv: list[str] | None =
             raise
     sys.stdout.flush()
     # Horovod's shutdown waits for its background thread; after an error that can block: leave fast.
-    os._exit(code) if code else sys.exit(0)
+    if code:
+        os._exit(code)
+    sys.exit(0)

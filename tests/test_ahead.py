@@ -54,8 +54,10 @@ def test_draw_ahead_needs_a_graphed_step(mode, scene_cache, tmp_path, capsys):
 
 
 def test_counts_wait_for_settle_when_not_applied():
-    res = lambda n: StepResult(torch.tensor(0.1), torch.tensor(0.1), torch.tensor(float(n)),  # noqa: E731
-                               torch.tensor(float(4 * n)), torch.tensor(1000.0), False, None, None)
+    def res(n):
+        return StepResult(torch.tensor(0.1), torch.tensor(0.1), torch.tensor(float(n)), torch.tensor(float(4 * n)),
+                          torch.tensor(1000.0), False, None, None)
+
     budget = RayBudget(4096, target=1 << 16, max_rays=1 << 20)
     budget.update(res(1 << 17), apply=False)
     assert budget.n_rays == 4096  # waits for settle

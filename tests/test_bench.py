@@ -49,9 +49,10 @@ def test_summary_arithmetic():
     assert interval_mean(monitored, "comm_fraction") == pytest.approx(0.25)
     assert interval_mean([*monitored, {"interval_s": 1.0, "comm_fraction": None}], "comm_fraction") is None
     assert rank_counts("4,1,2", None) == [1, 2, 4] and rank_counts("auto", 6) == [1, 2, 4]
-    run = lambda n, rate: {"ranks": n, "nodes": 1, "steady_samples_per_sec": rate, "gpu_util_percent": None,  # noqa: E731
-                           "comm_share": 0.1, "samples_per_joule": None, "test_psnr": 30.0,
-                           "psnr_curve": [(5.0, 33.1)], "ceiling": []}
+    def run(n, rate):
+        return {"ranks": n, "nodes": 1, "steady_samples_per_sec": rate, "gpu_util_percent": None, "comm_share": 0.1,
+                "samples_per_joule": None, "test_psnr": 30.0, "psnr_curve": [(5.0, 33.1)], "ceiling": []}
+
     rows = summarize([run(1, 100.0), run(2, 190.0)], [33.0, 35.0])
     assert rows[1]["speedup"] == pytest.approx(1.9) and rows[1]["efficiency"] == pytest.approx(0.95)
     assert rows[1]["time_to_psnr"] == {"33.0": 5.0, "35.0": None}
@@ -68,10 +69,11 @@ def test_strong_scaling_arithmetic():
     assert per_rank_samples("weak", 1024, 4) == 1024 and per_rank_samples("strong", 1024, 4) == 256
     with pytest.raises(BenchError, match="--target_samples 1000 .* 3 rank"):
         per_rank_samples("strong", 1000, 3)
-    run = lambda mode, n, step_s, rate: {"mode": mode, "ranks": n, "nodes": 1, "target_samples": 1024 // n,  # noqa: E731
-                                         "steady_step_s": step_s, "steady_samples_per_sec": rate,
-                                         "gpu_util_percent": None, "comm_share": 0.1, "samples_per_joule": None,
-                                         "test_psnr": 30.0, "psnr_curve": [(5.0, 33.1)], "ceiling": []}
+    def run(mode, n, step_s, rate):
+        return {"mode": mode, "ranks": n, "nodes": 1, "target_samples": 1024 // n, "steady_step_s": step_s,
+                "steady_samples_per_sec": rate, "gpu_util_percent": None, "comm_share": 0.1,
+                "samples_per_joule": None, "test_psnr": 30.0, "psnr_curve": [(5.0, 33.1)], "ceiling": []}
+
     # strong: speedup from seconds per step (0.4 s -> 0.25 s), not from throughput; weak rows keep theirs
     rows = summarize([run("weak", 1, 0.4, 100.0), run("weak", 2, 0.5, 160.0),
                       run("strong", 1, 0.4, 100.0), run("strong", 2, 0.25, 150.0)], [33.0])

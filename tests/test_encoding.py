@@ -61,9 +61,9 @@ def points() -> torch.Tensor:
 
 def test_layout_has_dense_and_hashed_levels():
     layout = SPEC.level_layout()
-    assert [l[4] for l in layout] == [False, False, False, True, True, True]
+    assert [lv[4] for lv in layout] == [False, False, False, True, True, True]
     assert layout[0][1] == 4 and layout[0][2] == 64  # resolution 4, 4^3 = 64 rows
-    assert SPEC.n_params == sum(l[2] for l in layout)
+    assert SPEC.n_params == sum(lv[2] for lv in layout)
 
 
 def test_forward_and_table_gradient_match_brute_force():

@@ -4,7 +4,6 @@ and the parsing of NCCL's transport report. Pure Python: no ranks, no Horovod.""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 

@@ -3,18 +3,15 @@ the snapshot viewer's page in a real headless Chromium compared with the render 
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import ROOT, run_ranks, tiny_cpu_args
 from hvd_ngp.training.control import RunControl

@@ -339,12 +339,14 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
         tr.step(opts.warmup_steps + opts.steps + i, timer)
         timer.collect()
     first = opts.warmup_steps + 2 * opts.steps
-    launches = profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev) if opts.profile_steps else \
-        {"profiled_steps": 0, "profiled_step_ms": None, "launches_per_step": None, "kernels_per_step": None,
-         "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}, "launch_sources": {},
-         "kernel_timeline": [], "kernel_gaps": {}}
+    # F821 silenced on the two lambdas: ruff reads the `del tr` below as unbinding tr in them; they run before it
+    launches = (profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev)  # noqa: F821
+                if opts.profile_steps else
+                {"profiled_steps": 0, "profiled_step_ms": None, "launches_per_step": None, "kernels_per_step": None,
+                 "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}, "launch_sources": {},
+                 "kernel_timeline": [], "kernel_gaps": {}})
     after = first + torch_profiler_steps(opts)
-    host = host_profile(lambda i: tr.step(after + i), opts.host_profile_steps)
+    host = host_profile(lambda i: tr.step(after + i), opts.host_profile_steps)  # noqa: F821
     sync(dev)
     marches = bench_march(tr) if dev.type == "cuda" and opts.march_launches else []
     grids = bench_grid(tr) if dev.type == "cuda" and opts.grid_launches else []

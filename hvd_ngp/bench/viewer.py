@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import threading
 import time
 from pathlib import Path
 

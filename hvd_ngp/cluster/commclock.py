@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -54,7 +54,8 @@ class CommClock:
 
     def wrap_synchronize(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Time a Horovod DistributedOptimizer's gradient synchronisation, wherever it is called from."""
-        inner = optimizer.synchronize
+        hvd_optimizer: Any = optimizer  # Horovod's DistributedOptimizer class is made at run time: no static type
+        inner = hvd_optimizer.synchronize
         devices = {p.device for group in optimizer.param_groups for p in group["params"] if p.is_cuda}
         probes = [torch.empty(0, device=d) for d in devices]
 
@@ -62,7 +63,7 @@ class CommClock:
             with self.blocking(*probes):
                 inner()
 
-        optimizer.synchronize = synchronize  # step() calls self.synchronize(): the instance attribute wins
+        hvd_optimizer.synchronize = synchronize  # step() calls self.synchronize(): the instance attribute wins
         return optimizer
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from . import dist
 from ..errors import ConfigError
+from . import dist
 
 #: settings shown in full in the message; the rest of a long list is counted
 SHOWN = 6

@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import torch
 
-from .commclock import COMM_CLOCK
 from .. import launcher_env
 from ..errors import BackendError, ConfigError, HvdNgpError
+from .commclock import COMM_CLOCK
 
 T = TypeVar("T")
 
@@ -74,7 +74,7 @@ class Groups:
         return [d * self.model_parallel + self.region for d in range(self.replicas)]
 
 
-_hvd = None  # horovod.torch, once initialised
+_hvd: Any = None  # horovod.torch, once initialised (an untyped module)
 _runtime: Runtime | None = None
 _groups = Groups()
 
@@ -243,7 +243,7 @@ _OPS = {"sum": "Sum", "avg": "Average", "max": "Max", "min": "Min"}
 
 def allreduce(tensor: torch.Tensor, op: str = "sum", name: str | None = None) -> torch.Tensor:
     """Allreduce a tensor (op: sum | avg | max | min); returns a new tensor. Identity at size 1."""
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         return tensor.clone()
     with COMM_CLOCK.blocking(tensor):
         return _hvd.allreduce(tensor, op=getattr(_hvd, _OPS[op]), name=name)
@@ -251,7 +251,7 @@ def allreduce(tensor: torch.Tensor, op: str = "sum", name: str | None = None) ->
 
 def allreduce_(tensor: torch.Tensor, op: str = "sum", name: str | None = None) -> torch.Tensor:
     """In-place allreduce."""
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         return tensor
     with COMM_CLOCK.blocking(tensor):
         return _hvd.allreduce_(tensor, op=getattr(_hvd, _OPS[op]), name=name)
@@ -262,7 +262,7 @@ def allreduce_async(tensor: torch.Tensor, op: str = "sum", name: str | None = No
 
     Returns a handle for ``synchronize``; at size 1 the handle is a copy of ``tensor``.
     """
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         return tensor.clone()
     return _hvd.allreduce_async(tensor, op=getattr(_hvd, _OPS[op]), name=name)
 
@@ -276,7 +276,7 @@ def synchronize(handle: Any) -> torch.Tensor:
 
 def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along dim 0, in rank order (``[size * n, ...]`` when all have n rows)."""
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         return tensor.clone()
     return _hvd.allgather(tensor, name=name)
 
@@ -284,7 +284,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
 def reducescatter(tensor: torch.Tensor, op: str = "avg", name: str | None = None) -> torch.Tensor:
     """This rank's block of the reduced ``tensor`` (op: sum | avg): ``[n / size, ...]`` when ``size`` divides
     the ``n`` rows (Horovod gives the first ranks one row more otherwise). A copy at size 1."""
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         return tensor.clone()
     with COMM_CLOCK.blocking(tensor):
         return _hvd.reducescatter(tensor, op=getattr(_hvd, _OPS[op]), name=name)
@@ -292,21 +292,21 @@ def reducescatter(tensor: torch.Tensor, op: str = "avg", name: str | None = None
 
 def allgather_object(obj: T, name: str | None = None) -> list[T]:
     """Every rank's ``obj``, ordered by rank (picklable objects only; for small metadata)."""
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         return [obj]
     with COMM_CLOCK.blocking():
         return _hvd.allgather_object(obj, name=name)
 
 
 def broadcast_object(obj: T, root: int = 0, name: str | None = None) -> T:
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         return obj
     with COMM_CLOCK.blocking():
         return _hvd.broadcast_object(obj, root_rank=root, name=name)
 
 
 def barrier() -> None:
-    if _hvd is not None and _runtime.size > 1:
+    if communicating():
         with COMM_CLOCK.blocking():
             _hvd.barrier()
 
@@ -318,7 +318,7 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     empty state with a zero-gradient step, which moves weight-decayed parameters. The optimizer
     state therefore goes first and the parameters after it, overwriting any such move.
     """
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         return
     if optimizer is not None:
         _hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -327,7 +327,7 @@ def broadcast_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
 
 def broadcast_(tensor: torch.Tensor, root: int = 0, name: str | None = None) -> torch.Tensor:
     """In-place broadcast from ``root``."""
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         return tensor
     with COMM_CLOCK.blocking(tensor):
         return _hvd.broadcast_(tensor, root_rank=root, name=name)
@@ -378,7 +378,7 @@ def allreduce_buffers_start(tensors: Sequence[torch.Tensor], names: Sequence[str
     """
     if len(tensors) != len(names):
         raise ValueError(f"{len(tensors)} tensors but {len(names)} names")
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         return PendingAllreduce(tensors, [])
     return PendingAllreduce(tensors, _submit_all(tensors, names, op, prescale_factor, postscale_factor))
 
@@ -392,7 +392,7 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: It
     accumulate locally before one allreduce. Not wrapped at size 1,
     except in an elastic job, whose world may grow later. ``COMM_CLOCK`` times the wait in ``synchronize()``.
     """
-    if _hvd is None or (_runtime.size == 1 and not elastic()):
+    if _hvd is None or (runtime().size == 1 and not elastic()):
         return optimizer
     extra = {}
     if group == "region":  # model parallel: average among the D copies of this rank's region only
@@ -575,7 +575,7 @@ def agree(fn: Callable[[], T], what: str) -> T:
         message = str(exc)
     except Exception as exc:  # an unexpected failure still must not hang the other ranks
         message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
-    if _hvd is None or _runtime.size == 1:
+    if not communicating():
         if message:
             raise RankFailure(message)
         return result

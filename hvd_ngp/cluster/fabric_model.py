@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import ConfigError
 
@@ -304,7 +304,7 @@ def time_to_quality(steps: Mapping, grad_bytes: float, f: Fabric, psnr: str, mod
         by_k.setdefault(k, []).append(value)
     if 1 not in by_k:
         raise ConfigError(f"{source}: no run with k = 1 (the N = 1 reference)")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for k in sorted(by_k):
         if k > f.nodes * f.gpus_per_node:
             continue

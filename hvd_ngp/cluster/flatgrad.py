@@ -119,8 +119,9 @@ class FlatGradients:
             return f"{n / 2**20:.1f} MiB" if n >= 2**20 else (f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} B")
         parts = []
         for dt, b in self.buffers.items():
-            tail = f" + tail {self.tail.numel()}" if dt == torch.float32 and self.tail is not None else ""
-            n = b.numel() - (self.tail.numel() if tail else 0)
+            tail_n = self.tail.numel() if dt == torch.float32 and self.tail is not None else None
+            tail = "" if tail_n is None else f" + tail {tail_n}"
+            n = b.numel() - (tail_n or 0)
             parts.append(f"{_short(dt)} {n}{tail} ({size(b.numel() * b.element_size())})")
         return "flat gradients: " + ", ".join(parts)
 

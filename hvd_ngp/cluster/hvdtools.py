@@ -21,8 +21,8 @@ import argparse
 import os
 from pathlib import Path
 
-from . import dist
 from ..errors import ConfigError
+from . import dist
 
 
 def horovod_tool_env(timeline: str | None = None, timeline_mark_cycles: bool = False, autotune: bool = False,

@@ -39,7 +39,8 @@ def lattice_shape(box: Tensor, resolution: int) -> tuple[int, int, int]:
     """Points along each axis: ``resolution`` along the box's longest side, cubic cells."""
     ext = (box[1] - box[0]).tolist()
     cell = max(ext) / (resolution - 1)
-    return tuple(max(2, int(math.ceil(e / cell)) + 1) for e in ext)
+    nx, ny, nz = (max(2, int(math.ceil(e / cell)) + 1) for e in ext)
+    return nx, ny, nz
 
 
 @torch.no_grad()
@@ -100,5 +101,6 @@ def extract_mesh(field, grid: OccupancyGrid | None, resolution: int = DEFAULT_RE
     normals, colours = vertex_colours(field, v, 0.5 * float(step.min()))
     if len(mesh.faces) and float((mesh.vertex_normals * normals).sum()) < 0:  # wind the faces outward
         mesh.invert()
+    assert isinstance(mesh.visual, trimesh.visual.ColorVisuals)  # a mesh made without a texture
     mesh.visual.vertex_colors = np.concatenate([colours, np.full((len(colours), 1), 255, np.uint8)], 1)
     return mesh

@@ -23,7 +23,9 @@ def point_cloud(renderer: ViewRenderer, frames: Frames, background: torch.Tensor
     ``frames`` (0: all): at most about ``max_points`` in all (each view keeps the same random share of its pixels,
     ``seed``). ``progress``: wraps the view indices (a tqdm, or None)."""
     views = range(len(frames) if n_views <= 0 else min(n_views, len(frames)))
-    n_pixels = int(sum(w * h for w, h in frames.sizes[:len(views)].tolist()))
+    sizes = frames.sizes
+    assert sizes is not None  # Frames.__post_init__ fills it
+    n_pixels = int(sum(w * h for w, h in sizes[:len(views)].tolist()))
     share = min(1.0, max_points / max(n_pixels, 1))
     gen = torch.Generator().manual_seed(seed)
     points, colours = [], []

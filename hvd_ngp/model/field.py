@@ -11,8 +11,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .encoding import make_direction_encoding, make_position_encoding, scaled_to_extent
 from ..errors import ConfigError
+from .encoding import make_direction_encoding, make_position_encoding, scaled_to_extent
 
 MLP_TYPES = ("FullyFusedMLP", "CutlassMLP", "MLP")
 
@@ -78,8 +78,9 @@ def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = 
         layers += [nn.Linear(a, b, bias=False), nn.ReLU() if act == "ReLU" else nn.Identity()]
     layers.append(nn.Linear(dims[-1], n_output, bias=False))
     if init == "xavier":  # tiny-cuda-nn's: uniform in +-sqrt(6 / (fan_in + fan_out)) per weight matrix
-        for layer in layers[::2]:
-            nn.init.xavier_uniform_(layer.weight)
+        for layer in layers:
+            if isinstance(layer, nn.Linear):
+                nn.init.xavier_uniform_(layer.weight)
     if backend == "triton":
         from .mlp_triton import FusedMLP
 
@@ -107,6 +108,8 @@ class NGPField(nn.Module):
     features (sigma = 1) and which get no gradient; the other backends compute every row.
     ``fused_training``: the MLPs' default for ``"fused"`` (``make_mlp``).
     """
+
+    aabb: Tensor  # [2, 3] buffer
 
     def __init__(self, model: dict, aabb: Tensor, backend: str = "torch", fused_training: bool = False) -> None:
         super().__init__()

@@ -32,7 +32,7 @@ rows ``>= n_rows`` (and their input gradients) are zeros.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import triton
@@ -229,6 +229,7 @@ def max_shared_memory(device: torch.device) -> int | None:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SHARED_LIMIT:
+        limit: int | None
         try:
             limit = int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
         except (AttributeError, KeyError, RuntimeError, TypeError):
@@ -310,7 +311,7 @@ def _constexprs(weights: tuple[Tensor, ...], relu: bool, dot: str, has_count: bo
                 DOT=dot, HAS_COUNT=has_count)
 
 
-def _weight_args(weights: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _weight_args(weights: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(w_in, w_h1, w_h2, w_out): the unused hidden slots repeat the output weight (never read)."""
     hidden = list(weights[1:-1]) + [weights[-1]] * (MAX_HIDDEN_LAYERS - len(weights) + 1)
     return weights[0], hidden[0], hidden[1], weights[-1]
@@ -347,7 +348,7 @@ class _FusedMLPFunction(torch.autograd.Function):
                             *_weight_args(grads), x if n_rows is None else n_rows, n),
                            {**_constexprs(weights, ctx.relu, ctx.dot, n_rows is not None), "NEED_GX": need_gx},
                            BWD_WARPS)
-        elif need_gx:
+        elif g_x is not None:  # need_gx
             g_x.zero_()
         return (g_x, None, None, None, *(g.to(w.dtype) for g, w in zip(grads, weights)))
 

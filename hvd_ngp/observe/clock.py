@@ -39,6 +39,7 @@ class TrainClock:
         """Time inside the block does not count; ``last_pause`` holds its length afterwards."""
         self._sync()
         now = time.perf_counter()
+        assert self._since is not None, "TrainClock.paused does not nest"
         self._banked += now - self._since
         self._since = None
         try:

@@ -254,10 +254,10 @@ def render_table(records: list[dict], findings: list[Finding], color: bool = Fal
     for label, _, values in rows:
         for i, (value, ranks) in enumerate(groups(values)):
             sev = next((flagged[(label, r)] for r in ranks if (label, r) in flagged), None)
-            mark, tint = {"error": ("!! ", red), "warning": (" ! ", yellow)}.get(sev, ("   ", ""))
+            mark, tint = {"error": ("!! ", red), "warning": (" ! ", yellow)}.get(sev or "", ("   ", ""))
             shown = value if len(value) <= vwidth else value[:vwidth - 3] + "..."
             who = "all" if len(ranks) == rt_size else rank_ranges(ranks)
-            note = {"error": "  <- MISMATCH", "warning": "  <- differs"}.get(sev, "")
+            note = {"error": "  <- MISMATCH", "warning": "  <- differs"}.get(sev or "", "")
             name = label if i == 0 or sev else ""  # a marked line names its field, for grep
             lines.append(f"{tint}{mark}{name:<{width}}{shown:<{vwidth}}  {who}{note}{reset if tint else ''}")
     for rec in records:

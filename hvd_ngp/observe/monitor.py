@@ -316,7 +316,7 @@ class Monitor:
         self.gpu_id = float(int.from_bytes(hashlib.sha1(key).digest()[:6], "big")) if self.gpu.available else math.nan
         self.table: np.ndarray | None = None  # the last interval's reduced table [world_size, len(RANK_FIELDS)]
         self._jsonl: IO[str] | None = None
-        self._tb = None
+        self._tb: Any = None  # torch.utils.tensorboard.SummaryWriter under --tensorboard (optional package)
         self._bar = None
         if self.rt.is_root:
             self._open_sinks(total_steps, start_step)
@@ -383,7 +383,7 @@ class Monitor:
             "step_mem_allocated": step.allocated if step else None, "step_mem_reserved": step.reserved if step else None,
             "eval_mem_allocated": ev.allocated if ev else None, "eval_mem_reserved": ev.reserved if ev else None,
         }
-        return torch.tensor([nan if values[k] is None else float(values[k]) for k in RANK_FIELDS], dtype=torch.float64)
+        return torch.tensor([nan if (v := values[k]) is None else float(v) for k in RANK_FIELDS], dtype=torch.float64)
 
     def end_interval(self, step: int, stats: IntervalStats, train_s: float,
                      occupancy: float | None = None) -> dict[str, Any]:

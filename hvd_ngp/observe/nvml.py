@@ -48,6 +48,11 @@ class GpuSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._mem_max: float | None = None  # interval state, set by _reset
+        self._mem_total: float | None = None
+        self._energy_start: float | None = None
+        self._paused_at: float | None = None
+        self._pause_energy: float | None = None
         try:
             self._open(device)
             self.available = True
@@ -154,13 +159,13 @@ class GpuSampler:
             self._count = 0
             self._util_sum = self._power_sum = 0.0
             self._util_n = self._power_n = 0
-            self._mem_max: float | None = None
-            self._mem_total: float | None = None
+            self._mem_max = None
+            self._mem_total = None
             self._started = now
             self._energy_start = None
-            self._paused_at: float | None = None
+            self._paused_at = None
             self._paused_s = 0.0
-            self._pause_energy: float | None = None
+            self._pause_energy = None
             self._excluded_mj = 0.0
 
     def begin(self) -> None:
@@ -191,6 +196,7 @@ class GpuSampler:
             seconds = time.perf_counter() - self._started - self._paused_s
             util = self._util_sum / self._util_n if self._util_n else None
             power = self._power_sum / self._power_n if self._power_n else None
+            energy: float | None
             if energy_end is not None and self._energy_start is not None:
                 energy = (energy_end - self._energy_start - self._excluded_mj) / 1000.0  # mJ -> J
             else:

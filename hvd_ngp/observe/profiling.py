@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Any
 
 import torch
 
@@ -16,11 +17,11 @@ import torch
 class StageTimer:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self._marks: list[tuple[str, object]] = []
+        self._marks: list[tuple[str, Any]] = []  # (stage, CUDA event or perf_counter seconds)
         self.totals: dict[str, float] = defaultdict(float)  # ms, summed over collected steps
         self.steps = 0
 
-    def _now(self):
+    def _now(self) -> Any:
         if self.cuda:
             e = torch.cuda.Event(enable_timing=True)
             e.record()

@@ -36,6 +36,12 @@ def _alone(fresh: Tensor) -> Tensor:
 class OccupancyGrid(nn.Module):
     """Buffers: ``density`` ``[K, R^3]`` float (optical thickness), ``occupied`` ``[K, R^3]`` bool."""
 
+    center: Tensor  # [3]
+    half0: Tensor  # [3], half-extent of cascade 0
+    density: Tensor
+    occupied: Tensor
+    visible: Tensor  # [K, R^3] bool
+
     def __init__(self, aabb: Tensor, resolution: int = 128, n_cascades: int = 1, threshold: float = 0.01,
                  decay: float = 0.95) -> None:
         super().__init__()

@@ -34,12 +34,12 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable, cast
 
 import torch
 
-from ..cluster import dist
 from .. import faultpoints
+from ..cluster import dist
 from ..errors import SnapshotError, os_cause
 from .trainstate import TrainState
 
@@ -70,7 +70,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide checkpoints from the user's group
         with os.fdopen(fd, "wb") as f:
             stream = _ErrorRecorder(faultpoints.checkpoint_stream(f, tmp))
-            torch.save(obj, stream)
+            torch.save(obj, cast(IO[bytes], stream))  # a duck-typed writer: write and flush
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -84,9 +84,10 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
             os.unlink(tmp)
         except OSError:
             pass
+        cause: BaseException = exc
         if stream is not None and stream.error is not None:  # torch reports it as "unexpected pos ..."
-            exc = stream.error
-        reason = os_cause(exc) if isinstance(exc, OSError) and exc.errno else str(exc).splitlines()[0]
+            cause = stream.error
+        reason = os_cause(cause) if isinstance(cause, OSError) and cause.errno else str(cause).splitlines()[0]
         raise SnapshotError(f"{path}: writing failed ({reason}); any previous file there is unchanged") from None
     return path
 
@@ -317,29 +318,40 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
     """
     rt = dist.runtime()
     groups = dist.groups()
-    layout = dist.broadcast_object(snapshot_layout(snap) if rt.is_root else None, name="checkpoint.layout")
+
+    def held() -> dict:
+        """The snapshot: rank 0's code only."""
+        assert snap is not None, "restore: rank 0 holds the snapshot"
+        return snap
+
+    layout = dist.broadcast_object(snapshot_layout(held()) if rt.is_root else None, name="checkpoint.layout")
     want = json.loads(ts.layout) if ts.layout is not None else None
-    if (layout is None) != (want is None) or (layout is not None and (
-            layout["model_parallel"] != want["model_parallel"] or layout["partition"] != want["partition"])):
+    same_layout = (layout is None and want is None) or (
+        layout is not None and want is not None and layout["model_parallel"] == want["model_parallel"]
+        and layout["partition"] == want["partition"])
+    if not same_layout:
         taken = f"--model_parallel {layout['model_parallel']}" if layout else "--model_parallel 1"
         raise SnapshotError(f"{source}: taken with {taken} and this run has --model_parallel {groups.model_parallel}"
                             + (" (another partition of the scene)" if layout and want and
                                layout["model_parallel"] == want["model_parallel"] else "")
                             + ": resume with the same --model_parallel and scene")
-    dist.agree(lambda: _load_shared(ts, snap, source) if rt.is_root else None, "loading the checkpoint")
+    dist.agree(lambda: _load_shared(ts, held(), source) if rt.is_root else None, "loading the checkpoint")
     if groups.enabled:
         def load_region() -> None:
             if groups.replica == 0 and groups.region > 0:
+                assert layout is not None  # groups.enabled: same_layout holds a model-parallel layout
                 _load_region(ts, read_region(source, layout, groups.region), source)
 
         dist.agree(load_region, "loading the region checkpoints")
-    meta = None
+    root_meta: dict[str, Any] | None = None
     if rt.is_root:
-        meta = {"step": int(snap["step"]), "world_size": int(snap.get("world_size", 0)),
-                "layout": json.loads(snap.get("rank_layout", "[]")), "scaler": snap.get("scaler") or {},
-                "progress": json.loads(snap["progress"]) if "progress" in snap else None,
-                "ema_count": ts.ema.count if ts.ema is not None else 0}
-    meta = dist.broadcast_object(meta, name="checkpoint.meta")
+        snap = held()
+        root_meta = {"step": int(snap["step"]), "world_size": int(snap.get("world_size", 0)),
+                     "layout": json.loads(snap.get("rank_layout", "[]")), "scaler": snap.get("scaler") or {},
+                     "progress": json.loads(snap["progress"]) if "progress" in snap else None,
+                     "ema_count": ts.ema.count if ts.ema is not None else 0}
+    meta = dist.broadcast_object(root_meta, name="checkpoint.meta")
+    assert meta is not None  # rank 0 sent it
     ts.step = meta["step"]
     if meta["progress"] is not None:
         ts.progress = meta["progress"]
@@ -358,8 +370,8 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
         dist.broadcast_region_state(ts.field, ts.optimizer)
     else:
         dist.broadcast_state(ts.field, ts.optimizer)  # optimizer state first, then parameters (see dist)
-    sync_note = ts.exchange.restore(snap.get("grad_sync") if rt.is_root else None) if ts.exchange is not None else ""
-    if rt.is_root and ts.exchange is None and int((snap.get("grad_sync") or {}).get("pending", -1)) >= 0:
+    sync_note = ts.exchange.restore(held().get("grad_sync") if rt.is_root else None) if ts.exchange is not None else ""
+    if rt.is_root and ts.exchange is None and int((held().get("grad_sync") or {}).get("pending", -1)) >= 0:
         sync_note = "taken with --grad_sync delayed: its last average, not yet applied, is dropped"
 
     same_world = meta["world_size"] == rt.size and [list(x) for x in meta["layout"]] == ts.stream_layout()
@@ -374,7 +386,7 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
         return (f"it was taken {where}: every rank starts fresh streams for its shard, so the trajectory "
                 "differs from an uninterrupted run")
     n = sum(n for _, n in meta["layout"])
-    streams = snap["rank_streams"].to("cpu") if rt.is_root else torch.zeros(rt.size, n, dtype=torch.uint8)
+    streams = held()["rank_streams"].to("cpu") if rt.is_root else torch.zeros(rt.size, n, dtype=torch.uint8)
     dist.broadcast_(streams, name="checkpoint.streams")  # a scatter: each rank keeps its own row
     ts.unpack_streams(streams[rt.rank], meta["layout"])
     return ""

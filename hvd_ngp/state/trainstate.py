@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 from torch import Tensor
 
 from ..data.sampler import RaySampler
 from ..data.scene import Frames
+
+if TYPE_CHECKING:
+    from ..render.occupancy import OccupancyGrid
 
 #: stride between the random streams of successive (re)seedings, so a reseed at step s never
 #: replays the stream a rank started with at step 0
@@ -65,7 +68,7 @@ class TrainState:
     that a resume continues."""
 
     field: torch.nn.Module
-    grid: torch.nn.Module
+    grid: OccupancyGrid
     optimizer: torch.optim.Optimizer
     scaler: Any  # torch.amp.GradScaler | None
     sampler: RaySampler

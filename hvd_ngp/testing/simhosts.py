@@ -206,6 +206,8 @@ def shape(namespace: str, device: str, rate_bps: float | None, delay_ms: float) 
         if rate_bps:
             args += ["rate", f"{rate_bps:.0f}bit", "limit", str(max(1000, int(rate_bps / 8 / 1500 / 20)))]
     else:
+        if rate_bps is None:
+            raise SimHostsError("simhosts: shaping a link needs a rate or a delay")
         args = ["tbf", "rate", f"{rate_bps:.0f}bit", "burst", str(max(32 * 1024, int(rate_bps / 8 / 1000))),
                 "latency", "50ms"]
     proc = subprocess.run([tc, "-n", namespace, "qdisc", "replace", "dev", device, "root", *args],

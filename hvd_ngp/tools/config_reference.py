@@ -59,7 +59,8 @@ def _option(action: argparse.Action) -> str:
     if action.nargs == 0:
         return names
     if action.metavar:
-        return f"{names} {_cell(action.metavar)}"
+        metavar = action.metavar if isinstance(action.metavar, str) else " ".join(action.metavar)
+        return f"{names} {_cell(metavar)}"
     return names
 
 
@@ -79,7 +80,7 @@ def groups(parser: argparse.ArgumentParser) -> list[tuple[str, list[argparse.Act
         actions = [a for a in group._group_actions
                    if a.option_strings and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
         if actions:
-            title = group.title if group.title not in ("options", "optional arguments") else "general"
+            title = "general" if group.title in (None, "options", "optional arguments") else group.title
             out.append((title, actions))
     return out
 

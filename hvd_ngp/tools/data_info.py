@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-
 from pathlib import Path
 
-from ..errors import SceneError, run_cli
 from ..data import BUILTIN, load_scene, scene_format
 from ..data.builtin import ensure_builtin
 from ..data.images import decode_images
-from ..data.packed import pack_scene
-from ..data.packed import __doc__ as packed_doc
+from ..data.packed import __doc__ as packed_doc, pack_scene
 from ..data.transforms import camera_intrinsics, locate_transforms, scene_aabb
-from .process import Options, process
-from .process import __doc__ as process_doc
+from ..errors import SceneError, run_cli
+from .process import Options, __doc__ as process_doc, process
 
 
 def transforms_info(path, args) -> dict:

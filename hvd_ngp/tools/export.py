@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..cluster import dist
 from ..data.cameras import nerf_to_ngp_points, ngp_to_nerf_points
 from ..errors import ConfigError, HvdNgpError, run_cli
 from ..export.mesh import DEFAULT_RESOLUTION, DEFAULT_THRESHOLD, extract_mesh
 from ..export.pointcloud import DEFAULT_MAX_POINTS, DEFAULT_OPACITY_CUT, point_cloud
 from ..export.silhouette import MASK_OPACITY, iou, mesh_silhouette
-from ..cluster import dist
 from .trained import Trained, load_trained
 
 MESH_SUFFIXES = (".ply", ".obj", ".glb")
@@ -96,6 +96,7 @@ def silhouette_iou(args, trained: Trained) -> dict:
         if not Path(args.mesh).is_file():
             raise ConfigError(f"--mesh {args.mesh}: no such file")
         mesh = trimesh.load(args.mesh, force="mesh", process=False)
+        assert isinstance(mesh, trimesh.Trimesh)  # force="mesh"
         if args.space != "ngp":
             mesh.vertices = nerf_to_ngp_points(np.asarray(mesh.vertices), trained.scene.scale, trained.scene.offset)
     else:

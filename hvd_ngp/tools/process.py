@@ -26,9 +26,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from ..data.images import IMAGE_EXTENSIONS, read_image
 from ..errors import SceneError
 from ..render.camera_path import nearest_point_to_lines
-from ..data.images import IMAGE_EXTENSIONS, read_image
 
 #: COLMAP camera model -> the transforms.json fields its parameters fill, in COLMAP's order
 CAMERA_PARAMS = {
@@ -181,7 +181,7 @@ def camera_fields(camera, scale: float) -> dict:
     values = dict(zip(CAMERA_PARAMS[model], [float(v) for v in camera.params]))
     if "f" in values:
         values["fl_x"] = values["fl_y"] = values.pop("f")
-    out = {"camera_model": "OPENCV_FISHEYE" if model == "OPENCV_FISHEYE" else "OPENCV"}
+    out: dict[str, str | float] = {"camera_model": "OPENCV_FISHEYE" if model == "OPENCV_FISHEYE" else "OPENCV"}
     for k in ("fl_x", "fl_y", "cx", "cy"):
         out[k] = values[k] * scale
     for k in ("k1", "k2", "k3", "k4", "p1", "p2"):
@@ -261,14 +261,17 @@ def process(out: Path, images: Path | None = None, video: Path | None = None, op
     opt = opt or Options()
     if opt.camera_model not in CAMERA_PARAMS:
         raise SceneError(f"--camera_model must be one of {', '.join(CAMERA_PARAMS)}, got {opt.camera_model!r}")
+    frames: list[np.ndarray] | list[Path]
     if video is not None:
         frames = video_frames(video, opt.fps, opt.quiet)
         names = [f"frame_{i:05d}.png" for i in range(len(frames))]
         source = video
-    else:
+    elif images is not None:
         frames = folder_images(images)
         names = [p.name for p in frames]
         source = images
+    else:
+        raise SceneError("process: give a folder of images or a video")
     if len(frames) < 3:
         raise SceneError(f"{source}: {len(frames)} frame(s); COLMAP needs at least 3 overlapping views")
     out.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,14 @@ from ..model.field import NGPField
 from ..observe.memory import MemoryBudget, ranks_on_device
 from ..render.occupancy import OccupancyGrid
 from ..render.regions import Partition, PiecewiseField
-from ..state.checkpoint import load_average, read_region, read_snapshot, restore_snapshot, snapshot_config, snapshot_layout
+from ..state.checkpoint import (
+    load_average,
+    read_region,
+    read_snapshot,
+    restore_snapshot,
+    snapshot_config,
+    snapshot_layout,
+)
 from ..training.evaluate import BACKGROUNDS, ViewRenderer
 from ..training.model_parallel import region_model
 from ..training.recipe import Marching, make_grid

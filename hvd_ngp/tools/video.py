@@ -27,7 +27,10 @@ def write_mp4(frames: list[Path], path: Path, fps: float, crf: int = 18) -> None
     except ImportError:
         raise HvdNgpError(f"{path}: writing H.264 video needs PyAV: pip install av "
                           f"(the PNG frames are in {frames[0].parent if frames else path.parent})") from None
-    first = even_crop(cv2.imread(str(frames[0])))
+    image = cv2.imread(str(frames[0]))
+    if image is None:
+        raise HvdNgpError(f"{frames[0]}: cannot read this frame")
+    first = even_crop(image)
     h, w = first.shape[:2]
     if h < 2 or w < 2:
         raise HvdNgpError(f"{path}: frames of {w}x{h} pixels are too small for H.264")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, run_cli
 from ..training.evaluate import BACKGROUNDS
-from ..viewer.server import Viewer, ViewedModel
+from ..viewer.server import ViewedModel, Viewer
 from .trained import load_trained
 
 

@@ -47,8 +47,10 @@ class HeadlessChromium:
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + start_timeout_s
         port = None
+        stderr = self.proc.stderr
+        assert stderr is not None  # stderr=PIPE
         while port is None and time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
+            line = stderr.readline()
             if not line and self.proc.poll() is not None:
                 break
             if (m := re.search(r"DevTools listening on ws://[^:]+:(\d+)/", line)):
@@ -57,7 +59,7 @@ class HeadlessChromium:
             self.close()
             raise RuntimeError(f"{exe} did not start its DevTools server within {start_timeout_s:g} s")
         # the stderr pipe must not fill up: drain it in the background
-        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
+        threading.Thread(target=lambda: [None for _ in stderr], daemon=True).start()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
             page = next(t for t in json.load(r) if t.get("type") == "page")
         self.ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=10)

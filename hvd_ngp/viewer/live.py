@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ..cluster import dist
 from ..model.encoding import FAST_RENDERER_BACKENDS
 from .resolution import FrameThrottle
-from .server import Viewer, ViewedModel
+from .server import ViewedModel, Viewer
 
 if TYPE_CHECKING:
     from ..training.trainer import Trainer

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -83,7 +83,8 @@ class Viewer:
         self.host = host
         self.port = self.server.get_port()
         scene = model.scene
-        self.server.scene.set_up_direction(tuple(float(v) for v in scene.up))
+        up_x, up_y, up_z = (float(v) for v in scene.up)
+        self.server.scene.set_up_direction((up_x, up_y, up_z))
         self.server.gui.configure_theme(control_width="medium", show_share_button=False)
         self._place_initial_camera()
         self._add_box()
@@ -120,7 +121,7 @@ class Viewer:
         corners = np.array([[(hi if (i >> a) & 1 else lo)[a] for a in range(3)] for i in range(8)])
         edges = [(i, i | (1 << a)) for i in range(8) for a in range(3) if not (i >> a) & 1]
         self.overlays["box"] = [self.server.scene.add_line_segments("/scene_box", np.stack([corners[[i, j]] for i, j in edges]),
-                                            colors=(230, 120, 30), line_width=2.0)]
+                                            colors=(230, 120, 30), thickness=2.0, thickness_units="screen")]
 
     def _add_cameras(self) -> None:
         train = self.model.scene.train
@@ -165,8 +166,12 @@ class Viewer:
             gui.add_button("Save snapshot (checkpoint)").on_click(lambda _: on_save())
         for name, label in (("grid", "Occupancy grid"), ("cameras", "Training cameras"), ("box", "Scene box")):
             box = gui.add_checkbox(label, initial_value=self.shown[name])
-            box.on_update(lambda event, name=name: self._set_visible(name, event.target.value))
-        self._plots = None
+
+            def toggled(event: Any, name: str = name) -> None:
+                self._set_visible(name, event.target.value)
+
+            box.on_update(toggled)
+        self._plots: dict[str, Any] | None = None
         if self.live:
             empty = (np.zeros(0), np.zeros(0))
             self._plots = {
@@ -199,11 +204,13 @@ class Viewer:
             loss = np.array(self.history["loss"]).reshape(-1, 2)
             train = dict(self.history["train_psnr"])
             test = dict(self.history["test_psnr"])
+        plots = self._plots
+        assert plots is not None  # live viewers only
         if len(loss):
-            self._plots["loss"].data = (loss[:, 0], loss[:, 1])
+            plots["loss"].data = (loss[:, 0], loss[:, 1])
         steps = np.array(sorted(set(train) | set(test)), dtype=np.float64)
         if len(steps):
-            self._plots["psnr"].data = (steps, np.array([train.get(s, np.nan) for s in steps]),
+            plots["psnr"].data = (steps, np.array([train.get(s, np.nan) for s in steps]),
                                         np.array([test.get(s, np.nan) for s in steps]))
 
     def status(self, text: str) -> None:

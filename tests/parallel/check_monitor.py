@@ -28,8 +28,8 @@ from fake_nvml import FakeNvml  # noqa: E402
 
 from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.cluster.commclock import COMM_CLOCK  # noqa: E402
-from hvd_ngp.observe.monitor import (JSONL_FIELDS, RANK_FIELDS, Monitor, MonitorSettings, format_line, gather_rows,
-                                     interval_record)  # noqa: E402
+from hvd_ngp.observe.monitor import (  # noqa: E402
+    JSONL_FIELDS, RANK_FIELDS, Monitor, MonitorSettings, format_line, gather_rows, interval_record)
 from hvd_ngp.observe.nvml import GpuSampler  # noqa: E402
 
 

@@ -9,13 +9,26 @@ use the spherical harmonics of ``sh`` on every backend.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from torch import nn
 
 from ...errors import ConfigError
-from .hashgrid import (BACKWARD_LAUNCH, FEATURE_MAJOR, FORWARD_LAUNCH, KERNEL_OPTIONS, MERGE_RUNS_BELOW, GridLaunch,
-                       HashGridSpec, HashGridTorch, scaled_to_extent)
+from .hashgrid import (
+    BACKWARD_LAUNCH,
+    FEATURE_MAJOR,
+    FORWARD_LAUNCH,
+    KERNEL_OPTIONS,
+    MERGE_RUNS_BELOW,
+    GridLaunch,
+    HashGridSpec,
+    HashGridTorch,
+    scaled_to_extent,
+)
 from .sh import SphericalHarmonics
+
+if TYPE_CHECKING:
+    from .tcnn import TcnnEncoding
 
 BACKENDS = ("auto", "torch", "cpp", "triton", "tcnn")
 FAST_RENDERER_BACKENDS = ("triton", "tcnn")  # backends that render with the Triton kernels (render.fast)
@@ -54,7 +67,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return "triton"
 
 
-def make_position_encoding(block: dict, backend: str = "torch", source: str = "config") -> nn.Module:
+def make_position_encoding(block: dict, backend: str = "torch", source: str = "config") -> HashGridTorch | TcnnEncoding:
     """A hash grid from an instant-ngp ``encoding`` block on a concrete backend (see ``resolve_backend``).
 
     ``table_dtype`` ("float32" | "float16") is the precision the Triton backend gathers from;

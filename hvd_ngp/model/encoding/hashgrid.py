@@ -153,19 +153,28 @@ class HashGridTorch(nn.Module):
     gradient; no per-corner copies). Positions receive no gradient.
     """
 
+    # per-level buffers [L] (registered in __init__)
+    scales: Tensor
+    resolutions: Tensor
+    sizes: Tensor
+    offsets: Tensor
+    hashed_mask: Tensor
+    hashed_levels: Tensor  # [L_hashed]: indices of the hashed levels
+    dense_levels: Tensor  # [L_dense]
+
     def __init__(self, spec: HashGridSpec, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.spec = spec
         layout = spec.level_layout()
         self.params = nn.Parameter(torch.empty(spec.n_params, spec.n_features_per_level, dtype=dtype))
         nn.init.uniform_(self.params, -1e-4, 1e-4)
-        self.register_buffer("scales", torch.tensor([l[0] for l in layout], dtype=torch.float32), persistent=False)
-        self.register_buffer("resolutions", torch.tensor([l[1] for l in layout], dtype=torch.int64), persistent=False)
-        self.register_buffer("sizes", torch.tensor([l[2] for l in layout], dtype=torch.int64), persistent=False)
-        self.register_buffer("offsets", torch.tensor([l[3] for l in layout], dtype=torch.int64), persistent=False)
-        hashed = [i for i, l in enumerate(layout) if l[4]]
-        dense = [i for i, l in enumerate(layout) if not l[4]]
-        self.register_buffer("hashed_mask", torch.tensor([l[4] for l in layout], dtype=torch.bool), persistent=False)
+        self.register_buffer("scales", torch.tensor([lv[0] for lv in layout], dtype=torch.float32), persistent=False)
+        self.register_buffer("resolutions", torch.tensor([lv[1] for lv in layout], dtype=torch.int64), persistent=False)
+        self.register_buffer("sizes", torch.tensor([lv[2] for lv in layout], dtype=torch.int64), persistent=False)
+        self.register_buffer("offsets", torch.tensor([lv[3] for lv in layout], dtype=torch.int64), persistent=False)
+        hashed = [i for i, lv in enumerate(layout) if lv[4]]
+        dense = [i for i, lv in enumerate(layout) if not lv[4]]
+        self.register_buffer("hashed_mask", torch.tensor([lv[4] for lv in layout], dtype=torch.bool), persistent=False)
         self.register_buffer("hashed_levels", torch.tensor(hashed, dtype=torch.int64), persistent=False)
         self.register_buffer("dense_levels", torch.tensor(dense, dtype=torch.int64), persistent=False)
 

@@ -13,6 +13,7 @@ import hashlib
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,7 +22,7 @@ from ...errors import BackendError
 from .hashgrid import HashGridSpec, HashGridTorch
 
 SOURCE = Path(__file__).with_name("csrc") / "hashgrid_cpu.cpp"
-_ext = None
+_ext: Any = None  # the compiled extension module (torch.utils.cpp_extension.load)
 
 
 def load_extension(verbose: bool = False):

@@ -24,8 +24,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .hashgrid import (BACKWARD_LAUNCH, FEATURE_MAJOR, FORWARD_LAUNCH, MERGE_RUNS_BELOW, GridLaunch, HashGridSpec,
-                       HashGridTorch)
+from .hashgrid import (
+    BACKWARD_LAUNCH,
+    FEATURE_MAJOR,
+    FORWARD_LAUNCH,
+    MERGE_RUNS_BELOW,
+    GridLaunch,
+    HashGridSpec,
+    HashGridTorch,
+)
 
 
 @triton.jit

@@ -19,8 +19,8 @@ from types import ModuleType
 
 from torch import Tensor, nn
 
-from .hashgrid import HashGridSpec
 from ...errors import BackendError, ConfigError
+from .hashgrid import HashGridSpec
 
 INSTALL = "pip install git+https://github.com/NVlabs/tiny-cuda-nn/#subdirectory=bindings/torch"
 FULLY_FUSED_WIDTHS = (16, 32, 64, 128)  # tiny-cuda-nn's FullyFusedMLP supports these widths only
