@@ -41,8 +41,11 @@ class OutputError(HvdNgpError):
 
 
 #: a hint after the system's words for causes whose remedy is not obvious
-_HINTS = {errno.ENOENT: " (deleted or moved?)", errno.EIO: " (a failing disk or network filesystem)",
-          errno.EDQUOT: " (your quota on that filesystem)"}
+_HINTS = {
+    errno.ENOENT: " (deleted or moved?)",
+    errno.EIO: " (a failing disk or network filesystem)",
+    errno.EDQUOT: " (your quota on that filesystem)",
+}
 
 
 def os_cause(exc: OSError) -> str:
@@ -72,8 +75,12 @@ def read_json_object(path: Path, error: type[HvdNgpError], what: str) -> dict:
     return data
 
 
-def run_cli(main: Callable[[list[str] | None], object], argv: list[str] | None = None, prog: str = "hvd_ngp",
-            report: Callable[[BaseException], int] | None = None) -> NoReturn:
+def run_cli(
+    main: Callable[[list[str] | None], object],
+    argv: list[str] | None = None,
+    prog: str = "hvd_ngp",
+    report: Callable[[BaseException], int] | None = None,
+) -> NoReturn:
     """Console-script wrapper: user errors become one line on stderr (with the rank under a launcher) and exit 2.
 
     ``main`` returns the exit status; any other result (a tool's result dict, None) means success.

@@ -17,8 +17,11 @@ LAUNCHER_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"
 #: any of these set: an MPI launcher started it
 MPI_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 #: (world size, ranks on this node) pairs, both numbers, before Horovod starts
-SIZE_PAIRS = (("HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-              ("PMI_SIZE", "MPI_LOCALNRANKS"))
+SIZE_PAIRS = (
+    ("HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE"),
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("PMI_SIZE", "MPI_LOCALNRANKS"),
+)
 #: the rank that messages name (``[rank N] ...``)
 LABEL_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 #: ranks and sizes as numbers (the doctor's plan, before init), SLURM's included
@@ -48,7 +51,7 @@ def launcher_sizes(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
 
 
 def launcher_controller(environ: Mapping[str, str] | None = None) -> str | None:
-    """"gloo" under horovodrun --gloo, "mpi" under an MPI launcher, None when unknown."""
+    """ "gloo" under horovodrun --gloo, "mpi" under an MPI launcher, None when unknown."""
     env = _env(environ)
     if "HOROVOD_GLOO_RENDEZVOUS_ADDR" in env or env.get("HOROVOD_CONTROLLER", "").lower() == "gloo":
         return "gloo"

@@ -24,7 +24,6 @@ from .data.pipeline import DataSettings
 from .observe.monitor import MonitorSettings
 
 
-
 @dataclass(frozen=True)
 class SceneSettings:
     """Which scene and how it is loaded (``data.load_scene``'s arguments)."""
@@ -43,9 +42,16 @@ class SceneSettings:
 
     def load_kwargs(self) -> dict:
         """``load_scene``'s keyword arguments other than the scene itself."""
-        return {"scene_cache": self.scene_cache, "builtin_seed": self.builtin_seed, "train_split": self.train_split,
-                "test_split": self.test_split, "holdout_every": self.holdout_every, "downscale": self.downscale,
-                "sharpness_threshold": self.sharpness_threshold, "mask_mode": self.mask_mode}
+        return {
+            "scene_cache": self.scene_cache,
+            "builtin_seed": self.builtin_seed,
+            "train_split": self.train_split,
+            "test_split": self.test_split,
+            "holdout_every": self.holdout_every,
+            "downscale": self.downscale,
+            "sharpness_threshold": self.sharpness_threshold,
+            "mask_mode": self.mask_mode,
+        }
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,9 @@ class ModelSettings:
 class RuntimeSettings:
     """Where and how this rank runs: device, threads, memory, the communication knobs and Horovod's tools."""
 
-    TITLE: ClassVar[str] = "runtime: device, threads, memory (communication and Horovod's tools: the next two groups)"  # its --help group
+    TITLE: ClassVar[str] = (
+        "runtime: device, threads, memory (communication and Horovod's tools: the next two groups)"  # its --help group
+    )
 
     device: str
     threads: int
@@ -189,18 +197,43 @@ class Settings:
     flags: dict
 
     @staticmethod
-    def from_namespace(ns: argparse.Namespace, n_steps: int, stop_signals: tuple[str, ...], comm: CommSettings,
-                       data: DataSettings, monitor: MonitorSettings) -> "Settings":
+    def from_namespace(
+        ns: argparse.Namespace,
+        n_steps: int,
+        stop_signals: tuple[str, ...],
+        comm: CommSettings,
+        data: DataSettings,
+        monitor: MonitorSettings,
+    ) -> "Settings":
         """Fill every group from the validated flags ``ns`` and the values derived from them
         (``config.validate`` computes those, in one place)."""
-        values = {**vars(ns), "n_steps": n_steps, "stop_signals": stop_signals, "comm": comm,
-                  "eval_at_s": tuple(ns.eval_at_s), "eval_at_steps": tuple(ns.eval_at_steps)}
+        values = {
+            **vars(ns),
+            "n_steps": n_steps,
+            "stop_signals": stop_signals,
+            "comm": comm,
+            "eval_at_s": tuple(ns.eval_at_s),
+            "eval_at_steps": tuple(ns.eval_at_steps),
+        }
 
         def take(cls: type, **extra: Any):
             return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name not in extra}, **extra)
 
-        flags = {k: (n_steps if k == "n_steps" else v) for k, v in vars(ns).items()
-                 if isinstance(v, (str, int, float, bool, dict, list, type(None)))}
-        return Settings(take(SceneSettings), take(ModelSettings, blocks=ns.model), take(RuntimeSettings),
-                        take(StepSettings), take(LoopSettings), take(EvalSettings), take(OutputSettings),
-                        take(ViewerSettings), data, monitor, flags)
+        flags = {
+            k: (n_steps if k == "n_steps" else v)
+            for k, v in vars(ns).items()
+            if isinstance(v, (str, int, float, bool, dict, list, type(None)))
+        }
+        return Settings(
+            take(SceneSettings),
+            take(ModelSettings, blocks=ns.model),
+            take(RuntimeSettings),
+            take(StepSettings),
+            take(LoopSettings),
+            take(EvalSettings),
+            take(OutputSettings),
+            take(ViewerSettings),
+            data,
+            monitor,
+            flags,
+        )

@@ -29,10 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     view = settings.viewer
     attach = None
     if view.viewer:  # rank 0 alone imports the viewer (viser), inside run
+
         def attach(tr):
             from .viewer.live import LiveViewer
 
             return LiveViewer(tr, view.viewer_host, view.viewer, view.viewer_budget_ms / 1000, view.viewer_share)
+
     result = run(settings, attach=attach)
     return preempt.EXIT_PREEMPTED if result.stopped else 0
 
@@ -44,6 +46,7 @@ def report_on_every_rank(exc: ConfigError, what: str) -> NoReturn:
     they printed their message; agreeing first makes every rank print it, and a rank whose own
     configuration was fine (another environment) stops too instead of waiting for the others.
     """
+
     def fail() -> None:
         raise exc
 

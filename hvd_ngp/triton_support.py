@@ -31,5 +31,6 @@ def triton_available(device_type: str = "cuda") -> bool:
 
 def require_triton(device_type: str = "cuda") -> None:
     if not triton_available(device_type):
-        raise BackendError("the Triton kernels need the 'triton' package and a CUDA GPU (pip install triton); "
-                           "use --backend torch")
+        raise BackendError(
+            "the Triton kernels need the 'triton' package and a CUDA GPU (pip install triton); use --backend torch"
+        )

@@ -28,9 +28,24 @@ SHARED_DATA = Path(os.environ.get("HVD_NGP_SHARED_DATA", ROOT.parent / "shared" 
 
 #: a model small enough that a CPU step takes milliseconds
 TINY_ENCODING = '{"n_levels": 4, "log2_hashmap_size": 12, "base_resolution": 8, "desired_resolution": 64}'
-TINY_ARGS = ["--encoding", TINY_ENCODING, "--density_network", '{"n_neurons": 16}', "--rgb_network", '{"n_neurons": 16}',
-             "--marching", '{"grid_resolution": 16, "steps_per_diagonal": 64, "warmup_steps": 4}',
-             "--target_samples", "1024", "--n_rays_init", "128", "--save_renders", "1", "--n_eval_views", "2"]
+TINY_ARGS = [
+    "--encoding",
+    TINY_ENCODING,
+    "--density_network",
+    '{"n_neurons": 16}',
+    "--rgb_network",
+    '{"n_neurons": 16}',
+    "--marching",
+    '{"grid_resolution": 16, "steps_per_diagonal": 64, "warmup_steps": 4}',
+    "--target_samples",
+    "1024",
+    "--n_rays_init",
+    "128",
+    "--save_renders",
+    "1",
+    "--n_eval_views",
+    "2",
+]
 
 
 def _tiny_block(flag: str, **changes) -> str:
@@ -45,10 +60,17 @@ def _tiny_block(flag: str, **changes) -> str:
 #: launch blocks: every launch computes the same values, test_kernels checks that), the hash-grid backward
 #: without run merging (a segmented scan the interpreter walks element by element; its own parity test covers
 #: it) and at most 128 march steps (the tiny model's training rays take at most 66: test_graphed checks that)
-INTERPRETER_ARGS = ["--encoding", _tiny_block("--encoding", merge_runs_below=0, forward_launch={"block": 1024, "warps": 4},
-                                              backward_launch={"block": 1024, "warps": 4}),
-                    "--marching", _tiny_block("--marching", max_steps=128,
-                                              kernel_launch={"block": 128, "segment": 32, "warps": 1})]
+INTERPRETER_ARGS = [
+    "--encoding",
+    _tiny_block(
+        "--encoding",
+        merge_runs_below=0,
+        forward_launch={"block": 1024, "warps": 4},
+        backward_launch={"block": 1024, "warps": 4},
+    ),
+    "--marching",
+    _tiny_block("--marching", max_steps=128, kernel_launch={"block": 128, "segment": 32, "warps": 1}),
+]
 
 
 #: test modules whose tests mostly run Triton kernels under the CPU interpreter: the "interpreter" lane
@@ -95,8 +117,18 @@ def tiny_cpu_args(scene_cache: Path, out_dir: Path, *more: str) -> list[str]:
     """Trainer flags for the tiny model on the built-in scene on the CPU, writing to ``out_dir``."""
     from hvd_ngp.config import CPU_CONFIG
 
-    return ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-            "--out_dir", str(out_dir), *more]
+    return [
+        "--config",
+        str(CPU_CONFIG),
+        *TINY_ARGS,
+        "--scene_cache",
+        str(scene_cache),
+        "--device",
+        "cpu",
+        "--out_dir",
+        str(out_dir),
+        *more,
+    ]
 
 
 def tiny_trainer(scene_cache: Path, out_dir: Path, steps: int):
@@ -129,8 +161,9 @@ def horovodrun() -> str:
     return found
 
 
-def run_ranks(module_args: list[str], np: int = 2, controller: str = "mpi", env: dict | None = None,
-              timeout: float = 300) -> subprocess.CompletedProcess:
+def run_ranks(
+    module_args: list[str], np: int = 2, controller: str = "mpi", env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """``horovodrun -np N -H localhost:N [--gloo|--mpi] python <module_args>`` -> completed process."""
     cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}", sys.executable, *module_args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -9,8 +9,14 @@ class FakeNvml:
     """One GPU: utilisation ``util`` %, ``mem_used``/``mem_total`` bytes, ``power_w`` W, and an energy
     counter that advances ``joules_per_read`` J per read (None: the GPU has no energy counter)."""
 
-    def __init__(self, util: float = 80.0, mem_used: float = 2 << 30, mem_total: float = 16 << 30,
-                 power_w: float = 300.0, joules_per_read: float | None = 10.0) -> None:
+    def __init__(
+        self,
+        util: float = 80.0,
+        mem_used: float = 2 << 30,
+        mem_total: float = 16 << 30,
+        power_w: float = 300.0,
+        joules_per_read: float | None = 10.0,
+    ) -> None:
         self.util, self.mem_used, self.mem_total, self.power_w = util, mem_used, mem_total, power_w
         self.joules_per_read = joules_per_read
         self.energy_mj = 1_000_000.0

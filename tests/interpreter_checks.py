@@ -48,8 +48,10 @@ def _check(ptrs, mask, what: str) -> None:
     if not inside.all():
         bad = addresses[~inside]
         spans = ", ".join(f"[{hex(s)}, +{e - s} B)" for s, e in _spans)
-        raise InterpreterMemoryError(f"kernel {_kernel[0]}: {what} of {bad.size} element(s) outside its tensor "
-                                     f"arguments, first at {hex(int(bad[0]))} (arguments: {spans})")
+        raise InterpreterMemoryError(
+            f"kernel {_kernel[0]}: {what} of {bad.size} element(s) outside its tensor "
+            f"arguments, first at {hex(int(bad[0]))} (arguments: {spans})"
+        )
 
 
 def install() -> bool:
@@ -59,6 +61,7 @@ def install() -> bool:
         return True
     try:
         from triton.runtime import interpreter
+
         executor, builder = interpreter.GridExecutor, interpreter.InterpreterBuilder
         names = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")
         originals = [getattr(builder, n) for n in names]

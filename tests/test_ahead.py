@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import INTERPRETER_ARGS, tiny_cpu_args
+from test_graphed import _graphed, needs_interpreter
+
 from hvd_ngp.training.ahead import DrawAhead
 from hvd_ngp.training.budget import RayBudget
 from hvd_ngp.training.step import StepResult
-from test_graphed import _graphed, needs_interpreter
 
 
 def _trainer(scene_cache, out_dir, *more):
@@ -22,9 +22,16 @@ def _trainer(scene_cache, out_dir, *more):
 
 
 def _same(a, b) -> bool:
-    return all(torch.equal(x, y) for x, y in ((a.rays.origins, b.rays.origins), (a.rays.directions, b.rays.directions),
-                                             (a.rays.rgba, b.rays.rgba), (a.background, b.background),
-                                             (a.jitter, b.jitter)))
+    return all(
+        torch.equal(x, y)
+        for x, y in (
+            (a.rays.origins, b.rays.origins),
+            (a.rays.directions, b.rays.directions),
+            (a.rays.rgba, b.rays.rgba),
+            (a.background, b.background),
+            (a.jitter, b.jitter),
+        )
+    )
 
 
 def test_a_stale_batch_is_undrawn_and_drawn_again_identically(scene_cache, tmp_path):
@@ -55,8 +62,16 @@ def test_draw_ahead_needs_a_graphed_step(mode, scene_cache, tmp_path, capsys):
 
 def test_counts_wait_for_settle_when_not_applied():
     def res(n):
-        return StepResult(torch.tensor(0.1), torch.tensor(0.1), torch.tensor(float(n)), torch.tensor(float(4 * n)),
-                          torch.tensor(1000.0), False, None, None)
+        return StepResult(
+            torch.tensor(0.1),
+            torch.tensor(0.1),
+            torch.tensor(float(n)),
+            torch.tensor(float(4 * n)),
+            torch.tensor(1000.0),
+            False,
+            None,
+            None,
+        )
 
     budget = RayBudget(4096, target=1 << 16, max_rays=1 << 20)
     budget.update(res(1 << 17), apply=False)
@@ -69,8 +84,17 @@ def test_counts_wait_for_settle_when_not_applied():
 
 def _run(scene_cache, out_dir, steps: int, *, ahead: bool, redraw_all: bool = False, last_ahead: bool = True):
     """The tiny model through the graphed step's body for ``steps`` steps: (losses, parameters, trainer)."""
-    tr = _trainer(scene_cache, out_dir, "--backend", "triton", "--n_rays_init", "96", "--train_background", "random",
-                  *INTERPRETER_ARGS)
+    tr = _trainer(
+        scene_cache,
+        out_dir,
+        "--backend",
+        "triton",
+        "--n_rays_init",
+        "96",
+        "--train_background",
+        "random",
+        *INTERPRETER_ARGS,
+    )
     tr.graphed = _graphed(tr)
     tr.use_draw_ahead("auto" if ahead else "off")
     if redraw_all:  # every batch drawn ahead is un-drawn and drawn again at its step

@@ -22,8 +22,14 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
     lint = Path(sys.executable).parent / "lint-imports"
     assert lint.exists(), f"{lint}: install import-linter (scripts/requirements.txt)"
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([str(lint), "--config", str(ROOT / "setup.cfg"), "--no-cache"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(lint), "--config", str(ROOT / "setup.cfg"), "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_import_contracts_hold():
@@ -32,12 +38,19 @@ def test_import_contracts_hold():
     assert "broken" not in proc.stdout.split("Contracts:")[-1].replace("0 broken", "")
 
 
-@pytest.mark.parametrize("module, added, contract", [
-    ("render/occupancy.py", "from ..cluster import dist", "The renderer is functions of tensors and callbacks"),
-    ("render/volume.py", "from ..data.cameras import pixel_rays", "The renderer is functions of tensors and callbacks"),
-    ("observe/memory.py", "from ..render.plan import plan_render", "Observation measures and reports"),
-    ("model/field.py", "from ..render.geometry import intersect_aabb", "The model knows no rays"),
-])
+@pytest.mark.parametrize(
+    "module, added, contract",
+    [
+        ("render/occupancy.py", "from ..cluster import dist", "The renderer is functions of tensors and callbacks"),
+        (
+            "render/volume.py",
+            "from ..data.cameras import pixel_rays",
+            "The renderer is functions of tensors and callbacks",
+        ),
+        ("observe/memory.py", "from ..render.plan import plan_render", "Observation measures and reports"),
+        ("model/field.py", "from ..render.geometry import intersect_aabb", "The model knows no rays"),
+    ],
+)
 def test_contracts_break_on_a_forbidden_import(tmp_path, module, added, contract):
     """A copy of the package with one forbidden import added: lint-imports fails, naming the contract and the
     import (the contracts are not vacuous, and the copy, not the checkout, was linted)."""
@@ -73,7 +86,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
             out.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -100,7 +113,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := dfs(nxt)):
                 return found
         stack.pop()
@@ -154,8 +167,10 @@ def long_functions(path: Path, limit: int) -> list[tuple[str, int]]:
 def test_long_functions_are_found(tmp_path):
     body = "\n".join(f"        x{i} = {i}" for i in range(81))
     src = tmp_path / "m.py"
-    src.write_text(f"class A:\n    def long(self):\n{body}\n\n    def short(self):\n        def inner():\n"
-                   f"            pass\n\n\ndef f():\n    return 1\n")
+    src.write_text(
+        f"class A:\n    def long(self):\n{body}\n\n    def short(self):\n        def inner():\n"
+        f"            pass\n\n\ndef f():\n    return 1\n"
+    )
     assert long_functions(src, MAX_FUNCTION_LINES) == [("A.long", 82)]
     assert long_functions(src, 100) == []
 

@@ -7,8 +7,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import TINY_ARGS, tiny_cpu_args
+
 from hvd_ngp.bench import batch
 from hvd_ngp.config import parse_args
 from hvd_ngp.errors import ConfigError
@@ -20,9 +20,9 @@ def trainer_flags(scene_cache, tmp_path) -> list[str]:
     training step's marching step (the evaluations are most of this test's time)."""
     flags = tiny_cpu_args(scene_cache, tmp_path)[:-2]
     i = flags.index("--n_eval_views")
-    flags = flags[:i] + flags[i + 2:]
+    flags = flags[:i] + flags[i + 2 :]
     i = flags.index("--marching")
-    return flags[:i + 1] + [json.dumps({**json.loads(flags[i + 1]), "eval_steps_per_diagonal": 64})] + flags[i + 2:]
+    return flags[: i + 1] + [json.dumps({**json.loads(flags[i + 1]), "eval_steps_per_diagonal": 64})] + flags[i + 2 :]
 
 
 def test_k_passes_on_one_rank_take_the_learning_rate_of_k_ranks(scene_cache, tmp_path):
@@ -39,9 +39,30 @@ def test_k_passes_on_one_rank_take_the_learning_rate_of_k_ranks(scene_cache, tmp
 
 def test_batch_bench_writes_the_schema(scene_cache, tmp_path):
     out = tmp_path / "batch.json"
-    batch.main(["--ks", "1,2", "--seeds", "3", "--psnr_targets", "5", "--eval_every", "4", "--n_eval_views", "1",
-                "--max_steps", "40", "--out_dir", str(tmp_path / "b"), "--json", str(out), "--",
-                *trainer_flags(scene_cache, tmp_path), "--log_every", "2"])
+    batch.main(
+        [
+            "--ks",
+            "1,2",
+            "--seeds",
+            "3",
+            "--psnr_targets",
+            "5",
+            "--eval_every",
+            "4",
+            "--n_eval_views",
+            "1",
+            "--max_steps",
+            "40",
+            "--out_dir",
+            str(tmp_path / "b"),
+            "--json",
+            str(out),
+            "--",
+            *trainer_flags(scene_cache, tmp_path),
+            "--log_every",
+            "2",
+        ]
+    )
     data = json.loads(out.read_text())
     assert set(data) == {"scene", "device", "step_ms_per_backward_pass", "runs"} and data["device"] == "cpu"
     assert [(r["k"], r["seed"]) for r in data["runs"]] == [(1, 3), (2, 3)]
@@ -55,11 +76,16 @@ def test_batch_bench_writes_the_schema(scene_cache, tmp_path):
     assert 1.3 < two["samples_per_step"] / one["samples_per_step"] < 2.7  # two passes of the per-pass budget
     details = json.loads((tmp_path / "b" / "details.json").read_text())["runs"]
     assert [d["steps"] for d in details] == [4, 2]
-    assert [d["lr_multiplier"] for d in details] == [1.0, pytest.approx(2 ** 0.5)]
+    assert [d["lr_multiplier"] for d in details] == [1.0, pytest.approx(2**0.5)]
 
 
 def test_steps_to_a_target_is_the_first_evaluation_at_or_above_it():
-    curve = [{"step": 4, "psnr": 20.0}, {"step": 8, "psnr": 33.0}, {"step": 12, "psnr": 32.5}, {"step": 16, "psnr": 35.2}]
+    curve = [
+        {"step": 4, "psnr": 20.0},
+        {"step": 8, "psnr": 33.0},
+        {"step": 12, "psnr": 32.5},
+        {"step": 16, "psnr": 35.2},
+    ]
     assert [batch.steps_to(curve, t) for t in (33.0, 35.0, 36.0)] == [8, 16, None]
 
 
@@ -83,8 +109,29 @@ def test_a_run_stopped_by_a_signal_is_left_out_and_the_bench_exits_75(scene_cach
     monkeypatch.setattr(batch, "run", stopped_at_k2)
     out = tmp_path / "batch.json"
     with pytest.raises(SystemExit) as stop:
-        batch.main(["--ks", "1,2,4", "--seeds", "3", "--psnr_targets", "5", "--eval_every", "4", "--n_eval_views", "1",
-                    "--max_steps", "8", "--out_dir", str(tmp_path / "b"), "--json", str(out), "--",
-                    *trainer_flags(scene_cache, tmp_path), "--log_every", "2"])
+        batch.main(
+            [
+                "--ks",
+                "1,2,4",
+                "--seeds",
+                "3",
+                "--psnr_targets",
+                "5",
+                "--eval_every",
+                "4",
+                "--n_eval_views",
+                "1",
+                "--max_steps",
+                "8",
+                "--out_dir",
+                str(tmp_path / "b"),
+                "--json",
+                str(out),
+                "--",
+                *trainer_flags(scene_cache, tmp_path),
+                "--log_every",
+                "2",
+            ]
+        )
     assert stop.value.code == 75
     assert [r["k"] for r in json.loads(out.read_text())["runs"]] == [1]

@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, TINY_ARGS, TINY_ENCODING
+
 from hvd_ngp.bench.__main__ import available
 from hvd_ngp.bench._scaling_rank import interval_mean, steady_step_seconds, steady_throughput
 from hvd_ngp.bench.scaling import BenchError, per_rank_samples, rank_counts, summarize, time_to
-from hvd_ngp.bench.throughput import (WINDOW, ProfEvent, busy_share, host_profile, kernel_timeline, launch_sources,
-                                     outermost_aten_ops, step_profile)
+from hvd_ngp.bench.throughput import (
+    WINDOW,
+    ProfEvent,
+    busy_share,
+    host_profile,
+    kernel_timeline,
+    launch_sources,
+    outermost_aten_ops,
+    step_profile,
+)
 
 
 def bench(*args: str, timeout: float = 120, interpreter: bool = True) -> subprocess.CompletedProcess:
@@ -25,8 +33,14 @@ def bench(*args: str, timeout: float = 120, interpreter: bool = True) -> subproc
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if not interpreter:
         env.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, "-m", "hvd_ngp.bench", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "hvd_ngp.bench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def test_dispatch():
@@ -41,17 +55,30 @@ def test_summary_arithmetic():
     assert time_to([(1.0, 20.0), (2.0, 33.5), (3.0, 36.0)], 33) == 2.0
     assert time_to([(1.0, 20.0)], 33) is None
     # intervals after the first: (10 - 4) s at 2.0 and (16 - 10) s at 4.0 samples/s
-    history = [{"seconds": 4.0, "samples_per_sec": 1.0}, {"seconds": 10.0, "samples_per_sec": 2.0},
-               {"seconds": 16.0, "samples_per_sec": 4.0}]
+    history = [
+        {"seconds": 4.0, "samples_per_sec": 1.0},
+        {"seconds": 10.0, "samples_per_sec": 2.0},
+        {"seconds": 16.0, "samples_per_sec": 4.0},
+    ]
     assert steady_throughput(history) == pytest.approx(3.0)
     assert steady_throughput(history[:1]) == pytest.approx(1.0)
     monitored = [{"interval_s": 1.0, "comm_fraction": 0.1}, {"interval_s": 3.0, "comm_fraction": 0.3}]
     assert interval_mean(monitored, "comm_fraction") == pytest.approx(0.25)
     assert interval_mean([*monitored, {"interval_s": 1.0, "comm_fraction": None}], "comm_fraction") is None
     assert rank_counts("4,1,2", None) == [1, 2, 4] and rank_counts("auto", 6) == [1, 2, 4]
+
     def run(n, rate):
-        return {"ranks": n, "nodes": 1, "steady_samples_per_sec": rate, "gpu_util_percent": None, "comm_share": 0.1,
-                "samples_per_joule": None, "test_psnr": 30.0, "psnr_curve": [(5.0, 33.1)], "ceiling": []}
+        return {
+            "ranks": n,
+            "nodes": 1,
+            "steady_samples_per_sec": rate,
+            "gpu_util_percent": None,
+            "comm_share": 0.1,
+            "samples_per_joule": None,
+            "test_psnr": 30.0,
+            "psnr_curve": [(5.0, 33.1)],
+            "ceiling": [],
+        }
 
     rows = summarize([run(1, 100.0), run(2, 190.0)], [33.0, 35.0])
     assert rows[1]["speedup"] == pytest.approx(1.9) and rows[1]["efficiency"] == pytest.approx(0.95)
@@ -69,14 +96,33 @@ def test_strong_scaling_arithmetic():
     assert per_rank_samples("weak", 1024, 4) == 1024 and per_rank_samples("strong", 1024, 4) == 256
     with pytest.raises(BenchError, match="--target_samples 1000 .* 3 rank"):
         per_rank_samples("strong", 1000, 3)
+
     def run(mode, n, step_s, rate):
-        return {"mode": mode, "ranks": n, "nodes": 1, "target_samples": 1024 // n, "steady_step_s": step_s,
-                "steady_samples_per_sec": rate, "gpu_util_percent": None, "comm_share": 0.1,
-                "samples_per_joule": None, "test_psnr": 30.0, "psnr_curve": [(5.0, 33.1)], "ceiling": []}
+        return {
+            "mode": mode,
+            "ranks": n,
+            "nodes": 1,
+            "target_samples": 1024 // n,
+            "steady_step_s": step_s,
+            "steady_samples_per_sec": rate,
+            "gpu_util_percent": None,
+            "comm_share": 0.1,
+            "samples_per_joule": None,
+            "test_psnr": 30.0,
+            "psnr_curve": [(5.0, 33.1)],
+            "ceiling": [],
+        }
 
     # strong: speedup from seconds per step (0.4 s -> 0.25 s), not from throughput; weak rows keep theirs
-    rows = summarize([run("weak", 1, 0.4, 100.0), run("weak", 2, 0.5, 160.0),
-                      run("strong", 1, 0.4, 100.0), run("strong", 2, 0.25, 150.0)], [33.0])
+    rows = summarize(
+        [
+            run("weak", 1, 0.4, 100.0),
+            run("weak", 2, 0.5, 160.0),
+            run("strong", 1, 0.4, 100.0),
+            run("strong", 2, 0.25, 150.0),
+        ],
+        [33.0],
+    )
     assert [(r["mode"], r["ranks"]) for r in rows] == [("weak", 1), ("weak", 2), ("strong", 1), ("strong", 2)]
     assert rows[1]["speedup"] == pytest.approx(1.6) and rows[2]["speedup"] == pytest.approx(1.0)
     assert rows[3]["speedup"] == pytest.approx(1.6) and rows[3]["efficiency"] == pytest.approx(0.8)
@@ -89,10 +135,32 @@ def test_strong_scaling_arithmetic():
 @pytest.mark.parallel
 def test_scaling_end_to_end_on_cpu(scene_cache, tmp_path):
     markdown = tmp_path / "BENCHMARKS.md"
-    proc = bench("scaling", "--ranks", "1,2", "--ceiling_repeats", "3", "--psnr_targets", "10,35",
-                 "--out_dir", str(tmp_path / "runs"), "--markdown", str(markdown), "--",
-                 *TINY_ARGS, "--scene_cache", str(scene_cache), "--n_steps", "20", "--log_every", "5",
-                 "--eval_every", "10", "--device", "cpu", timeout=900)
+    proc = bench(
+        "scaling",
+        "--ranks",
+        "1,2",
+        "--ceiling_repeats",
+        "3",
+        "--psnr_targets",
+        "10,35",
+        "--out_dir",
+        str(tmp_path / "runs"),
+        "--markdown",
+        str(markdown),
+        "--",
+        *TINY_ARGS,
+        "--scene_cache",
+        str(scene_cache),
+        "--n_steps",
+        "20",
+        "--log_every",
+        "5",
+        "--eval_every",
+        "10",
+        "--device",
+        "cpu",
+        timeout=900,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     summary = json.loads((tmp_path / "runs" / "scaling.json").read_text())
@@ -114,8 +182,12 @@ def test_scaling_end_to_end_on_cpu(scene_cache, tmp_path):
     assert re.search(r"^\| weak +\| 2 +\| [\d.]+ +\| [\d.]+ ms +\| [\d.]+ ms +\| [\d.]+x +\| ", proc.stdout, re.M)
     # the table printed, and the dated section with the command
     assert one["mode"] == two["mode"] == "weak" and one["samples_per_rank_step"] == two["samples_per_rank_step"] == 1024
-    assert re.search(r"^\| weak +\| 2 +\| 1 +\| 1024 +\| [\d.]+ +\| [\d.]+ +\| [\d.]+x +\| [\d.]+% +\| n/a +\| "
-                     r"[\d.]+% +\| n/a", proc.stdout, re.M), proc.stdout
+    assert re.search(
+        r"^\| weak +\| 2 +\| 1 +\| 1024 +\| [\d.]+ +\| [\d.]+ +\| [\d.]+x +\| [\d.]+% +\| n/a +\| "
+        r"[\d.]+% +\| n/a",
+        proc.stdout,
+        re.M,
+    ), proc.stdout
     text = markdown.read_text()
     assert text.startswith("# Benchmarks") and re.search(r"^## Scaling \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\)$", text, re.M)
     assert "`python -m hvd_ngp.bench scaling --ranks 1,2" in text and "| not reached " in text
@@ -125,19 +197,47 @@ def test_scaling_end_to_end_on_cpu(scene_cache, tmp_path):
 
 @pytest.mark.parallel
 def test_strong_scaling_halves_the_per_rank_samples_on_cpu(scene_cache, tmp_path):
-    proc = bench("scaling", "--mode", "strong", "--ranks", "1,2", "--ceiling_repeats", "1", "--psnr_targets", "10",
-                 "--out_dir", str(tmp_path / "runs"), "--markdown", "none", "--",
-                 *TINY_ARGS, "--scene_cache", str(scene_cache), "--n_steps", "20", "--log_every", "5",
-                 "--eval_every", "10", "--device", "cpu", timeout=900)
+    proc = bench(
+        "scaling",
+        "--mode",
+        "strong",
+        "--ranks",
+        "1,2",
+        "--ceiling_repeats",
+        "1",
+        "--psnr_targets",
+        "10",
+        "--out_dir",
+        str(tmp_path / "runs"),
+        "--markdown",
+        "none",
+        "--",
+        *TINY_ARGS,
+        "--scene_cache",
+        str(scene_cache),
+        "--n_steps",
+        "20",
+        "--log_every",
+        "5",
+        "--eval_every",
+        "10",
+        "--device",
+        "cpu",
+        timeout=900,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     summary = json.loads((tmp_path / "runs" / "scaling.json").read_text())
     # what each run parsed (its own result file), not what the bench meant to pass
-    used = {n: json.loads((tmp_path / "runs" / f"strong-ranks{n}" / "result.json").read_text())["target_samples"]
-            for n in (1, 2)}
+    used = {
+        n: json.loads((tmp_path / "runs" / f"strong-ranks{n}" / "result.json").read_text())["target_samples"]
+        for n in (1, 2)
+    }
     assert used == {1: 1024, 2: 512}
-    assert [(r["mode"], r["ranks"], r["target_samples"]) for r in summary["runs"]] == [("strong", 1, 1024),
-                                                                                       ("strong", 2, 512)]
+    assert [(r["mode"], r["ranks"], r["target_samples"]) for r in summary["runs"]] == [
+        ("strong", 1, 1024),
+        ("strong", 2, 512),
+    ]
     one, two = summary["rows"]
     assert (one["mode"], two["mode"]) == ("strong", "strong") and one["speedup"] == pytest.approx(1.0)
     assert two["speedup"] == pytest.approx(one["step_s"] / two["step_s"]) and two["step_s"] > 0
@@ -145,15 +245,41 @@ def test_strong_scaling_halves_the_per_rank_samples_on_cpu(scene_cache, tmp_path
     assert set(two["time_to_psnr"]) == {"10.0"}
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| mode"))
     assert [c.strip() for c in header.strip("|").split("|")][:8] == [
-        "mode", "ranks", "nodes", "samples/rank/step", "ms/step", "M samples/s", "speedup", "efficiency"]
+        "mode",
+        "ranks",
+        "nodes",
+        "samples/rank/step",
+        "ms/step",
+        "M samples/s",
+        "speedup",
+        "efficiency",
+    ]
     assert "time to 10 dB" in header
     assert re.search(r"^\| strong +\| 2 +\| 1 +\| 512 +\|", proc.stdout, re.M), proc.stdout
 
 
 def test_memory_bench_gives_the_same_psnr_under_every_budget(tmp_path, scene_cache):
     out = tmp_path / "memory.json"
-    proc = bench("memory", "--device", "cpu", "--n_steps", "8", "--budgets", "0,0.05", "--eval_views", "1",
-                 "--json", str(out), "--markdown", "", "--", *TINY_ARGS, "--scene_cache", str(scene_cache), timeout=300)
+    proc = bench(
+        "memory",
+        "--device",
+        "cpu",
+        "--n_steps",
+        "8",
+        "--budgets",
+        "0,0.05",
+        "--eval_views",
+        "1",
+        "--json",
+        str(out),
+        "--markdown",
+        "",
+        "--",
+        *TINY_ARGS,
+        "--scene_cache",
+        str(scene_cache),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = json.loads(out.read_text())["runs"]
     assert [r["budget_gb"] for r in runs] == [0.0, 0.05] and runs[1]["budget_gib"] == pytest.approx(0.05)
@@ -166,18 +292,32 @@ def test_launch_and_busy_arithmetic():
     assert busy_share([], 0, 100) == 0.0
     ev = lambda name, act, t0, t1, thread=1: ProfEvent(name, act, thread, t0, t1)  # noqa: E731
     # aten::add nests aten::empty (not counted); autograd's MmBackward0 dispatches aten::mm on another thread
-    ops = [ev("aten::add", "cpu_op", 0, 10), ev("aten::empty", "cpu_op", 2, 3), ev("aten::mul", "cpu_op", 10, 12),
-           ev("MmBackward0", "cpu_op", 0, 9, thread=2), ev("aten::mm", "cpu_op", 1, 8, thread=2)]
+    ops = [
+        ev("aten::add", "cpu_op", 0, 10),
+        ev("aten::empty", "cpu_op", 2, 3),
+        ev("aten::mul", "cpu_op", 10, 12),
+        ev("MmBackward0", "cpu_op", 0, 9, thread=2),
+        ev("aten::mm", "cpu_op", 1, 8, thread=2),
+    ]
     assert outermost_aten_ops(ops) == 3
-    cuda = [ev(WINDOW, "user_annotation", 100, 200), ev(WINDOW, "gpu_user_annotation", 105, 199),
-            ev(WINDOW, "kernel", 105, 199),  # the same mirror as torch 2.11's events classify it
-            ev("cudaLaunchKernel", "cuda_runtime", 110, 111), ev("cuLaunchKernel_v7000", "cuda_driver", 120, 121),
-            ev("cudaGraphLaunch", "cuda_runtime", 130, 131), ev("cudaLaunchKernel", "cuda_runtime", 50, 51),
-            ev("cudaMemcpyAsync", "cuda_runtime", 140, 141),
-            ev("k1", "kernel", 112, 150), ev("k2", "kernel", 140, 160), ev("Memcpy HtoD", "gpu_memcpy", 160, 190),
-            ev("k0", "kernel", 60, 70), *[e._replace(start_ns=e.start_ns + 100, end_ns=e.end_ns + 100) for e in ops],
-            # a host range and its GPU mirror, which torch 2.11's events call a kernel: neither is one
-            ev("Optimizer.step#Adam.step", "cpu_op", 170, 180), ev("Optimizer.step#Adam.step", "kernel", 110, 199)]
+    cuda = [
+        ev(WINDOW, "user_annotation", 100, 200),
+        ev(WINDOW, "gpu_user_annotation", 105, 199),
+        ev(WINDOW, "kernel", 105, 199),  # the same mirror as torch 2.11's events classify it
+        ev("cudaLaunchKernel", "cuda_runtime", 110, 111),
+        ev("cuLaunchKernel_v7000", "cuda_driver", 120, 121),
+        ev("cudaGraphLaunch", "cuda_runtime", 130, 131),
+        ev("cudaLaunchKernel", "cuda_runtime", 50, 51),
+        ev("cudaMemcpyAsync", "cuda_runtime", 140, 141),
+        ev("k1", "kernel", 112, 150),
+        ev("k2", "kernel", 140, 160),
+        ev("Memcpy HtoD", "gpu_memcpy", 160, 190),
+        ev("k0", "kernel", 60, 70),
+        *[e._replace(start_ns=e.start_ns + 100, end_ns=e.end_ns + 100) for e in ops],
+        # a host range and its GPU mirror, which torch 2.11's events call a kernel: neither is one
+        ev("Optimizer.step#Adam.step", "cpu_op", 170, 180),
+        ev("Optimizer.step#Adam.step", "kernel", 110, 199),
+    ]
     prof = step_profile(cuda, 2, cuda=True)
     assert prof["launches_per_step"] == 1.5 and prof["kernels_per_step"] == 1.0  # only inside the window
     assert prof["gpu_busy_share"] == pytest.approx(0.48) and prof["aten_ops_per_step"] == 1.5
@@ -188,7 +328,9 @@ def test_launch_and_busy_arithmetic():
     assert prof["launch_sources"] == {"CUDA graph replay": 0.5, "aten::mul": 0.5, "cuLaunchKernel": 0.5}
     on_cpu = step_profile(cuda, 2, cuda=False)
     assert on_cpu["launch_sources"] == {}
-    assert on_cpu["launches_per_step"] is None and on_cpu["gpu_busy_share"] is None and on_cpu["aten_ops_per_step"] == 1.5
+    assert (
+        on_cpu["launches_per_step"] is None and on_cpu["gpu_busy_share"] is None and on_cpu["aten_ops_per_step"] == 1.5
+    )
     assert on_cpu["kernel_ms"] == {}
     with pytest.raises(RuntimeError, match="expected one"):
         step_profile(cuda[1:], 2, cuda=True)
@@ -197,8 +339,13 @@ def test_launch_and_busy_arithmetic():
 def test_kernel_timeline_orders_kernels_and_counts_idle_gaps():
     ev = lambda name, t0, t1: ProfEvent(name, "kernel", 1, t0, t1)  # noqa: E731
     # over 2 steps: a 5 us kernel, overlapping long one, 2 us of idle, then a wait of 40 us for the host
-    kernels = [ev("b", 10_000, 15_000), ev("a", 0, 12_000), ev("c", 14_000, 30_000), ev("d", 32_000, 34_000),
-               ev("e", 74_000, 94_000)]
+    kernels = [
+        ev("b", 10_000, 15_000),
+        ev("a", 0, 12_000),
+        ev("c", 14_000, 30_000),
+        ev("d", 32_000, 34_000),
+        ev("e", 74_000, 94_000),
+    ]
     out = kernel_timeline(kernels, n_steps=2)
     assert [row[0] for row in out["kernel_timeline"]] == ["a", "b", "c", "d", "e"]
     assert out["kernel_timeline"][3] == ["d", 2.0, 2.0] and out["kernel_timeline"][4] == ["e", 40.0, 20.0]
@@ -211,21 +358,31 @@ def test_kernel_timeline_orders_kernels_and_counts_idle_gaps():
 def test_launch_sources_name_the_host_code_behind_each_launch():
     ev = lambda name, act, t0, t1, thread=1, corr=0: ProfEvent(name, act, thread, t0, t1, corr)  # noqa: E731
     events = [
-        ev("Optimizer.step#Adam.step", "user_annotation", 0, 50), ev("aten::_foreach_add_", "cpu_op", 5, 20),
-        ev("cudaLaunchKernel", "cuda_runtime", 6, 7, corr=1), ev("cudaLaunchKernel", "cuda_runtime", 8, 9, corr=2),
-        ev("aten::copy_", "cpu_op", 60, 70), ev("cudaMemcpyAsync", "cuda_runtime", 61, 62, corr=3),  # not a launch
+        ev("Optimizer.step#Adam.step", "user_annotation", 0, 50),
+        ev("aten::_foreach_add_", "cpu_op", 5, 20),
+        ev("cudaLaunchKernel", "cuda_runtime", 6, 7, corr=1),
+        ev("cudaLaunchKernel", "cuda_runtime", 8, 9, corr=2),
+        ev("aten::copy_", "cpu_op", 60, 70),
+        ev("cudaMemcpyAsync", "cuda_runtime", 61, 62, corr=3),  # not a launch
         ev("cudaLaunchKernel", "cuda_runtime", 63, 64, corr=4),
-        ev("cuLaunchKernel", "cuda_driver", 80, 81, corr=5), ev("_march", "kernel", 82, 90, corr=5),  # Triton
+        ev("cuLaunchKernel", "cuda_driver", 80, 81, corr=5),
+        ev("_march", "kernel", 82, 90, corr=5),  # Triton
         ev("cuLaunchKernel", "cuda_driver", 91, 92, corr=6),  # no kernel event matched: the call's name
-        ev("cudaGraphLaunch", "cuda_runtime", 100, 101, corr=7), ev("k_in_graph", "kernel", 102, 110, corr=7),
-        ev("aten::copy_", "cpu_op", 200, 210, thread=2), ev("cudaLaunchKernel", "cuda_runtime", 201, 202, thread=2),
+        ev("cudaGraphLaunch", "cuda_runtime", 100, 101, corr=7),
+        ev("k_in_graph", "kernel", 102, 110, corr=7),
+        ev("aten::copy_", "cpu_op", 200, 210, thread=2),
+        ev("cudaLaunchKernel", "cuda_runtime", 201, 202, thread=2),
         ev("cudaLaunchKernel", "cuda_runtime", 300, 301, thread=3, corr=8),  # no host range on its thread
-        ev("elementwise_kernel", "kernel", 302, 303, corr=8)]
+        ev("elementwise_kernel", "kernel", 302, 303, corr=8),
+    ]
     assert launch_sources(events, 2) == {
         "Optimizer.step#Adam.step": 1.0,  # the outermost range, not the aten op inside it
         "aten::copy_": 1.0,  # one per thread: ranges are matched on the launch's own thread
-        "CUDA graph replay": 0.5, "_march (direct launch)": 0.5, "cuLaunchKernel": 0.5,
-        "elementwise_kernel (direct launch)": 0.5}
+        "CUDA graph replay": 0.5,
+        "_march (direct launch)": 0.5,
+        "cuLaunchKernel": 0.5,
+        "elementwise_kernel (direct launch)": 0.5,
+    }
 
 
 def _slow_host_work(n: int) -> int:
@@ -254,10 +411,36 @@ def test_host_profile_ranks_the_host_functions_by_self_time_per_step():
 
 def test_throughput_bench_reports_launches_and_busy_share_on_cpu(tmp_path, scene_cache):
     out = tmp_path / "throughput.json"
-    proc = bench("throughput", "--device", "cpu", "--backends", "torch", "--warmup_steps", "2", "--steps", "1",
-                 "--profile_steps", "2", "--host_profile_steps", "2", "--points", "256", "--repeat", "1", "--no_compile",
-                 "--json", str(out), "--markdown", "",
-                 "--", *TINY_ARGS, "--scene_cache", str(scene_cache), timeout=300, interpreter=False)
+    proc = bench(
+        "throughput",
+        "--device",
+        "cpu",
+        "--backends",
+        "torch",
+        "--warmup_steps",
+        "2",
+        "--steps",
+        "1",
+        "--profile_steps",
+        "2",
+        "--host_profile_steps",
+        "2",
+        "--points",
+        "256",
+        "--repeat",
+        "1",
+        "--no_compile",
+        "--json",
+        str(out),
+        "--markdown",
+        "",
+        "--",
+        *TINY_ARGS,
+        "--scene_cache",
+        str(scene_cache),
+        timeout=300,
+        interpreter=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = json.loads(out.read_text())["training"]
     assert run["profiled_steps"] == 2 and run["profiled_step_ms"] > 0
@@ -269,8 +452,18 @@ def test_throughput_bench_reports_launches_and_busy_share_on_cpu(tmp_path, scene
     assert run["samples_per_sec"] > 0 and "backward" in run["stages_ms"]  # the existing fields stay
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| backend"))
     assert [c.strip() for c in header.strip("|").split("|")] == [
-        "backend", "precision", "M samples/s", "vs torch", "step ms", "samples/step", "rays/step", "peak GiB",
-        "launches/step", "GPU busy", "aten ops/step"]
+        "backend",
+        "precision",
+        "M samples/s",
+        "vs torch",
+        "step ms",
+        "samples/step",
+        "rays/step",
+        "peak GiB",
+        "launches/step",
+        "GPU busy",
+        "aten ops/step",
+    ]
     assert re.search(r"^\| torch +\| fp32 .*\| n/a +\| n/a +\| n/a +\| \d+ +\|$", proc.stdout, re.M), proc.stdout
 
 
@@ -286,12 +479,26 @@ def test_throughput_bench_applies_triton_only_encoding_options_to_its_triton_bui
     from hvd_ngp.errors import ConfigError
     from hvd_ngp.model.field import NGPField
 
-    kernel = json.dumps({**json.loads(TINY_ENCODING), "table_dtype": "float16", "vector_atomics": True,
-                         "merge_runs_below": 300})
-    opts = argparse.Namespace(scene="builtin", config=None, precision="auto", device="cpu", target_samples=1024,
-                              warmup_steps=1, steps=1, profile_steps=0, host_profile_steps=0, eval_views=0, seed=0,
-                              points=64, repeat=1, no_compile=True,
-                              extra=[*TINY_ARGS, "--encoding", kernel, "--scene_cache", str(scene_cache)])
+    kernel = json.dumps(
+        {**json.loads(TINY_ENCODING), "table_dtype": "float16", "vector_atomics": True, "merge_runs_below": 300}
+    )
+    opts = argparse.Namespace(
+        scene="builtin",
+        config=None,
+        precision="auto",
+        device="cpu",
+        target_samples=1024,
+        warmup_steps=1,
+        steps=1,
+        profile_steps=0,
+        host_profile_steps=0,
+        eval_views=0,
+        seed=0,
+        points=64,
+        repeat=1,
+        no_compile=True,
+        extra=[*TINY_ARGS, "--encoding", kernel, "--scene_cache", str(scene_cache)],
+    )
     model = trainer_args(opts, "torch").model
     assert model["encoding"]["merge_runs_below"] == 300 and model["encoding"]["n_levels"] == 4
     with pytest.raises(ConfigError, match="needs the triton backend"):  # what a user's --backend torch still gets

@@ -18,8 +18,9 @@ RUN = ROOT / "benchmarks" / "run.sh"
 def run_suite(*args: str, **env: str) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run(["bash", str(RUN), *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        ["bash", str(RUN), *args], capture_output=True, text=True, timeout=60, env={**os.environ, **env}
+    )
 
 
 def tables_module():
@@ -33,8 +34,20 @@ def test_steps_are_named_for_what_they_measure_and_documented():
     proc = run_suite("list")
     assert proc.returncode == 0, proc.stderr
     steps = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
-    assert {"stage", "gpu-tests", "throughput", "quality-vs-time", "against-instant-ngp", "memory", "scaling",
-            "batch", "inference", "export", "viewer", "colmap"} <= set(steps)
+    assert {
+        "stage",
+        "gpu-tests",
+        "throughput",
+        "quality-vs-time",
+        "against-instant-ngp",
+        "memory",
+        "scaling",
+        "batch",
+        "inference",
+        "export",
+        "viewer",
+        "colmap",
+    } <= set(steps)
     assert not [s for s in steps if re.search(r"\d", s)], "a step named after an issue number"
     readme = (ROOT / "benchmarks" / "README.md").read_text()
     assert not [s for s in steps if f"`{s}`" not in readme], "steps missing from benchmarks/README.md"
@@ -53,9 +66,18 @@ def test_bad_calls_fail_with_one_line(tmp_path):
 
 def _metrics(folder, steps, curve):
     folder.mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps({
-        "steps": steps, "train_seconds": curve[-1][0], "test_psnr": curve[-1][1], "test_views": 200,
-        "curve": [{"seconds": s, "psnr": p} for s, p in curve], "memory": {"budget_gib": 8.0, "peak": {"train": 3.5}}}))
+    (folder / "metrics.json").write_text(
+        json.dumps(
+            {
+                "steps": steps,
+                "train_seconds": curve[-1][0],
+                "test_psnr": curve[-1][1],
+                "test_views": 200,
+                "curve": [{"seconds": s, "psnr": p} for s, p in curve],
+                "memory": {"budget_gib": 8.0, "peak": {"train": 3.5}},
+            }
+        )
+    )
 
 
 def test_tables_read_runs_throughput_pytest_and_the_anchor(tmp_path, capsys):
@@ -69,26 +91,46 @@ def test_tables_read_runs_throughput_pytest_and_the_anchor(tmp_path, capsys):
     assert "| quality_lego_60s_1337 | 9000" in capsys.readouterr().out
 
     # instant-ngp's budgets with ours beside them where an evaluation is within 10% of the same seconds
-    (tmp_path / "ingp.json").write_text(json.dumps({"budgets": [15, 30, 60], "steps": [4545, 13254, 30445],
-                                                    "psnr_white_1spp": [33.63, 34.35, 34.73]}))
-    assert t.main(["ingp", str(tmp_path), "ingp_lego", str(tmp_path / "ingp.json"),
-                   str(tmp_path / "quality_lego.json")]) == 0
+    (tmp_path / "ingp.json").write_text(
+        json.dumps({"budgets": [15, 30, 60], "steps": [4545, 13254, 30445], "psnr_white_1spp": [33.63, 34.35, 34.73]})
+    )
+    assert (
+        t.main(["ingp", str(tmp_path), "ingp_lego", str(tmp_path / "ingp.json"), str(tmp_path / "quality_lego.json")])
+        == 0
+    )
     ingp = json.loads((tmp_path / "ingp_lego.json").read_text())["rows"]
-    assert ingp[1] == {"seconds": 30, "instant-ngp steps": 13254, "instant-ngp dB": 34.35,
-                       "ours dB": "33.000 (quality_lego_60s_1337)"}
+    assert ingp[1] == {
+        "seconds": 30,
+        "instant-ngp steps": 13254,
+        "instant-ngp dB": 34.35,
+        "ours dB": "33.000 (quality_lego_60s_1337)",
+    }
     assert ingp[2]["ours dB"] == "34.300 (quality_lego_60s_1) 34.100 (quality_lego_60s_1337)"
 
     for name, rate in (("throughput_new_1", 100e6), ("throughput_new_2", 110e6), ("throughput_new_3", 90e6)):
-        (tmp_path / f"{name}.json").write_text(json.dumps({"training": [
-            {"backend": "triton", "precision": "bf16", "samples_per_sec": rate, "step_ms": 2.5,
-             "rays_per_step": 1e5}]}))
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps(
+                {
+                    "training": [
+                        {
+                            "backend": "triton",
+                            "precision": "bf16",
+                            "samples_per_sec": rate,
+                            "step_ms": 2.5,
+                            "rays_per_step": 1e5,
+                        }
+                    ]
+                }
+            )
+        )
     files = [str(p) for p in sorted(tmp_path.glob("throughput_new_*.json"))]
     assert t.main(["throughput", str(tmp_path), "throughput", *files]) == 0
     summary = json.loads((tmp_path / "throughput.json").read_text())["summary"]
     assert summary == {"throughput_new triton": {"median_M_samples_per_s": 100.0, "rounds": 3}}
 
-    (tmp_path / "pytest_test_kernels.log").write_text("..F.\nFAILED tests/test_kernels.py::test_march - x\n"
-                                                       "1 failed, 3 passed, 2 skipped in 9.1s\n")
+    (tmp_path / "pytest_test_kernels.log").write_text(
+        "..F.\nFAILED tests/test_kernels.py::test_march - x\n1 failed, 3 passed, 2 skipped in 9.1s\n"
+    )
     (tmp_path / "pytest_test_render.log").write_text("....\n4 passed in 2.0s\n")
     (tmp_path / "pytest_test_hung.log").write_text("..\n")  # killed by its timeout: no closing line
     logs = [str(tmp_path / f"pytest_{n}.log") for n in ("test_kernels", "test_render")]
@@ -99,8 +141,9 @@ def test_tables_read_runs_throughput_pytest_and_the_anchor(tmp_path, capsys):
     assert t.main(["pytest", str(tmp_path), "gpu_tests", logs[1]]) == 0
     assert t.main(["pytest", str(tmp_path), "gpu_tests", logs[1], str(tmp_path / "pytest_test_hung.log")]) == 1
 
-    (tmp_path / "batch_raw.json").write_text(json.dumps({"runs": [{"k": 2, "seed": 1, "steps_to_psnr": {"33": 4000},
-                                                               "curve": [1, 2]}]}))
+    (tmp_path / "batch_raw.json").write_text(
+        json.dumps({"runs": [{"k": 2, "seed": 1, "steps_to_psnr": {"33": 4000}, "curve": [1, 2]}]})
+    )
     assert t.main(["rows", str(tmp_path), "batch", str(tmp_path / "batch_raw.json"), "runs"]) == 0
     assert json.loads((tmp_path / "batch.json").read_text())["rows"] == [{"k": 2, "seed": 1, "steps_to_psnr.33": 4000}]
     assert t.main(["runs", str(tmp_path), "nothing", "no_such_run*"]) == 1  # no rows is a failure
@@ -111,10 +154,15 @@ def test_benches_never_append_to_the_docs_by_default():
     seen = 0
     for path in sorted((ROOT / "hvd_ngp" / "bench").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args
-                    and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--markdown"):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", "") == "add_argument"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value == "--markdown"
+            ):
                 default = next((k.value for k in node.keywords if k.arg == "default"), None)
                 assert isinstance(default, ast.Constant) and default.value in ("", None), (path.name, default)
                 seen += 1
-        assert "docs/BENCHMARKS.md\"" not in path.read_text(), path.name
+        assert 'docs/BENCHMARKS.md"' not in path.read_text(), path.name
     assert seen >= 7

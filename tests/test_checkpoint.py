@@ -9,24 +9,34 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import TINY_ARGS, tensor_digest as digest, tiny_cpu_args
 
 from hvd_ngp.cluster import dist
-from hvd_ngp.state.checkpoint import (FORMAT_V1, CheckpointManager, atomic_torch_save, capture, read_snapshot,
-                                      restore, state_digest)
 from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.data.scene import Frames
 from hvd_ngp.errors import ConfigError, HvdNgpError, SnapshotError
 from hvd_ngp.model.field import NGPField
 from hvd_ngp.render.occupancy import OccupancyGrid
+from hvd_ngp.state.checkpoint import (
+    FORMAT_V1,
+    CheckpointManager,
+    atomic_torch_save,
+    capture,
+    read_snapshot,
+    restore,
+    state_digest,
+)
+from hvd_ngp.state.trainstate import TrainState, make_rank_streams
 from hvd_ngp.training.recipe import make_optimizer
 from hvd_ngp.training.trainer import run
-from hvd_ngp.state.trainstate import TrainState, make_rank_streams
-
-from conftest import TINY_ARGS, tensor_digest as digest, tiny_cpu_args
 
 AABB = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
-FRAMES = Frames(torch.zeros(2, 4, 4, 4, dtype=torch.uint8), torch.eye(4)[:3].expand(2, 3, 4).clone(),
-                torch.tensor([[4.0, 4.0, 2.0, 2.0]] * 2), torch.zeros(2, 6))
+FRAMES = Frames(
+    torch.zeros(2, 4, 4, 4, dtype=torch.uint8),
+    torch.eye(4)[:3].expand(2, 3, 4).clone(),
+    torch.tensor([[4.0, 4.0, 2.0, 2.0]] * 2),
+    torch.zeros(2, 6),
+)
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +51,14 @@ def build(seed: int) -> TrainState:
     args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS])
     field = NGPField(args.model, AABB)
     opt, _ = make_optimizer(field, args.model["optimizer"], "test")
-    return TrainState(field, OccupancyGrid(AABB, 8), opt, None,
-                      *make_rank_streams(FRAMES, seed, 0, 1, torch.device("cpu")), SimpleNamespace(n_rays=128))
+    return TrainState(
+        field,
+        OccupancyGrid(AABB, 8),
+        opt,
+        None,
+        *make_rank_streams(FRAMES, seed, 0, 1, torch.device("cpu")),
+        SimpleNamespace(n_rays=128),
+    )
 
 
 def advance(ts: TrainState) -> None:
@@ -173,10 +189,13 @@ def test_manager_keeps_the_newest_and_resumes_from_the_newest_valid(tmp_path):
     warnings = []
     path, snap = manager.newest_valid(warn=warnings.append)
     assert path.name == "ckpt-00000003.pt" and snap["step"] == 3
-    assert len(warnings) == 1 and "ckpt-00000004.pt" in warnings[0] and "renamed to ckpt-00000004.pt.invalid" in warnings[0]
+    assert (
+        len(warnings) == 1
+        and "ckpt-00000004.pt" in warnings[0]
+        and "renamed to ckpt-00000004.pt.invalid" in warnings[0]
+    )
     assert (tmp_path / "ckpt-00000004.pt.invalid").is_file()
     assert CheckpointManager(tmp_path / "empty").newest_valid() is None
-
 
 
 def final_state(path) -> str:
@@ -184,22 +203,69 @@ def final_state(path) -> str:
     opt = [t for s in snap["optimizer"]["state"].values() for t in s.values()]
     ema = snap["ema"]
     assert ema["count"] > 0  # base.json's Ema block: the average is saved and resumed too
-    return digest([*snap["model"].values(), *snap["grid"].values(), *opt, snap["rank_streams"],
-                   *ema["average"].values(), torch.tensor(ema["count"])])
+    return digest(
+        [
+            *snap["model"].values(),
+            *snap["grid"].values(),
+            *opt,
+            snap["rank_streams"],
+            *ema["average"].values(),
+            torch.tensor(ema["count"]),
+        ]
+    )
 
 
 def test_resume_continues_the_same_trajectory_bitwise(tmp_path, scene_cache):
     """2N steps straight == N steps, stop, resume N steps (parameters, Adam state, grid, streams)."""
     dist.shutdown()
-    common = ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-              "--log_every", "6", "--save_renders", "0", "--n_eval_views", "1"]
-    straight = run(parse_args([*common, "--n_steps", "24", "--out_dir", str(tmp_path / "a"),
-                               "--save_snapshot", str(tmp_path / "straight.pt")]))
+    common = [
+        "--config",
+        str(CPU_CONFIG),
+        *TINY_ARGS,
+        "--scene_cache",
+        str(scene_cache),
+        "--device",
+        "cpu",
+        "--log_every",
+        "6",
+        "--save_renders",
+        "0",
+        "--n_eval_views",
+        "1",
+    ]
+    straight = run(
+        parse_args(
+            [
+                *common,
+                "--n_steps",
+                "24",
+                "--out_dir",
+                str(tmp_path / "a"),
+                "--save_snapshot",
+                str(tmp_path / "straight.pt"),
+            ]
+        )
+    )
     dist.shutdown()
     first = run(parse_args([*common, "--n_steps", "12", "--out_dir", str(tmp_path / "b"), "--ckpt_every", "12"]))
     dist.shutdown()
-    second = run(parse_args([*common, "--n_steps", "24", "--out_dir", str(tmp_path / "b"), "--ckpt_every", "12",
-                             "--resume", "auto", "--save_snapshot", str(tmp_path / "resumed.pt")]))
+    second = run(
+        parse_args(
+            [
+                *common,
+                "--n_steps",
+                "24",
+                "--out_dir",
+                str(tmp_path / "b"),
+                "--ckpt_every",
+                "12",
+                "--resume",
+                "auto",
+                "--save_snapshot",
+                str(tmp_path / "resumed.pt"),
+            ]
+        )
+    )
     assert (first.step, second.step, straight.step) == (12, 24, 24)
     assert [h["step"] for h in second.metrics["history"]] == [6, 12, 18, 24]  # continued, not restarted
     assert final_state(tmp_path / "straight.pt") == final_state(tmp_path / "resumed.pt")
@@ -209,12 +275,20 @@ def test_resume_continues_the_same_trajectory_bitwise(tmp_path, scene_cache):
 
 def test_v1_snapshot_still_loads_with_fresh_streams(tmp_path, scene_cache):
     dist.shutdown()
-    common = tiny_cpu_args(scene_cache, tmp_path / "o", "--log_every", "4", "--save_renders", "0", "--n_eval_views", "1")
+    common = tiny_cpu_args(
+        scene_cache, tmp_path / "o", "--log_every", "4", "--save_renders", "0", "--n_eval_views", "1"
+    )
     run(parse_args([*common, "--n_steps", "4", "--save_snapshot", str(tmp_path / "v2.pt")]))
     dist.shutdown()
     v2 = read_snapshot(tmp_path / "v2.pt")
-    v1 = {"format": FORMAT_V1, "step": v2["step"], "model": v2["model"], "grid": v2["grid"],
-          "optimizer": v2["optimizer"], "config": json.dumps({})}
+    v1 = {
+        "format": FORMAT_V1,
+        "step": v2["step"],
+        "model": v2["model"],
+        "grid": v2["grid"],
+        "optimizer": v2["optimizer"],
+        "config": json.dumps({}),
+    }
     torch.save(v1, tmp_path / "v1.pt")
     result = run(parse_args([*common, "--n_steps", "6", "--load_snapshot", str(tmp_path / "v1.pt")]))
     # resumed at step 4: one log interval (steps 5-6); from step 0 it would log steps 4 and 6
@@ -224,15 +298,28 @@ def test_v1_snapshot_still_loads_with_fresh_streams(tmp_path, scene_cache):
 
 def test_snapshot_without_an_average_loads_and_restarts_it(tmp_path, scene_cache):
     dist.shutdown()
-    common = tiny_cpu_args(scene_cache, tmp_path / "o", "--log_every", "4", "--save_renders", "0", "--n_eval_views", "1")
+    common = tiny_cpu_args(
+        scene_cache, tmp_path / "o", "--log_every", "4", "--save_renders", "0", "--n_eval_views", "1"
+    )
     run(parse_args([*common, "--n_steps", "4", "--save_snapshot", str(tmp_path / "new.pt")]))
     dist.shutdown()
     snap = read_snapshot(tmp_path / "new.pt")
     del snap["ema"]  # as written before the Ema block existed
     snap["digest"] = state_digest(snap)
     torch.save(snap, tmp_path / "old.pt")
-    result = run(parse_args([*common, "--n_steps", "6", "--load_snapshot", str(tmp_path / "old.pt"),
-                             "--save_snapshot", str(tmp_path / "after.pt")]))
+    result = run(
+        parse_args(
+            [
+                *common,
+                "--n_steps",
+                "6",
+                "--load_snapshot",
+                str(tmp_path / "old.pt"),
+                "--save_snapshot",
+                str(tmp_path / "after.pt"),
+            ]
+        )
+    )
     assert result.step == 6 and read_snapshot(tmp_path / "after.pt")["ema"]["count"] == 2
 
 
@@ -244,5 +331,20 @@ def test_resume_and_load_snapshot_are_exclusive():
 def test_resume_from_a_folder_without_checkpoints_is_an_error(tmp_path, scene_cache):
     dist.shutdown()
     with pytest.raises(HvdNgpError, match="no valid checkpoint"):
-        run(parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-                        "--out_dir", str(tmp_path / "o"), "--resume", str(tmp_path)]))
+        run(
+            parse_args(
+                [
+                    "--config",
+                    str(CPU_CONFIG),
+                    *TINY_ARGS,
+                    "--scene_cache",
+                    str(scene_cache),
+                    "--device",
+                    "cpu",
+                    "--out_dir",
+                    str(tmp_path / "o"),
+                    "--resume",
+                    str(tmp_path),
+                ]
+            )
+        )

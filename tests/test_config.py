@@ -41,8 +41,9 @@ def test_shipped_configs_merge_to_complete_blocks():
     assert base["optimizer"]["nested"]["decay_interval"] == 20000
     captured = load_json_config(CONFIG_DIR / "captured.json")
     assert captured["rgb_network"] == {**base["rgb_network"], "n_neurons": 64}
-    assert {k: v for k, v in captured.items() if k not in ("rgb_network", "comment")} == \
-        {k: v for k, v in base.items() if k not in ("rgb_network", "comment")}
+    assert {k: v for k, v in captured.items() if k not in ("rgb_network", "comment")} == {
+        k: v for k, v in base.items() if k not in ("rgb_network", "comment")
+    }
 
 
 def test_circular_parent_and_bad_json_name_the_file(tmp_path):
@@ -57,15 +58,17 @@ def test_circular_parent_and_bad_json_name_the_file(tmp_path):
 
 
 def test_precedence_cli_over_env_over_file_over_default(tmp_path, monkeypatch):
-    cfg = write(tmp_path / "run.json", {"parent": str(CONFIG_DIR / "cpu.json"), "n_steps": 11, "log_every": 7,
-                                        "seed": 3, "encoding": {"n_levels": 6}})
+    cfg = write(
+        tmp_path / "run.json",
+        {"parent": str(CONFIG_DIR / "cpu.json"), "n_steps": 11, "log_every": 7, "seed": 3, "encoding": {"n_levels": 6}},
+    )
     monkeypatch.setenv("HVD_NGP_LOG_EVERY", "9")
     monkeypatch.setenv("HVD_NGP_SEED", "4")
     args = parse_args(["--config", str(cfg), "--seed", "5"])
-    assert args.seed == 5           # CLI beats env and file
-    assert args.log_every == 9      # env beats file
-    assert args.n_steps == 11       # file beats default
-    assert args.eval_every == 0     # default
+    assert args.seed == 5  # CLI beats env and file
+    assert args.log_every == 9  # env beats file
+    assert args.n_steps == 11  # file beats default
+    assert args.eval_every == 0  # default
     assert args.target_samples == 8192  # from the parent cpu.json
     assert args.model["encoding"]["n_levels"] == 6
     assert args.model["encoding"]["log2_hashmap_size"] == 15  # cpu.json, through the parent chain
@@ -106,5 +109,5 @@ def test_time_budget_alone_trains_until_the_budget_and_decays_the_learning_rate(
     assert parse_args(["--config", str(BASE_CONFIG), "--time_budget_s", "60"]).n_steps == UNLIMITED_STEPS
     assert parse_args(["--time_budget_s", "60", "--n_steps", "50"]).n_steps == 50
     factors = [budget_lr_factor(t, 60.0, "on") for t in (0, 29.9, 30, 44.9, 45, 53.9, 54, 600)]
-    assert factors == pytest.approx([1, 1, 0.33, 0.33, 0.33 ** 2, 0.33 ** 2, 0.33 ** 3, 0.33 ** 3])
+    assert factors == pytest.approx([1, 1, 0.33, 0.33, 0.33**2, 0.33**2, 0.33**3, 0.33**3])
     assert budget_lr_factor(59, 60.0, "off") == 1.0 and budget_lr_factor(1e6, 0.0, "on") == 1.0

@@ -10,14 +10,13 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import SHARED_DATA
 
 from hvd_ngp.data import load_scene
 from hvd_ngp.data.builtin import _StillLife, generate_builtin
 from hvd_ngp.data.cameras import nerf_to_ngp
 from hvd_ngp.data.sampler import image_rays
 from hvd_ngp.errors import SceneError
-
-from conftest import SHARED_DATA
 
 
 def digest(folder) -> str:
@@ -43,12 +42,12 @@ def test_builtin_scene_has_texture_and_alpha(scene_cache):
     assert len(scene.train) == 64 and len(scene.test) == 8 and scene.has_alpha
     img = scene.train.images[0].float() / 255
     alpha = img[..., 3]
-    assert 0.1 < float((alpha > 0.5).float().mean()) < 0.9          # an object with background around it
+    assert 0.1 < float((alpha > 0.5).float().mean()) < 0.9  # an object with background around it
     assert float(((alpha > 0) & (alpha < 1)).float().mean()) > 0.005  # anti-aliased silhouettes
     rgb = img[..., :3][alpha == 1]
-    assert float(rgb.std(dim=0).mean()) > 0.1                          # colour variation, not a flat blob
+    assert float(rgb.std(dim=0).mean()) > 0.1  # colour variation, not a flat blob
     lap = cv2.Laplacian((img[..., :3].numpy() * 255).astype(np.uint8), cv2.CV_64F)
-    assert float(np.abs(lap).mean()) > 5.0                             # texture detail
+    assert float(np.abs(lap).mean()) > 5.0  # texture detail
 
 
 def test_loader_rays_hit_what_the_generator_drew(scene_cache):
@@ -94,8 +93,12 @@ def frame(name, write=True, m=None):
 
 
 def test_transforms_fields_missing_images_and_extensionless_paths(tmp_path):
-    root = write_scene(tmp_path / "s", [frame("images/a.png"), frame("images/b"), frame("images/c", write=False)],
-                       camera_angle_x=math.pi / 2, aabb_scale=4)
+    root = write_scene(
+        tmp_path / "s",
+        [frame("images/a.png"), frame("images/b"), frame("images/c", write=False)],
+        camera_angle_x=math.pi / 2,
+        aabb_scale=4,
+    )
     scene = load_scene(root)
     assert len(scene.train) == 2 and scene.skipped_frames == 1
     fx, fy, cx, cy = scene.train.intrinsics[0].tolist()
@@ -103,13 +106,16 @@ def test_transforms_fields_missing_images_and_extensionless_paths(tmp_path):
     assert scene.aabb_scale == 4 and scene.aabb.tolist() == [[-1.5] * 3, [2.5] * 3]
 
 
-@pytest.mark.parametrize("frames, meta, message", [
-    ([], {}, "no usable frames"),
-    ([frame("images/a.png", m=[[1, 0, 0], [0, 1, 0]])], {"camera_angle_x": 1}, r"transform_matrix must be 4x4"),
-    ([frame("images/a.png", m=[[float("nan")] * 4] * 4)], {"camera_angle_x": 1}, "NaN"),
-    ([frame("images/a.png")], {}, "no focal length"),
-    ([frame("images/gone", write=False)], {"camera_angle_x": 1}, r"no usable frames \(1 listed images are missing"),
-])
+@pytest.mark.parametrize(
+    "frames, meta, message",
+    [
+        ([], {}, "no usable frames"),
+        ([frame("images/a.png", m=[[1, 0, 0], [0, 1, 0]])], {"camera_angle_x": 1}, r"transform_matrix must be 4x4"),
+        ([frame("images/a.png", m=[[float("nan")] * 4] * 4)], {"camera_angle_x": 1}, "NaN"),
+        ([frame("images/a.png")], {}, "no focal length"),
+        ([frame("images/gone", write=False)], {"camera_angle_x": 1}, r"no usable frames \(1 listed images are missing"),
+    ],
+)
 def test_bad_transforms_raise_errors_naming_the_file(tmp_path, frames, meta, message):
     root = write_scene(tmp_path / "s", frames, **meta)
     with pytest.raises(SceneError, match=message) as err:

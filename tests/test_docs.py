@@ -15,8 +15,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import ROOT
+
 from hvd_ngp.config import build_parser
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.tools import config_reference
@@ -69,7 +69,9 @@ def test_a_flag_added_to_the_parser_appears_in_the_reference():
     parser = build_parser()
     before = reference(parser)
     group = parser.add_argument_group("a new group")
-    group.add_argument("--zz_new_flag", type=int, default=7, choices=(7, 8), help="added by the test: 100%% new, <x> | y")
+    group.add_argument(
+        "--zz_new_flag", type=int, default=7, choices=(7, 8), help="added by the test: 100%% new, <x> | y"
+    )
     group.add_argument("--zz_switch", action="store_true", help="a switch")
     text = reference(parser)
     assert "--zz_new_flag" not in before and "### A new group" in text
@@ -108,8 +110,14 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("docs") / "site"
     # no --quiet: mkdocs then drops the warnings before --strict counts them, and a broken link passes
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 
@@ -123,8 +131,18 @@ def test_mkdocs_build_strict(site):
     assert "config-reference" not in html  # the marker was filled in
     missing = [o for o in _options() if f"<code>{o}</code>" not in html]
     assert not missing, f"the built configuration page lacks {missing}"
-    for page in ("install", "first-run", "your-own-capture", "scaling", "operations", "monitoring", "troubleshooting",
-                 "look-at-your-result", "BENCHMARKS", "ARCHITECTURE"):
+    for page in (
+        "install",
+        "first-run",
+        "your-own-capture",
+        "scaling",
+        "operations",
+        "monitoring",
+        "troubleshooting",
+        "look-at-your-result",
+        "BENCHMARKS",
+        "ARCHITECTURE",
+    ):
         assert (site / page / "index.html").is_file(), page
 
 
@@ -156,8 +174,10 @@ def test_the_configuration_page_in_chromium(site, tmp_path):
                 .map(r => r.querySelector('td code') ? r.querySelector('td code').textContent : '')""")
             shown = [r for r in rows if r.startswith("--")]
             assert sorted(shown) == sorted(_options()), set(shown) ^ set(_options())
-            browser.evaluate("document.evaluate(\"//code[text()='--n_steps']\", document, null, 9, null)"
-                             ".singleNodeValue.scrollIntoView()")
+            browser.evaluate(
+                "document.evaluate(\"//code[text()='--n_steps']\", document, null, 9, null)"
+                ".singleNodeValue.scrollIntoView()"
+            )
             png = browser.screenshot()
         (tmp_path / "configuration.png").write_bytes(png)
         shot = cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_GRAYSCALE)

@@ -12,22 +12,52 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
-from hvd_ngp.observe.doctor import (FIELDS, OVERRIDE_VAR, apply_test_override, compare, groups, plan_topology_dump,
-                                    rank_ranges, render_table)
-from hvd_ngp.errors import ConfigError
 
-LAUNCHER_VARS = ("HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_RANK",
-                 "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_RANK",
-                 "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "MPI_LOCALRANKID",
-                 "MPI_LOCALNRANKS", "NCCL_TOPO_DUMP_FILE", "NCCL_TOPO_DUMP_FILE_RANK", "HOROVOD_HIERARCHICAL_ALLREDUCE")
+from hvd_ngp.errors import ConfigError
+from hvd_ngp.observe.doctor import (
+    FIELDS,
+    OVERRIDE_VAR,
+    apply_test_override,
+    compare,
+    groups,
+    plan_topology_dump,
+    rank_ranges,
+    render_table,
+)
+
+LAUNCHER_VARS = (
+    "HOROVOD_RANK",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMIX_RANK",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "NCCL_TOPO_DUMP_FILE",
+    "NCCL_TOPO_DUMP_FILE_RANK",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE",
+)
 
 
 def record(rank: int, host: str = "node1", **kw) -> dict:
     rec = {key: f"{key}-v1" for key, _, _ in FIELDS}
-    rec.update(rank=rank, host=host, device=f"cuda:{rank % 2}", env={"NCCL_IB_DISABLE": "0", "HOROVOD_RANK": str(rank)},
-               overridden=[])
+    rec.update(
+        rank=rank,
+        host=host,
+        device=f"cuda:{rank % 2}",
+        env={"NCCL_IB_DISABLE": "0", "HOROVOD_RANK": str(rank)},
+        overridden=[],
+    )
     rec.update(kw)
     return rec
 
@@ -48,8 +78,10 @@ def test_hardware_and_variable_differences_are_warnings_unless_strict():
     records = [record(0), record(1, gpu="NVIDIA A100"), record(2)]
     records[2]["env"]["NCCL_IB_DISABLE"] = "1"
     found = compare(records)
-    assert sorted((f.severity, f.what, f.rank) for f in found) == [("warning", "GPU", 1),
-                                                                    ("warning", "NCCL_IB_DISABLE", 2)]
+    assert sorted((f.severity, f.what, f.rank) for f in found) == [
+        ("warning", "GPU", 1),
+        ("warning", "NCCL_IB_DISABLE", 2),
+    ]
     assert {f.severity for f in compare(records, strict=True)} == {"error"}
     # per-rank variables (HOROVOD_RANK differs everywhere) are neither compared nor shown
     assert "HOROVOD_RANK" not in render_table(records, found)
@@ -84,6 +116,7 @@ def launcher_env(monkeypatch):
     def set_env(**values):
         for k, v in values.items():
             monkeypatch.setenv(k, str(v))
+
     return set_env
 
 
@@ -101,8 +134,9 @@ def test_topology_dump_is_requested_from_each_nodes_local_rank_zero(launcher_env
     stale = tmp_path / f"topo.{host}.xml"
     stale.write_text("old")
     # second node of a 2 x 4 job, its local rank 0 (global rank 4): the host name goes into the file name
-    launcher_env(OMPI_COMM_WORLD_RANK=4, OMPI_COMM_WORLD_LOCAL_RANK=0, OMPI_COMM_WORLD_SIZE=8,
-                 OMPI_COMM_WORLD_LOCAL_SIZE=4)
+    launcher_env(
+        OMPI_COMM_WORLD_RANK=4, OMPI_COMM_WORLD_LOCAL_RANK=0, OMPI_COMM_WORLD_SIZE=8, OMPI_COMM_WORLD_LOCAL_SIZE=4
+    )
     plan = plan_topology_dump(str(tmp_path / "topo.xml"), use_cuda=True)
     assert plan.writer and plan.path == str(stale) and not stale.exists()  # a stale file cannot pass for new
     assert os.environ["NCCL_TOPO_DUMP_FILE"] == str(stale) and os.environ["NCCL_TOPO_DUMP_FILE_RANK"] == "4"
@@ -120,6 +154,7 @@ def test_topology_dump_other_local_ranks_take_part_but_do_not_write(launcher_env
     # NCCL exchanges topology within the node on every rank that has the file variable: all must have it
     assert os.environ["NCCL_TOPO_DUMP_FILE"] == plan.path and os.environ["NCCL_TOPO_DUMP_FILE_RANK"] == "-1"
 
+
 def test_topology_dump_into_a_missing_folder_is_reported_by_the_writer_without_touching_nccl(launcher_env, tmp_path):
     for local_rank in (1, 0):
         launcher_env(HOROVOD_RANK=local_rank, HOROVOD_LOCAL_RANK=local_rank, HOROVOD_SIZE=2, HOROVOD_LOCAL_SIZE=2)
@@ -130,8 +165,14 @@ def test_topology_dump_into_a_missing_folder_is_reported_by_the_writer_without_t
 
 def test_doctor_without_a_launcher_is_a_size_one_check(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    proc = subprocess.run([sys.executable, "-m", "hvd_ngp.observe.doctor", "--json", str(tmp_path / "d.json")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvd_ngp.observe.doctor", "--json", str(tmp_path / "d.json")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "hvd_ngp doctor: 1 rank(s)" in proc.stdout and "hvd_ngp doctor: OK" in proc.stdout
     report = json.loads((tmp_path / "d.json").read_text())

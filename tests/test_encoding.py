@@ -7,11 +7,18 @@ import math
 import pytest
 import torch
 
-from hvd_ngp.model.encoding import make_direction_encoding, make_position_encoding, model_for_backend
-from hvd_ngp.model.encoding.hashgrid import (BACKWARD_LAUNCH, FORWARD_LAUNCH, MERGE_RUNS_BELOW, GridLaunch, HashGridSpec,
-                                             HashGridTorch, scaled_to_extent)
-from hvd_ngp.model.encoding.sh import sh_encode
 from hvd_ngp.errors import ConfigError
+from hvd_ngp.model.encoding import make_direction_encoding, make_position_encoding, model_for_backend
+from hvd_ngp.model.encoding.hashgrid import (
+    BACKWARD_LAUNCH,
+    FORWARD_LAUNCH,
+    MERGE_RUNS_BELOW,
+    GridLaunch,
+    HashGridSpec,
+    HashGridTorch,
+    scaled_to_extent,
+)
+from hvd_ngp.model.encoding.sh import sh_encode
 
 # Resolutions 4, 8, 16, 32, 64, 128: up to 16^3 = 2^12 rows the levels are dense (16^3 exactly fills
 # the table: the boundary case), finer levels are hashed. Both paths are exercised.
@@ -25,11 +32,11 @@ def brute_force(x: torch.Tensor, table: torch.Tensor, spec: HashGridSpec) -> tor
         feats = []
         offset = 0
         for level in range(spec.n_levels):
-            scale = spec.base_resolution * spec.per_level_scale ** level - 1.0
+            scale = spec.base_resolution * spec.per_level_scale**level - 1.0
             res = math.ceil(scale) + 1
-            size = min(res ** 3, 2 ** spec.log2_hashmap_size)
+            size = min(res**3, 2**spec.log2_hashmap_size)
             size = (size + 7) // 8 * 8
-            hashed = res ** 3 > 2 ** spec.log2_hashmap_size
+            hashed = res**3 > 2**spec.log2_hashmap_size
             pos = [v * scale + 0.5 for v in p]
             base = [math.floor(v) for v in pos]
             frac = [v - b for v, b in zip(pos, base)]
@@ -54,8 +61,10 @@ def points() -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     x = torch.rand(40, 3, generator=g, dtype=torch.float64)
     # exact cell boundaries of the coarsest level (scale 3: pos = x*3 + 0.5 integer), the cube's corners and faces
-    boundary = torch.tensor([[1 / 6, 0.5, 5 / 6], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.5, 0.0, 1.0], [1 / 6, 1 / 6, 1 / 6]],
-                            dtype=torch.float64)
+    boundary = torch.tensor(
+        [[1 / 6, 0.5, 5 / 6], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.5, 0.0, 1.0], [1 / 6, 1 / 6, 1 / 6]],
+        dtype=torch.float64,
+    )
     return torch.cat([x, boundary]).float()
 
 
@@ -104,8 +113,8 @@ def test_desired_resolution_sets_per_level_scale():
 def test_desired_resolution_is_per_world_unit_as_in_instant_ngp():
     """instant-ngp's finest level is 2048 x aabb_scale across the box: fox (aabb_scale 4, a box of side 4)
     gets 8192, lego (side 1) 2048; a model-parallel region of half the side half of that."""
-    from hvd_ngp.model.field import NGPField
     from hvd_ngp.config import parse_args
+    from hvd_ngp.model.field import NGPField
 
     block = {"n_levels": 8, "n_features_per_level": 4, "base_resolution": 16, "desired_resolution": 2048}
     for extent, finest in ((1.0, 2048), (4.0, 8192), (0.5, 1024)):
@@ -122,20 +131,23 @@ def test_desired_resolution_is_per_world_unit_as_in_instant_ngp():
     assert lego.encoding.spec.level_layout()[-1][0] + 1 == pytest.approx(2048, rel=1e-4)
 
 
-@pytest.mark.parametrize("block, message", [
-    ({"otype": "Frequency"}, "not supported"),
-    ({"n_levels": -2}, "n_levels must be a positive integer"),
-    ({"log2_hashmap_size": 0}, "log2_hashmap_size must be a positive integer"),
-    ({"n_levelz": 4}, "unknown encoding key"),
-    ({"vector_atomics": "yes"}, "vector_atomics must be true or false"),
-    ({"table_dtype": "float16"}, "needs the triton backend"),
-    ({"merge_runs_below": -1}, "merge_runs_below must be a resolution >= 0"),
-    ({"merge_runs_below": True}, "merge_runs_below must be a resolution >= 0"),
-    ({"feature_major": "yes"}, "feature_major must be true or false"),
-    ({"forward_launch": [256, 4]}, "forward_launch must be an object with keys among"),
-    ({"backward_launch": {"block": 96}}, "backward_launch: GridLaunch.block must be a power of two"),
-    ({"backward_launch": {"threads": 96}}, "backward_launch must be an object"),
-])
+@pytest.mark.parametrize(
+    "block, message",
+    [
+        ({"otype": "Frequency"}, "not supported"),
+        ({"n_levels": -2}, "n_levels must be a positive integer"),
+        ({"log2_hashmap_size": 0}, "log2_hashmap_size must be a positive integer"),
+        ({"n_levelz": 4}, "unknown encoding key"),
+        ({"vector_atomics": "yes"}, "vector_atomics must be true or false"),
+        ({"table_dtype": "float16"}, "needs the triton backend"),
+        ({"merge_runs_below": -1}, "merge_runs_below must be a resolution >= 0"),
+        ({"merge_runs_below": True}, "merge_runs_below must be a resolution >= 0"),
+        ({"feature_major": "yes"}, "feature_major must be true or false"),
+        ({"forward_launch": [256, 4]}, "forward_launch must be an object with keys among"),
+        ({"backward_launch": {"block": 96}}, "backward_launch: GridLaunch.block must be a power of two"),
+        ({"backward_launch": {"threads": 96}}, "backward_launch must be an object"),
+    ],
+)
 def test_invalid_encoding_blocks_are_refused(block, message):
     with pytest.raises(ConfigError, match=message):
         make_position_encoding({"otype": "HashGrid", **block}, "torch", "net.json")
@@ -144,8 +156,14 @@ def test_invalid_encoding_blocks_are_refused(block, message):
 def test_model_for_backend_drops_the_kernel_options_for_other_backends_only():
     """The benchmarks' own torch/cpp/tcnn builds beside a triton run take the grid without the Triton kernels'
     options (make_position_encoding refuses a float16 table there); triton and auto keep them."""
-    block = {"n_levels": 4, "log2_hashmap_size": 10, "table_dtype": "float16", "vector_atomics": True,
-             "merge_runs_below": 300, "feature_major": False}
+    block = {
+        "n_levels": 4,
+        "log2_hashmap_size": 10,
+        "table_dtype": "float16",
+        "vector_atomics": True,
+        "merge_runs_below": 300,
+        "feature_major": False,
+    }
     model = {"encoding": block, "network": {}, "_source": "net.json"}
     for backend in ("torch", "cpp", "tcnn"):
         out = model_for_backend(model, backend)
@@ -162,8 +180,15 @@ def test_model_for_backend_drops_the_kernel_options_for_other_backends_only():
 def test_kernel_options_are_not_grid_keys(monkeypatch):
     """table_dtype, vector_atomics, merge_runs_below and feature_major tell the Triton kernels how to run: the grid
     (and the memory plan built from it) ignores them, the Triton encoding receives them."""
-    block = {"n_levels": 4, "log2_hashmap_size": 10, "table_dtype": "float16", "vector_atomics": True,
-             "merge_runs_below": 300, "feature_major": False, "backward_launch": {"block": 256}}
+    block = {
+        "n_levels": 4,
+        "log2_hashmap_size": 10,
+        "table_dtype": "float16",
+        "vector_atomics": True,
+        "merge_runs_below": 300,
+        "feature_major": False,
+        "backward_launch": {"block": 256},
+    }
     assert HashGridSpec.from_config(block) == HashGridSpec.from_config({"n_levels": 4, "log2_hashmap_size": 10})
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
@@ -182,8 +207,10 @@ def test_cpp_kernel_matches_torch_reference():
 
     if not hashgrid_cpp.available():
         pytest.fail("the C++ CPU kernel did not build (scripts/setup.sh builds it; needs g++ and ninja)")
-    for spec in (SPEC, HashGridSpec(n_levels=8, n_features_per_level=4, log2_hashmap_size=10, base_resolution=8,
-                                    per_level_scale=1.6)):
+    for spec in (
+        SPEC,
+        HashGridSpec(n_levels=8, n_features_per_level=4, log2_hashmap_size=10, base_resolution=8, per_level_scale=1.6),
+    ):
         ref = HashGridTorch(spec)
         fast = hashgrid_cpp.HashGridCpp(spec)
         with torch.no_grad():

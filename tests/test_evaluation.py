@@ -8,13 +8,12 @@ import re
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_ARGS
 
 from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.observe.metrics import mse_to_psnr, ssim
 from hvd_ngp.render.camera_path import look_at_point, orbit
-
-from conftest import TINY_ARGS
 
 
 def test_ssim_properties():
@@ -26,7 +25,7 @@ def test_ssim_properties():
     s1, s2 = ssim(img, noisy), ssim(img, very)
     assert 0 < s2 < s1 < 1 and abs(ssim(noisy, img) - s1) < 1e-6
     # a constant shift keeps structure: SSIM stays high while PSNR drops
-    shifted = (img * 0.8 + 0.1)
+    shifted = img * 0.8 + 0.1
     assert ssim(img, shifted) > 0.9 and mse_to_psnr(float(((img - shifted) ** 2).mean())) < 30
 
 
@@ -55,32 +54,88 @@ def test_training_curve_and_render_tool(tmp_path, scene_cache):
     from hvd_ngp.tools.render import main as render_main
     from hvd_ngp.training.trainer import run
 
-    args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-                       "--n_steps", "48", "--eval_at_s", "0.01", "--eval_every", "16", "--eval_at_steps", "20,40",
-                       "--out_dir", str(tmp_path / "o"),
-                       "--save_snapshot", str(tmp_path / "s.pt")])
+    args = parse_args(
+        [
+            "--config",
+            str(CPU_CONFIG),
+            *TINY_ARGS,
+            "--scene_cache",
+            str(scene_cache),
+            "--device",
+            "cpu",
+            "--n_steps",
+            "48",
+            "--eval_at_s",
+            "0.01",
+            "--eval_every",
+            "16",
+            "--eval_at_steps",
+            "20,40",
+            "--out_dir",
+            str(tmp_path / "o"),
+            "--save_snapshot",
+            str(tmp_path / "s.pt"),
+        ]
+    )
     result = run(args)
     curve = result.metrics["curve"]
     steps = [c["step"] for c in curve]
     assert steps[-1] == 48 and {16, 20, 32, 40} <= set(steps) and len(steps) == len(set(steps))
     assert all(a["seconds"] <= b["seconds"] for a, b in zip(curve, curve[1:]))
     assert all(np.isfinite(c["psnr"]) and 0 < c["ssim"] <= 1 and c["eval_seconds"] > 0 for c in curve)
-    out = render_main(["--load_snapshot", str(tmp_path / "s.pt"), "--out_dir", str(tmp_path / "r"), "--n_frames", "4",
-                       "--split_views", "2", "--device", "cpu"])
+    out = render_main(
+        [
+            "--load_snapshot",
+            str(tmp_path / "s.pt"),
+            "--out_dir",
+            str(tmp_path / "r"),
+            "--n_frames",
+            "4",
+            "--split_views",
+            "2",
+            "--device",
+            "cpu",
+        ]
+    )
     assert out["test_views"] == 2 and np.isfinite(out["test_psnr"])
     assert (tmp_path / "r" / "orbit.mp4").stat().st_size > 0
     assert sorted(p.name for p in (tmp_path / "r" / "test").iterdir()) == ["test_000.png", "test_001.png"]
     assert json.loads((tmp_path / "r" / "render.json").read_text())["video"].endswith("orbit.mp4")
     # the same views with twice the samples per ray: another image, recorded in render.json
     trained = json.loads((tmp_path / "r" / "render.json").read_text())["marching"]["eval_steps_per_diagonal"]
-    fine = render_main(["--load_snapshot", str(tmp_path / "s.pt"), "--out_dir", str(tmp_path / "f"), "--video", "none",
-                        "--split_views", "2", "--device", "cpu",
-                        "--marching", json.dumps({"eval_steps_per_diagonal": 2 * trained})])
+    fine = render_main(
+        [
+            "--load_snapshot",
+            str(tmp_path / "s.pt"),
+            "--out_dir",
+            str(tmp_path / "f"),
+            "--video",
+            "none",
+            "--split_views",
+            "2",
+            "--device",
+            "cpu",
+            "--marching",
+            json.dumps({"eval_steps_per_diagonal": 2 * trained}),
+        ]
+    )
     assert fine["marching"]["eval_steps_per_diagonal"] == 2 * trained and np.isfinite(fine["test_psnr"])
     assert fine["test_psnr"] != out["test_psnr"]
     with pytest.raises(ConfigError, match="grid_resolution.*s.pt"):
-        render_main(["--load_snapshot", str(tmp_path / "s.pt"), "--out_dir", str(tmp_path / "g"), "--video", "none",
-                     "--device", "cpu", "--marching", '{"grid_resolution": 64}'])
+        render_main(
+            [
+                "--load_snapshot",
+                str(tmp_path / "s.pt"),
+                "--out_dir",
+                str(tmp_path / "g"),
+                "--video",
+                "none",
+                "--device",
+                "cpu",
+                "--marching",
+                '{"grid_resolution": 64}',
+            ]
+        )
 
 
 def test_orbit_sweeps_only_the_covered_arc():
@@ -122,8 +177,23 @@ def test_the_first_step_is_set_up_not_training_time(tmp_path, scene_cache, monke
         return step(self, *a, **k)
 
     monkeypatch.setattr(Trainer, "step", slow_first)
-    args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-                       "--time_budget_s", "1", "--out_dir", str(tmp_path / "o"), "--save_renders", "0"])
+    args = parse_args(
+        [
+            "--config",
+            str(CPU_CONFIG),
+            *TINY_ARGS,
+            "--scene_cache",
+            str(scene_cache),
+            "--device",
+            "cpu",
+            "--time_budget_s",
+            "1",
+            "--out_dir",
+            str(tmp_path / "o"),
+            "--save_renders",
+            "0",
+        ]
+    )
     started = time.monotonic()
     result = run(args)
     wall = time.monotonic() - started
@@ -139,7 +209,26 @@ def test_the_first_steps_samples_are_left_out_of_its_interval_as_its_time(tmp_pa
     from hvd_ngp.training.trainer import run
 
     out = tmp_path / "o"
-    run(parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-                    "--n_steps", "8", "--log_every", "4", "--out_dir", str(out), "--save_renders", "0"]))
+    run(
+        parse_args(
+            [
+                "--config",
+                str(CPU_CONFIG),
+                *TINY_ARGS,
+                "--scene_cache",
+                str(scene_cache),
+                "--device",
+                "cpu",
+                "--n_steps",
+                "8",
+                "--log_every",
+                "4",
+                "--out_dir",
+                str(out),
+                "--save_renders",
+                "0",
+            ]
+        )
+    )
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["interval_steps"] for r in records if "interval_steps" in r] == [3, 4]

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_ARGS
 
 from hvd_ngp.cluster import dist
 from hvd_ngp.data.cameras import nerf_to_ngp
@@ -17,8 +18,6 @@ from hvd_ngp.errors import CameraPathError, ConfigError
 from hvd_ngp.render import StepSchedule
 from hvd_ngp.render.camera_path import interpolate_keyframes, matrix_to_quaternion, quaternion_to_matrix
 from hvd_ngp.tools.camera_files import load_camera_path
-
-from conftest import TINY_ARGS
 
 pytest.importorskip("trimesh")
 pytest.importorskip("mcubes")
@@ -30,8 +29,9 @@ IOU_TINY = 0.75  # what the tiny CPU model's mesh reaches after 48 steps
 
 def random_keys(k: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.stack([np.concatenate([quaternion_to_matrix(rng.normal(size=4)), rng.normal(size=(3, 1))], 1)
-                     for _ in range(k)])
+    return np.stack(
+        [np.concatenate([quaternion_to_matrix(rng.normal(size=4)), rng.normal(size=(3, 1))], 1) for _ in range(k)]
+    )
 
 
 def test_keyframe_interpolation_hits_the_keys_and_is_smooth_between_them():
@@ -57,8 +57,14 @@ def test_camera_path_files(tmp_path):
     rng = np.random.default_rng(1)
     nerf = [np.concatenate([quaternion_to_matrix(rng.normal(size=4)), rng.normal(size=(3, 1))], 1) for _ in range(3)]
     nerf = [np.concatenate([m, [[0, 0, 0, 1]]]) for m in nerf]
-    ns = {"camera_type": "perspective", "render_width": 64, "render_height": 48, "fps": 24, "seconds": 0.125,
-          "camera_path": [{"camera_to_world": m.flatten().tolist(), "fov": 50.0, "aspect": 4 / 3} for m in nerf]}
+    ns = {
+        "camera_type": "perspective",
+        "render_width": 64,
+        "render_height": 48,
+        "fps": 24,
+        "seconds": 0.125,
+        "camera_path": [{"camera_to_world": m.flatten().tolist(), "fov": 50.0, "aspect": 4 / 3} for m in nerf],
+    }
     (tmp_path / "camera_path.json").write_text(json.dumps(ns))
     cams = load_camera_path(tmp_path / "camera_path.json", (80, 80), 0.5, [0.5, 0.4, 0.3], 120)
     assert cams.size == (64, 48) and cams.fps == 24 and cams.c2w.shape == (3, 3, 4) and cams.own_size
@@ -70,16 +76,32 @@ def test_camera_path_files(tmp_path):
 
     # instant-ngp base_cam.json: quaternions (x, y, z, w) and positions in ngp space, interpolated
     keys = random_keys(3, 2)
-    base = {"path": [{"R": matrix_to_quaternion(m[:, :3]).tolist(), "T": m[:, 3].tolist(), "fov": 45.0, "slice": 0.0,
-                      "scale": 1.0, "aperture_size": 0.0} for m in keys], "time": 0.0}
+    base = {
+        "path": [
+            {
+                "R": matrix_to_quaternion(m[:, :3]).tolist(),
+                "T": m[:, 3].tolist(),
+                "fov": 45.0,
+                "slice": 0.0,
+                "scale": 1.0,
+                "aperture_size": 0.0,
+            }
+            for m in keys
+        ],
+        "time": 0.0,
+    }
     (tmp_path / "base_cam.json").write_text(json.dumps(base))
     cams = load_camera_path(tmp_path / "base_cam.json", (80, 60), 0.33, [0.5] * 3, 9)
     assert cams.c2w.shape == (9, 3, 4) and cams.size == (80, 60) and not cams.own_size
     np.testing.assert_allclose(cams.c2w[[0, 4, 8]].numpy(), keys, atol=1e-6)
 
     # a transforms.json whose images do not exist: its cameras
-    tf = {"camera_angle_x": 0.8, "w": 40, "h": 30,
-          "frames": [{"file_path": f"./missing/{i}", "transform_matrix": m.tolist()} for i, m in enumerate(nerf)]}
+    tf = {
+        "camera_angle_x": 0.8,
+        "w": 40,
+        "h": 30,
+        "frames": [{"file_path": f"./missing/{i}", "transform_matrix": m.tolist()} for i, m in enumerate(nerf)],
+    }
     (tmp_path / "transforms.json").write_text(json.dumps(tf))
     cams = load_camera_path(tmp_path / "transforms.json", (80, 80), 0.33, [0.5] * 3, 120)
     assert cams.size == (40, 30) and cams.c2w.shape == (3, 3, 4)
@@ -124,14 +146,25 @@ def test_depth_normal_and_opacity_of_a_ball_are_its_geometry():
     rho = torch.tensor([0.0, 0.1, 0.2, 0.25, 0.45])  # distance of each ray from the ball's centre
     o = torch.stack([torch.full((5,), -1.0), CENTRE + rho, torch.full((5,), CENTRE)], 1)
     d = torch.tensor([[1.0, 0.0, 0.0]]).expand(5, 3).contiguous()
-    out = render_outputs(ball, ball.density, o, d, ball.aabb, ball_grid(), StepSchedule.uniform(1 / 512), 1e-4,
-                         torch.ones(3), chunk=3, normal_step=1 / 1024)
+    out = render_outputs(
+        ball,
+        ball.density,
+        o,
+        d,
+        ball.aabb,
+        ball_grid(),
+        StepSchedule.uniform(1 / 512),
+        1e-4,
+        torch.ones(3),
+        chunk=3,
+        normal_step=1 / 1024,
+    )
     hit = rho < RADIUS
     torch.testing.assert_close(out["opacity"], hit.float(), atol=1e-3, rtol=0)
-    surface = 1.0 + CENTRE - (RADIUS ** 2 - rho[hit] ** 2).sqrt()
+    surface = 1.0 + CENTRE - (RADIUS**2 - rho[hit] ** 2).sqrt()
     ahead = surface - out["depth"][hit]  # the soft shell (0.005 thick) stops rays a little before r = 0.3
     assert bool((ahead > -2e-3).all() and (ahead < 0.02).all()) and bool((out["depth"][~hit] < 1e-6).all())
-    want = torch.stack([-(RADIUS ** 2 - rho[hit] ** 2).sqrt(), rho[hit], torch.zeros(int(hit.sum()))], 1) / RADIUS
+    want = torch.stack([-(RADIUS**2 - rho[hit] ** 2).sqrt(), rho[hit], torch.zeros(int(hit.sum()))], 1) / RADIUS
     assert (out["normal"][hit] - want).norm(dim=1).max() < 0.05  # the normals where the shell stops the ray
     assert bool((out["normal"][~hit].norm(dim=1) < 1e-6).all())
     torch.testing.assert_close(out["rgb"][~hit], torch.ones(1, 3).expand(int((~hit).sum()), 3))
@@ -146,9 +179,8 @@ def test_depth_normal_and_opacity_of_a_ball_are_its_geometry():
 def test_ball_mesh_is_the_ball_coloured_from_outside_and_its_silhouette_matches_the_render(tmp_path):
     from hvd_ngp.export.mesh import extract_mesh
     from hvd_ngp.export.silhouette import iou, mesh_silhouette
-    from hvd_ngp.render.camera_path import orbit
+    from hvd_ngp.render.camera_path import CameraPath, orbit
     from hvd_ngp.tools.render import path_frames
-    from hvd_ngp.render.camera_path import CameraPath
     from hvd_ngp.training.evaluate import ViewRenderer
 
     dist.init("cpu")
@@ -169,8 +201,9 @@ def test_ball_mesh_is_the_ball_coloured_from_outside_and_its_silhouette_matches_
         back = trimesh.load(tmp_path / f"ball{suffix}", force="mesh", process=False)
         assert len(back.faces) == len(mesh.faces)
         np.testing.assert_array_equal(np.asarray(back.visual.vertex_colors), np.asarray(mesh.visual.vertex_colors))
-    c2w = orbit(torch.tensor([[[1, 0, 0, 0.5], [0, 0, 1, -1.0], [0, -1, 0, 0.5]]], dtype=torch.float32),
-                [0.0, 0.0, 1.0], 3)
+    c2w = orbit(
+        torch.tensor([[[1, 0, 0, 0.5], [0, 0, 1, -1.0], [0, -1, 0, 0.5]]], dtype=torch.float32), [0.0, 0.0, 1.0], 3
+    )
     frames = path_frames(CameraPath(c2w, torch.tensor([[80.0, 80.0, 24.0, 20.0]]).expand(3, 4), (48, 40)))
     renderer = ViewRenderer(ball, grid, StepSchedule.uniform(1 / 256), 1e-4)
     for i in range(3):
@@ -206,9 +239,27 @@ def snapshot(tmp_path_factory, scene_cache):
     from hvd_ngp.training.trainer import run
 
     out = tmp_path_factory.mktemp("export")
-    run(parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-                    "--n_steps", "48", "--n_eval_views", "0", "--out_dir", str(out / "o"),
-                    "--save_snapshot", str(out / "s.pt")]))
+    run(
+        parse_args(
+            [
+                "--config",
+                str(CPU_CONFIG),
+                *TINY_ARGS,
+                "--scene_cache",
+                str(scene_cache),
+                "--device",
+                "cpu",
+                "--n_steps",
+                "48",
+                "--n_eval_views",
+                "0",
+                "--out_dir",
+                str(out / "o"),
+                "--save_snapshot",
+                str(out / "s.pt"),
+            ]
+        )
+    )
     return out / "s.pt"
 
 
@@ -230,8 +281,22 @@ def test_export_and_render_tools_on_a_trained_snapshot(snapshot, tmp_path):
     assert mesh["faces"] > 100 and trimesh.load(tmp_path / "m.ply").visual.vertex_colors.shape[0] == mesh["vertices"]
     score = export(["iou", str(snapshot), "--mesh", str(tmp_path / "m.ply"), "--views", "1", "--device", "cpu"])
     assert score["iou_mean"] > IOU_TINY  # the tiny model after 48 steps (lego after training: >= 0.95 on the GPU)
-    cloud = export(["pointcloud", str(snapshot), "--out", str(tmp_path / "p.ply"), "--max_points", "2000",
-                    "--views", "2", "--opacity_cut", "0.5", "--device", "cpu"])
+    cloud = export(
+        [
+            "pointcloud",
+            str(snapshot),
+            "--out",
+            str(tmp_path / "p.ply"),
+            "--max_points",
+            "2000",
+            "--views",
+            "2",
+            "--opacity_cut",
+            "0.5",
+            "--device",
+            "cpu",
+        ]
+    )
     pts = trimesh.load(tmp_path / "p.ply")
     assert 200 < len(pts.vertices) == cloud["points"] <= 2400 and pts.colors.shape == (len(pts.vertices), 4)
     # in the scene file's world: inside the scene box (the unit cube of ngp space: +-0.5 / 0.33) and on the mesh
@@ -244,9 +309,24 @@ def test_export_and_render_tools_on_a_trained_snapshot(snapshot, tmp_path):
     tf = json.loads(next(scene_files(snapshot)).read_text())
     tf["frames"] = tf["frames"][:2]
     (tmp_path / "poses.json").write_text(json.dumps(tf))
-    out = render(["--load_snapshot", str(snapshot), "--out_dir", str(tmp_path / "r"), "--split_views", "0",
-                  "--camera_path", str(tmp_path / "poses.json"), "--outputs", "rgb,depth,normal", "--video_size", "16",
-                  "--device", "cpu"])
+    out = render(
+        [
+            "--load_snapshot",
+            str(snapshot),
+            "--out_dir",
+            str(tmp_path / "r"),
+            "--split_views",
+            "0",
+            "--camera_path",
+            str(tmp_path / "poses.json"),
+            "--outputs",
+            "rgb,depth,normal",
+            "--video_size",
+            "16",
+            "--device",
+            "cpu",
+        ]
+    )
     assert out["frames"] == 2 and sorted(out["videos"]) == ["depth", "normal", "rgb"]
     with av.open(out["videos"]["depth"]) as c:
         assert c.streams.video[0].codec_context.name == "h264" and len(list(c.decode(video=0))) == 2

@@ -8,8 +8,7 @@ import json
 import pytest
 
 from hvd_ngp.bench import fabric as fabric_bench
-from hvd_ngp.cluster import fabric_model as fm
-from hvd_ngp.cluster import nccl_net
+from hvd_ngp.cluster import fabric_model as fm, nccl_net
 from hvd_ngp.errors import ConfigError
 
 S = 46.5 * fm.MIB
@@ -81,25 +80,81 @@ def test_emulated_link_model_uses_the_tcp_goodput_of_the_set_rate():
     assert fm.emulated_bandwidth_s(1e8, 2, 1e9) == pytest.approx(bandwidth)
     assert fm.emulated_allreduce_s(1e8, 2, 1e9, "gloo", {"gloo": 0.01}) == pytest.approx(bandwidth + 2 * 0.01)
     assert fm.emulated_allreduce_s(1e8, 4, 1e9, "mpi") == pytest.approx(
-        6 * fm.EMULATED_ALPHA_S["mpi"] + 1.5 * bandwidth)
+        6 * fm.EMULATED_ALPHA_S["mpi"] + 1.5 * bandwidth
+    )
     # the fit recovers a planted per-step latency, with the bandwidth term fixed by the rate
-    rows = [{"controller": "mpi", "hosts": n, "bytes": b, "rate_bps": 1e8,
-             "measured_s": fm.emulated_allreduce_s(b, n, 1e8, "mpi", {"mpi": 0.007})}
-            for n in (2, 4) for b in (1e6, 4e6)]
+    rows = [
+        {
+            "controller": "mpi",
+            "hosts": n,
+            "bytes": b,
+            "rate_bps": 1e8,
+            "measured_s": fm.emulated_allreduce_s(b, n, 1e8, "mpi", {"mpi": 0.007}),
+        }
+        for n in (2, 4)
+        for b in (1e6, 4e6)
+    ]
     assert fm.fit_alpha(rows) == {"mpi": pytest.approx(0.007)}
     assert fm.parse_rate_bps("100mbit") == 1e8
     with pytest.raises(ConfigError):
         fm.parse_rate_bps("fast")
 
 
-STEPS = {"scene": "lego", "device": "H100", "step_ms_per_backward_pass": 3.0, "runs": [
-    {"k": 1, "seed": 0, "samples_per_step": 262144, "step_ms": 3.0, "steps_to_psnr": {"33": 8000, "35": 20000}, "final_psnr": 35.5},
-    {"k": 1, "seed": 1, "samples_per_step": 262144, "step_ms": 3.0, "steps_to_psnr": {"33": 8400, "35": 22000}, "final_psnr": 35.4},
-    {"k": 2, "seed": 0, "samples_per_step": 524288, "step_ms": 6.0, "steps_to_psnr": {"33": 4100, "35": 10500}, "final_psnr": 35.6},
-    {"k": 4, "seed": 0, "samples_per_step": 1048576, "step_ms": 12.0, "steps_to_psnr": {"33": 2200, "35": 6000}, "final_psnr": 35.7},
-    {"k": 8, "seed": 0, "samples_per_step": 2097152, "step_ms": 24.0, "steps_to_psnr": {"33": 2000, "35": 5000}, "final_psnr": 35.7},
-    {"k": 16, "seed": 0, "samples_per_step": 4194304, "step_ms": 48.0, "steps_to_psnr": {"33": 1900, "35": None}, "final_psnr": 34.9},
-]}
+STEPS = {
+    "scene": "lego",
+    "device": "H100",
+    "step_ms_per_backward_pass": 3.0,
+    "runs": [
+        {
+            "k": 1,
+            "seed": 0,
+            "samples_per_step": 262144,
+            "step_ms": 3.0,
+            "steps_to_psnr": {"33": 8000, "35": 20000},
+            "final_psnr": 35.5,
+        },
+        {
+            "k": 1,
+            "seed": 1,
+            "samples_per_step": 262144,
+            "step_ms": 3.0,
+            "steps_to_psnr": {"33": 8400, "35": 22000},
+            "final_psnr": 35.4,
+        },
+        {
+            "k": 2,
+            "seed": 0,
+            "samples_per_step": 524288,
+            "step_ms": 6.0,
+            "steps_to_psnr": {"33": 4100, "35": 10500},
+            "final_psnr": 35.6,
+        },
+        {
+            "k": 4,
+            "seed": 0,
+            "samples_per_step": 1048576,
+            "step_ms": 12.0,
+            "steps_to_psnr": {"33": 2200, "35": 6000},
+            "final_psnr": 35.7,
+        },
+        {
+            "k": 8,
+            "seed": 0,
+            "samples_per_step": 2097152,
+            "step_ms": 24.0,
+            "steps_to_psnr": {"33": 2000, "35": 5000},
+            "final_psnr": 35.7,
+        },
+        {
+            "k": 16,
+            "seed": 0,
+            "samples_per_step": 4194304,
+            "step_ms": 48.0,
+            "steps_to_psnr": {"33": 1900, "35": None},
+            "final_psnr": 34.9,
+        },
+    ],
+}
 
 
 def test_time_to_quality_and_critical_batch():
@@ -125,8 +180,14 @@ def test_time_to_quality_and_critical_batch():
 def test_time_to_quality_rejects_bad_files():
     f = fm.fabric("ib4")
     with pytest.raises(ConfigError, match="steps.json: no run with k = 1"):
-        fm.time_to_quality({"step_ms_per_backward_pass": 3, "runs": [STEPS["runs"][2]]}, S, f, "33",
-                           fm.Mode.parse("flat"), "steps.json")
+        fm.time_to_quality(
+            {"step_ms_per_backward_pass": 3, "runs": [STEPS["runs"][2]]},
+            S,
+            f,
+            "33",
+            fm.Mode.parse("flat"),
+            "steps.json",
+        )
     with pytest.raises(ConfigError, match=r"runs\[0\] needs 'k' and 'steps_to_psnr' with key '36'"):
         fm.time_to_quality(STEPS, S, f, "36", fm.Mode.parse("flat"), "steps.json")
     with pytest.raises(ConfigError, match="needs 'step_ms_per_backward_pass'"):
@@ -137,8 +198,22 @@ def test_bench_fabric_cli(tmp_path, capsys):
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps(STEPS))
     out = tmp_path / "fabric.json"
-    result = fabric_bench.main(["--step_ms", "3.3", "--grad_mib", "46.5", "--preset", "ib4,eth2x2",
-                                "--json", str(out), "--steps_json", str(steps), "--psnr", "35"])
+    result = fabric_bench.main(
+        [
+            "--step_ms",
+            "3.3",
+            "--grad_mib",
+            "46.5",
+            "--preset",
+            "ib4,eth2x2",
+            "--json",
+            str(out),
+            "--steps_json",
+            str(steps),
+            "--psnr",
+            "35",
+        ]
+    )
     text = capsys.readouterr().out
     assert text.startswith("PROJECTED") and text.count("PROJECTED") >= 4
     assert "Time to 35 dB on lego" in text and "critical batch" in text
@@ -152,10 +227,33 @@ def test_bench_fabric_cli(tmp_path, capsys):
 
 def test_bench_fabric_reads_a_throughput_json(tmp_path, capsys):
     path = tmp_path / "throughput.json"
-    path.write_text(json.dumps({"device": "NVIDIA H100", "training": [
-        {"backend": "torch", "precision": "fp32", "step_ms": 9.0, "samples_per_step": 1e5, "gradient_bytes": {"encoding": 1}},
-        {"backend": "triton", "precision": "bf16", "step_ms": 3.3, "samples_per_step": 262144,
-         "gradient_bytes": {"encoding": int(46 * fm.MIB), "density_mlp": int(0.25 * fm.MIB), "rgb_mlp": int(0.25 * fm.MIB)}}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "device": "NVIDIA H100",
+                "training": [
+                    {
+                        "backend": "torch",
+                        "precision": "fp32",
+                        "step_ms": 9.0,
+                        "samples_per_step": 1e5,
+                        "gradient_bytes": {"encoding": 1},
+                    },
+                    {
+                        "backend": "triton",
+                        "precision": "bf16",
+                        "step_ms": 3.3,
+                        "samples_per_step": 262144,
+                        "gradient_bytes": {
+                            "encoding": int(46 * fm.MIB),
+                            "density_mlp": int(0.25 * fm.MIB),
+                            "rgb_mlp": int(0.25 * fm.MIB),
+                        },
+                    },
+                ],
+            }
+        )
+    )
     result = fabric_bench.main(["--from_json", str(path), "--preset", "ib4", "--ranks", "16", "--modes", "flat"])
     assert result["step_ms"] == 3.3 and result["grad_bytes"] == pytest.approx(S, rel=1e-6)
     assert "triton bf16" in capsys.readouterr().out
@@ -182,14 +280,18 @@ SOCKET_LOG = """\
 [1,0]<stdout>:gpu-node01:2201:2260 [0] NCCL INFO Using network Socket
 [1,0]<stdout>:gpu-node01:2201:2270 [0] NCCL INFO Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0
 """
-ROCE_LOG = "h:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE ; OOB eth0:10.0.0.1<0>\nh:1:2 [0] NCCL INFO Using network IB\n"
+ROCE_LOG = (
+    "h:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE ; OOB eth0:10.0.0.1<0>\nh:1:2 [0] NCCL INFO Using network IB\n"
+)
 
 
 def test_nccl_transport_is_parsed_from_its_info_lines():
     ib = nccl_net.parse(IB_LOG)
     assert (ib.transport, ib.devices, ib.inter_node) == ("IB", ["mlx5_0:1", "mlx5_1:1"], True)
-    assert nccl_net.verdict(ib, ["mlx5_0"]) == ("ok", "NCCL transport between nodes: IB on mlx5_0:1, mlx5_1:1 "
-                                                      "(carries inter-node traffic)")
+    assert nccl_net.verdict(ib, ["mlx5_0"]) == (
+        "ok",
+        "NCCL transport between nodes: IB on mlx5_0:1, mlx5_1:1 (carries inter-node traffic)",
+    )
     sock = nccl_net.parse(SOCKET_LOG)
     assert (sock.transport, sock.devices, sock.inter_node) == ("Socket", ["eth0", "eth1"], True)
     severity, text = nccl_net.verdict(sock, ["mlx5_0", "mlx5_1"])

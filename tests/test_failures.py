@@ -9,12 +9,11 @@ import textwrap
 
 import pytest
 import torch
+from conftest import ROOT, gpu_or_skip
 
 from hvd_ngp.cluster import dist
 from hvd_ngp.errors import SceneError
 from hvd_ngp.state.failures import NonFiniteError, NonFiniteGuard, report
-
-from conftest import ROOT, gpu_or_skip
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +44,9 @@ def guarded_step(model, opt, guard, step, poison: float = 1.0) -> bool:
 
 
 def snapshot(model, opt):
-    return [t.clone() for t in model.state_dict().values()] + \
-        [t.clone() for s in opt.state_dict()["state"].values() for t in s.values()]
+    return [t.clone() for t in model.state_dict().values()] + [
+        t.clone() for s in opt.state_dict()["state"].values() for t in s.values()
+    ]
 
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf")])
@@ -85,8 +85,9 @@ def test_repeated_non_finite_steps_stop_the_run():
 
 
 def run_script(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("stop", [False, True])

@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 
 from hvd_ngp import faultpoints
-from hvd_ngp.testing import faults
 from hvd_ngp.errors import ConfigError
+from hvd_ngp.testing import faults
 
 
 def test_parse_reads_kinds_ranks_and_ranges_and_names_bad_specs():
     assert faults.parse("nan_loss@1:3-5, slow@0:7, raise@0:30") == [
-        faults.Fault("nan_loss", 1, 3, 5), faults.Fault("slow", 0, 7, 7), faults.Fault("raise", 0, 30, 30)]
+        faults.Fault("nan_loss", 1, 3, 5),
+        faults.Fault("slow", 0, 7, 7),
+        faults.Fault("raise", 0, 30, 30),
+    ]
     with pytest.raises(ConfigError, match="HVD_NGP_FAULTS: unknown fault 'slower'"):  # names the variable
         faults.parse("slower@0:1")
     with pytest.raises(ConfigError, match="cannot parse 'slow@0'"):  # no step

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import run_ranks
+
 from hvd_ngp.cluster import dist
 from hvd_ngp.cluster.flatgrad import ALIGN_BYTES, FlatGradientError, FlatGradients
 from hvd_ngp.state.failures import NonFiniteGuard
@@ -49,9 +49,14 @@ def in_buffer(flat: FlatGradients, m: torch.nn.Module) -> bool:
     return True
 
 
-@pytest.mark.parametrize("make_opt", [lambda ps: torch.optim.SGD(ps, lr=0.0),
-                                      lambda ps: torch.optim.Adam(ps, lr=0.0, eps=1e-3, foreach=True)],  # fp16 eps
-                         ids=["sgd", "adam_foreach"])
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda ps: torch.optim.SGD(ps, lr=0.0),
+        lambda ps: torch.optim.Adam(ps, lr=0.0, eps=1e-3, foreach=True),
+    ],  # fp16 eps
+    ids=["sgd", "adam_foreach"],
+)
 def test_views_survive_backward_step_and_zeroing(make_opt):
     m = Mixed()
     flat = FlatGradients(m.named_parameters())
@@ -152,8 +157,16 @@ class FakeHorovod:
         self.calls: list[dict] = []
 
     def allreduce_async_(self, tensor, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0):
-        self.calls.append({"name": name, "dtype": tensor.dtype, "numel": tensor.numel(), "op": op,
-                           "prescale": prescale_factor, "postscale": postscale_factor})
+        self.calls.append(
+            {
+                "name": name,
+                "dtype": tensor.dtype,
+                "numel": tensor.numel(),
+                "op": op,
+                "prescale": prescale_factor,
+                "postscale": postscale_factor,
+            }
+        )
         tensor.mul_(prescale_factor * postscale_factor * (2 if op == "Sum" else 1))
         return len(self.calls)
 
@@ -209,7 +222,9 @@ def test_start_submits_everything_and_wait_synchronizes_then_copies_back(monkeyp
     f32 = flat.buffers[torch.float32].clone()
     pending = flat.allreduce_start(average=False, compression="fp16")
     assert [(c["name"], c["dtype"], c["op"], "synchronized" in c) for c in fake.calls] == [
-        ("step.float16", torch.float16, "Sum", False), ("step.float32.fp16", torch.float16, "Sum", False)]
+        ("step.float16", torch.float16, "Sum", False),
+        ("step.float32.fp16", torch.float16, "Sum", False),
+    ]
     assert torch.equal(flat.buffers[torch.float32], f32)  # the fp16 result is still in the staging buffer
     pending.wait()
     assert all(c["synchronized"] for c in fake.calls)
@@ -227,14 +242,18 @@ def test_one_call_per_dtype_with_compression_and_factors(monkeypatch):
     f32 = flat.buffers[torch.float32].clone()
     flat.allreduce_(prescale_factor=0.5, postscale_factor=2.0)
     calls = [(c["name"], c["dtype"], c["op"], c["prescale"], c["postscale"], c["synchronized"]) for c in fake.calls]
-    assert calls == [("step.float16", torch.float16, "Average", 0.5, 2.0, True),
-                     ("step.float32", torch.float32, "Average", 0.5, 2.0, True)]
+    assert calls == [
+        ("step.float16", torch.float16, "Average", 0.5, 2.0, True),
+        ("step.float32", torch.float32, "Average", 0.5, 2.0, True),
+    ]
     assert fake.calls[1]["numel"] == flat.buffers[torch.float32].numel()  # the tail travels with the gradients
     fake.calls.clear()
     flat.allreduce_(average=False, compression="fp16")
     # fp16 on the wire for both; the float32 buffer comes back as float32, rounded through half precision
     assert [(c["name"], c["dtype"], c["op"]) for c in fake.calls] == [
-        ("step.float16", torch.float16, "Sum"), ("step.float32.fp16", torch.float16, "Sum")]
+        ("step.float16", torch.float16, "Sum"),
+        ("step.float32.fp16", torch.float16, "Sum"),
+    ]
     assert flat.buffers[torch.float32].dtype == torch.float32
     torch.testing.assert_close(flat.buffers[torch.float32], (f32.half() * 2).float(), rtol=0, atol=0)
     assert not torch.equal(flat.buffers[torch.float32], f32 * 2)  # the rounding did happen

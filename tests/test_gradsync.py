@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import run_ranks, tensor_digest, tiny_cpu_args
+
 from hvd_ngp.config import parse_args
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.training.graphed import eligibility
@@ -17,12 +17,14 @@ def settings(*argv: str):
 
 
 def test_modes_refuse_what_they_cannot_run():
-    for argv, message in ((["--grad_sync", "delayed", "--model_parallel", "2"], "cannot run with --model_parallel 2"),
-                          (["--grad_sync", "periodic", "--compression", "fp16"], "cannot run with --compression fp16"),
-                          (["--grad_sync", "delayed", "--precision", "fp16"], "cannot run with --precision fp16"),
-                          (["--grad_sync", "delayed", "--reduce_op", "adasum"], "cannot run with --reduce_op adasum"),
-                          (["--sync_period", "4"], "--sync_period 4 needs --grad_sync periodic"),
-                          (["--grad_sync", "periodic", "--sync_period", "0"], "--sync_period must be >= 1")):
+    for argv, message in (
+        (["--grad_sync", "delayed", "--model_parallel", "2"], "cannot run with --model_parallel 2"),
+        (["--grad_sync", "periodic", "--compression", "fp16"], "cannot run with --compression fp16"),
+        (["--grad_sync", "delayed", "--precision", "fp16"], "cannot run with --precision fp16"),
+        (["--grad_sync", "delayed", "--reduce_op", "adasum"], "cannot run with --reduce_op adasum"),
+        (["--sync_period", "4"], "--sync_period 4 needs --grad_sync periodic"),
+        (["--grad_sync", "periodic", "--sync_period", "0"], "--sync_period must be >= 1"),
+    ):
         with pytest.raises(ConfigError, match=message):
             settings(*argv)
     with pytest.raises(ConfigError, match="--grad_sync delayed cannot run elastic"):
@@ -76,12 +78,16 @@ def test_real_ranks(controller, checks, scene_cache, tmp_path):
     """Two ranks: delayed equals a hand-computed reference (Gloo and MPI: its allreduce is the asynchronous one);
     under Gloo also periodic syncs exactly every H steps and both resume bit-identically from a checkpoint
     (tests/parallel/check_gradsync.py; periodic's sync is ``dist.allreduce_many_``, run under MPI elsewhere)."""
-    proc = run_ranks(["tests/parallel/check_gradsync.py", str(scene_cache), str(tmp_path / "out"), checks],
-                     controller=controller)
+    proc = run_ranks(
+        ["tests/parallel/check_gradsync.py", str(scene_cache), str(tmp_path / "out"), checks], controller=controller
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    names = {"delayed": ["delayed_reference", "delayed_grid_reference"], "periodic": ["periodic_sync"],
-             "resume": ["exact_resume_delayed", "exact_resume_delayed_grid", "exact_resume_periodic"]}
+    names = {
+        "delayed": ["delayed_reference", "delayed_grid_reference"],
+        "periodic": ["periodic_sync"],
+        "resume": ["exact_resume_delayed", "exact_resume_delayed_grid", "exact_resume_periodic"],
+    }
     for check in checks.split(","):
         for name in names[check]:
             assert f"CHECK {name} OK" in out, out[-4000:]

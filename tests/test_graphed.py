@@ -8,21 +8,28 @@ import math
 
 import pytest
 import torch
-
 from conftest import INTERPRETER_ARGS, gpu_or_skip, run_ranks, tiny_cpu_args
+
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.training.graphed import (RAY_QUANTUM, CaptureKey, GraphedStep, eligibility, ray_capacity,
-                                      set_learning_rate, use_graphs)
+from hvd_ngp.training.graphed import (
+    RAY_QUANTUM,
+    CaptureKey,
+    GraphedStep,
+    eligibility,
+    ray_capacity,
+    set_learning_rate,
+    use_graphs,
+)
 from hvd_ngp.triton_support import triton_available
 
 
 def test_ray_capacity_keeps_rows_while_the_count_fits_and_grows_with_headroom():
     assert ray_capacity(1000, None, 1 << 20) == RAY_QUANTUM
     assert ray_capacity(5000, None, 1 << 20) == 2 * RAY_QUANTUM  # 5000 x 1.25 = 6250 -> 8192
-    assert ray_capacity(8000, 8192, 1 << 20) == 8192            # fits: no new capture
+    assert ray_capacity(8000, 8192, 1 << 20) == 8192  # fits: no new capture
     assert ray_capacity(9000, 8192, 1 << 20) == 3 * RAY_QUANTUM  # outgrown: 11250 -> 12288
-    assert ray_capacity(1 << 20, None, 1 << 20) == 1 << 20      # capped at max_rays (rounded up)
-    assert ray_capacity(5000, None, 4096) >= 5000               # never below the count
+    assert ray_capacity(1 << 20, None, 1 << 20) == 1 << 20  # capped at max_rays (rounded up)
+    assert ray_capacity(5000, None, 4096) >= 5000  # never below the count
     assert ray_capacity(100, None, 1 << 20, quantum=64) == 128
     with pytest.raises(ValueError):
         ray_capacity(0, None, 1 << 20)
@@ -44,8 +51,7 @@ def test_the_step_captures_again_exactly_when_its_capture_key_changes(scene_cach
     tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1")))
     renderer = SimpleNamespace(candidate_capacity=4096, sample_capacity=1024)
     grads = FlatGradients(tr.field.named_parameters(), tail=tr.guard.width if tr.guard else 0)
-    step = GraphedStep(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, renderer, grads, tr.guard,
-                       eager_steps=1)
+    step = GraphedStep(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, renderer, grads, tr.guard, eager_steps=1)
     step.ray_quantum = 64
     rows = lambda: step.inputs["origins"].shape[0]  # noqa: E731
     step._forward_backward = lambda: (torch.zeros(5), torch.zeros(rows()), torch.zeros(rows(), dtype=torch.bool))
@@ -60,16 +66,23 @@ def test_the_step_captures_again_exactly_when_its_capture_key_changes(scene_cach
     def capture(key):
         captured.append(key)
         step.outputs = step._forward_backward()
-        step.graphs, step.key = (Replay(lambda: setattr(step, "outputs", step._forward_backward())),
-                                 Replay(step._update)), key
+        step.graphs, step.key = (
+            (Replay(lambda: setattr(step, "outputs", step._forward_backward())), Replay(step._update)),
+            key,
+        )
         step.captures += 1
 
     step._capture = capture
     calls = [0]
 
     def call(n: int, weighted: bool = False) -> None:
-        rays = RayBatch(torch.zeros(n, 3), torch.ones(n, 3), torch.zeros(n, 4), torch.arange(n),
-                        weight=torch.ones(n) if weighted else None)
+        rays = RayBatch(
+            torch.zeros(n, 3),
+            torch.ones(n, 3),
+            torch.zeros(n, 4),
+            torch.arange(n),
+            weight=torch.ones(n) if weighted else None,
+        )
         res = step(rays, torch.zeros(3), torch.zeros(n), calls[0])
         assert len(res.ray_loss) == n
         calls[0] += 1
@@ -98,8 +111,15 @@ def test_the_step_captures_again_exactly_when_its_capture_key_changes(scene_cach
     tr.optimizer.load_state_dict(tr.optimizer.state_dict())  # new optimizer state: a new capture, the same key
     assert step.key is None
     call(150)
-    assert captured == [first, grown, fewer_samples, fewer_candidates, CaptureKey(256, 2048, 512, True),
-                        fewer_candidates, fewer_candidates]
+    assert captured == [
+        first,
+        grown,
+        fewer_samples,
+        fewer_candidates,
+        CaptureKey(256, 2048, 512, True),
+        fewer_candidates,
+        fewer_candidates,
+    ]
     assert len(set(captured)) == 5 and step.key == fewer_candidates
 
 
@@ -148,13 +168,24 @@ def test_learning_rate_tensor_is_filled_in_place_only_on_change():
     assert plain["lr"] == 2e-3
 
 
-def _graphed(tr, eager_steps: int = 10 ** 9, defer_verdict: bool = False) -> GraphedStep:
+def _graphed(tr, eager_steps: int = 10**9, defer_verdict: bool = False) -> GraphedStep:
     from hvd_ngp.cluster.flatgrad import FlatGradients
 
     grads = FlatGradients(tr.field.named_parameters(), tail=tr.guard.width if tr.guard else 0)
-    step = GraphedStep(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, tr.renderer, grads, tr.guard,
-                       tr.precision, tr.data.settings.importance_weights, eager_steps=eager_steps,
-                       defer_verdict=defer_verdict)
+    step = GraphedStep(
+        tr.field,
+        tr.grid,
+        tr.optimizer,
+        tr.march,
+        tr.loss_fn,
+        tr.renderer,
+        grads,
+        tr.guard,
+        tr.precision,
+        tr.data.settings.importance_weights,
+        eager_steps=eager_steps,
+        defer_verdict=defer_verdict,
+    )
     step.ray_quantum = 64  # the interpreter marches every row: keep the padding small
     return step
 
@@ -168,17 +199,22 @@ def test_the_interpreter_blocks_cut_no_training_ray(scene_cache, tmp_path):
     from hvd_ngp.render.volume import max_lanes
     from hvd_ngp.training.trainer import Trainer
 
-    short, default = (Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / name, "--n_steps", "1", *more)))
-                      for name, more in (("short", INTERPRETER_ARGS), ("default", [])))
+    short, default = (
+        Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / name, "--n_steps", "1", *more)))
+        for name, more in (("short", INTERPRETER_ARGS), ("default", []))
+    )
     cut, full = short.march.schedule, default.march.schedule
     assert cut.max_steps == 128 and replace(cut, max_steps=4096) == full  # nothing else changes
-    assert replace(short.march, schedule=full, eval_schedule=default.march.eval_schedule, launch=None) == \
-        replace(default.march, launch=None)
+    assert replace(short.march, schedule=full, eval_schedule=default.march.eval_schedule, launch=None) == replace(
+        default.march, launch=None
+    )
     assert max_lanes(cut, short.field.aabb) == max_lanes(full, default.field.aabb) < 128
 
 
-needs_interpreter = pytest.mark.skipif(torch.cuda.is_available() or not triton_available("cpu"),
-                                       reason="the step body under Triton's CPU interpreter (a GPU runs the replay test)")
+needs_interpreter = pytest.mark.skipif(
+    torch.cuda.is_available() or not triton_available("cpu"),
+    reason="the step body under Triton's CPU interpreter (a GPU runs the replay test)",
+)
 
 
 #: the step before which ``_steps`` halves the renderer's buffers, and the steps of the runs compared with train_step
@@ -189,8 +225,21 @@ def _step_trainer(scene_cache, out_dir):
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
-    return Trainer.build(parse_args(tiny_cpu_args(scene_cache, out_dir, "--n_steps", str(STEPS), "--backend", "triton",
-                                                  "--n_rays_init", "100", *INTERPRETER_ARGS)))
+    return Trainer.build(
+        parse_args(
+            tiny_cpu_args(
+                scene_cache,
+                out_dir,
+                "--n_steps",
+                str(STEPS),
+                "--backend",
+                "triton",
+                "--n_rays_init",
+                "100",
+                *INTERPRETER_ARGS,
+            )
+        )
+    )
 
 
 def _steps(tr, start: int, stop: int) -> list[tuple]:
@@ -203,8 +252,17 @@ def _steps(tr, start: int, stop: int) -> list[tuple]:
             tr.budget.candidate_capacity //= 2
         res, n_rays = tr.step(i)
         tr.budget.settle()
-        out.append((float(res.loss), float(res.mse), (int(res.n_samples), int(res.n_candidates)), int(res.n_valid),
-                    res.ray_loss.clone(), res.valid.clone(), n_rays))
+        out.append(
+            (
+                float(res.loss),
+                float(res.mse),
+                (int(res.n_samples), int(res.n_candidates)),
+                int(res.n_valid),
+                res.ray_loss.clone(),
+                res.valid.clone(),
+                n_rays,
+            )
+        )
     return out
 
 
@@ -233,8 +291,8 @@ def test_step_body_equals_train_step(train_step_reference, scene_cache, tmp_path
     tr.graphed._allocate(128, False)
     o, d = image_rays(tr.scene.train, 0, torch.device("cpu"))
     middle = o.shape[0] // 2 + tr.scene.train.image_size(0)[0] // 2
-    tr.graphed.inputs["origins"].copy_(o[middle - 64:middle + 64])
-    tr.graphed.inputs["directions"].copy_(d[middle - 64:middle + 64])
+    tr.graphed.inputs["origins"].copy_(o[middle - 64 : middle + 64])
+    tr.graphed.inputs["directions"].copy_(d[middle - 64 : middle + 64])
     got = _steps(tr, 0, HALVE_AT)
     assert tr.graphed.inputs["origins"].shape[0] == 128 > got[0][6]  # padded rows were there, and parked
     got_params = [p.detach().clone() for p in tr.field.parameters()]
@@ -264,8 +322,9 @@ def test_non_finite_step_is_skipped_from_the_device_flag(scene_cache, tmp_path):
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
-    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "2", "--backend", "triton",
-                                                *INTERPRETER_ARGS)))
+    tr = Trainer.build(
+        parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "2", "--backend", "triton", *INTERPRETER_ARGS))
+    )
     tr.graphed = _graphed(tr)
     with torch.no_grad():
         tr.field.mlp_parameters()[0][0, 0] = math.nan
@@ -279,8 +338,16 @@ def test_non_finite_step_is_skipped_from_the_device_flag(scene_cache, tmp_path):
 FUSED_ADAM = '{"nested": {"nested": {"fused": true}}}'
 
 
-def _poisoned_run(scene_cache, out_dir, steps: int, poisoned: set[int], *, defer: bool, limit: int = 10,
-                  started: list[int] | None = None):
+def _poisoned_run(
+    scene_cache,
+    out_dir,
+    steps: int,
+    poisoned: set[int],
+    *,
+    defer: bool,
+    limit: int = 10,
+    started: list[int] | None = None,
+):
     """The tiny model (fused Adam) through the graphed step's body for ``steps`` steps, the target colours of
     the steps in ``poisoned`` NaN: (trainer, losses, what ``on_settled`` saw, the guard's skips after each
     step). ``started``: each step's index is appended to it before the step runs."""
@@ -289,9 +356,23 @@ def _poisoned_run(scene_cache, out_dir, steps: int, poisoned: set[int], *, defer
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
-    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, out_dir, "--n_steps", str(steps), "--backend", "triton",
-                                                "--optimizer", FUSED_ADAM, "--nonfinite_limit", str(limit),
-                                                *INTERPRETER_ARGS)))
+    tr = Trainer.build(
+        parse_args(
+            tiny_cpu_args(
+                scene_cache,
+                out_dir,
+                "--n_steps",
+                str(steps),
+                "--backend",
+                "triton",
+                "--optimizer",
+                FUSED_ADAM,
+                "--nonfinite_limit",
+                str(limit),
+                *INTERPRETER_ARGS,
+            )
+        )
+    )
     tr.graphed = _graphed(tr, defer_verdict=defer)
     draw, step_now = tr._draw, [0]
 
@@ -335,11 +416,20 @@ def test_a_deferred_verdict_skips_on_the_device_as_the_waiting_step_does(scene_c
 
 
 @needs_interpreter
-@pytest.mark.parametrize("optimizer,limit,flag,deferred,said", [
-    (FUSED_ADAM, 10, "auto", True, False), (FUSED_ADAM, 10, "on", True, False), (FUSED_ADAM, 10, "off", False, False),
-    (None, 10, "auto", False, False), (None, 10, "on", False, True), (FUSED_ADAM, 0, "on", False, True)])
-def test_the_verdict_is_deferred_by_default_wherever_it_can_be(scene_cache, tmp_path, capsys, optimizer, limit, flag,
-                                                                 deferred, said):
+@pytest.mark.parametrize(
+    "optimizer,limit,flag,deferred,said",
+    [
+        (FUSED_ADAM, 10, "auto", True, False),
+        (FUSED_ADAM, 10, "on", True, False),
+        (FUSED_ADAM, 10, "off", False, False),
+        (None, 10, "auto", False, False),
+        (None, 10, "on", False, True),
+        (FUSED_ADAM, 0, "on", False, True),
+    ],
+)
+def test_the_verdict_is_deferred_by_default_wherever_it_can_be(
+    scene_cache, tmp_path, capsys, optimizer, limit, flag, deferred, said
+):
     """--defer_verdict auto (the default) defers wherever fused Adam and a guard allow, silently elsewhere; on says
     in the log why it cannot; off never defers."""
     from hvd_ngp.config import parse_args
@@ -347,11 +437,28 @@ def test_the_verdict_is_deferred_by_default_wherever_it_can_be(scene_cache, tmp_
 
     assert parse_args([]).defer_verdict == "auto"
     extra = ["--optimizer", optimizer] if optimizer else []
-    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton",
-                                                "--nonfinite_limit", str(limit), *extra)))
+    tr = Trainer.build(
+        parse_args(
+            tiny_cpu_args(
+                scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton", "--nonfinite_limit", str(limit), *extra
+            )
+        )
+    )
     capsys.readouterr()
-    step = GraphedStep.build(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, tr.renderer, tr.guard,
-                             tr.precision, True, "none", 1 << 12, defer_verdict=flag)
+    step = GraphedStep.build(
+        tr.field,
+        tr.grid,
+        tr.optimizer,
+        tr.march,
+        tr.loss_fn,
+        tr.renderer,
+        tr.guard,
+        tr.precision,
+        True,
+        "none",
+        1 << 12,
+        defer_verdict=flag,
+    )
     assert step.defer_verdict is deferred
     assert ("deferred verdict: off (" in capsys.readouterr().err) is said
 
@@ -415,8 +522,9 @@ def test_allreduce_is_in_flight_while_meanwhile_runs(scene_cache, tmp_path, monk
         events.append("stop flag")
         return False
 
-    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton",
-                                                *INTERPRETER_ARGS)))
+    tr = Trainer.build(
+        parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton", *INTERPRETER_ARGS))
+    )
     tr.guard = NonFiniteGuard(3, stop_requested=stop_requested)
     tr.graphed = _graphed(tr)
     draw = tr._draw(tr.budget.n_rays)
@@ -435,22 +543,31 @@ def test_checkpoints_of_a_graphed_optimizer_load_anywhere(scene_cache, tmp_path)
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
-    trs = [Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(i), "--n_steps", "2",
-                                                  "--backend", "triton", *INTERPRETER_ARGS)))
-           for i in range(2)]
+    trs = [
+        Trainer.build(
+            parse_args(
+                tiny_cpu_args(
+                    scene_cache, tmp_path / str(i), "--n_steps", "2", "--backend", "triton", *INTERPRETER_ARGS
+                )
+            )
+        )
+        for i in range(2)
+    ]
     graphed = _graphed(trs[1])
     trs[1].graphed = graphed
     trs[1].step(0)
     lr = [g["lr"] for g in trs[1].optimizer.param_groups]
     state = trs[1].optimizer.state_dict()
-    assert all(isinstance(g["lr"], float) and g["capturable"] is False and "_lr_value" not in g
-               for g in state["param_groups"])
+    assert all(
+        isinstance(g["lr"], float) and g["capturable"] is False and "_lr_value" not in g for g in state["param_groups"]
+    )
     assert all(not v["step"].is_cuda for v in state["state"].values())
     trs[0].optimizer.load_state_dict(state)  # an eager optimizer takes it
     graphed.key = CaptureKey(1, 1, 1, False)
     trs[1].optimizer.load_state_dict(state)
-    assert [g["lr"] for g in trs[1].optimizer.param_groups] == lr and all(g["lr"] is t for g, t in
-                                                                         zip(trs[1].optimizer.param_groups, lr))
+    assert [g["lr"] for g in trs[1].optimizer.param_groups] == lr and all(
+        g["lr"] is t for g, t in zip(trs[1].optimizer.param_groups, lr)
+    )
     assert graphed.key is None and graphed.graphs is None
 
 
@@ -465,9 +582,24 @@ def test_graph_replay_follows_the_eager_step_on_a_gpu(scene_cache, tmp_path):
 
     curves, captures = [], []
     for run, (mode, defer) in enumerate((("off", "off"), ("off", "off"), ("on", "off"), ("on", "on"))):
-        args = parse_args(["--scene_cache", str(scene_cache), "--device", "cuda", "--backend", "triton",
-                           "--n_steps", "200", "--cuda_graphs", mode, "--defer_verdict", defer,
-                           "--out_dir", str(tmp_path / f"{mode}{run}")])
+        args = parse_args(
+            [
+                "--scene_cache",
+                str(scene_cache),
+                "--device",
+                "cuda",
+                "--backend",
+                "triton",
+                "--n_steps",
+                "200",
+                "--cuda_graphs",
+                mode,
+                "--defer_verdict",
+                defer,
+                "--out_dir",
+                str(tmp_path / f"{mode}{run}"),
+            ]
+        )
         tr = Trainer.build(args)
         assert (tr.graphed is not None) == (mode == "on")
         assert tr.graphed is None or tr.graphed.defer_verdict == (defer == "on")
@@ -497,7 +629,8 @@ def test_graph_replay_follows_the_eager_step_on_a_gpu(scene_cache, tmp_path):
         assert off <= max(0.03, 2 * spread), (
             f"{name} 20-step mean losses lie up to {off:.3g} (relative) outside the two eager runs, which differ by up "
             f"to {spread:.3g}; eager {windows(eager).tolist()}, eager again {windows(eager_again).tolist()}, "
-            f"{name} {windows(curve).tolist()}")
+            f"{name} {windows(curve).tolist()}"
+        )
 
 
 # ------------------------------------------------------------------------------------------ the grid's update
@@ -527,8 +660,18 @@ def test_grid_update_through_fixed_buffers_trains_as_the_eager_update(scene_cach
     monkeypatch.setattr(GraphedGridUpdate, "__call__", lambda self, step: (called.append(step), call(self, step)))
     runs = []
     for fixed in (False, True):
-        tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(fixed), "--n_steps", "36",
-                                                    "--marching", '{"warmup_steps": 8, "update_interval": 4}')))
+        tr = Trainer.build(
+            parse_args(
+                tiny_cpu_args(
+                    scene_cache,
+                    tmp_path / str(fixed),
+                    "--n_steps",
+                    "36",
+                    "--marching",
+                    '{"warmup_steps": 8, "update_interval": 4}',
+                )
+            )
+        )
         if fixed:
             tr.use_grid_graph("on", capture=False)
             assert tr.grid_graph is not None
@@ -545,8 +688,9 @@ def test_grid_update_through_fixed_buffers_trains_as_the_eager_update(scene_cach
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_grid_update_through_fixed_buffers_on_two_ranks(scene_cache, tmp_path, controller):
     """Its merge reduces the ranks' fresh values in place: the same grid on both ranks, as the eager update's."""
-    proc = run_ranks(["tests/parallel/check_grid_update.py", str(scene_cache), str(tmp_path)], controller=controller,
-                     timeout=240)
+    proc = run_ranks(
+        ["tests/parallel/check_grid_update.py", str(scene_cache), str(tmp_path)], controller=controller, timeout=240
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "CHECK grid_update OK (2 ranks)" in out, out[-4000:]
@@ -563,8 +707,22 @@ def test_graphed_grid_update_equals_the_eager_one_on_a_gpu(scene_cache, tmp_path
     from hvd_ngp.training.graphed import GraphedGridUpdate
     from hvd_ngp.training.trainer import Trainer
 
-    tr = Trainer.build(parse_args(["--scene_cache", str(scene_cache), "--device", "cuda", "--backend", "triton",
-                                   "--n_steps", "1", "--out_dir", str(tmp_path)]))
+    tr = Trainer.build(
+        parse_args(
+            [
+                "--scene_cache",
+                str(scene_cache),
+                "--device",
+                "cuda",
+                "--backend",
+                "triton",
+                "--n_steps",
+                "1",
+                "--out_dir",
+                str(tmp_path),
+            ]
+        )
+    )
     density = lambda x: tr.field.query_density(x)[0]  # noqa: E731
     eager, graphed = copy.deepcopy(tr.grid), copy.deepcopy(tr.grid)
     update = GraphedGridUpdate(graphed, density, 0.01, seed=3)

@@ -10,10 +10,10 @@ import pytest
 import torch
 from test_kernels import DEV, ball_scene, random_rays
 
-from hvd_ngp.render.plan import RenderPlan, split_by_capacity
 from hvd_ngp.render import StepSchedule, render_rays
 from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast
 from hvd_ngp.render.infer import InferenceStats, InferenceWindows, render_rays_single_pass, window_groups
+from hvd_ngp.render.plan import RenderPlan, split_by_capacity
 
 pytestmark = pytest.mark.interpreter
 
@@ -24,13 +24,14 @@ def small_ball(**kw):
     """``test_kernels.ball_scene`` with at most 64 steps per ray (48 cross the box): two march segments per ray
     instead of 128, which the interpreter walks program by program."""
     aabb, grid, _, ball, rgb_sigma = ball_scene(**kw)
-    return aabb, grid, StepSchedule.uniform(3 ** 0.5 / 48, max_steps=64), ball, rgb_sigma
+    return aabb, grid, StepSchedule.uniform(3**0.5 / 48, max_steps=64), ball, rgb_sigma
 
 
 def counting(fn, calls: list):
     def wrapped(x, *rest, **kw):
         calls.append(x.shape[0])
         return fn(x, *rest, **kw)
+
     return wrapped
 
 
@@ -42,13 +43,25 @@ def test_single_pass_renders_the_reference_image_with_one_network_pass():
     o, d, j = random_rays(20, torch.tensor([0.5] * 3), 2.0, 12)
     ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, j)
     density_calls, full_calls = [], []
-    two = render_rays_fast(counting(rgb_sigma, full_calls), counting(ball, density_calls), o, d, aabb, grid, sch, 1e-3,
-                           jitter=j)
+    two = render_rays_fast(
+        counting(rgb_sigma, full_calls), counting(ball, density_calls), o, d, aabb, grid, sch, 1e-3, jitter=j
+    )
     two_pass_rows = sum(density_calls) + sum(full_calls)
     density_calls.clear(), full_calls.clear()
     stats = InferenceStats()
-    out = render_rays_single_pass(counting(rgb_sigma, full_calls), counting(ball, density_calls), o, d, aabb, grid,
-                                  sch, 1e-3, jitter=j, windows=InferenceWindows(2, 8), stats=stats)
+    out = render_rays_single_pass(
+        counting(rgb_sigma, full_calls),
+        counting(ball, density_calls),
+        o,
+        d,
+        aabb,
+        grid,
+        sch,
+        1e-3,
+        jitter=j,
+        windows=InferenceWindows(2, 8),
+        stats=stats,
+    )
     for name, a, b, c in zip(("rgb", "opacity", "depth"), out, (ref.rgb, ref.opacity, ref.depth), two):
         torch.testing.assert_close(a, b, **TIGHT, msg=f"{name} against the reference")
         torch.testing.assert_close(a, c, **TIGHT, msg=f"{name} against the two-pass renderer")
@@ -182,8 +195,9 @@ def test_render_image_takes_either_inference_path_and_names_an_unknown_one():
     o, d, _ = random_rays(12, torch.tensor([0.5] * 3), 2.0, 14)
     bg = torch.tensor([0.2, 0.4, 0.6], device=DEV)
     single = render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, step_offset=0.25)
-    two = render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, step_offset=0.25,
-                       inference="two_pass")
+    two = render_image(
+        rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, step_offset=0.25, inference="two_pass"
+    )
     ref = render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, step_offset=0.25)
     for a, b, c in zip(single, two, ref):
         torch.testing.assert_close(a, b, **TIGHT)

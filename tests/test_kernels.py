@@ -18,9 +18,9 @@ import torch
 
 from hvd_ngp.cluster import dist
 from hvd_ngp.model.encoding.hashgrid import HashGridSpec, HashGridTorch
-from hvd_ngp.triton_support import triton_available
-from hvd_ngp.render.occupancy import OccupancyGrid
 from hvd_ngp.render import StepSchedule, accumulate, march, transmittance_weights
+from hvd_ngp.render.occupancy import OccupancyGrid
+from hvd_ngp.triton_support import triton_available
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -29,19 +29,22 @@ if not triton_available(DEV.type):
         pytest.fail("HVD_NGP_REQUIRE_GPU=1 but the Triton kernels cannot run here", pytrace=False)
     pytest.skip("Triton is not installed (or no GPU and no interpreter)", allow_module_level=True)
 
-from hvd_ngp.render.compact_triton import compact_gather  # noqa: E402
-from hvd_ngp.render.composite_triton import composite, count_until_opaque  # noqa: E402
-from hvd_ngp.render.fast import compact_gather_torch  # noqa: E402
-from hvd_ngp.model.encoding.hashgrid import BACKWARD_LAUNCH, FORWARD_LAUNCH, GridLaunch  # noqa: E402
-from hvd_ngp.model.encoding.hashgrid_triton import CANDIDATE_LAUNCHES as CANDIDATE_GRID_LAUNCHES  # noqa: E402
-from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton, vector_atomics_here  # noqa: E402
-from hvd_ngp.model.encoding.sh import SphericalHarmonics  # noqa: E402
-from hvd_ngp.model.encoding.sh_triton import SphericalHarmonicsTriton  # noqa: E402
-from hvd_ngp.render.march_triton import CANDIDATE_LAUNCHES, LAUNCH, MarchLaunch, march_packed  # noqa: E402
 from hvd_ngp.data import load_scene  # noqa: E402
 from hvd_ngp.data.draw_triton import draw_rays, search_steps  # noqa: E402
 from hvd_ngp.data.pixels import StackedPixels  # noqa: E402
 from hvd_ngp.data.sampler import RaySampler  # noqa: E402
+from hvd_ngp.model.encoding.hashgrid import BACKWARD_LAUNCH, FORWARD_LAUNCH, GridLaunch  # noqa: E402
+from hvd_ngp.model.encoding.hashgrid_triton import (  # noqa: E402
+    CANDIDATE_LAUNCHES as CANDIDATE_GRID_LAUNCHES,  # noqa: E402
+    HashGridTriton,
+    vector_atomics_here,
+)
+from hvd_ngp.model.encoding.sh import SphericalHarmonics  # noqa: E402
+from hvd_ngp.model.encoding.sh_triton import SphericalHarmonicsTriton  # noqa: E402
+from hvd_ngp.render.compact_triton import compact_gather  # noqa: E402
+from hvd_ngp.render.composite_triton import composite, count_until_opaque  # noqa: E402
+from hvd_ngp.render.fast import compact_gather_torch  # noqa: E402
+from hvd_ngp.render.march_triton import CANDIDATE_LAUNCHES, LAUNCH, MarchLaunch, march_packed  # noqa: E402
 
 SMALL = DEV.type == "cpu"  # the interpreter is slow: smaller problems, same coverage
 #: under the interpreter, which steps through every program in Python, the hash grid and the march launch few
@@ -62,8 +65,9 @@ def few_march_programs(monkeypatch):
 
 @pytest.mark.parametrize("vector_atomics", [False, True])
 @pytest.mark.parametrize("table_dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("spec", [HashGridSpec(6, 2, 12, 4, 2.0), HashGridSpec(5, 4, 10, 8, 1.6),
-                                  HashGridSpec(16, 2, 19, 16, 1.38)])
+@pytest.mark.parametrize(
+    "spec", [HashGridSpec(6, 2, 12, 4, 2.0), HashGridSpec(5, 4, 10, 8, 1.6), HashGridSpec(16, 2, 19, 16, 1.38)]
+)
 def test_hashgrid_matches_reference(spec, table_dtype, vector_atomics):
     if vector_atomics and not vector_atomics_here(DEV):
         pytest.skip("vector atomics need a CUDA GPU of sm_90 or newer (compiled for it below)")
@@ -93,8 +97,10 @@ def test_hashgrid_output_layouts_agree():
     spec = HashGridSpec(6, 2, 12, 4, 2.0)
     torch.manual_seed(2)
     merge = {"merge_runs_below": 0} if SMALL else {}  # the layouts, not the merging (tested below), on the interpreter
-    cols, rows = HashGridTriton(spec, **SMALL_GRID_LAUNCH, **merge).to(DEV), \
-        HashGridTriton(spec, feature_major=False, **SMALL_GRID_LAUNCH, **merge).to(DEV)
+    cols, rows = (
+        HashGridTriton(spec, **SMALL_GRID_LAUNCH, **merge).to(DEV),
+        HashGridTriton(spec, feature_major=False, **SMALL_GRID_LAUNCH, **merge).to(DEV),
+    )
     assert cols.feature_major and not rows.feature_major
     with torch.no_grad():
         cols.params.normal_()
@@ -150,7 +156,7 @@ def test_sh_concat_kernel_matches_its_torch_twin(degree, dtype):
     geo_r = geo_t.detach().contiguous().requires_grad_()
     fast, ref = SphericalHarmonicsTriton(degree), SphericalHarmonics(degree)
     out, want = fast.concat(d, geo_t), ref.concat(d, geo_r)
-    assert out.shape == (n, degree ** 2 + 16) and out.dtype == dtype
+    assert out.shape == (n, degree**2 + 16) and out.dtype == dtype
     torch.testing.assert_close(out, want, rtol=1e-6 if dtype == torch.float32 else 8e-3, atol=1e-6)
     g = torch.randn_like(want)
     out.backward(g)
@@ -194,9 +200,15 @@ def rays_of_points(n: int, per_ray: int, step: float, seed: int) -> torch.Tensor
     return (origins + dirs * t).reshape(-1, 3)[:n].clamp(0.0, 1.0)
 
 
-@pytest.mark.parametrize("spec,merge", [(HashGridSpec(6, 2, 12, 4, 2.0), 1 << 20), (HashGridSpec(6, 2, 12, 4, 2.0), 20),
-                                        (HashGridSpec(6, 2, 12, 4, 2.0), 0),
-                                        (HashGridSpec(5, 4, 10, 8, 1.6), 64)])
+@pytest.mark.parametrize(
+    "spec,merge",
+    [
+        (HashGridSpec(6, 2, 12, 4, 2.0), 1 << 20),
+        (HashGridSpec(6, 2, 12, 4, 2.0), 20),
+        (HashGridSpec(6, 2, 12, 4, 2.0), 0),
+        (HashGridSpec(5, 4, 10, 8, 1.6), 64),
+    ],
+)
 def test_hashgrid_backward_merging_runs_matches_reference(spec, merge):
     """``merge_runs_below`` (0: off, every point adds its own atomics): the gradients of points along rays (long
     runs on one row at coarse levels), of uniform points (runs of one) and of a device count below the rows
@@ -209,8 +221,11 @@ def test_hashgrid_backward_merging_runs_matches_reference(spec, merge):
         ref.params.normal_()
         fast.params.copy_(ref.params)
     n = 300 if SMALL else 1 << 16
-    for x, count in ((rays_of_points(n, 40, 1 / 256, 2).to(DEV), None), (torch.rand(n, 3, device=DEV), None),
-                     (rays_of_points(n, 40, 1 / 256, 3).to(DEV), n - 81)):
+    for x, count in (
+        (rays_of_points(n, 40, 1 / 256, 2).to(DEV), None),
+        (torch.rand(n, 3, device=DEV), None),
+        (rays_of_points(n, 40, 1 / 256, 3).to(DEV), n - 81),
+    ):
         ref.params.grad = fast.params.grad = None
         rows = n if count is None else count
         g = torch.randn(n, spec.n_output_dims, device=DEV)
@@ -275,12 +290,12 @@ def test_march_matches_reference(case):
     if case == "unit_uniform":
         aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
         grid = random_grid(aabb, 16 if SMALL else 64, 1, 1)
-        sch = StepSchedule(3 ** 0.5 / (64 if SMALL else 512), 3 ** 0.5 / (64 if SMALL else 512))
+        sch = StepSchedule(3**0.5 / (64 if SMALL else 512), 3**0.5 / (64 if SMALL else 512))
         o, d, j = random_rays(40 if SMALL else 4096, torch.tensor([0.5] * 3), 2.0, 2)
     else:
         aabb = torch.tensor([[-1.5] * 3, [2.5] * 3], device=DEV)
         grid = random_grid(aabb, 8 if SMALL else 32, 3, 3)
-        dt_min = 3 ** 0.5 / (64 if SMALL else 512)
+        dt_min = 3**0.5 / (64 if SMALL else 512)
         sch = StepSchedule(dt_min, dt_min * 4 * 8, 1 / 64)
         o, d, j = random_rays(40 if SMALL else 4096, torch.tensor([0.5] * 3), 3.0, 4)
         o[:3] = torch.tensor([[0.5, 0.5, 0.5], [0.2, 0.9, 0.1], [2.4, 0.0, -1.0]], device=DEV)  # some start inside
@@ -307,15 +322,18 @@ def test_march_skipping_empty_cells_keeps_every_sample(cone, cascades):
     kernel jumps over empty cells, and still gives exactly the reference's samples, ray by ray."""
     # with cascades, a resolution not divisible by 4: a finer cascade's box then cuts through coarse cells
     res = (32 if SMALL else 128) - (2 if cascades > 1 else 0)
-    aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV) if cascades == 1 else \
-        torch.tensor([[-1.5] * 3, [2.5] * 3], device=DEV)
+    aabb = (
+        torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
+        if cascades == 1
+        else torch.tensor([[-1.5] * 3, [2.5] * 3], device=DEV)
+    )
     grid = random_grid(aabb, res, cascades, 7)
     g = torch.stack(torch.meshgrid(*[torch.arange(res, device=DEV)] * 3, indexing="ij"), -1).float() / res - 0.5
     shell = ((g.norm(dim=-1) - 0.3).abs() < 0.6 / res).view(-1)
     rim = (g.abs().amax(dim=-1) > 0.5 - 1.6 / res).view(-1)  # a finer cascade's outermost cells: where a ray
     occupied = torch.stack([shell | rim if c < cascades - 1 else shell for c in range(cascades)])  # enters it
     grid.occupied.copy_(occupied & (torch.rand(grid.occupied.shape, device=DEV) < 0.7))
-    dt = 3 ** 0.5 / (16 * res)
+    dt = 3**0.5 / (16 * res)
     sch = StepSchedule(dt, dt * (8 if cone else 1) * 2 ** (cascades - 1), cone)
     o, d, j = random_rays(100 if SMALL else 4096, torch.tensor([0.5] * 3), 2.0 if cascades == 1 else 3.0, 9)
     ref = march(o, d, aabb, grid, sch, j)
@@ -333,7 +351,7 @@ def test_march_skipping_empty_cells_keeps_every_sample(cone, cascades):
 def test_march_drops_rays_past_the_capacity():
     aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
     grid = random_grid(aabb, 16, 1, 5)
-    sch = StepSchedule.uniform(3 ** 0.5 / 64)
+    sch = StepSchedule.uniform(3**0.5 / 64)
     o, d, j = random_rays(30, torch.tensor([0.5] * 3), 2.0, 6)
     full = march_packed(o, d, aabb, grid, sch, j, capacity=100000)
     cap = int(full.total) // 2
@@ -350,7 +368,7 @@ def test_march_writes_the_sample_positions_on_request():
     the samples themselves are those of the march without it."""
     aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
     grid = random_grid(aabb, 16, 1, 5)
-    sch = StepSchedule.uniform(3 ** 0.5 / 64)
+    sch = StepSchedule.uniform(3**0.5 / 64)
     o, d, j = random_rays(30, torch.tensor([0.5] * 3), 2.0, 6)
     plain = march_packed(o, d, aabb, grid, sch, j, capacity=100000)
     packed = march_packed(o, d, aabb, grid, sch, j, capacity=100000, positions=True)
@@ -367,7 +385,7 @@ def test_every_march_launch_writes_the_same_samples():
     segments). On a GPU, ``bench throughput --march_launches`` checks ``CANDIDATE_LAUNCHES`` the same way."""
     aabb = torch.tensor([[-1.5] * 3, [2.5] * 3], device=DEV)
     grid = random_grid(aabb, 16, 2, 5)
-    dt = 3 ** 0.5 / (64 if SMALL else 512)
+    dt = 3**0.5 / (64 if SMALL else 512)
     sch = StepSchedule(dt, dt * 8, 1 / 256, max_steps=256 if SMALL else 2048)  # ~200 / ~1600 steps across the box
     o, d, j = random_rays(24, torch.tensor([0.5] * 3), 3.0, 6)
     ref = march_packed(o, d, aabb, grid, sch, j, capacity=100000, positions=True, launch=LAUNCH)
@@ -452,7 +470,7 @@ def ball_scene(density: float = 40.0, occupied: bool = True):
     def rgb_sigma_fn(x, dirs, n_rows=None):
         return torch.stack([x[:, 0], x[:, 1], dirs[:, 2].abs()], dim=-1), sigma_fn(x)
 
-    return aabb, grid, StepSchedule.uniform(3 ** 0.5 / 48), sigma_fn, rgb_sigma_fn
+    return aabb, grid, StepSchedule.uniform(3**0.5 / 48), sigma_fn, rgb_sigma_fn
 
 
 def test_fast_renderer_matches_reference_rendering():
@@ -470,8 +488,9 @@ def test_fast_renderer_matches_reference_rendering():
     torch.testing.assert_close(out.rgb, ref.rgb, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.opacity, ref.opacity, rtol=1e-4, atol=1e-5)
     # tight buffers: rays that do not fit are flagged, the others are unchanged
-    small = FastRenderer(ref.n_candidates // 2, ref.n_samples // 2)(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch,
-                                                                    1e-3, j)
+    small = FastRenderer(ref.n_candidates // 2, ref.n_samples // 2)(
+        rgb_sigma_fn, sigma_fn, o, d, aabb, grid, sch, 1e-3, j
+    )
     v = small.valid
     assert 0 < int(v.sum()) < 24
     torch.testing.assert_close(small.rgb[v], ref.rgb[v], rtol=1e-4, atol=1e-5)
@@ -491,7 +510,7 @@ def test_fast_renderer_with_nothing_marched_keeps_gradients_finite():
     aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
     grid = random_grid(aabb, 8, 1, 9)
     grid.occupied.fill_(False)
-    sch = StepSchedule.uniform(3 ** 0.5 / 48)
+    sch = StepSchedule.uniform(3**0.5 / 48)
     o, d, j = random_rays(16, torch.tensor([0.5] * 3), 2.0, 10)
     torch.manual_seed(0)
     encoding = HashGridTriton(HashGridSpec(4, 2, 10, 4, 2.0)).to(DEV)
@@ -516,9 +535,9 @@ def test_fast_renderer_with_nothing_marched_keeps_gradients_finite():
 def test_inference_render_within_a_small_workspace_equals_the_exact_one():
     """Evaluation renders with a workspace smaller than the chunk's candidates (several groups, the
     network a few rows at a time): the same pixels as one exactly sized pass and the reference."""
-    from hvd_ngp.render.plan import RenderPlan
     from hvd_ngp.render import render_rays
     from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast
+    from hvd_ngp.render.plan import RenderPlan
 
     aabb, grid, sch, sigma_fn, rgb_sigma_fn = ball_scene(occupied=False)
     o, d, _ = random_rays(40, torch.tensor([0.5] * 3), 2.0, 11)
@@ -563,9 +582,18 @@ def test_inference_windows_evaluate_less_and_render_the_same(monkeypatch):
 
 # --- the GPU compiler, without a GPU ---------------------------------------------------------------------
 
-TRITON_TYPES = {torch.float64: "*fp64", torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
-                torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8",
-                torch.bool: "*i1"}
+TRITON_TYPES = {
+    torch.float64: "*fp64",
+    torch.float32: "*fp32",
+    torch.float16: "*fp16",
+    torch.bfloat16: "*bf16",
+    torch.int64: "*i64",
+    torch.int32: "*i32",
+    torch.int16: "*i16",
+    torch.int8: "*i8",
+    torch.uint8: "*u8",
+    torch.bool: "*i1",
+}
 
 
 def launch_record(fn, args: tuple, kwargs: dict) -> dict:
@@ -584,7 +612,7 @@ def launch_record(fn, args: tuple, kwargs: dict) -> dict:
         elif isinstance(value, bool):
             signature[name] = "i1"
         elif isinstance(value, int):
-            signature[name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
         elif isinstance(value, float):
             signature[name] = "fp32"
         else:
@@ -615,8 +643,10 @@ def exercise_kernels() -> None:
         if (n_in, dot) == (32, "fp16"):
             fused_mlp(x.detach(), w, relu, dot, n_rows=torch.tensor(50)).float().sum().backward()
             fused_mlp(x, w, relu, dot, n_rows=torch.tensor(50, dtype=torch.int32)).float().sum().backward()
-    for aabb, cascades, sch in ((torch.tensor([[0.0] * 3, [1.0] * 3]), 1, StepSchedule.uniform(3 ** 0.5 / 32)),
-                                (torch.tensor([[-1.5] * 3, [2.5] * 3]), 2, StepSchedule(0.03, 0.24, 1 / 64))):
+    for aabb, cascades, sch in (
+        (torch.tensor([[0.0] * 3, [1.0] * 3]), 1, StepSchedule.uniform(3**0.5 / 32)),
+        (torch.tensor([[-1.5] * 3, [2.5] * 3]), 2, StepSchedule(0.03, 0.24, 1 / 64)),
+    ):
         o, d, j = random_rays(8, torch.tensor([0.5] * 3), 3.0, 11)
         march_packed(o, d, aabb, random_grid(aabb, 8, cascades, 12), sch, j, capacity=4096)
     sigma, rgb, dt, t, start, count, _, _ = packed_problem(13, n_rays=6, max_samples=5)
@@ -626,21 +656,37 @@ def exercise_kernels() -> None:
         count_until_opaque(s.detach(), dt, start, count, 1e-2)
     tiles = {k: torch.zeros(2, dtype=torch.int64) for k in ("image", "x0", "y0")}
     tiles.update(w=torch.ones(2, dtype=torch.int64), h=torch.ones(2, dtype=torch.int64))
-    for offsets, weight, images in ((None, None, torch.zeros(1, 1, 1, 4, dtype=torch.uint8)),
-                                    (torch.rand(3, 2), torch.ones(2), torch.zeros(1, 1, 1, 4, dtype=torch.float16))):
-        draw_rays(torch.rand(3, dtype=torch.float64), torch.rand(3, 2), offsets, torch.tensor([0.5, 1.0], dtype=torch.float64),
-                  torch.arange(2), tiles, weight, images, torch.zeros(2, dtype=torch.int64), torch.ones(1, dtype=torch.int64),
-                  torch.eye(3, 4)[None], torch.ones(1, 4))
+    for offsets, weight, images in (
+        (None, None, torch.zeros(1, 1, 1, 4, dtype=torch.uint8)),
+        (torch.rand(3, 2), torch.ones(2), torch.zeros(1, 1, 1, 4, dtype=torch.float16)),
+    ):
+        draw_rays(
+            torch.rand(3, dtype=torch.float64),
+            torch.rand(3, 2),
+            offsets,
+            torch.tensor([0.5, 1.0], dtype=torch.float64),
+            torch.arange(2),
+            tiles,
+            weight,
+            images,
+            torch.zeros(2, dtype=torch.int64),
+            torch.ones(1, dtype=torch.int64),
+            torch.eye(3, 4)[None],
+            torch.ones(1, 4),
+        )
 
 
-@pytest.mark.parametrize("jitter,scored,image_dtype", [(False, False, "uint8"), (True, True, "uint8"),
-                                                      (False, True, "fp16")])
+@pytest.mark.parametrize(
+    "jitter,scored,image_dtype", [(False, False, "uint8"), (True, True, "uint8"), (False, True, "fp16")]
+)
 def test_fused_ray_draw_matches_the_torch_draw(scene_cache, jitter, scored, image_dtype):
     """The same generator and seed: the same pixels, tiles, colours and weights, bit for bit; the same rays
     to float rounding; the generator left in the same state (batches can be un-drawn either way)."""
     frames = load_scene("builtin", scene_cache=scene_cache).train
     store = StackedPixels(frames, DEV, on_device=True, image_dtype=image_dtype)
-    ref, fast = (RaySampler(frames, 1, 2, 7, DEV, jitter, store=store, tile_size=16, fused=mode) for mode in ("off", "on"))
+    ref, fast = (
+        RaySampler(frames, 1, 2, 7, DEV, jitter, store=store, tile_size=16, fused=mode) for mode in ("off", "on")
+    )
     assert ref.fused_why_not == "off" and fast.fused_why_not is None
     if scored:  # importance weights, and tiles that are never drawn (score 0: repeated CDF entries)
         scores = torch.rand(ref.grid.n_tiles, generator=torch.Generator().manual_seed(3))
@@ -670,14 +716,29 @@ def test_fused_ray_draw_searches_the_cdf_as_searchsorted_right():
     u = torch.tensor([0.0, 0.1, 0.25, 0.3, 0.5, 0.74, 0.75, 0.999, 1.0], dtype=torch.float64, device=DEV)
     active = torch.tensor([4, 0, 3, 1, 2], device=DEV)
     n_tiles = 5
-    tiles = {"image": torch.zeros(n_tiles, dtype=torch.int64, device=DEV),
-             "x0": torch.arange(n_tiles, device=DEV) * 2, "y0": torch.zeros(n_tiles, dtype=torch.int64, device=DEV),
-             "w": torch.full((n_tiles,), 2, device=DEV), "h": torch.full((n_tiles,), 2, device=DEV)}
+    tiles = {
+        "image": torch.zeros(n_tiles, dtype=torch.int64, device=DEV),
+        "x0": torch.arange(n_tiles, device=DEV) * 2,
+        "y0": torch.zeros(n_tiles, dtype=torch.int64, device=DEV),
+        "w": torch.full((n_tiles,), 2, device=DEV),
+        "h": torch.full((n_tiles,), 2, device=DEV),
+    }
     images = torch.randint(0, 256, (1, 2, 10, 4), dtype=torch.uint8, device=DEV)
     c2w = torch.eye(3, 4, device=DEV)[None]
-    out = draw_rays(u, torch.zeros(9, 2, device=DEV), None, cdf, active, tiles, None, images,
-                    torch.zeros(2, dtype=torch.int64, device=DEV), torch.tensor([10], device=DEV), c2w,
-                    torch.tensor([[1.0, 1.0, 5.0, 1.0]], device=DEV))
+    out = draw_rays(
+        u,
+        torch.zeros(9, 2, device=DEV),
+        None,
+        cdf,
+        active,
+        tiles,
+        None,
+        images,
+        torch.zeros(2, dtype=torch.int64, device=DEV),
+        torch.tensor([10], device=DEV),
+        c2w,
+        torch.tensor([[1.0, 1.0, 5.0, 1.0]], device=DEV),
+    )
     expected = active[torch.searchsorted(cdf, u, right=True).clamp(max=4)]
     assert out["tile"].tolist() == expected.tolist() == [4, 4, 3, 3, 1, 1, 2, 2, 2]
     assert out["pixel"].tolist() == (expected * 2).tolist()  # each tile's first pixel (pick 0, row 0)
@@ -718,8 +779,17 @@ def test_every_kernel_compiles_for_hopper(tmp_path, monkeypatch):
     monkeypatch.setattr(InterpretedFunction, "run", recording_run)
     exercise_kernels()
     names = {r["kernel"] for r in launches.values()}
-    assert names == {"_hashgrid_fwd", "_hashgrid_bwd", "_march", "_composite_fwd", "_composite_bwd",
-                     "_count_until_opaque", "_mlp_fwd", "_mlp_bwd", "_draw_rays"}, names
+    assert names == {
+        "_hashgrid_fwd",
+        "_hashgrid_bwd",
+        "_march",
+        "_composite_fwd",
+        "_composite_bwd",
+        "_count_until_opaque",
+        "_mlp_fwd",
+        "_mlp_bwd",
+        "_draw_rays",
+    }, names
     for record in [r for r in launches.values() if r["kernel"] == "_hashgrid_bwd" and r["constexprs"]["F"] == 2]:
         assert record["constexprs"]["PAIRS"] is False  # the interpreter adds one feature per atomic;
         paired = {**record, "constexprs": {**record["constexprs"], "PAIRS": True}}  # sm_90 pairs them (inline PTX)
@@ -727,7 +797,12 @@ def test_every_kernel_compiles_for_hopper(tmp_path, monkeypatch):
     path = tmp_path / "launches.json"
     path.write_text(json.dumps(list(launches.values()), indent=1))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("compile_kernels.py")), str(path), "--arch", "90"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("compile_kernels.py")), str(path), "--arch", "90"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.stdout.count("ok ") == len(launches), proc.stdout

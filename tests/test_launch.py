@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, horovodrun
+
 from hvd_ngp.config import BASE_CONFIG, build_parser as trainer_parser, parse_args
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.tools.launch import build_parser, plan, split_program_args
@@ -59,8 +59,10 @@ def test_two_nodes_choose_mpi_and_hierarchical(two_nodes):
     assert " -np 4 -H node1:2,node2:2 --mpi " in line
 
 
-@pytest.mark.parametrize("launcher,fabric,on", [("horovodrun", "ib", False), ("horovodrun", "auto", False),
-                                                ("mpirun", "ib", True), ("mpirun", "auto", False)])
+@pytest.mark.parametrize(
+    "launcher,fabric,on",
+    [("horovodrun", "ib", False), ("horovodrun", "auto", False), ("mpirun", "ib", True), ("mpirun", "auto", False)],
+)
 def test_across_nodes_flat_nccl_unless_mpi_is_as_fast(two_nodes, launcher, fabric, on):
     """horovodrun forces MPI onto TCP, so on InfiniBand NCCL's flat allreduce is the default (no MPI needed)."""
     p = make_plan(["--hostfile", two_nodes, "--launcher", launcher, "--fabric", fabric])
@@ -78,17 +80,42 @@ def test_two_nodes_under_gloo_leave_hierarchical_off(two_nodes):
 
 
 def test_mpirun_command(two_nodes):
-    p = make_plan(["--hostfile", two_nodes, "-np", "3", "--launcher", "mpirun", "--fabric", "ib", "--ib-gid-index", "3",
-                   "--iface", "ib0", "--env", "NCCL_DEBUG=WARN", "--ssh-port", "2222"],
-                  environ={"PATH": "/usr/bin", "NCCL_NET_GDR_LEVEL": "PHB", "HOME": "/root"})
+    p = make_plan(
+        [
+            "--hostfile",
+            two_nodes,
+            "-np",
+            "3",
+            "--launcher",
+            "mpirun",
+            "--fabric",
+            "ib",
+            "--ib-gid-index",
+            "3",
+            "--iface",
+            "ib0",
+            "--env",
+            "NCCL_DEBUG=WARN",
+            "--ssh-port",
+            "2222",
+        ],
+        environ={"PATH": "/usr/bin", "NCCL_NET_GDR_LEVEL": "PHB", "HOME": "/root"},
+    )
     c = p.command
     assert c[0].endswith("mpirun") and after(c, "-np") == "3" and after(c, "-H") == "node1:2,node2:1"
     assert after(c, "--bind-to") == "none" and after(c, "--map-by") == "slot"
     assert "btl_tcp_if_include" in c and "oob_tcp_if_include" in c and after(c, "plm_rsh_args") == "-p 2222"
     exported = {c[i + 1] for i, a in enumerate(c) if a == "-x"}
     # presets, the user's NCCL_* variables and PATH reach every rank; unrelated variables do not
-    assert exported == {"HOROVOD_HIERARCHICAL_ALLREDUCE", "NCCL_IB_DISABLE", "NCCL_IB_GID_INDEX", "NCCL_SOCKET_IFNAME",
-                        "NCCL_DEBUG", "NCCL_NET_GDR_LEVEL", "PATH"}
+    assert exported == {
+        "HOROVOD_HIERARCHICAL_ALLREDUCE",
+        "NCCL_IB_DISABLE",
+        "NCCL_IB_GID_INDEX",
+        "NCCL_SOCKET_IFNAME",
+        "NCCL_DEBUG",
+        "NCCL_NET_GDR_LEVEL",
+        "PATH",
+    }
     assert p.env["NCCL_IB_GID_INDEX"] == "3" and p.env["NCCL_DEBUG"] == "WARN"
     assert "pml" not in c  # on InfiniBand Open MPI picks UCX itself
     eth = make_plan(["--hostfile", two_nodes, "--launcher", "mpirun", "--fabric", "eth"]).command
@@ -103,15 +130,18 @@ def test_user_nccl_variables_override_presets(two_nodes):
     assert any("NCCL_IB_DISABLE=0 from your environment overrides the preset 1" in n for n in p.notes)
 
 
-@pytest.mark.parametrize("block,launcher_args,message", [
-    ({"world_size": 8}, ["-np", "4"], "distributed.world_size is 8 but the job runs 4 rank(s)"),
-    ({"world_size": 8}, [], "distributed.world_size is 8 but "),
-    ({"enable": False}, [], "distributed.enable is false but the job runs 4 ranks"),
-    ({"topology": "single_node"}, [], "distributed.topology is single_node but the job spans 2 nodes"),
-    ({"topology": "multi_node"}, ["-np", "2"], "distributed.topology is multi_node but the job runs on one node"),
-    ({"allreduce_algorithm": "hierarchical"}, ["--controller", "gloo"], "needs the MPI controller"),
-    ({"master_addr": "node2"}, [], "distributed.master_addr is 'node2' but rank 0 runs on 'node1'"),
-])
+@pytest.mark.parametrize(
+    "block,launcher_args,message",
+    [
+        ({"world_size": 8}, ["-np", "4"], "distributed.world_size is 8 but the job runs 4 rank(s)"),
+        ({"world_size": 8}, [], "distributed.world_size is 8 but "),
+        ({"enable": False}, [], "distributed.enable is false but the job runs 4 ranks"),
+        ({"topology": "single_node"}, [], "distributed.topology is single_node but the job spans 2 nodes"),
+        ({"topology": "multi_node"}, ["-np", "2"], "distributed.topology is multi_node but the job runs on one node"),
+        ({"allreduce_algorithm": "hierarchical"}, ["--controller", "gloo"], "needs the MPI controller"),
+        ({"master_addr": "node2"}, [], "distributed.master_addr is 'node2' but rank 0 runs on 'node1'"),
+    ],
+)
 def test_distributed_block_mismatch_names_the_config(block, launcher_args, message, two_nodes, tmp_path):
     config = config_with(tmp_path, block)
     with pytest.raises(ConfigError) as err:
@@ -123,9 +153,19 @@ def test_distributed_block_mismatch_names_the_config(block, launcher_args, messa
 def test_distributed_block_is_honoured(two_nodes, tmp_path):
     topo = tmp_path / "topo.xml"
     topo.write_text("<system/>")
-    config = config_with(tmp_path, {"enable": True, "world_size": 2, "master_addr": "node1", "master_port": 29500,
-                                    "nccl_topology_file": str(topo), "nccl_algorithm": "Ring,Tree",
-                                    "topology": "auto", "allreduce_algorithm": "ring"})
+    config = config_with(
+        tmp_path,
+        {
+            "enable": True,
+            "world_size": 2,
+            "master_addr": "node1",
+            "master_port": 29500,
+            "nccl_topology_file": str(topo),
+            "nccl_algorithm": "Ring,Tree",
+            "topology": "auto",
+            "allreduce_algorithm": "ring",
+        },
+    )
     p = make_plan(["--hostfile", two_nodes], ["--config", config])
     assert p.placement.np == 2 and p.placement.nodes == 1  # -np from world_size
     assert p.env["NCCL_TOPO_FILE"] == str(topo) and p.env["NCCL_ALGO"] == "Ring,Tree"
@@ -136,14 +176,17 @@ def test_distributed_block_is_honoured(two_nodes, tmp_path):
         make_plan(["--hostfile", two_nodes], ["--config", config, "--hierarchical_allreduce", "on"])
 
 
-@pytest.mark.parametrize("block,message", [
-    ({"world_size": 0}, "distributed.world_size must be a positive integer"),
-    ({"master_port": 70000}, "distributed.master_port must be a port number"),
-    ({"nccl_algorithm": "fastest"}, "distributed.nccl_algorithm must be"),
-    ({"topology": "ring"}, "distributed.topology must be auto | single_node | multi_node"),
-    ({"enable": "yes"}, "distributed.enable must be true or false"),
-    ({"backend": "nccl"}, "unknown key(s) in 'distributed': backend"),
-])
+@pytest.mark.parametrize(
+    "block,message",
+    [
+        ({"world_size": 0}, "distributed.world_size must be a positive integer"),
+        ({"master_port": 70000}, "distributed.master_port must be a port number"),
+        ({"nccl_algorithm": "fastest"}, "distributed.nccl_algorithm must be"),
+        ({"topology": "ring"}, "distributed.topology must be auto | single_node | multi_node"),
+        ({"enable": "yes"}, "distributed.enable must be true or false"),
+        ({"backend": "nccl"}, "unknown key(s) in 'distributed': backend"),
+    ],
+)
 def test_bad_distributed_block(block, message, tmp_path):
     config = config_with(tmp_path, block)
     with pytest.raises(ConfigError) as err:
@@ -172,14 +215,16 @@ def test_split_program_args():
 
 
 def run_launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hvd_ngp.tools.launch", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hvd_ngp.tools.launch", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_dry_run_prints_command_and_environment(two_nodes, tmp_path):
     out = tmp_path / "slurm_hosts"
-    proc = run_launch("--hostfile", two_nodes, "--fabric", "eth", "--write-hostfile", str(out), "--dry-run",
-                      "--", "--n_steps", "7")
+    proc = run_launch(
+        "--hostfile", two_nodes, "--fabric", "eth", "--write-hostfile", str(out), "--dry-run", "--", "--n_steps", "7"
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == f"# hvd_ngp launch: 4 rank(s) on 2 node(s) [node1:2, node2:2] from {two_nodes}"

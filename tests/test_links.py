@@ -20,8 +20,22 @@ pytestmark = [pytest.mark.parallel, pytest.mark.skipif(bool(REASON), reason=f"em
 
 def test_shaped_link_allreduce_matches_the_model(tmp_path, capsys):
     out = tmp_path / "links.json"
-    status = links.main(["--hosts", "2", "--rates", "100mbit", "--sizes_mib", "2", "--controllers", "gloo",
-                         "--repeats", "3", "--json", str(out)])
+    status = links.main(
+        [
+            "--hosts",
+            "2",
+            "--rates",
+            "100mbit",
+            "--sizes_mib",
+            "2",
+            "--controllers",
+            "gloo",
+            "--repeats",
+            "3",
+            "--json",
+            str(out),
+        ]
+    )
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 1 and rows[0]["hosts"] == 2 and rows[0]["controller"] == "gloo"
     # the shaped link is a floor: 2 MiB at 100 Mbit/s cannot move faster than the TCP goodput allows

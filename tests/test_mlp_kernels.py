@@ -26,18 +26,22 @@ if not triton_available(DEV.type):
         pytest.fail("HVD_NGP_REQUIRE_GPU=1 but the Triton kernels cannot run here", pytrace=False)
     pytest.skip("Triton is not installed (or no GPU and no interpreter)", allow_module_level=True)
 
+from interpreter_checks import poisoned_memory  # noqa: E402
+
 from hvd_ngp.model.encoding.hashgrid_triton import HashGridTriton  # noqa: E402
 from hvd_ngp.model.mlp_triton import FusedMLP, autocast_dot, fused_mlp  # noqa: E402
-from interpreter_checks import poisoned_memory  # noqa: E402
 
 SMALL = DEV.type == "cpu"
 #: (n_input, block) of the two MLPs of the default config, then generic shapes: padded input and
 #: output (8 -> 16, 5 -> 16), width 16 and 128, three hidden layers, no activation
 DENSITY = (32, {"n_neurons": 64, "n_hidden_layers": 1}, 16)
 COLOUR = (32, {"n_neurons": 128, "n_hidden_layers": 2}, 3)  # base.json's colour MLP (instant-ngp's is 64 wide)
-GENERIC = [(8, {"n_neurons": 16, "n_hidden_layers": 3}, 5), (24, {"n_neurons": 128, "n_hidden_layers": 1}, 1),
-           (32, {"n_neurons": 64, "n_hidden_layers": 2}, 3),
-           (32, {"n_neurons": 32, "n_hidden_layers": 2, "activation": "None"}, 16)]
+GENERIC = [
+    (8, {"n_neurons": 16, "n_hidden_layers": 3}, 5),
+    (24, {"n_neurons": 128, "n_hidden_layers": 1}, 1),
+    (32, {"n_neurons": 64, "n_hidden_layers": 2}, 3),
+    (32, {"n_neurons": 32, "n_hidden_layers": 2, "activation": "None"}, 16),
+]
 ROWS = [0, 1, 70, 300] if SMALL else [0, 1, 1000, 1 << 16]  # several row blocks per program on the interpreter
 
 
@@ -63,7 +67,9 @@ def run(m: torch.nn.Module, x: torch.Tensor, g: torch.Tensor, fn) -> tuple[torch
     return y, x.grad, [p.grad for p in m.parameters()]
 
 
-@pytest.mark.parametrize("shape", [DENSITY, COLOUR, *GENERIC], ids=["density", "colour", "w16d3", "w128", "colour64", "linear"])
+@pytest.mark.parametrize(
+    "shape", [DENSITY, COLOUR, *GENERIC], ids=["density", "colour", "w16d3", "w128", "colour64", "linear"]
+)
 @pytest.mark.parametrize("n", ROWS)
 def test_fused_mlp_fp32_matches_torch(shape, n):
     """fp32 math ("ieee": what torch's fp32 matmul computes), output and every gradient."""
@@ -93,8 +99,10 @@ def test_fused_mlp_reads_and_writes_a_column_major_input(n):
     assert x_cols.stride() == (1, n)
     g = torch.randn(n, n_out, device=DEV)
     for count in (None, max(n // 2, 1)):
+
         def fn(x):
             return m(x) if count is None else m(x, torch.tensor(count, device=DEV))
+
         x = x_cols.clone().requires_grad_(True)  # a column-major leaf (clone keeps the strides)
         m.zero_grad(set_to_none=True)
         y = fn(x)
@@ -124,6 +132,7 @@ def test_fused_mlp_fp16_matches_torch_autocast(shape, n):
         def f(x):
             with torch.autocast(DEV.type, dtype=torch.float16):
                 return fn(x)
+
         return f
 
     y, gx, gw = run(m, x, g, autocast(m))
@@ -182,6 +191,7 @@ def test_a_block_the_device_cannot_hold_is_halved_until_it_fits(monkeypatch):
                 if BLOCK > self.fits:
                     raise triton.runtime.errors.OutOfResources(BLOCK * 4096, 232448, "shared memory")
                 launched.append((grid, BLOCK, constexprs))
+
             return launch
 
     monkeypatch.setattr(mlp_triton, "_FITTED_BLOCK", {})
@@ -236,6 +246,7 @@ def test_a_cuda_launch_compiles_to_choose_its_block_before_launching(monkeypatch
                 if BLOCK * 4096 > 232448:
                     raise triton.runtime.errors.OutOfResources(BLOCK * 4096, 232448, "shared memory")
                 launched.append(BLOCK)
+
             return launch
 
     monkeypatch.setattr(mlp_triton, "_FITTED_BLOCK", {})
@@ -274,12 +285,16 @@ def test_make_mlp_fused_switch():
     assert make_mlp(block, 32, 3, "rgb_network", backend="triton").train_fused
     # the trainer's default under bf16/fp16 (fused_training); a block's own "fused" wins either way
     assert make_mlp({"n_neurons": 64}, 32, 3, "rgb_network", backend="triton", fused_training=True).train_fused
-    assert not make_mlp({**block, "fused": False}, 32, 3, "rgb_network", backend="triton",
-                        fused_training=True).train_fused
+    assert not make_mlp(
+        {**block, "fused": False}, 32, 3, "rgb_network", backend="triton", fused_training=True
+    ).train_fused
     assert type(make_mlp(block, 32, 3, "rgb_network", backend="torch")) is torch.nn.Sequential
     # shapes the kernels do not take stay on nn.Linear
-    for unfused in ({"n_neurons": 48}, {"n_neurons": 64, "n_hidden_layers": 4},
-                    {"n_neurons": 64, "n_hidden_layers": 0}):
+    for unfused in (
+        {"n_neurons": 48},
+        {"n_neurons": 64, "n_hidden_layers": 4},
+        {"n_neurons": 64, "n_hidden_layers": 0},
+    ):
         assert type(make_mlp(unfused, 32, 3, "rgb_network", backend="triton")) is torch.nn.Sequential
     with pytest.raises(ConfigError, match="fused must be true or false"):
         make_mlp({**block, "fused": "no"}, 32, 3, "rgb_network", backend="triton")
@@ -333,11 +348,19 @@ def test_hashgrid_skips_rows_past_the_count():
         torch.testing.assert_close(grad, enc.params.grad, rtol=1e-5, atol=1e-6)
 
 
-TINY_MODEL = {"encoding": {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,
-                           "base_resolution": 8, "desired_resolution": 64},
-              "network": {"n_neurons": 32, "n_hidden_layers": 1, "n_output_dims": 16, "fused": True},
-              "dir_encoding": {"otype": "SphericalHarmonics", "degree": 4},
-              "rgb_network": {"n_neurons": 32, "n_hidden_layers": 2, "fused": True}}
+TINY_MODEL = {
+    "encoding": {
+        "otype": "HashGrid",
+        "n_levels": 4,
+        "n_features_per_level": 2,
+        "log2_hashmap_size": 10,
+        "base_resolution": 8,
+        "desired_resolution": 64,
+    },
+    "network": {"n_neurons": 32, "n_hidden_layers": 1, "n_output_dims": 16, "fused": True},
+    "dir_encoding": {"otype": "SphericalHarmonics", "degree": 4},
+    "rgb_network": {"n_neurons": 32, "n_hidden_layers": 2, "fused": True},
+}
 
 
 def test_field_on_triton_fuses_both_mlps_and_skips_rows():
@@ -387,9 +410,9 @@ def test_fast_renderer_density_pass_reads_only_filled_slots():
     aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=DEV)
     grid = OccupancyGrid(aabb, 8, 1).to(DEV)
     grid.occupied.fill_(True)
-    sch = StepSchedule.uniform(3 ** 0.5 / 48)
+    sch = StepSchedule.uniform(3**0.5 / 48)
     gen = torch.Generator().manual_seed(4)
-    o = (torch.tensor([0.5] * 3) + 2.0 * torch.nn.functional.normalize(torch.randn(16, 3, generator=gen), dim=-1))
+    o = torch.tensor([0.5] * 3) + 2.0 * torch.nn.functional.normalize(torch.randn(16, 3, generator=gen), dim=-1)
     d = torch.nn.functional.normalize(torch.tensor([0.5] * 3) + 0.3 * torch.randn(16, 3, generator=gen) - o, dim=-1)
     o, d = o.to(DEV), d.to(DEV)
     centre = torch.tensor([0.5] * 3, device=DEV)
@@ -431,6 +454,7 @@ def test_training_step_with_fused_mlps_matches_nn_linear(scene_cache, tmp_path):
     if DEV.type != "cpu":
         pytest.skip("the tiny CPU trainer; on a GPU the parity tests above cover the kernels")
     from conftest import INTERPRETER_ARGS, tiny_cpu_args
+
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
@@ -439,8 +463,20 @@ def test_training_step_with_fused_mlps_matches_nn_linear(scene_cache, tmp_path):
     fused = ["--density_network", on, "--rgb_network", on]
     results = []
     for extra in (fused, unfused):
-        tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path / str(len(results)), "--n_steps", "1",
-                                                    "--backend", "triton", *INTERPRETER_ARGS, *extra)))
+        tr = Trainer.build(
+            parse_args(
+                tiny_cpu_args(
+                    scene_cache,
+                    tmp_path / str(len(results)),
+                    "--n_steps",
+                    "1",
+                    "--backend",
+                    "triton",
+                    *INTERPRETER_ARGS,
+                    *extra,
+                )
+            )
+        )
         assert tr.field.density_mlp.train_fused == (extra is fused)
         res, _ = tr.step(0)
         results.append((float(res.loss), int(res.n_samples), [p.grad.clone() for p in tr.field.mlp_parameters()]))
@@ -471,8 +507,9 @@ def test_xavier_initialization_draws_each_matrix_within_its_bound(backend):
     near its bound (torch's default stays within 1/sqrt(fan_in), below the Xavier bound for these shapes);
     an unknown name is an error naming the block."""
     torch.manual_seed(0)
-    xavier = make_mlp({"n_neurons": 64, "n_hidden_layers": 2, "initialization": "xavier"}, 32, 16,
-                      "rgb_network", backend=backend)
+    xavier = make_mlp(
+        {"n_neurons": 64, "n_hidden_layers": 2, "initialization": "xavier"}, 32, 16, "rgb_network", backend=backend
+    )
     default = make_mlp({"n_neurons": 64, "n_hidden_layers": 2}, 32, 16, "rgb_network", backend=backend)
     for w, w0 in zip([p for p in xavier.parameters()], [p for p in default.parameters()]):
         fan_out, fan_in = w.shape

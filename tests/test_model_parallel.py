@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT, TINY_ARGS, run_ranks, tiny_cpu_args
 
 from hvd_ngp.config import CPU_CONFIG, parse_args, validate
@@ -28,8 +27,9 @@ from hvd_ngp.training.recipe import Marching, make_grid, model_footprint
 
 
 def tiny(scene_cache, *more):
-    return parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-                       *more])
+    return parse_args(
+        ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu", *more]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,9 @@ def field_of(args, scene, seed, aabb=None, model=None):
 
 
 def close(a, b, what):
-    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.detach().abs().max().clamp(min=1e-12)),
-                               msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(
+        a, b, rtol=1e-5, atol=1e-5 * float(b.detach().abs().max().clamp(min=1e-12)), msg=lambda m: f"{what}: {m}"
+    )
 
 
 @pytest.mark.parametrize("k", [2, 3, 4])
@@ -65,8 +66,10 @@ def test_segments_merge_to_the_whole_render(setting, k):
     weight = torch.rand(16, 16, 16, generator=torch.Generator().manual_seed(2))
     part = split_space(scene.aabb, k, weight, 16)
     sigma_fn = lambda x: field.query_density(x)[0]  # noqa: E731
-    segs = [render_segment(field, sigma_fn, rays.origins, rays.directions, part, r, grid, march.schedule, 0.0, jitter)
-            for r in range(k)]
+    segs = [
+        render_segment(field, sigma_fn, rays.origins, rays.directions, part, r, grid, march.schedule, 0.0, jitter)
+        for r in range(k)
+    ]
     rgb, opacity, depth = merge(torch.stack([s.values for s in segs]), part.entry_order(rays.origins, rays.directions))
     field.zero_grad()
     ((rgb - 0.3) ** 2).mean().backward(retain_graph=True)
@@ -89,12 +92,36 @@ def test_region_fields_render_as_the_piecewise_field(setting):
     model = region_model(args.model, 2)
     fields = [field_of(args, scene, 10 + r, part.boxes[r], model) for r in range(2)]
     grid = make_grid(args.model["marching"], scene)
-    segs = torch.stack([render_segment(f, lambda x, f=f: f.query_density(x)[0], rays.origins, rays.directions, part,
-                                       r, grid, march.schedule, 0.0, jitter).values for r, f in enumerate(fields)])
+    segs = torch.stack(
+        [
+            render_segment(
+                f,
+                lambda x, f=f: f.query_density(x)[0],
+                rays.origins,
+                rays.directions,
+                part,
+                r,
+                grid,
+                march.schedule,
+                0.0,
+                jitter,
+            ).values
+            for r, f in enumerate(fields)
+        ]
+    )
     rgb, opacity, depth = merge(segs, part.entry_order(rays.origins, rays.directions))
     whole = PiecewiseField(fields, part)
-    ref = render_rays(whole, lambda x: whole.query_density(x)[0], rays.origins, rays.directions, whole.aabb, grid,
-                      march.schedule, 0.0, jitter)
+    ref = render_rays(
+        whole,
+        lambda x: whole.query_density(x)[0],
+        rays.origins,
+        rays.directions,
+        whole.aabb,
+        grid,
+        march.schedule,
+        0.0,
+        jitter,
+    )
     close(rgb, ref.rgb, "colour")
     close(opacity, ref.opacity, "opacity")
     close(depth, ref.depth, "depth")
@@ -126,13 +153,16 @@ def test_region_model_splits_the_hash_table(scene_cache):
         region_model(args.model, 1 << 12)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--model_parallel", "2", "--compression", "fp16"], "--compression fp16"),
-    (["--model_parallel", "2", "--reduce_op", "adasum"], "--reduce_op adasum"),
-    (["--model_parallel", "0"], "--model_parallel must be >= 1"),
-    (["--model_parallel", "2", "--distributed", '{"model_parallel": 4}'], "remove one"),
-    (["--distributed", '{"model_parallel": "two"}'], "distributed.model_parallel must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model_parallel", "2", "--compression", "fp16"], "--compression fp16"),
+        (["--model_parallel", "2", "--reduce_op", "adasum"], "--reduce_op adasum"),
+        (["--model_parallel", "0"], "--model_parallel must be >= 1"),
+        (["--model_parallel", "2", "--distributed", '{"model_parallel": 4}'], "remove one"),
+        (["--distributed", '{"model_parallel": "two"}'], "distributed.model_parallel must be a positive integer"),
+    ],
+)
 def test_bad_combinations_are_errors_at_parse(scene_cache, flags, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         tiny(scene_cache, *flags)
@@ -142,7 +172,7 @@ def test_config_block_sets_the_regions(scene_cache):
     assert validate(tiny(scene_cache, "--distributed", '{"model_parallel": 2}')).runtime.comm.model_parallel == 2
     assert validate(tiny(scene_cache)).runtime.comm.model_parallel == 1
     comm = validate(tiny(scene_cache, "--model_parallel", "2")).runtime.comm
-    assert comm.model_parallel == 2 and comm.lr_multiplier(4, 4, False) == pytest.approx(2 ** 0.5)
+    assert comm.model_parallel == 2 and comm.lr_multiplier(4, 4, False) == pytest.approx(2**0.5)
 
 
 def test_regions_fit_a_budget_one_rank_does_not(scene_cache):
@@ -169,31 +199,58 @@ def checks(proc, *names):
 @pytest.mark.parallel
 @pytest.mark.parametrize("np_, controller", [(2, "gloo"), (2, "mpi"), (4, "gloo"), (4, "mpi")])
 def test_exchange_render_equals_single_rank(np_, controller, scene_cache, tmp_path):
-    proc = run_ranks(["tests/parallel/check_model_parallel.py", "exact", str(scene_cache), str(tmp_path), str(np_)],
-                     np=np_, controller=controller)
+    proc = run_ranks(
+        ["tests/parallel/check_model_parallel.py", "exact", str(scene_cache), str(tmp_path), str(np_)],
+        np=np_,
+        controller=controller,
+    )
     checks(proc, "exact_render", "horovod_allgather_backward")
 
 
 @pytest.mark.parallel
 def test_hybrid_replicas_agree(scene_cache, tmp_path):
-    proc = run_ranks(["tests/parallel/check_model_parallel.py", "train", str(scene_cache), str(tmp_path), "2"],
-                     np=4, controller="mpi")
+    proc = run_ranks(
+        ["tests/parallel/check_model_parallel.py", "train", str(scene_cache), str(tmp_path), "2"],
+        np=4,
+        controller="mpi",
+    )
     out = checks(proc, "replicas_agree", "identical_grids")
     assert "model parallel: 2 replica(s) x 2 regions" in out and "exchange" in out
 
 
 @pytest.mark.parallel
 def test_checkpoint_resume_and_render_tool(scene_cache, tmp_path):
-    proc = run_ranks(["tests/parallel/check_model_parallel.py", "resume", str(scene_cache), str(tmp_path), "2"],
-                     np=2, controller="gloo")
+    proc = run_ranks(
+        ["tests/parallel/check_model_parallel.py", "resume", str(scene_cache), str(tmp_path), "2"],
+        np=2,
+        controller="gloo",
+    )
     checks(proc, "exact_resume")
     ckpt = tmp_path / "a" / "checkpoints" / "ckpt-00000024.pt"
     assert (ckpt.parent / "ckpt-00000024.region1.pt").is_file()
     trained = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert trained["model_parallel"]["hash_params_per_rank"][0] == trained["model_parallel"]["hash_params_per_rank"][1]
-    tool = subprocess.run([sys.executable, "-m", "hvd_ngp.render", "--load_snapshot", str(ckpt), "--out_dir",
-                           str(tmp_path / "render"), "--video", "none", "--split_views", "2", "--device", "cpu"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    tool = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hvd_ngp.render",
+            "--load_snapshot",
+            str(ckpt),
+            "--out_dir",
+            str(tmp_path / "render"),
+            "--video",
+            "none",
+            "--split_views",
+            "2",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert tool.returncode == 0, (tool.stdout + tool.stderr)[-3000:]
     rendered = json.loads((tmp_path / "render" / "render.json").read_text())
     # the tool renders with all regions in one process (the piecewise field), the trainer through the
@@ -202,22 +259,45 @@ def test_checkpoint_resume_and_render_tool(scene_cache, tmp_path):
     # a damaged region file is refused, naming it
     region = ckpt.parent / "ckpt-00000024.region1.pt"
     data = bytearray(region.read_bytes())
-    data[len(data) // 2:len(data) // 2 + 8] = b"damaged!"  # inside the hash table's storage
+    data[len(data) // 2 : len(data) // 2 + 8] = b"damaged!"  # inside the hash table's storage
     region.write_bytes(bytes(data))
-    bad = subprocess.run([sys.executable, "-m", "hvd_ngp.render", "--load_snapshot", str(ckpt), "--out_dir",
-                          str(tmp_path / "render2"), "--video", "none", "--device", "cpu"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hvd_ngp.render",
+            "--load_snapshot",
+            str(ckpt),
+            "--out_dir",
+            str(tmp_path / "render2"),
+            "--video",
+            "none",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode != 0 and "ckpt-00000024.region1.pt" in bad.stderr, bad.stderr[-2000:]
 
 
 @pytest.mark.parallel
-@pytest.mark.parametrize("flags, message", [
-    (["--model_parallel", "3"], "--model_parallel 3 must divide the number of ranks, but the job runs 2"),
-    (["--model_parallel", "2", "--marching", '{"grid_resolution": 1}'], "more than the occupancy grid allows"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--model_parallel", "3"], "--model_parallel 3 must divide the number of ranks, but the job runs 2"),
+        (["--model_parallel", "2", "--marching", '{"grid_resolution": 1}'], "more than the occupancy grid allows"),
+    ],
+)
 def test_bad_layouts_fail_on_every_rank(flags, message, scene_cache, tmp_path):
-    proc = run_ranks(["-m", "hvd_ngp.train", *tiny_cpu_args(scene_cache, tmp_path / "out", "--n_steps", "4", *flags)],
-                     np=2, controller="gloo", timeout=120)
+    proc = run_ranks(
+        ["-m", "hvd_ngp.train", *tiny_cpu_args(scene_cache, tmp_path / "out", "--n_steps", "4", *flags)],
+        np=2,
+        controller="gloo",
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert out.count(message) >= 2, out[-3000:]  # each rank says why

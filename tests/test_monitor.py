@@ -12,16 +12,24 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
 from conftest import ROOT
 from fake_nvml import FakeNvml
+
 from hvd_ngp.cluster import dist
 from hvd_ngp.cluster.commclock import CommClock
+from hvd_ngp.cluster.hvdtools import horovod_tool_env
 from hvd_ngp.config import CPU_CONFIG, parse_args
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.cluster.hvdtools import horovod_tool_env
-from hvd_ngp.observe.monitor import (COL, JSONL_FIELDS, RANK_FIELDS, Monitor, MonitorSettings, format_line,
-                                     interval_record, spread)
+from hvd_ngp.observe.monitor import (
+    COL,
+    JSONL_FIELDS,
+    RANK_FIELDS,
+    Monitor,
+    MonitorSettings,
+    format_line,
+    interval_record,
+    spread,
+)
 from hvd_ngp.observe.nvml import GpuSampler
 
 GIB = float(1 << 30)
@@ -33,8 +41,15 @@ def table(rows: list[dict]) -> np.ndarray:
 
 
 def rank_row(**kw) -> dict:
-    base = {"steps": 10, "rays": 1000, "samples": 50_000, "loss_sum": 0.5, "mse_sum": 0.01,
-            "seconds": 2.0, "comm_seconds": 0.2}
+    base = {
+        "steps": 10,
+        "rays": 1000,
+        "samples": 50_000,
+        "loss_sum": 0.5,
+        "mse_sum": 0.01,
+        "seconds": 2.0,
+        "comm_seconds": 0.2,
+    }
     return {**base, **kw}
 
 
@@ -46,11 +61,21 @@ def test_spread_ignores_unmeasured_ranks_and_breaks_ties_by_lowest_rank():
 
 
 def test_interval_record_totals_means_extremes_and_each_gpu_once():
-    rows = [rank_row(gpu_util=90, gpu_mem_used=30 * GIB, gpu_mem_total=80 * GIB, gpu_power=400, gpu_energy=800, gpu_id=7),
-            # rank 1 shares rank 0's GPU (same id): its power and energy must not be counted again
-            rank_row(gpu_util=90, gpu_mem_used=30 * GIB, gpu_mem_total=80 * GIB, gpu_power=400, gpu_energy=800, gpu_id=7),
-            rank_row(seconds=4.0, comm_seconds=0.0, gpu_util=60, gpu_mem_used=50 * GIB, gpu_mem_total=80 * GIB,
-                     gpu_power=300, gpu_energy=1200, gpu_id=9)]
+    rows = [
+        rank_row(gpu_util=90, gpu_mem_used=30 * GIB, gpu_mem_total=80 * GIB, gpu_power=400, gpu_energy=800, gpu_id=7),
+        # rank 1 shares rank 0's GPU (same id): its power and energy must not be counted again
+        rank_row(gpu_util=90, gpu_mem_used=30 * GIB, gpu_mem_total=80 * GIB, gpu_power=400, gpu_energy=800, gpu_id=7),
+        rank_row(
+            seconds=4.0,
+            comm_seconds=0.0,
+            gpu_util=60,
+            gpu_mem_used=50 * GIB,
+            gpu_mem_total=80 * GIB,
+            gpu_power=300,
+            gpu_energy=1200,
+            gpu_id=9,
+        ),
+    ]
     rec = interval_record(table(rows), step=30, train_s=12.0, occupancy=0.25)
     assert set(rec) == set(JSONL_FIELDS)
     assert rec["interval_s"] == 4.0  # the slowest rank
@@ -74,8 +99,16 @@ def test_interval_record_totals_means_extremes_and_each_gpu_once():
 def test_interval_record_without_gpus_or_comm_timing_says_null_not_nan():
     rec = interval_record(table([rank_row(comm_seconds=math.nan, mse_sum=0.0)]), step=5, train_s=1.0, occupancy=None)
     assert set(rec) == set(JSONL_FIELDS)
-    for key in ("comm_fraction", "gpu_util", "gpu_util_min_rank", "gpu_mem_used_gib_max", "power_w", "energy_j",
-                "samples_per_joule", "train_psnr"):
+    for key in (
+        "comm_fraction",
+        "gpu_util",
+        "gpu_util_min_rank",
+        "gpu_mem_used_gib_max",
+        "power_w",
+        "energy_j",
+        "samples_per_joule",
+        "train_psnr",
+    ):
         assert rec[key] is None, key
     assert rec["gpus_measured"] == 0
     json.dumps(rec, allow_nan=False)
@@ -86,17 +119,23 @@ def test_interval_record_without_gpus_or_comm_timing_says_null_not_nan():
 
 def test_an_interval_with_nothing_counted_says_so():
     """The first log after a resume holds only the uncounted warm-up step: no zero rates, no infinite PSNR."""
-    rec = interval_record(table([rank_row(steps=0, samples=0, rays=0, loss_sum=0.0, mse_sum=0.0)]), step=30,
-                          train_s=0.3, occupancy=None)
+    rec = interval_record(
+        table([rank_row(steps=0, samples=0, rays=0, loss_sum=0.0, mse_sum=0.0)]), step=30, train_s=0.3, occupancy=None
+    )
     assert format_line(rec) == "[step 30] nothing measured yet (the warm-up step is not counted) | 0.3 s"
 
 
 def test_line_names_the_rank_with_the_lowest_utilisation():
-    rows = [rank_row(gpu_util=u, gpu_power=600, gpu_energy=1200, gpu_id=r, gpu_mem_used=40 * GIB, gpu_mem_total=140 * GIB)
-            for r, u in enumerate([93, 95, 92, 88])]
+    rows = [
+        rank_row(gpu_util=u, gpu_power=600, gpu_energy=1200, gpu_id=r, gpu_mem_used=40 * GIB, gpu_mem_total=140 * GIB)
+        for r, u in enumerate([93, 95, 92, 88])
+    ]
     line = format_line(interval_record(table(rows), step=1200, train_s=60.0, occupancy=0.089))
     assert line.startswith("[step 1200] 0.100 M samples/s | GPU util 92% (min 88% rank 3) | GPU mem 40.0/140.0 GiB")
-    assert "| comm 10.0% | step spread 0% (slowest rank 0) | 2400 W | 41.7 samples/J | loss 0.05000 | train PSNR 30.00 |" in line, line
+    assert (
+        "| comm 10.0% | step spread 0% (slowest rank 0) | 2400 W | 41.7 samples/J | loss 0.05000 | train PSNR 30.00 |"
+        in line
+    ), line
     assert line.endswith("| 400 rays/step | occupied 8.9% | 60.0 s")
 
 
@@ -141,8 +180,9 @@ def test_comm_clock_counts_only_what_it_wraps_and_can_be_switched_off():
         time.sleep(0.02)
     assert clock.calls == 1 and clock.seconds >= 0.02
     calls = []
-    opt = SimpleNamespace(param_groups=[{"params": [torch.nn.Parameter(torch.zeros(2))]}],
-                          synchronize=lambda: calls.append(1))
+    opt = SimpleNamespace(
+        param_groups=[{"params": [torch.nn.Parameter(torch.zeros(2))]}], synchronize=lambda: calls.append(1)
+    )
     clock.wrap_synchronize(opt)
     opt.synchronize()
     assert calls == [1] and clock.calls == 2
@@ -155,8 +195,14 @@ def test_comm_clock_counts_only_what_it_wraps_and_can_be_switched_off():
 
 
 def settings(tmp_path, **kw) -> MonitorSettings:
-    base = dict(jsonl=tmp_path / "m.jsonl", tensorboard=None, progress=False, comm_timing=True,
-                gpu_sample_period_s=0.5, append=False)
+    base = dict(
+        jsonl=tmp_path / "m.jsonl",
+        tensorboard=None,
+        progress=False,
+        comm_timing=True,
+        gpu_sample_period_s=0.5,
+        append=False,
+    )
     return MonitorSettings(**{**base, **kw})
 
 
@@ -172,8 +218,10 @@ def test_monitor_writes_complete_jsonl_and_tensorboard_scalars(tmp_path):
     dist.init("cpu")
     gpu = GpuSampler(torch.device("cuda", 0), period_s=0.05, nvml=FakeNvml(util=64, power_w=123))
     monitor = Monitor(settings(tmp_path, tensorboard=tmp_path / "tb"), total_steps=8, gpu=gpu)
-    records = [monitor.end_interval(4 * (i + 1), fake_interval(monitor, 4), train_s=1.5 * (i + 1), occupancy=0.5)
-               for i in range(2)]
+    records = [
+        monitor.end_interval(4 * (i + 1), fake_interval(monitor, 4), train_s=1.5 * (i + 1), occupancy=0.5)
+        for i in range(2)
+    ]
     monitor.close()
     for rec in records:
         assert list(rec) == list(JSONL_FIELDS)  # complete, in the documented order
@@ -219,8 +267,20 @@ def test_monitoring_options_parse_and_validate(tmp_path, monkeypatch):
     args = parse_args(["--config", str(CPU_CONFIG), "--out_dir", str(tmp_path), "--progress", "off"])
     s = MonitorSettings.from_args(args)
     assert s.jsonl == tmp_path / "metrics.jsonl" and s.tensorboard is None and not s.progress and s.comm_timing
-    args = parse_args(["--config", str(CPU_CONFIG), "--metrics_jsonl", "none", "--comm_timing", "off",
-                       "--timeline_file", "t.json", "--progress", "on"])
+    args = parse_args(
+        [
+            "--config",
+            str(CPU_CONFIG),
+            "--metrics_jsonl",
+            "none",
+            "--comm_timing",
+            "off",
+            "--timeline_file",
+            "t.json",
+            "--progress",
+            "on",
+        ]
+    )
     s = MonitorSettings.from_args(args)
     assert s.jsonl is None and not s.comm_timing and s.progress and args.timeline == "t.json"
     monkeypatch.setenv("HVD_NGP_STALL_CHECK_S", "5")
@@ -230,11 +290,21 @@ def test_monitoring_options_parse_and_validate(tmp_path, monkeypatch):
 
 
 def test_horovod_tool_options_become_horovod_variables(tmp_path):
-    env = horovod_tool_env(timeline=str(tmp_path / "tl.json"), timeline_mark_cycles=True,
-                           autotune_log=str(tmp_path / "at.csv"), stall_check_s=10, stall_shutdown_s=30)
-    assert env == {"HOROVOD_TIMELINE": str(tmp_path / "tl.json"), "HOROVOD_TIMELINE_MARK_CYCLES": "1",
-                   "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": str(tmp_path / "at.csv"),
-                   "HOROVOD_STALL_CHECK_TIME_SECONDS": "10", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
+    env = horovod_tool_env(
+        timeline=str(tmp_path / "tl.json"),
+        timeline_mark_cycles=True,
+        autotune_log=str(tmp_path / "at.csv"),
+        stall_check_s=10,
+        stall_shutdown_s=30,
+    )
+    assert env == {
+        "HOROVOD_TIMELINE": str(tmp_path / "tl.json"),
+        "HOROVOD_TIMELINE_MARK_CYCLES": "1",
+        "HOROVOD_AUTOTUNE": "1",
+        "HOROVOD_AUTOTUNE_LOG": str(tmp_path / "at.csv"),
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "10",
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",
+    }
     assert horovod_tool_env() == {}
     assert horovod_tool_env(autotune=True) == {"HOROVOD_AUTOTUNE": "1"}
     assert horovod_tool_env(stall_check_s=0) == {"HOROVOD_STALL_CHECK_DISABLE": "1"}

@@ -35,9 +35,20 @@ def write(root, frames, **meta):
 
 
 def test_per_frame_intrinsics_override_the_global_ones(tmp_path):
-    scene = load_scene(write(tmp_path, [{"name": "a"}, {"name": "b", "fl_x": 20.0, "fl_y": 21.0, "cx": 3.0, "cy": 2.5,
-                                                        "k1": 0.1, "p2": 0.01}],
-                             fl_x=10.0, fl_y=11.0, cx=4.0, cy=3.0, w=8, h=6, k1=-0.2, camera_model="OPENCV"))
+    scene = load_scene(
+        write(
+            tmp_path,
+            [{"name": "a"}, {"name": "b", "fl_x": 20.0, "fl_y": 21.0, "cx": 3.0, "cy": 2.5, "k1": 0.1, "p2": 0.01}],
+            fl_x=10.0,
+            fl_y=11.0,
+            cx=4.0,
+            cy=3.0,
+            w=8,
+            h=6,
+            k1=-0.2,
+            camera_model="OPENCV",
+        )
+    )
     intr, dist = scene.train.intrinsics, scene.train.distortion
     assert intr[0].tolist() == [10.0, 11.0, 4.0, 3.0]
     assert intr[1].tolist() == [20.0, 21.0, 3.0, 2.5]
@@ -50,8 +61,9 @@ def test_per_frame_intrinsics_override_the_global_ones(tmp_path):
 def test_opencv_distortion_bends_the_rays_back_onto_the_undistorted_grid(tmp_path):
     """A pixel at the distorted position of normalised point (x, y) must get the ray through (x, y, 1)."""
     k = dict(k1=-0.3, k2=0.1, p1=0.01, p2=-0.02)
-    scene = load_scene(write(tmp_path, [{"name": "a"}], fl_x=4.0, fl_y=4.0, cx=4.0, cy=3.0, w=8, h=6,
-                             camera_model="OPENCV", **k))
+    scene = load_scene(
+        write(tmp_path, [{"name": "a"}], fl_x=4.0, fl_y=4.0, cx=4.0, cy=3.0, w=8, h=6, camera_model="OPENCV", **k)
+    )
     _, d = image_rays(scene.train, 0, torch.device("cpu"))
     d = d.view(6, 8, 3)
     # pixel centre (u, v) = (6.5, 1.5) is distorted normalised (0.625, -0.375); its ray, in camera space
@@ -65,24 +77,28 @@ def test_opencv_distortion_bends_the_rays_back_onto_the_undistorted_grid(tmp_pat
 
 
 def test_opencv_fisheye_model_makes_fisheye_frames(tmp_path):
-    scene = load_scene(write(tmp_path, [{"name": "a"}], fl_x=4.0, w=8, h=6, k1=0.05, k4=0.01,
-                             camera_model="OPENCV_FISHEYE"))
+    scene = load_scene(
+        write(tmp_path, [{"name": "a"}], fl_x=4.0, w=8, h=6, k1=0.05, k4=0.01, camera_model="OPENCV_FISHEYE")
+    )
     assert scene.train.fisheye.tolist() == [True]
     assert scene.train.distortion[0].tolist() == pytest.approx([0.05, 0, 0, 0.01, 0, 0])
     pinhole = load_scene(write(tmp_path / "p", [{"name": "a"}], fl_x=4.0, w=8, h=6, camera_model="PINHOLE"))
     assert pinhole.train.fisheye.tolist() == [False]
 
 
-@pytest.mark.parametrize("meta, frame, message", [
-    ({"camera_model": "EQUIRECTANGULAR"}, {}, "'camera_model' 'EQUIRECTANGULAR' is not supported"),
-    ({"camera_model": "PINHOLE", "k1": 0.1}, {}, "'k1' is non-zero but camera_model PINHOLE"),
-    ({"camera_model": "OPENCV_FISHEYE", "p1": 0.01}, {}, "'p1' is non-zero but camera_model OPENCV_FISHEYE"),
-    ({}, {"camera_model": "FOV"}, "frames[0].'camera_model' 'FOV' is not supported"),
-    ({"camera_model": "OPENCV", "is_fisheye": True}, {}, "give 'camera_model' or 'is_fisheye', not both"),
-    ({"applied_transform": [[1, 0, 0], [0, 1, 0]]}, {}, "'applied_transform' must be a 3x4"),
-    ({}, {"mask_path": "masks/none.png"}, "frames[0].mask_path 'masks/none.png': no such image"),
-    ({}, {"mask_path": 3}, "frames[0].mask_path must be a file name"),
-])
+@pytest.mark.parametrize(
+    "meta, frame, message",
+    [
+        ({"camera_model": "EQUIRECTANGULAR"}, {}, "'camera_model' 'EQUIRECTANGULAR' is not supported"),
+        ({"camera_model": "PINHOLE", "k1": 0.1}, {}, "'k1' is non-zero but camera_model PINHOLE"),
+        ({"camera_model": "OPENCV_FISHEYE", "p1": 0.01}, {}, "'p1' is non-zero but camera_model OPENCV_FISHEYE"),
+        ({}, {"camera_model": "FOV"}, "frames[0].'camera_model' 'FOV' is not supported"),
+        ({"camera_model": "OPENCV", "is_fisheye": True}, {}, "give 'camera_model' or 'is_fisheye', not both"),
+        ({"applied_transform": [[1, 0, 0], [0, 1, 0]]}, {}, "'applied_transform' must be a 3x4"),
+        ({}, {"mask_path": "masks/none.png"}, "frames[0].mask_path 'masks/none.png': no such image"),
+        ({}, {"mask_path": 3}, "frames[0].mask_path must be a file name"),
+    ],
+)
 def test_bad_nerfstudio_fields_name_the_file_and_key(tmp_path, meta, frame, message):
     root = write(tmp_path, [{"name": "a", **frame}], fl_x=4.0, **meta)
     with pytest.raises(SceneError) as err:
@@ -93,8 +109,13 @@ def test_bad_nerfstudio_fields_name_the_file_and_key(tmp_path, meta, frame, mess
 
 def test_applied_transform_and_ply_are_noted_not_applied(tmp_path, capsys):
     plain = load_scene(write(tmp_path / "a", [{"name": "a"}], fl_x=4.0))
-    root = write(tmp_path / "b", [{"name": "a"}], fl_x=4.0, ply_file_path="sparse_pc.ply",
-                 applied_transform=[[0, 1, 0, 5], [1, 0, 0, 2], [0, 0, -1, 1]])
+    root = write(
+        tmp_path / "b",
+        [{"name": "a"}],
+        fl_x=4.0,
+        ply_file_path="sparse_pc.ply",
+        applied_transform=[[0, 1, 0, 5], [1, 0, 0, 2], [0, 0, -1, 1]],
+    )
     noted = load_scene(root)
     assert torch.equal(plain.train.c2w, noted.train.c2w)
     assert data_main(["info", str(root)]) == 0
@@ -109,8 +130,9 @@ def test_mask_zeroes_alpha_of_masked_pixels(tmp_path, lazy):
     mask = np.full((3, 4), 255, np.uint8)  # half resolution: scaled up to the image
     mask[:, :2] = 0
     cv2.imwrite(str(tmp_path / "masks" / "a.png"), mask)
-    scene = load_scene(write(tmp_path, [{"name": "a", "mask_path": "masks/a.png"}, {"name": "b"}], fl_x=4.0),
-                       lazy_train=lazy)
+    scene = load_scene(
+        write(tmp_path, [{"name": "a", "mask_path": "masks/a.png"}, {"name": "b"}], fl_x=4.0), lazy_train=lazy
+    )
     a = scene.train.files.read(0) if lazy else scene.train.images[0].numpy()
     b = scene.train.files.read(1) if lazy else scene.train.images[1].numpy()
     assert (a[:, :4, 3] == 0).all() and (a[:, 4:, 3] == 255).all()
@@ -129,8 +151,13 @@ def masked_scene(root, mode):
     frames = []
     for name in ("a", "b"):
         cv2.imwrite(str(root / "images" / f"{name}.png"), np.full((16, 16, 3), 128, np.uint8))
-        frames.append({"file_path": f"images/{name}.png", "transform_matrix": POSE,
-                       **({"mask_path": "masks/a.png"} if name == "a" else {})})
+        frames.append(
+            {
+                "file_path": f"images/{name}.png",
+                "transform_matrix": POSE,
+                **({"mask_path": "masks/a.png"} if name == "a" else {}),
+            }
+        )
     (root / "transforms.json").write_text(json.dumps({"fl_x": 16.0, "frames": frames}))
     return load_scene(root, mask_mode=mode)
 

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, TINY_ARGS, run_ranks
+
 from hvd_ngp.observe.monitor import JSONL_FIELDS
 
 pytestmark = pytest.mark.parallel
@@ -23,8 +23,9 @@ def mpirun_mpmd(first: list[str], second: list[str], timeout: float = 300) -> su
     if mpirun is None:
         pytest.skip("mpirun not installed")
     cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "1", *first, ":", "-np", "1", *second]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
@@ -39,10 +40,32 @@ def test_metrics_reduce_across_two_ranks(controller, tmp_path):
 
 def test_training_writes_jsonl_timeline_autotune_log_and_tensorboard(scene_cache, tmp_path):
     out = tmp_path / "out"
-    proc = run_ranks(["-m", "hvd_ngp.train", *TINY_ARGS, "--scene_cache", str(scene_cache), "--out_dir", str(out),
-                      "--device", "cpu", "--n_steps", "24", "--log_every", "8",
-                      "--timeline_file", str(tmp_path / "timeline.json"), "--autotune_log", str(tmp_path / "autotune.csv"),
-                      "--tensorboard", str(tmp_path / "tb"), "--stall_check_s", "30"], controller="gloo")
+    proc = run_ranks(
+        [
+            "-m",
+            "hvd_ngp.train",
+            *TINY_ARGS,
+            "--scene_cache",
+            str(scene_cache),
+            "--out_dir",
+            str(out),
+            "--device",
+            "cpu",
+            "--n_steps",
+            "24",
+            "--log_every",
+            "8",
+            "--timeline_file",
+            str(tmp_path / "timeline.json"),
+            "--autotune_log",
+            str(tmp_path / "autotune.csv"),
+            "--tensorboard",
+            str(tmp_path / "tb"),
+            "--stall_check_s",
+            "30",
+        ],
+        controller="gloo",
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -85,8 +108,19 @@ def test_stall_check_setting_reaches_horovod(tmp_path):
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_doctor_passes_on_two_ranks(controller, tmp_path):
-    proc = run_ranks(["-m", "hvd_ngp.observe.doctor", "--bandwidth-mib", "2", "--iterations", "3",
-                      "--dump-topology", str(tmp_path / "topo.xml")], controller=controller)
+    proc = run_ranks(
+        [
+            "-m",
+            "hvd_ngp.observe.doctor",
+            "--bandwidth-mib",
+            "2",
+            "--iterations",
+            "3",
+            "--dump-topology",
+            str(tmp_path / "topo.xml"),
+        ],
+        controller=controller,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "hvd_ngp doctor: 2 rank(s) on 1 host(s)" in out and "hvd_ngp doctor: OK" in out, out[-4000:]

@@ -9,7 +9,6 @@ import time
 
 import pytest
 import torch
-
 from conftest import TINY_ARGS, gpu_or_skip, run_ranks
 
 pytestmark = pytest.mark.gpu
@@ -43,7 +42,10 @@ def test_nvml_sampler_reads_this_gpu():
     assert reading.power_w is not None and reading.power_w > 10, reading
     assert reading.energy_j is not None and reading.energy_j > 0, reading
     total = torch.cuda.get_device_properties(0).total_memory
-    assert reading.mem_total_bytes == pytest.approx(total, rel=0.05) and 0 < reading.mem_used_bytes <= reading.mem_total_bytes
+    assert (
+        reading.mem_total_bytes == pytest.approx(total, rel=0.05)
+        and 0 < reading.mem_used_bytes <= reading.mem_total_bytes
+    )
 
 
 def test_comm_clock_does_not_count_gpu_work_queued_before_the_collective():
@@ -64,8 +66,19 @@ def test_comm_clock_does_not_count_gpu_work_queued_before_the_collective():
 
 def test_doctor_on_two_gpus_checks_nccl_and_dumps_the_topology(tmp_path):
     two_gpus_or_skip()
-    proc = run_ranks(["-m", "hvd_ngp.observe.doctor", "--device", "cuda", "--dump-topology", str(tmp_path / "topo.xml"),
-                      "--json", str(tmp_path / "doctor.json")], timeout=300)
+    proc = run_ranks(
+        [
+            "-m",
+            "hvd_ngp.observe.doctor",
+            "--device",
+            "cuda",
+            "--dump-topology",
+            str(tmp_path / "topo.xml"),
+            "--json",
+            str(tmp_path / "doctor.json"),
+        ],
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "exact on every rank" in out and "busbw" in out and "hvd_ngp doctor: OK" in out, out[-4000:]
@@ -80,9 +93,26 @@ def test_doctor_on_two_gpus_checks_nccl_and_dumps_the_topology(tmp_path):
 def test_training_on_two_gpus_reports_nvml_figures(request, tmp_path):
     two_gpus_or_skip()
     scene_cache = request.getfixturevalue("scene_cache")  # only once the skip is decided: it takes a while
-    proc = run_ranks(["-m", "hvd_ngp.train", *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cuda",
-                      "--out_dir", str(tmp_path / "out"), "--n_steps", "300", "--log_every", "100",
-                      "--target_samples", "65536"], timeout=600)
+    proc = run_ranks(
+        [
+            "-m",
+            "hvd_ngp.train",
+            *TINY_ARGS,
+            "--scene_cache",
+            str(scene_cache),
+            "--device",
+            "cuda",
+            "--out_dir",
+            str(tmp_path / "out"),
+            "--n_steps",
+            "300",
+            "--log_every",
+            "100",
+            "--target_samples",
+            "65536",
+        ],
+        timeout=600,
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]

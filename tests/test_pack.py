@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_cpu_args
 
 from hvd_ngp.cluster import dist
 from hvd_ngp.config import parse_args
@@ -14,8 +15,6 @@ from hvd_ngp.data.builtin import ensure_builtin
 from hvd_ngp.errors import SceneError
 from hvd_ngp.tools.data_info import main as data_main
 from hvd_ngp.training.trainer import Trainer
-
-from conftest import tiny_cpu_args
 
 
 @pytest.fixture
@@ -28,7 +27,9 @@ def packed(scene_cache, tmp_path):
 def test_packed_scene_loads_the_same_frames(scene_cache, packed):
     source = load_scene(ensure_builtin(scene_cache, 0))
     assert scene_format(packed) == "packed"
-    assert sorted(p.name for p in packed.glob("*.u8")) == [f"{s}_{k:03d}.u8" for s in ("test", "train") for k in range(3)]
+    assert sorted(p.name for p in packed.glob("*.u8")) == [
+        f"{s}_{k:03d}.u8" for s in ("test", "train") for k in range(3)
+    ]
     for lazy in (False, True):
         scene = load_scene(packed, lazy_train=lazy)
         for a, b in ((source.train, scene.train), (source.test, scene.test)):
@@ -38,8 +39,10 @@ def test_packed_scene_loads_the_same_frames(scene_cache, packed):
         assert torch.equal(scene.test.images, source.test.images)
         if lazy:
             assert scene.train.images is None
-            assert all(torch.equal(torch.from_numpy(scene.train.files.read(i)), source.train.images[i])
-                       for i in range(len(source.train)))
+            assert all(
+                torch.equal(torch.from_numpy(scene.train.files.read(i)), source.train.images[i])
+                for i in range(len(source.train))
+            )
         else:
             assert torch.equal(scene.train.images, source.train.images)
         assert scene.summary() | {"source": ""} == source.summary() | {"source": ""}

@@ -15,14 +15,19 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TINY_ARGS, _tiny_block
+
 from hvd_ngp.config import BASE_CONFIG, CONFIG_DIR, CPU_CONFIG, config_file, load_json_config, parse_args
 
 #: what a wheel must carry besides Python modules (read at run time through Path(__file__))
-PACKAGE_DATA = ["hvd_ngp/configs/nerf/base.json", "hvd_ngp/configs/nerf/cpu.json", "hvd_ngp/configs/nerf/big.json",
-                "hvd_ngp/configs/nerf/captured.json", "hvd_ngp/configs/nerf/hashgrid.json",
-                "hvd_ngp/model/encoding/csrc/hashgrid_cpu.cpp"]
+PACKAGE_DATA = [
+    "hvd_ngp/configs/nerf/base.json",
+    "hvd_ngp/configs/nerf/cpu.json",
+    "hvd_ngp/configs/nerf/big.json",
+    "hvd_ngp/configs/nerf/captured.json",
+    "hvd_ngp/configs/nerf/hashgrid.json",
+    "hvd_ngp/model/encoding/csrc/hashgrid_cpu.cpp",
+]
 #: the files a wheel is built from (a copy: no stale build/ or egg-info of the checkout leaks into it)
 BUILD_INPUTS = ["setup.cfg", "pyproject.toml", "README.md", "hvd_ngp"]
 
@@ -107,11 +112,20 @@ def _venv_with_parent_packages(where: Path) -> Path:
     Horovod... come from there; path lines in a .pth, so an editable install's finder there is not run)."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(where)], check=True)
     python = where / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # this environment's site folders, the ones a parent environment lends it through a .pth included
-    parents = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
-                             *(p for p in sys.path if Path(p).name in ("site-packages", "dist-packages"))])
+    parents = dict.fromkeys(
+        [
+            sysconfig.get_paths()["purelib"],
+            sysconfig.get_paths()["platlib"],
+            *(p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")),
+        ]
+    )
     Path(site, "_hvd_ngp_parent_site.pth").write_text("".join(f"{p}\n" for p in parents))
     return python
 
@@ -128,23 +142,64 @@ def test_wheel_installs_into_a_fresh_venv_and_trains_from_outside_the_checkout(t
         kwargs = {"ignore": shutil.ignore_patterns("__pycache__", "*.pyc")} if (ROOT / name).is_dir() else {}
         copy(ROOT / name, src / name, **kwargs)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HVD_NGP_CONFIG", "VIRTUAL_ENV")}
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
-                    "--disable-pip-version-check", "-w", str(tmp_path / "dist")], check=True, env=env, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "--disable-pip-version-check",
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    )
     (wheel,) = (tmp_path / "dist").glob("hvd_ngp-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert not [f for f in PACKAGE_DATA if f not in names], sorted(n for n in names if not n.endswith(".py"))
 
     python = _venv_with_parent_packages(tmp_path / "venv")
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--disable-pip-version-check", str(wheel)], check=True, env=env, cwd=tmp_path)
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            str(wheel),
+        ],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    )
     bin_dir = python.parent
     assert not [s for s in console_scripts() if not (bin_dir / s).is_file()]
 
     work = tmp_path / "elsewhere"  # not the checkout: nothing there to find configs or sources in by accident
     work.mkdir()
-    probe = subprocess.run([str(python), "-c", "import hvd_ngp.config as c, hvd_ngp.model.encoding.hashgrid_cpp as h;"
-                            "print(c.CPU_CONFIG); print(h.SOURCE.resolve())"],
-                           check=True, capture_output=True, text=True, env=env, cwd=work).stdout.split()
+    probe = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import hvd_ngp.config as c, hvd_ngp.model.encoding.hashgrid_cpp as h;"
+            "print(c.CPU_CONFIG); print(h.SOURCE.resolve())",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+    ).stdout.split()
     venv = (tmp_path / "venv").resolve()
     assert all(Path(p).is_relative_to(venv) and Path(p).is_file() for p in probe), probe
     assert Path(probe[1]).read_bytes() == (ROOT / "hvd_ngp/model/encoding/csrc/hashgrid_cpu.cpp").read_bytes()
@@ -153,11 +208,35 @@ def test_wheel_installs_into_a_fresh_venv_and_trains_from_outside_the_checkout(t
     # --backend torch: the C++ kernel would compile here for a minute (its source's presence is checked above; the
     # same source compiles in tests/test_encoding.py)
     coarse_eval = _tiny_block("--marching", eval_steps_per_diagonal=64)  # the evaluation as coarse as training
-    proc = subprocess.run([str(bin_dir / "hvd-ngp-train"), *TINY_ARGS, "--marching", coarse_eval,
-                           "--n_eval_views", "1", "--n_steps", "20",
-                           "--log_every", "10", "--device", "cpu", "--backend", "torch", "--progress", "off",
-                           "--scene_cache", str(scene_cache), "--out_dir", str(out)],
-                          capture_output=True, text=True, env=env, cwd=work, timeout=300)
+    proc = subprocess.run(
+        [
+            str(bin_dir / "hvd-ngp-train"),
+            *TINY_ARGS,
+            "--marching",
+            coarse_eval,
+            "--n_eval_views",
+            "1",
+            "--n_steps",
+            "20",
+            "--log_every",
+            "10",
+            "--device",
+            "cpu",
+            "--backend",
+            "torch",
+            "--progress",
+            "off",
+            "--scene_cache",
+            str(scene_cache),
+            "--out_dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 20 and metrics["test_views"] == 1 and metrics["test_psnr"] > 5

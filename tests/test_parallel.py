@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TINY_ARGS, run_ranks
 
 pytestmark = pytest.mark.parallel
@@ -19,8 +18,9 @@ pytestmark = pytest.mark.parallel
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_two_ranks_agree_with_one(controller, scene_cache, tmp_path):
-    proc = run_ranks(["tests/parallel/check_training.py", str(scene_cache), str(tmp_path / "out")],
-                     controller=controller)
+    proc = run_ranks(
+        ["tests/parallel/check_training.py", str(scene_cache), str(tmp_path / "out")], controller=controller
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     for check in ("step_equivalence", "disjoint_shards", "identical_parameters", "identical_grids"):
@@ -32,17 +32,39 @@ def test_only_rank_zero_writes_files(scene_cache, tmp_path):
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         pytest.skip("mpirun not installed")
-    common = [sys.executable, "-m", "hvd_ngp.train", *TINY_ARGS, "--scene_cache", str(scene_cache),
-              "--n_steps", "12", "--log_every", "6", "--device", "cpu"]
+    common = [
+        sys.executable,
+        "-m",
+        "hvd_ngp.train",
+        *TINY_ARGS,
+        "--scene_cache",
+        str(scene_cache),
+        "--n_steps",
+        "12",
+        "--log_every",
+        "6",
+        "--device",
+        "cpu",
+    ]
 
     def rank_cmd(name):
         d = tmp_path / name
-        return ["-np", "1", *common, "--out_dir", str(d / "out"), "--metrics_json", str(d / "m.json"),
-                "--save_snapshot", str(d / "snap.pt")]
+        return [
+            "-np",
+            "1",
+            *common,
+            "--out_dir",
+            str(d / "out"),
+            "--metrics_json",
+            str(d / "m.json"),
+            "--save_snapshot",
+            str(d / "snap.pt"),
+        ]
 
     cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", *rank_cmd("r0"), ":", *rank_cmd("r1")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     metrics = json.loads((tmp_path / "r0" / "m.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 12
@@ -74,7 +96,10 @@ def bad_input(problem: str, tmp: Path) -> tuple[list[str], str]:
         return ["--scene", str(tmp / "no_such_scene")], "no_such_scene: no such scene"
     if problem == "unreadable_scene":  # an image given where the transforms file belongs
         write_scene(tmp / "s", [FRAME], {"a.png": (6, 8)})
-        return ["--scene", str(tmp / "s" / "images" / "a.png")], "a.png: cannot read transforms JSON: not a UTF-8 text file (byte 0)"
+        return [
+            "--scene",
+            str(tmp / "s" / "images" / "a.png"),
+        ], "a.png: cannot read transforms JSON: not a UTF-8 text file (byte 0)"
     if problem == "invalid_json":
         (tmp / "s").mkdir()
         (tmp / "s" / "transforms.json").write_text('{"camera_angle_x": 0.7, "frames": [{"file_path": "a.png", ')
@@ -84,7 +109,10 @@ def bad_input(problem: str, tmp: Path) -> tuple[list[str], str]:
         return ["--scene", str(tmp / "s")], "transforms.json:33: frames[1].transform_matrix is missing"
     if problem == "transform_matrix_wrong_shape":
         write_scene(tmp / "s", [{**FRAME, "transform_matrix": [[1, 0, 0], [0, 1, 0]]}], {"a.png": (6, 8)})
-        return ["--scene", str(tmp / "s")], "transforms.json:4: frames[0].transform_matrix must be 4x4 (or 3x4), got shape [2, 3]"
+        return [
+            "--scene",
+            str(tmp / "s"),
+        ], "transforms.json:4: frames[0].transform_matrix must be 4x4 (or 3x4), got shape [2, 3]"
     if problem == "transform_matrix_nan":
         write_scene(tmp / "s", [{**FRAME, "transform_matrix": [[float("nan")] * 4] * 4}], {"a.png": (6, 8)})
         return ["--scene", str(tmp / "s")], "transforms.json:4: frames[0].transform_matrix contains NaN or Inf"
@@ -93,8 +121,9 @@ def bad_input(problem: str, tmp: Path) -> tuple[list[str], str]:
         return ["--scene", str(tmp / "s")], "transforms.json: no usable frames (1 listed images are missing"
     if problem == "mixed_sizes_without_per_frame_intrinsics":
         write_scene(tmp / "s", [FRAME, {**FRAME, "file_path": "images/b.png"}], {"a.png": (6, 8), "b.png": (5, 8)})
-        return ["--scene", str(tmp / "s")], ("transforms.json: images have different sizes (8x5, 8x6) but not every "
-                                             "frame gives its own intrinsics")
+        return ["--scene", str(tmp / "s")], (
+            "transforms.json: images have different sizes (8x5, 8x6) but not every frame gives its own intrinsics"
+        )
     if problem == "unreadable_image":
         write_scene(tmp / "s", [FRAME])
         (tmp / "s" / "images" / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
@@ -105,16 +134,34 @@ def bad_input(problem: str, tmp: Path) -> tuple[list[str], str]:
     if problem == "unknown_otype":
         return ["--density_network", '{"otype": "Bogus"}'], "cpu.json: network.otype 'Bogus' is unknown"
     if problem == "negative_size":
-        return ["--rgb_network", '{"n_neurons": -4}'], "cpu.json: rgb_network.n_neurons must be a positive integer, got -4"
+        return [
+            "--rgb_network",
+            '{"n_neurons": -4}',
+        ], "cpu.json: rgb_network.n_neurons must be a positive integer, got -4"
     if problem == "unwritable_output_folder":
         (tmp / "file").write_text("a file, not a folder")
-        return ["--out_dir", str(tmp / "file" / "out")], "cannot write to the output folder (--out_dir): Not a directory"
+        return [
+            "--out_dir",
+            str(tmp / "file" / "out"),
+        ], "cannot write to the output folder (--out_dir): Not a directory"
     raise AssertionError(problem)
 
 
-CATALOGUE = ["missing_scene", "unreadable_scene", "invalid_json", "missing_transform_matrix", "transform_matrix_wrong_shape",
-             "transform_matrix_nan", "no_usable_frames", "mixed_sizes_without_per_frame_intrinsics", "unreadable_image",
-             "invalid_config_json", "unknown_otype", "negative_size", "unwritable_output_folder"]
+CATALOGUE = [
+    "missing_scene",
+    "unreadable_scene",
+    "invalid_json",
+    "missing_transform_matrix",
+    "transform_matrix_wrong_shape",
+    "transform_matrix_nan",
+    "no_usable_frames",
+    "mixed_sizes_without_per_frame_intrinsics",
+    "unreadable_image",
+    "invalid_config_json",
+    "unknown_otype",
+    "negative_size",
+    "unwritable_output_folder",
+]
 
 
 @pytest.mark.parametrize("problem", CATALOGUE)
@@ -129,18 +176,36 @@ def test_bad_input_fails_fast_on_every_rank(problem, scene_cache, tmp_path):
     if "--out_dir" not in flags:
         flags += ["--out_dir", str(out)]
     start = time.monotonic()
-    proc = run_ranks(["-m", "hvd_ngp.train", "--config", str(ROOT / "hvd_ngp/configs/nerf/cpu.json"), *TINY_ARGS,
-                      "--scene_cache", str(scene_cache), "--device", "cpu", *flags], timeout=180)
+    proc = run_ranks(
+        [
+            "-m",
+            "hvd_ngp.train",
+            "--config",
+            str(ROOT / "hvd_ngp/configs/nerf/cpu.json"),
+            *TINY_ARGS,
+            "--scene_cache",
+            str(scene_cache),
+            "--device",
+            "cpu",
+            *flags,
+        ],
+        timeout=180,
+    )
     elapsed = time.monotonic() - start
     out_text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert elapsed < 60, f"took {elapsed:.0f} s"
     # one error from each rank (mpirun may glue the two ranks' lines together)
     errors = out_text.split("hvd_ngp: error:")[1:]
-    assert len(errors) == 2 and "[rank 0] hvd_ngp: error:" in out_text and "[rank 1] hvd_ngp: error:" in out_text, out_text[-3000:]
+    assert len(errors) == 2 and "[rank 0] hvd_ngp: error:" in out_text and "[rank 1] hvd_ngp: error:" in out_text, (
+        out_text[-3000:]
+    )
     assert all(expect in e for e in errors), errors
     assert "Traceback" not in out_text
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.json"] and (out / "metrics.json").read_text() == '{"steps": 7}'
+    assert (
+        sorted(p.name for p in out.iterdir()) == ["metrics.json"]
+        and (out / "metrics.json").read_text() == '{"steps": 7}'
+    )
 
 
 def test_a_single_process_that_asks_for_another_device_gets_it():

@@ -6,8 +6,8 @@ import json
 import time
 
 import pytest
-
 from conftest import TINY_ARGS, run_ranks
+
 from hvd_ngp.config import BASE_CONFIG
 
 pytestmark = pytest.mark.parallel
@@ -26,8 +26,20 @@ def test_distributed_block_mismatch_fails_on_every_rank(tmp_path):
     config = tmp_path / "four.json"
     config.write_text(json.dumps({"parent": str(BASE_CONFIG), "distributed": {"world_size": 4}}))
     start = time.monotonic()
-    proc = run_ranks(["-m", "hvd_ngp.train", "--config", str(config), *TINY_ARGS, "--out_dir", str(tmp_path / "o"),
-                      "--device", "cpu"], timeout=120)
+    proc = run_ranks(
+        [
+            "-m",
+            "hvd_ngp.train",
+            "--config",
+            str(config),
+            *TINY_ARGS,
+            "--out_dir",
+            str(tmp_path / "o"),
+            "--device",
+            "cpu",
+        ],
+        timeout=120,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and time.monotonic() - start < 60
     errors = out.split("hvd_ngp: error:")[1:]

@@ -7,7 +7,6 @@ import statistics
 import time
 
 import pytest
-
 from conftest import TINY_ARGS, run_ranks
 
 pytestmark = pytest.mark.parallel
@@ -15,8 +14,9 @@ pytestmark = pytest.mark.parallel
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_each_strategy_and_a_streamed_store_train_with_ranks_in_agreement(controller, scene_cache, tmp_path):
-    proc = run_ranks(["tests/parallel/check_sampling.py", "modes", str(scene_cache), str(tmp_path)],
-                     controller=controller)
+    proc = run_ranks(
+        ["tests/parallel/check_sampling.py", "modes", str(scene_cache), str(tmp_path)], controller=controller
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     for check in ("sampling_uniform", "sampling_complexity", "sampling_error_map", "streamed_under_memory_cap"):
@@ -25,8 +25,11 @@ def test_each_strategy_and_a_streamed_store_train_with_ranks_in_agreement(contro
 
 def slow_rank_run(controller: str, cache, out) -> tuple[dict, str]:
     """One launch of ``check_sampling.py slow_rank`` -> its per-interval step-time spreads per --balance mode."""
-    proc = run_ranks(["tests/parallel/check_sampling.py", "slow_rank", str(cache), str(out)],
-                     controller=controller, env={"HVD_NGP_FAULTS": "slow@0:1-1000"})
+    proc = run_ranks(
+        ["tests/parallel/check_sampling.py", "slow_rank", str(cache), str(out)],
+        controller=controller,
+        env={"HVD_NGP_FAULTS": "slow@0:1-1000"},
+    )
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-4000:]
     for balance in ("off", "samples", "time"):
@@ -55,15 +58,19 @@ def test_time_balancing_moves_work_off_a_slow_rank_and_shrinks_the_spread(contro
     assert on < off - 0.15, f"balancing should shrink the step-time spread: {spreads}"
 
 
-@pytest.mark.parametrize("option, message", [
-    (["--complexity_weights", "a,b"], "--complexity_weights must be two numbers >= 0 (edges,laplacian), got 'a,b'"),
-    (["--error_map_interval", "0"], "--error_map_interval must be positive, got 0"),
-])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--complexity_weights", "a,b"], "--complexity_weights must be two numbers >= 0 (edges,laplacian), got 'a,b'"),
+        (["--error_map_interval", "0"], "--error_map_interval must be positive, got 0"),
+    ],
+)
 def test_bad_data_options_give_one_line_on_every_rank(option, message, tmp_path):
     """Under MPI (Gloo's launcher stops the other ranks as soon as the first exits, so fewer lines may show)."""
     start = time.monotonic()
-    proc = run_ranks(["-m", "hvd_ngp.train", *TINY_ARGS, "--out_dir", str(tmp_path / "o"), "--device", "cpu", *option],
-                     timeout=120)
+    proc = run_ranks(
+        ["-m", "hvd_ngp.train", *TINY_ARGS, "--out_dir", str(tmp_path / "o"), "--device", "cpu", *option], timeout=120
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and time.monotonic() - start < 60
     # split on the marker, not on lines: mpirun may glue one rank's line to the next

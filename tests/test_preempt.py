@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from hvd_ngp.cluster import preempt
-from hvd_ngp.state.checkpoint import read_snapshot
-
 from conftest import ROOT
 from test_checkpoint import final_state
 from test_reliability import Job, assert_all_ranks_gone, kill_job, launch_cmd, rank_pids, trainer
+
+from hvd_ngp.cluster import preempt
+from hvd_ngp.state.checkpoint import read_snapshot
 
 pytestmark = pytest.mark.parallel
 
@@ -65,12 +64,20 @@ def check_stop(out: Path, text: str, last_logged: int) -> int:
     return marker["step"]
 
 
-@pytest.mark.parametrize("launcher,target,sig", [
-    ("horovodrun-gloo", "launcher", signal.SIGTERM),  # horovodrun's Gloo driver: SIGTERM to the ranks, SIGKILL 5 s later
-    ("horovodrun-gloo", "rank", signal.SIGTERM),
-    ("horovodrun-mpi", "rank", signal.SIGTERM),
-    ("mpirun", "launcher", signal.SIGUSR1),  # mpirun forwards SIGUSR1 at once (SIGTERM only after its kill timeout)
-    ("mpirun", "rank", signal.SIGTERM)])
+@pytest.mark.parametrize(
+    "launcher,target,sig",
+    [
+        (
+            "horovodrun-gloo",
+            "launcher",
+            signal.SIGTERM,
+        ),  # horovodrun's Gloo driver: SIGTERM to the ranks, SIGKILL 5 s later
+        ("horovodrun-gloo", "rank", signal.SIGTERM),
+        ("horovodrun-mpi", "rank", signal.SIGTERM),
+        ("mpirun", "launcher", signal.SIGUSR1),  # mpirun forwards SIGUSR1 at once (SIGTERM only after its kill timeout)
+        ("mpirun", "rank", signal.SIGTERM),
+    ],
+)
 def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scene_cache, tmp_path):
     """--ckpt_every 0: a stop still checkpoints, at or after the last logged step, and every process ends."""
     out = tmp_path / "out"
@@ -81,8 +88,10 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scen
         kill_job(job, str(out))
     text = job.output
     step = check_stop(out, text, last_logged)
-    print(f"{launcher} {sig.name} to the {target}: checkpoint of step {step} (last logged {last_logged}), "
-          f"every process gone {gone_s:.1f} s after the signal")
+    print(
+        f"{launcher} {sig.name} to the {target}: checkpoint of step {step} (last logged {last_logged}), "
+        f"every process gone {gone_s:.1f} s after the signal"
+    )
     assert gone_s < 60, gone_s
     assert f"stopped at step {step} of 100000 on a signal" in text, text[-3000:]
     if launcher == "horovodrun-gloo":  # horovodrun itself exits 1 whenever a rank exits non-zero
@@ -116,8 +125,19 @@ def test_hvd_ngp_launch_forwards_a_stop_and_exits_75(scene_cache, tmp_path):
 
 
 def launch_via_hvd_ngp_launch(controller: str, module_args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "hvd_ngp.tools.launch", "-H", "localhost:2", "--launcher", "horovodrun",
-            "--controller", controller, "--", *module_args[2:]]
+    return [
+        sys.executable,
+        "-m",
+        "hvd_ngp.tools.launch",
+        "-H",
+        "localhost:2",
+        "--launcher",
+        "horovodrun",
+        "--controller",
+        controller,
+        "--",
+        *module_args[2:],
+    ]
 
 
 #: the exit status of each launcher after a Ctrl-C that the ranks answered with a checkpoint (docs/troubleshooting.md):
@@ -165,9 +185,18 @@ def test_ctrl_c_to_the_process_group_stops_with_a_checkpoint(launcher, scene_cac
 def test_resume_after_a_stop_continues_the_same_trajectory(scene_cache, tmp_path):
     """Stop on a signal at some step S, resume: the final state is bit-identical to an uninterrupted run."""
     n = "300"
-    straight = subprocess.run(launch_cmd("horovodrun-mpi", trainer(scene_cache, tmp_path / "a", *COMMON, "--n_steps", n,
-                                                                  "--save_snapshot", str(tmp_path / "straight.pt"))),
-                              cwd=ROOT, capture_output=True, text=True, timeout=240)
+    straight = subprocess.run(
+        launch_cmd(
+            "horovodrun-mpi",
+            trainer(
+                scene_cache, tmp_path / "a", *COMMON, "--n_steps", n, "--save_snapshot", str(tmp_path / "straight.pt")
+            ),
+        ),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert straight.returncode == 0, (straight.stdout + straight.stderr)[-3000:]
     out = tmp_path / "b"
     args = trainer(scene_cache, out, *COMMON, "--n_steps", n, "--save_snapshot", str(tmp_path / "resumed.pt"))
@@ -181,8 +210,9 @@ def test_resume_after_a_stop_continues_the_same_trajectory(scene_cache, tmp_path
     assert rc != 0
     step = check_stop(out, job.output, 20)
     assert step < int(n), step
-    proc = subprocess.run(launch_cmd("horovodrun-mpi", [*args, "--resume", "auto"]), cwd=ROOT, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        launch_cmd("horovodrun-mpi", [*args, "--resume", "auto"]), cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
     assert f"at step {step}" in text and not (out / "preempted.json").exists()
@@ -193,9 +223,10 @@ def test_a_second_signal_during_the_checkpoint_exits_at_once_and_keeps_the_previ
     """The stop's checkpoint write stalls (test fault); a second SIGTERM 3 s later ends rank 0 at once
     (status 143); only the partial temporary file of the stop is left, and the previous checkpoint is valid."""
     out = tmp_path / "out"
-    job = Job(launch_cmd("horovodrun-gloo", trainer(scene_cache, out, *COMMON, "--n_steps", "100000",
-                                                    "--ckpt_every", "50")),
-              env={"HVD_NGP_FAULTS": "save_pause@0:2"})
+    job = Job(
+        launch_cmd("horovodrun-gloo", trainer(scene_cache, out, *COMMON, "--n_steps", "100000", "--ckpt_every", "50")),
+        env={"HVD_NGP_FAULTS": "save_pause@0:2"},
+    )
     try:
         assert job.wait_for("[step 50] checkpoint", 240), job.output[-3000:]
         rank0 = rank_pids(str(out))[0]
@@ -222,8 +253,11 @@ def test_a_second_signal_during_the_checkpoint_exits_at_once_and_keeps_the_previ
 def test_without_the_guard_a_vote_every_8_steps_carries_the_flag(scene_cache, tmp_path):
     """--nonfinite_limit 0: no per-step collective to ride on; the stand-alone vote runs every 8 steps."""
     out = tmp_path / "out"
-    job = Job(launch_cmd("horovodrun-mpi", trainer(scene_cache, out, *COMMON, "--n_steps", "100000",
-                                                   "--nonfinite_limit", "0")))
+    job = Job(
+        launch_cmd(
+            "horovodrun-mpi", trainer(scene_cache, out, *COMMON, "--n_steps", "100000", "--nonfinite_limit", "0")
+        )
+    )
     try:
         rc, gone_s, last_logged = signal_and_wait(job, out, "rank")
     finally:
@@ -257,6 +291,12 @@ def test_handlers_in_process(capsys):
 def test_stop_signals_option():
     assert preempt.parse_signals("TERM,int,SIGUSR1") == ("TERM", "INT", "USR1")
     assert preempt.parse_signals("none") == ()
-    for bad in ("KILL", "FOO", "SIG_IGN", "SIG_DFL", "SIG_BLOCK"):  # the last three: signal module constants, not signals
+    for bad in (
+        "KILL",
+        "FOO",
+        "SIG_IGN",
+        "SIG_DFL",
+        "SIG_BLOCK",
+    ):  # the last three: signal module constants, not signals
         with pytest.raises(ValueError):
             preempt.parse_signals(bad)

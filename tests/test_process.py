@@ -125,8 +125,25 @@ def test_video_to_scene_recovers_the_known_cameras(tmp_path):
     frames, poses = synthetic_capture(n=12)
     write_video(tmp_path / "capture.mp4", frames)
     out = tmp_path / "scene"
-    assert data_main(["process", "--video", str(tmp_path / "capture.mp4"), "--fps", "10", "--out", str(out),
-                      "--threads", "2", "--quiet", "--camera_model", "SIMPLE_RADIAL"]) == 0
+    assert (
+        data_main(
+            [
+                "process",
+                "--video",
+                str(tmp_path / "capture.mp4"),
+                "--fps",
+                "10",
+                "--out",
+                str(out),
+                "--threads",
+                "2",
+                "--quiet",
+                "--camera_model",
+                "SIMPLE_RADIAL",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "transforms.json").read_text())
     assert len(data["frames"]) == len(frames) and data["colmap"]["registered"] == len(frames)
     # SIMPLE_RADIAL: 12 tiny frames pin down too little for OPENCV's tangential terms (fox uses OPENCV)

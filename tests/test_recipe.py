@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_trainer
 
 from hvd_ngp.cluster import dist
 from hvd_ngp.config import CPU_CONFIG, parse_args
@@ -14,8 +15,6 @@ from hvd_ngp.data.sampler import RaySampler, image_rays
 from hvd_ngp.data.scene import Frames
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.training.optim import Adam, OptimizerChain, ParameterEma, exponential_decay
-
-from conftest import tiny_trainer
 
 ADAM = {"otype": "Adam", "learning_rate": 1e-2}
 
@@ -28,11 +27,15 @@ def test_decay_applies_its_first_factor_at_decay_start_like_tiny_cuda_nn():
 
 
 def test_unknown_optimizer_otype_is_an_error_naming_the_config():
-    chain = OptimizerChain.parse({"otype": "Ema", "decay": 0.9, "nested": {"otype": "ExponentialDecay",
-                                                                          "nested": ADAM}}, "cfg.json")
+    chain = OptimizerChain.parse(
+        {"otype": "Ema", "decay": 0.9, "nested": {"otype": "ExponentialDecay", "nested": ADAM}}, "cfg.json"
+    )
     assert chain.adam == ADAM and chain.ema["decay"] == 0.9 and chain.decay is not None
-    for block in ({"otype": "Lookahead", "nested": ADAM}, {"otype": "Ema", "nested": {"otype": "Shampoo"}},
-                  {"otype": "Ema", "nested": {"otype": "Ema", "nested": ADAM}}):
+    for block in (
+        {"otype": "Lookahead", "nested": ADAM},
+        {"otype": "Ema", "nested": {"otype": "Shampoo"}},
+        {"otype": "Ema", "nested": {"otype": "Ema", "nested": ADAM}},
+    ):
         with pytest.raises(ConfigError, match="cfg.json"):
             OptimizerChain.parse(block, "cfg.json")
 
@@ -46,7 +49,7 @@ def test_ema_follows_tiny_cuda_nn_with_its_bias_correction():
             p.fill_(w)
         ema.update()
         raw = 0.9 * raw + 0.1 * w  # the debiased average is raw / (1 - d^t)
-        torch.testing.assert_close(ema.average[0], raw / (1 - 0.9 ** t))
+        torch.testing.assert_close(ema.average[0], raw / (1 - 0.9**t))
     # by hand: t=1: 1; t=2: (0.9*0.1*1 + 0.1*2)/0.19 = 1.5263; t=3: (0.9*0.19*1.5263 + 0.1*4)/0.271 = 2.4391
     assert ema.average[0][0].item() == pytest.approx(2.4391, abs=1e-4)
     with ema.swapped():
@@ -111,10 +114,15 @@ def test_training_rays_go_through_pixel_centres_unless_jitter_is_on():
     on = parse_args(["--config", str(CPU_CONFIG), "--train_ray_jitter", "on"])
     assert not DataSettings.from_args(off).train_ray_jitter and DataSettings.from_args(on).train_ray_jitter
     turn = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])  # two cameras, 90 degrees apart
-    c2w = torch.stack([torch.cat([torch.eye(3), torch.tensor([[0.0], [0.0], [-2.0]])], 1),
-                       torch.cat([turn, torch.tensor([[2.0], [0.5], [0.0]])], 1)])
-    frames = Frames(torch.zeros(2, 6, 8, 4, dtype=torch.uint8), c2w, torch.tensor([[8.0, 8.0, 4.0, 3.0]] * 2),
-                    torch.zeros(2, 6))
+    c2w = torch.stack(
+        [
+            torch.cat([torch.eye(3), torch.tensor([[0.0], [0.0], [-2.0]])], 1),
+            torch.cat([turn, torch.tensor([[2.0], [0.5], [0.0]])], 1),
+        ]
+    )
+    frames = Frames(
+        torch.zeros(2, 6, 8, 4, dtype=torch.uint8), c2w, torch.tensor([[8.0, 8.0, 4.0, 3.0]] * 2), torch.zeros(2, 6)
+    )
     for jitter in (False, True):
         sampler = RaySampler(frames, 0, 1, 0, torch.device("cpu"), jitter, prefetch=False)
         rays = sampler.sample(256)
@@ -185,8 +193,13 @@ def test_ngp_protocol_runs_and_one_sample_at_midpoints_renders_like_std_on_black
 def test_occupancy_update_cadence_fixed_and_instant_ngp_ramp():
     from hvd_ngp.training.recipe import Marching
 
-    block = {"steps_per_diagonal": 1024, "grid_resolution": 128, "early_termination": 1e-4, "update_interval": 16,
-             "warmup_steps": 256}
+    block = {
+        "steps_per_diagonal": 1024,
+        "grid_resolution": 128,
+        "early_termination": 1e-4,
+        "update_interval": 16,
+        "warmup_steps": 256,
+    }
     fixed = Marching.from_config(block, 1)
     ramp = Marching.from_config({**block, "update_schedule": "ramp"}, 1)
     assert [s for s in range(64) if fixed.update_due(s)] == [0, 16, 32, 48]
@@ -201,13 +214,22 @@ def test_march_kernel_launch_from_the_marching_block():
     from hvd_ngp.render import MarchLaunch
     from hvd_ngp.training.recipe import Marching
 
-    block = {"steps_per_diagonal": 1024, "grid_resolution": 128, "early_termination": 1e-4, "update_interval": 16,
-             "warmup_steps": 256}
+    block = {
+        "steps_per_diagonal": 1024,
+        "grid_resolution": 128,
+        "early_termination": 1e-4,
+        "update_interval": 16,
+        "warmup_steps": 256,
+    }
     assert Marching.from_config(block, 1).launch is None  # the kernel's default
     launch = Marching.from_config({**block, "kernel_launch": {"block": 32, "warps": 1}}, 1).launch
     assert launch == MarchLaunch(block=32, segment=MarchLaunch().segment, warps=1)
-    for bad, match in (({"block": 48}, "block must be a power of two"), ({"rays": 32}, "keys among"),
-                       ([32, 64, 1], "must be an object"), ({"warps": True}, "warps must be")):
+    for bad, match in (
+        ({"block": 48}, "block must be a power of two"),
+        ({"rays": 32}, "keys among"),
+        ([32, 64, 1], "must be an object"),
+        ({"warps": True}, "warps must be"),
+    ):
         with pytest.raises(ConfigError, match=f"my.json: marching.kernel_launch.*{match}"):
             Marching.from_config({**block, "kernel_launch": bad}, 1, "my.json")
 
@@ -220,8 +242,13 @@ def test_evaluations_march_with_their_own_step_where_the_block_asks():
     from hvd_ngp.config import BASE_CONFIG, load_json_config
     from hvd_ngp.training.recipe import Marching
 
-    block = {"steps_per_diagonal": 1024, "grid_resolution": 128, "early_termination": 1e-4, "update_interval": 16,
-             "warmup_steps": 256}
+    block = {
+        "steps_per_diagonal": 1024,
+        "grid_resolution": 128,
+        "early_termination": 1e-4,
+        "update_interval": 16,
+        "warmup_steps": 256,
+    }
     plain = Marching.from_config(block, 1)
     assert plain.eval_schedule is None and plain.render_schedule is plain.schedule
     fine = Marching.from_config({**block, "eval_steps_per_diagonal": 2048}, 4)
@@ -242,16 +269,23 @@ def test_marching_numbers_out_of_range_are_config_errors_naming_the_file():
     network samples: each is a ``ConfigError`` naming the config."""
     from hvd_ngp.training.recipe import Marching
 
-    block = {"steps_per_diagonal": 1024, "grid_resolution": 128, "early_termination": 1e-4, "update_interval": 16,
-             "warmup_steps": 256}
+    block = {
+        "steps_per_diagonal": 1024,
+        "grid_resolution": 128,
+        "early_termination": 1e-4,
+        "update_interval": 16,
+        "warmup_steps": 256,
+    }
     assert Marching.from_config(block, 1).candidate_factor == 4.0
     assert Marching.from_config({**block, "candidate_factor": 2.5, "early_termination": 0}, 1).candidate_factor == 2.5
-    for patch, match in (({"update_interval": 0}, "update_interval must be >= 1"),
-                         ({"warmup_steps": -1}, "warmup_steps must be >= 0"),
-                         ({"early_termination": -1e-4}, "early_termination must be in"),
-                         ({"early_termination": 1.0}, "early_termination must be in"),
-                         ({"candidate_factor": 0}, "candidate_factor must be >= 1"),
-                         ({"candidate_factor": 0.5}, "candidate_factor must be >= 1")):
+    for patch, match in (
+        ({"update_interval": 0}, "update_interval must be >= 1"),
+        ({"warmup_steps": -1}, "warmup_steps must be >= 0"),
+        ({"early_termination": -1e-4}, "early_termination must be in"),
+        ({"early_termination": 1.0}, "early_termination must be in"),
+        ({"candidate_factor": 0}, "candidate_factor must be >= 1"),
+        ({"candidate_factor": 0.5}, "candidate_factor must be >= 1"),
+    ):
         with pytest.raises(ConfigError, match=f"my.json: marching.{match}"):
             Marching.from_config({**block, **patch}, 1, "my.json")
 
@@ -302,7 +336,7 @@ def test_fused_adam_on_request_follows_the_foreach_one():
     for a, b in zip(fields[0].parameters(), fields[1].parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     OptimizerChain.parse(fused_block, "cpu.json").adam["fused"] = "yes"
-    with pytest.raises(ConfigError, match="cpu.json: optimizer Adam.fused must be true, false or \"auto\""):
+    with pytest.raises(ConfigError, match='cpu.json: optimizer Adam.fused must be true, false or "auto"'):
         make_optimizer(fields[0], fused_block, "cpu.json")
 
 

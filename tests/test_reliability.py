@@ -20,11 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from hvd_ngp.state.checkpoint import read_snapshot
-
 from conftest import ROOT, TINY_ARGS, horovodrun, run_ranks
 from test_checkpoint import final_state
+
+from hvd_ngp.state.checkpoint import read_snapshot
 
 pytestmark = pytest.mark.parallel
 
@@ -44,8 +43,18 @@ def launch_cmd(launcher: str, module_args: list[str], np: int = 2) -> list[str]:
 
 
 def trainer(scene_cache: Path, out_dir: Path, *extra: str) -> list[str]:
-    return ["-m", "hvd_ngp.train", *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", DEVICE,
-            "--out_dir", str(out_dir), *extra]
+    return [
+        "-m",
+        "hvd_ngp.train",
+        *TINY_ARGS,
+        "--scene_cache",
+        str(scene_cache),
+        "--device",
+        DEVICE,
+        "--out_dir",
+        str(out_dir),
+        *extra,
+    ]
 
 
 class Job:
@@ -53,9 +62,15 @@ class Job:
 
     def __init__(self, cmd: list[str], env: dict | None = None, own_group: bool = False) -> None:
         """``own_group``: the launcher leads a new process group, as a terminal's job does (for a Ctrl-C)."""
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                     process_group=0 if own_group else None)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            process_group=0 if own_group else None,
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -149,25 +164,33 @@ def test_killing_rank_1_mid_run_ends_every_rank_within_60_s(launcher, scene_cach
 def test_an_exception_on_one_rank_ends_every_rank_and_names_it(controller, scene_cache, tmp_path):
     out = tmp_path / "out"
     start = time.monotonic()
-    job = Job(launch_cmd(f"horovodrun-{controller}", trainer(scene_cache, out, "--n_steps", "100000", "--log_every", "10")),
-              env={"HVD_NGP_FAULTS": "raise@1:15"})
+    job = Job(
+        launch_cmd(f"horovodrun-{controller}", trainer(scene_cache, out, "--n_steps", "100000", "--log_every", "10")),
+        env={"HVD_NGP_FAULTS": "raise@1:15"},
+    )
     try:
         rc = job.wait(240)
     finally:
         kill_job(job, str(out))
     assert rc != 0
     assert time.monotonic() - start < 240
-    assert "[rank 1] hvd_ngp: fatal: unexpected RuntimeError (a bug, or a failure of the machine): injected failure " \
-           "on rank 1 at step 15" in job.output, job.output[-3000:]
+    assert (
+        "[rank 1] hvd_ngp: fatal: unexpected RuntimeError (a bug, or a failure of the machine): injected failure "
+        "on rank 1 at step 15" in job.output
+    ), job.output[-3000:]
     assert_all_ranks_gone(str(out))
 
 
 def test_a_hung_rank_is_ended_by_the_watchdog(scene_cache, tmp_path):
     """Rank 1 stops making progress (alive, in no collective): rank 0's watchdog ends the job."""
     out = tmp_path / "out"
-    job = Job(launch_cmd("horovodrun-mpi", trainer(scene_cache, out, "--n_steps", "100000", "--log_every", "10",
-                                                   "--watchdog_s", "10")),
-              env={"HVD_NGP_FAULTS": "hang@1:15"})
+    job = Job(
+        launch_cmd(
+            "horovodrun-mpi",
+            trainer(scene_cache, out, "--n_steps", "100000", "--log_every", "10", "--watchdog_s", "10"),
+        ),
+        env={"HVD_NGP_FAULTS": "hang@1:15"},
+    )
     try:
         assert job.wait_for("fault: hang at step 15", 240), job.output[-3000:]
         hung = time.monotonic()
@@ -184,8 +207,11 @@ def test_a_hung_rank_is_ended_by_the_watchdog(scene_cache, tmp_path):
 
 
 def test_a_nan_on_one_rank_is_skipped_on_every_rank(scene_cache, tmp_path):
-    proc = run_ranks(["tests/parallel/check_nonfinite.py", str(scene_cache), str(tmp_path / "out"), "5", "--device", DEVICE],
-                     controller="gloo", env={"HVD_NGP_FAULTS": "nan_loss@1:5"})
+    proc = run_ranks(
+        ["tests/parallel/check_nonfinite.py", str(scene_cache), str(tmp_path / "out"), "5", "--device", DEVICE],
+        controller="gloo",
+        env={"HVD_NGP_FAULTS": "nan_loss@1:5"},
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "CHECK nonfinite_skipped OK" in out, out[-4000:]
@@ -193,13 +219,18 @@ def test_a_nan_on_one_rank_is_skipped_on_every_rank(scene_cache, tmp_path):
 
 
 def test_repeated_nans_stop_the_run_on_every_rank(scene_cache, tmp_path):
-    proc = run_ranks(trainer(scene_cache, tmp_path / "out", "--n_steps", "40", "--nonfinite_limit", "3"),
-                     controller="mpi", env={"HVD_NGP_FAULTS": "nan_loss@0:6-40"}, timeout=240)
+    proc = run_ranks(
+        trainer(scene_cache, tmp_path / "out", "--n_steps", "40", "--nonfinite_limit", "3"),
+        controller="mpi",
+        env={"HVD_NGP_FAULTS": "nan_loss@0:6-40"},
+        timeout=240,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     for rank in (0, 1):
-        assert (f"[rank {rank}] hvd_ngp: error: non-finite loss or gradients in 3 consecutive steps (6-8); "
-                f"stopping") in out, out[-3000:]
+        assert (
+            f"[rank {rank}] hvd_ngp: error: non-finite loss or gradients in 3 consecutive steps (6-8); stopping"
+        ) in out, out[-3000:]
     assert "Traceback" not in out
 
 
@@ -215,11 +246,33 @@ def test_resume_on_two_ranks_continues_the_same_trajectory(scene_cache, tmp_path
     """2N steps straight == N steps + resume N steps, including each rank's own streams: bitwise on CPU;
     on GPUs (atomics make two straight runs differ) within 10x the spread of two straight runs."""
     common = ["--log_every", "6", "--save_renders", "0", "--n_eval_views", "1", "--ckpt_every", "12"]
-    straight = [trainer(scene_cache, tmp_path / f"a{i}", *common, "--n_steps", "24",
-                        "--save_snapshot", str(tmp_path / f"straight{i}.pt")) for i in range(1 + (DEVICE == "cuda"))]
-    runs = [*straight, trainer(scene_cache, tmp_path / "b", *common, "--n_steps", "12"),
-            trainer(scene_cache, tmp_path / "b", *common, "--n_steps", "24", "--resume", "auto",
-                    "--save_snapshot", str(tmp_path / "resumed.pt"))]
+    straight = [
+        trainer(
+            scene_cache,
+            tmp_path / f"a{i}",
+            *common,
+            "--n_steps",
+            "24",
+            "--save_snapshot",
+            str(tmp_path / f"straight{i}.pt"),
+        )
+        for i in range(1 + (DEVICE == "cuda"))
+    ]
+    runs = [
+        *straight,
+        trainer(scene_cache, tmp_path / "b", *common, "--n_steps", "12"),
+        trainer(
+            scene_cache,
+            tmp_path / "b",
+            *common,
+            "--n_steps",
+            "24",
+            "--resume",
+            "auto",
+            "--save_snapshot",
+            str(tmp_path / "resumed.pt"),
+        ),
+    ]
     for args in runs:
         proc = run_ranks(args, controller="mpi", timeout=240)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -257,13 +310,20 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one(scene_cache, t
 
 def test_disk_full_while_writing_a_checkpoint_stops_every_rank_and_keeps_the_previous(scene_cache, tmp_path):
     out = tmp_path / "out"
-    proc = run_ranks(trainer(scene_cache, out, "--n_steps", "20", "--log_every", "5", "--ckpt_every", "5"),
-                     controller="mpi", env={"HVD_NGP_FAULTS": "save_enospc@0:2"}, timeout=240)
+    proc = run_ranks(
+        trainer(scene_cache, out, "--n_steps", "20", "--log_every", "5", "--ckpt_every", "5"),
+        controller="mpi",
+        env={"HVD_NGP_FAULTS": "save_enospc@0:2"},
+        timeout=240,
+    )
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     for rank in (0, 1):
-        assert re.search(rf"\[rank {rank}\] hvd_ngp: error: writing a checkpoint failed on rank 0: \S*ckpt-00000010\.pt: "
-                         r"writing failed \(No space left on device\); any previous file there is unchanged", text), text[-3000:]
+        assert re.search(
+            rf"\[rank {rank}\] hvd_ngp: error: writing a checkpoint failed on rank 0: \S*ckpt-00000010\.pt: "
+            r"writing failed \(No space left on device\); any previous file there is unchanged",
+            text,
+        ), text[-3000:]
     ckpts = out / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["ckpt-00000005.pt"]
     assert read_snapshot(ckpts / "ckpt-00000005.pt")["step"] == 5
@@ -281,10 +341,32 @@ def test_elastic_training_survives_losing_a_rank(scene_cache, tmp_path):
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(0o755)
     out = tmp_path / "out"
-    cmd = [horovodrun(), "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover),
-           "--network-interface", "lo", sys.executable,
-           *trainer(scene_cache, out, "--n_steps", "400", "--log_every", "10", "--commit_every", "10",
-                    "--metrics_json", str(tmp_path / "m.json"))]
+    cmd = [
+        horovodrun(),
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--max-np",
+        "2",
+        "--host-discovery-script",
+        str(discover),
+        "--network-interface",
+        "lo",
+        sys.executable,
+        *trainer(
+            scene_cache,
+            out,
+            "--n_steps",
+            "400",
+            "--log_every",
+            "10",
+            "--commit_every",
+            "10",
+            "--metrics_json",
+            str(tmp_path / "m.json"),
+        ),
+    ]
     job = Job(cmd)
     try:
         assert job.wait_for("[step 30]", 240), job.output[-3000:]

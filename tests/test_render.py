@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hvd_ngp.cluster import dist
-from hvd_ngp.render.occupancy import OccupancyGrid
 from hvd_ngp.render import StepSchedule, march, render_image, render_rays, transmittance_weights
+from hvd_ngp.render.occupancy import OccupancyGrid
 from hvd_ngp.render.volume import render_in_chunks
 
 AABB = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
@@ -89,8 +89,9 @@ def test_weights_sum_to_opacity_and_transmittance_is_exclusive():
         tau = (sigma[on] * samples.dt[on]).double().tolist()
         assert len(tau) == 10 and float(w[on].sum()) == pytest.approx(1 - math.exp(-sum(tau)), rel=1e-5)
         expected_t = [math.exp(-sum(tau[:i])) for i in range(len(tau))]  # 1 at the ray's first sample
-        torch.testing.assert_close(t_before[on].double(), torch.tensor(expected_t, dtype=torch.float64),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            t_before[on].double(), torch.tensor(expected_t, dtype=torch.float64), rtol=1e-5, atol=1e-6
+        )
     assert bool((w >= 0).all())
 
 
@@ -115,6 +116,7 @@ def test_grid_update_in_shares_merged_by_the_reduce_callback_equals_the_whole_up
     """The grid runs no collective: two processes' shares of the chosen cells, evaluated apart and merged through
     ``reduce_max`` (here the other share's values, as the ranks' Max allreduce brings them), give the grid of one
     process that refreshes every cell, at warm-up (every cell) and after it (drawn cells)."""
+
     def density(x):
         return (torch.sin(9 * x).sum(-1) * 40).clamp(min=0)
 
@@ -123,8 +125,15 @@ def test_grid_update_in_shares_merged_by_the_reduce_callback_equals_the_whole_up
         whole.update(density, 0.01, step, warmup_steps=10, seed=5)
         fresh0 = mine.evaluate(*mine.draw_cells(step, 10, 5), density, 0.01, share=(0, 2))
         seen = []
-        theirs.update(density, 0.01, step, warmup_steps=10, seed=5, share=(1, 2),
-                      reduce_max=lambda f: seen.append(f.clone()) or torch.maximum(f, fresh0))
+        theirs.update(
+            density,
+            0.01,
+            step,
+            warmup_steps=10,
+            seed=5,
+            share=(1, 2),
+            reduce_max=lambda f: seen.append(f.clone()) or torch.maximum(f, fresh0),
+        )
         mine.merge(fresh0, lambda f: torch.maximum(f, seen[0]))
         assert len(seen) == 1 and (fresh0 > 0).any() and (seen[0] > 0).any() and not torch.equal(fresh0, seen[0])
         if step == 0:  # warm-up: every cell once, split between the shares
@@ -161,8 +170,17 @@ def test_chunked_renders_call_between_chunks_before_each_chunk_and_stop_when_it_
         render_in_chunks(render, o, d, torch.ones(3), 3, between_chunks=stop_at_the_second)
     assert rendered == [3]
     with pytest.raises(Stop):
-        render_image(rgb_sigma, sig, o, d, AABB, None, StepSchedule.uniform(1 / 64), torch.ones(3),
-                     between_chunks=stop_at_the_second)
+        render_image(
+            rgb_sigma,
+            sig,
+            o,
+            d,
+            AABB,
+            None,
+            StepSchedule.uniform(1 / 64),
+            torch.ones(3),
+            between_chunks=stop_at_the_second,
+        )
 
 
 def test_occupied_cells_are_visible_and_above_the_threshold_or_the_mean_of_cascade_0():
@@ -215,9 +233,9 @@ def test_step_schedule_is_invertible_and_spaces_samples_like_instant_ngp():
     dt = ts[1:] - ts[:-1]
     assert torch.all(dt > 0)
     near, mid, far = ts[:-1] < 0.16, (ts[:-1] > 0.17) & (ts[:-1] < 3.1), ts[:-1] > 3.3
-    torch.testing.assert_close(dt[near], torch.full_like(dt[near], 0.01))       # dt_min near the camera
-    torch.testing.assert_close(dt[mid], ts[:-1][mid] / 16)                      # cone_angle * t further out
-    torch.testing.assert_close(dt[far], torch.full_like(dt[far], 0.2))          # capped at dt_max
+    torch.testing.assert_close(dt[near], torch.full_like(dt[near], 0.01))  # dt_min near the camera
+    torch.testing.assert_close(dt[mid], ts[:-1][mid] / 16)  # cone_angle * t further out
+    torch.testing.assert_close(dt[far], torch.full_like(dt[far], 0.2))  # capped at dt_max
     uni = StepSchedule.uniform(0.05)
     torch.testing.assert_close(uni.time(torch.tensor([3.0])), torch.tensor([0.15]))
 
@@ -226,7 +244,7 @@ def test_march_with_cascades_and_cone_stepping():
     dist.init("cpu")
     aabb = torch.tensor([[-1.5] * 3, [2.5] * 3])  # aabb_scale 4: 3 cascades
     grid = OccupancyGrid(aabb, resolution=16, n_cascades=3)
-    sch = StepSchedule(dt_min=3 ** 0.5 / 128, dt_max=3 ** 0.5 / 128 * 4 * 8, cone_angle=1 / 64)
+    sch = StepSchedule(dt_min=3**0.5 / 128, dt_max=3**0.5 / 128 * 4 * 8, cone_angle=1 / 64)
     o = torch.tensor([[-1.4, 0.5, 0.5]])
     d = torch.tensor([[1.0, 0.0, 0.0]])
     all_on = march(o, d, aabb, grid, sch, torch.zeros(1))
@@ -252,4 +270,6 @@ def test_cells_drawn_among_the_occupied_are_occupied_and_cover_them_evenly():
     counts = torch.bincount(drawn, minlength=flat.numel())[flat].float()
     assert counts.min() > 0 and (counts.max() - counts.min()) / counts.mean() < 0.6  # about 20000 / 26 each
     grid.occupied.zero_()
-    assert grid.draw_occupied(torch.rand(8, generator=g, dtype=torch.float64)).tolist() == [grid.n_cells - 1] * 8  # nothing occupied: a harmless refresh
+    assert (
+        grid.draw_occupied(torch.rand(8, generator=g, dtype=torch.float64)).tolist() == [grid.n_cells - 1] * 8
+    )  # nothing occupied: a harmless refresh

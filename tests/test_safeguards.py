@@ -21,6 +21,8 @@ from unittest import mock
 
 import numpy as np
 import pytest
+from conftest import run_ranks
+from test_reliability import Job, assert_all_ranks_gone, kill_job, launch_cmd, rank_pids, trainer
 
 from hvd_ngp.cluster import preempt
 from hvd_ngp.cluster.consistency import differences
@@ -30,9 +32,6 @@ from hvd_ngp.observe.memory import MemoryBudgetError, cgroup_memory_limit, check
 from hvd_ngp.state.checkpoint import read_snapshot
 from hvd_ngp.state.outputs import LOCK_NAME, OutputLock, check_output_files
 from hvd_ngp.training.evaluate import write_png
-
-from conftest import run_ranks
-from test_reliability import Job, assert_all_ranks_gone, kill_job, launch_cmd, rank_pids, trainer
 
 GIB = 1 << 30
 OWNER = {"host": "otherhost", "pid": 4242, "started": "2026-12-06 10:00:00 UTC"}
@@ -59,14 +58,25 @@ def test_bad_starts_are_refused_on_every_rank_before_training(controller, scene_
     intrinsics, a plan beyond host memory, a resume of another scene/model: each refused on both ranks."""
     held = hold_lock(tmp_path / "locked")
     try:
-        proc = run_ranks(["tests/parallel/check_safeguards.py", str(scene_cache), str(tmp_path / "work"),
-                          str(tmp_path / "locked")], controller=controller, timeout=240)
+        proc = run_ranks(
+            ["tests/parallel/check_safeguards.py", str(scene_cache), str(tmp_path / "work"), str(tmp_path / "locked")],
+            controller=controller,
+            timeout=240,
+        )
     finally:
         held.close()
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-4000:]
-    for check in ("settings_differ", "output_folder_locked", "output_name_too_long", "camera_angle_zero",
-                  "principal_point_outside", "host_memory", "resume_mismatch", "resume_override"):
+    for check in (
+        "settings_differ",
+        "output_folder_locked",
+        "output_name_too_long",
+        "camera_angle_zero",
+        "principal_point_outside",
+        "host_memory",
+        "resume_mismatch",
+        "resume_override",
+    ):
         for rank in (0, 1):
             assert f"[rank {rank}] CHECK {check} OK" in text, (check, rank, text[-4000:])
     assert "resumed despite --allow_resume_changes: marching.steps_per_diagonal: 64 in the checkpoint, 32 now" in text
@@ -80,9 +90,13 @@ def test_a_stop_during_an_evaluation_checkpoints_before_the_launcher_kills(scene
     horovodrun SIGKILLs the ranks 5 s after its SIGTERM, so the evaluation must give way between two chunks:
     every rank stops with a checkpoint of the evaluation's step and exits 75."""
     out = tmp_path / "out"
-    job = Job(launch_cmd("horovodrun-gloo", trainer(scene_cache, out, *COMMON, "--n_steps", "100000", "--eval_every",
-                                                    "20", "--n_eval_views", "0")),
-              env={"HVD_NGP_FAULTS": "slow_render@0:1-1000"})
+    job = Job(
+        launch_cmd(
+            "horovodrun-gloo",
+            trainer(scene_cache, out, *COMMON, "--n_steps", "100000", "--eval_every", "20", "--n_eval_views", "0"),
+        ),
+        env={"HVD_NGP_FAULTS": "slow_render@0:1-1000"},
+    )
     try:
         assert job.wait_for("fault: slow render chunk", 240), job.output[-3000:]
         os.kill(job.proc.pid, signal.SIGTERM)
@@ -107,10 +121,12 @@ def test_a_stop_during_an_evaluation_checkpoints_before_the_launcher_kills(scene
 #: horovodrun's Gloo driver read them too, and leaves a middleman per rank that SIGTERMs the rank when horovodrun
 #: dies (and SIGKILLs it 5 s later)
 PIPE_CLOSED = r"the launcher's end of this rank's output pipe closed on rank \d"
-LAUNCHER_DEATH = {"horovodrun-mpi": r"the launcher sh -c mpirun \(pid \d+\) is gone on rank \d",
-                  "horovodrun-gloo": rf"SIGTERM on rank \d|the launcher horovodrun \(pid \d+\) is gone on rank \d|"
-                                     rf"{PIPE_CLOSED}",
-                  "mpirun": rf"the launcher mpirun \(pid \d+\) is gone on rank \d|{PIPE_CLOSED}"}
+LAUNCHER_DEATH = {
+    "horovodrun-mpi": r"the launcher sh -c mpirun \(pid \d+\) is gone on rank \d",
+    "horovodrun-gloo": rf"SIGTERM on rank \d|the launcher horovodrun \(pid \d+\) is gone on rank \d|"
+    rf"{PIPE_CLOSED}",
+    "mpirun": rf"the launcher mpirun \(pid \d+\) is gone on rank \d|{PIPE_CLOSED}",
+}
 
 
 @pytest.mark.parallel
@@ -252,8 +268,11 @@ def test_host_memory_honours_the_cgroup_limit(v2, tmp_path):
     host = host_memory(proc, root)
     assert host.available == 3 * GIB and "cgroup limit 4.00 GiB" in host.source
     check_host_fit(GIB, host, 2, "training images 1 GiB")  # 1.5 GiB per rank: fits
-    with pytest.raises(MemoryBudgetError, match=r"needs about 2.00 GiB of host memory per rank .* each rank may take "
-                                                r"1.50 GiB \(cgroup limit 4.00 GiB .* / 2 ranks on this host\)"):
+    with pytest.raises(
+        MemoryBudgetError,
+        match=r"needs about 2.00 GiB of host memory per rank .* each rank may take "
+        r"1.50 GiB \(cgroup limit 4.00 GiB .* / 2 ranks on this host\)",
+    ):
         check_host_fit(2 * GIB, host, 2, "training images 2 GiB")
     unlimited_proc, unlimited_root = fake_cgroups(tmp_path / "u", v2, "max" if v2 else "9223372036854771712", GIB)
     assert cgroup_memory_limit(unlimited_proc, unlimited_root) is None

@@ -47,8 +47,10 @@ def test_shards_are_disjoint_cover_and_balanced(by, world_size):
     shards = [shard_tiles(grid, by, 7, r, world_size, epoch=3) for r in range(world_size)]
     pixels = torch.cat([grid.pixels_of(s) for s in shards])
     assert pixels.numel() == n_pixels and torch.unique(pixels).numel() == n_pixels  # disjoint and covering
-    units = [shard_units(grid.n_tiles if by == "tile" else grid.n_images, 7, r, world_size, 3).numel()
-             for r in range(world_size)]
+    units = [
+        shard_units(grid.n_tiles if by == "tile" else grid.n_images, 7, r, world_size, 3).numel()
+        for r in range(world_size)
+    ]
     assert max(units) - min(units) <= 1
 
 
@@ -130,9 +132,9 @@ def test_error_map_sampling_draws_more_from_high_loss_pixels(scene):
     tiles = torch.cat([sampler.sample(10000).tile for _ in range(5)])
     drawn = float(hard[tiles].float().mean())
     n = sampler.grid.count.double()
-    uniform = float(n[hard].sum() / n.sum())                     # 4 of 64 images: 1/16
+    uniform = float(n[hard].sum() / n.sum())  # 4 of 64 images: 1/16
     mass = float((n * truth)[hard].sum() / (n * truth).sum())
-    expected = 0.75 * mass + 0.25 * uniform                      # the default floor is 0.25
+    expected = 0.75 * mass + 0.25 * uniform  # the default floor is 0.25
     assert drawn > 5 * uniform
     assert drawn == pytest.approx(expected, rel=0.03)
 
@@ -204,7 +206,7 @@ def test_complexity_is_larger_for_textured_than_flat_images():
 def test_complexity_sees_silhouettes_on_transparent_backgrounds():
     img = np.zeros((64, 64, 4), np.uint8)
     yy, xx = np.mgrid[:64, :64]
-    img[(yy - 32) ** 2 + (xx - 32) ** 2 < 20 ** 2] = (127, 128, 127, 255)  # mid-grey disc: only alpha shows it
+    img[(yy - 32) ** 2 + (xx - 32) ** 2 < 20**2] = (127, 128, 127, 255)  # mid-grey disc: only alpha shows it
     f = tile_features(img, 32)
     assert np.all(f[:, 0] > 0) and np.all(f[:, 1] > 0)
 
@@ -297,7 +299,7 @@ def test_dynamic_resolution_trains_on_block_means(scene):
     for i in range(0, 500, 25):
         by, bx = int(y[i]) // 4 * 4, int(x[i]) // 4 * 4  # 80 px images, 32 px tiles: blocks clip at the tile edge
         h, w = min(4, 80 - by), min(4, 80 - bx)
-        block = images[img[i], by:by + h, bx:bx + w].reshape(-1, 4).mean(0)
+        block = images[img[i], by : by + h, bx : bx + w].reshape(-1, 4).mean(0)
         torch.testing.assert_close(batch.rgba[i], block)
     with pytest.raises(ValueError, match="power of two"):
         sampler.set_resolution(3)
@@ -312,8 +314,12 @@ def table(rows: list[dict]) -> np.ndarray:
 
 def two_ranks(busy0: float, busy1: float, samples=(1000.0, 1000.0), rays=(100.0, 100.0)) -> np.ndarray:
     """A 10-step interval of 10 s in which rank r worked busy_r seconds and waited the rest."""
-    return table([{"steps": 10, "seconds": 10.0, "comm_seconds": 10.0 - b, "samples": s * 10, "rays": r * 10}
-                  for b, s, r in zip((busy0, busy1), samples, rays)])
+    return table(
+        [
+            {"steps": 10, "seconds": 10.0, "comm_seconds": 10.0 - b, "samples": s * 10, "rays": r * 10}
+            for b, s, r in zip((busy0, busy1), samples, rays)
+        ]
+    )
 
 
 def test_time_balance_gives_slower_ranks_less_work():
@@ -373,8 +379,9 @@ def pipeline_of(frames, s, scene_cache: str):
     """The data pipeline ``Trainer.build`` makes from the settings ``s`` (size 1)."""
     from hvd_ngp.data.pipeline import DataPipeline
 
-    return DataPipeline.build(frames, s.data, dist.runtime(), s.step.seed, s.step.target_samples, s.step.max_rays,
-                              scene_cache)
+    return DataPipeline.build(
+        frames, s.data, dist.runtime(), s.step.seed, s.step.target_samples, s.step.max_rays, scene_cache
+    )
 
 
 def test_pipeline_advances_epochs_and_resolution_from_the_interval_table(scene_cache, tmp_path):
@@ -386,44 +393,67 @@ def test_pipeline_advances_epochs_and_resolution_from_the_interval_table(scene_c
     assert pipe.sampler.resolution == 4 and pipe.sampler.epoch == 0
     n = pipe.sampler.n_pixels
     step = table([{"steps": 10, "seconds": 1.0, "rays": n * 0.6, "loss_sum": 10 * 0.5}])
-    assert pipe.end_interval(step) == []                                   # 0.6 epochs; first loss
-    notes = pipe.end_interval(step)                                        # 1.2 epochs; the loss did not fall
+    assert pipe.end_interval(step) == []  # 0.6 epochs; first loss
+    notes = pipe.end_interval(step)  # 1.2 epochs; the loss did not fall
     assert pipe.sampler.epoch == 1 and pipe.resolution == 2 and pipe.sampler.resolution == 2
     assert any("epoch 1" in s for s in notes) and any("resolution raised to 1/2" in s for s in notes)
     falling = table([{"steps": 10, "seconds": 1.0, "rays": 1.0, "loss_sum": 10 * 0.1}])
     pipe.end_interval(falling)
     pipe.end_interval(table([{"steps": 10, "seconds": 1.0, "rays": 1.0, "loss_sum": 10 * 0.05}]))
-    assert pipe.resolution == 2                                            # still falling fast: stays
+    assert pipe.resolution == 2  # still falling fast: stays
     pipe.end_interval(table([{"steps": 10, "seconds": 1.0, "rays": 1.0, "loss_sum": 10 * 0.049}]))
     assert pipe.resolution == 1
     pipe.close()
 
 
-@pytest.mark.parametrize("options", [
-    ["--sampling", "error_map", "--error_map_interval", "4", "--preload", "host"],
-    ["--sampling", "complexity", "--importance_weights", "off", "--balance", "off", "--shard_by", "image"],
-    ["--preload", "stream", "--host_image_budget_gb", "0.0001", "--dynamic_resolution", "2", "--log_every", "4"],
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--sampling", "error_map", "--error_map_interval", "4", "--preload", "host"],
+        ["--sampling", "complexity", "--importance_weights", "off", "--balance", "off", "--shard_by", "image"],
+        ["--preload", "stream", "--host_image_budget_gb", "0.0001", "--dynamic_resolution", "2", "--log_every", "4"],
+    ],
+)
 def test_training_runs_with_each_strategy_and_placement(options, scene_cache, tmp_path):
     from conftest import TINY_ARGS
 
     from hvd_ngp.config import CPU_CONFIG, parse_args
     from hvd_ngp.training.trainer import run
 
-    args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", str(scene_cache), "--device", "cpu",
-                       "--n_steps", "12", "--log_every", "6", "--out_dir", str(tmp_path / "o"), "--save_renders", "0",
-                       *options])
+    args = parse_args(
+        [
+            "--config",
+            str(CPU_CONFIG),
+            *TINY_ARGS,
+            "--scene_cache",
+            str(scene_cache),
+            "--device",
+            "cpu",
+            "--n_steps",
+            "12",
+            "--log_every",
+            "6",
+            "--out_dir",
+            str(tmp_path / "o"),
+            "--save_renders",
+            "0",
+            *options,
+        ]
+    )
     result = run(args)
     assert result.step == 12 and all(math.isfinite(h["loss"]) for h in result.metrics["history"])
     assert math.isfinite(result.metrics["test_psnr"])
 
 
-@pytest.mark.parametrize("option, message", [
-    (["--complexity_weights", "0.3"], "--complexity_weights"),
-    (["--dynamic_resolution", "3"], "power of two"),
-    (["--sampling_floor", "0"], "--sampling_floor"),
-    (["--tile_size", "8", "--dynamic_resolution", "16"], "must divide --tile_size"),
-])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--complexity_weights", "0.3"], "--complexity_weights"),
+        (["--dynamic_resolution", "3"], "power of two"),
+        (["--sampling_floor", "0"], "--sampling_floor"),
+        (["--tile_size", "8", "--dynamic_resolution", "16"], "must divide --tile_size"),
+    ],
+)
 def test_bad_data_options_are_refused(option, message):
     from hvd_ngp.config import parse_args
 
@@ -451,9 +481,32 @@ def test_sampling_benchmark_writes_its_table_json_and_markdown(scene_cache, tmp_
     from hvd_ngp.bench.sampling import main
 
     md = tmp_path / "BENCH.md"
-    result = main(["--device", "cpu", "--variants", "uniform,streamed", "--time_budget_s", "1", "--eval_points", "2",
-                   "--log_every", "2", "--out", str(tmp_path / "runs"), "--json", str(tmp_path / "b.json"),
-                   "--markdown", str(md), "--", *TINY_ARGS, "--scene_cache", str(scene_cache), "--n_eval_views", "1"])
+    result = main(
+        [
+            "--device",
+            "cpu",
+            "--variants",
+            "uniform,streamed",
+            "--time_budget_s",
+            "1",
+            "--eval_points",
+            "2",
+            "--log_every",
+            "2",
+            "--out",
+            str(tmp_path / "runs"),
+            "--json",
+            str(tmp_path / "b.json"),
+            "--markdown",
+            str(md),
+            "--",
+            *TINY_ARGS,
+            "--scene_cache",
+            str(scene_cache),
+            "--n_eval_views",
+            "1",
+        ]
+    )
     assert [v["variant"] for v in result["variants"]] == ["uniform", "streamed"]
     assert result["variants"][1]["data"]["placement"] == "stream" and result["memory_cap_gb"] > 0
     assert json.loads((tmp_path / "b.json").read_text())["target_psnr"] == pytest.approx(result["target_psnr"])
@@ -470,8 +523,16 @@ def test_pipeline_state_survives_a_json_round_trip(scene_cache, tmp_path):
 
     from hvd_ngp.config import CPU_CONFIG, parse_settings
 
-    argv = ["--config", str(CPU_CONFIG), "--scene_cache", str(scene_cache), "--sampling", "error_map",
-            "--dynamic_resolution", "2"]
+    argv = [
+        "--config",
+        str(CPU_CONFIG),
+        "--scene_cache",
+        str(scene_cache),
+        "--sampling",
+        "error_map",
+        "--dynamic_resolution",
+        "2",
+    ]
     frames = load_scene("builtin", scene_cache=scene_cache, lazy_train=True).train
     a = pipeline_of(frames, parse_settings(argv), str(tmp_path))
     batch = a.sample(4096)
@@ -529,11 +590,13 @@ def test_stores_on_the_gpu_give_the_cpu_pixels(placement, scene_cache):
     eager = load_scene("builtin", scene_cache=scene_cache)
     if placement == "stream":
         lazy = load_scene("builtin", scene_cache=scene_cache, lazy_train=True)
-        sampler = RaySampler(lazy.train, 0, 2, 1, cuda, store=StreamedPixels(lazy.train, cuda, chunk=4, workers=2),
-                             shard_by="image")
+        sampler = RaySampler(
+            lazy.train, 0, 2, 1, cuda, store=StreamedPixels(lazy.train, cuda, chunk=4, workers=2), shard_by="image"
+        )
     else:
-        sampler = RaySampler(eager.train, 0, 2, 1, cuda,
-                             store=StackedPixels(eager.train, cuda, on_device=placement == "device"))
+        sampler = RaySampler(
+            eager.train, 0, 2, 1, cuda, store=StackedPixels(eager.train, cuda, on_device=placement == "device")
+        )
     for _ in range(20):
         batch = sampler.sample(4096)
         assert batch.rgba.device.type == "cuda" and batch.origins.device.type == "cuda"

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_ngp.data import load_scene
-from hvd_ngp.data import cameras
+from hvd_ngp.data import cameras, load_scene
 from hvd_ngp.data.cameras import distort, undistort
 from hvd_ngp.data.sampler import image_rays
 from hvd_ngp.errors import SceneError
@@ -27,7 +26,9 @@ def scene_with(tmp_path, frame_fields=None, size=(8, 6), n=1, sizes=None, **meta
     for i in range(n):
         w, h = sizes[i] if sizes else size
         cv2.imwrite(str(root / "img" / f"{i}.png"), np.full((h, w, 3), 100 + i, np.uint8))
-        frames.append({"file_path": f"img/{i}", "transform_matrix": np.eye(4).tolist(), **(frame_fields or [{}] * n)[i]})
+        frames.append(
+            {"file_path": f"img/{i}", "transform_matrix": np.eye(4).tolist(), **(frame_fields or [{}] * n)[i]}
+        )
     (root / "transforms.json").write_text(json.dumps({"frames": frames, **meta}))
     return load_scene(root)
 
@@ -118,8 +119,13 @@ def test_fisheye_rays_use_the_equidistant_model(tmp_path):
 
 
 def test_per_frame_intrinsics_override_and_mixed_sizes(tmp_path):
-    s = scene_with(tmp_path / "a", [{"fl_x": 5.0, "w": 8, "h": 6}, {"fl_x": 7.0, "w": 10, "h": 4}], n=2,
-                   sizes=[(8, 6), (10, 4)], fl_x=3.0)
+    s = scene_with(
+        tmp_path / "a",
+        [{"fl_x": 5.0, "w": 8, "h": 6}, {"fl_x": 7.0, "w": 10, "h": 4}],
+        n=2,
+        sizes=[(8, 6), (10, 4)],
+        fl_x=3.0,
+    )
     assert s.train.intrinsics[:, 0].tolist() == [5.0, 7.0]
     assert s.train.sizes.tolist() == [[8, 6], [10, 4]] and s.train.n_pixels == 48 + 40
     img, y, x = s.train.locate(torch.tensor([0, 47, 48, 87]))
@@ -142,9 +148,9 @@ def write_llff(root, n=8, h=12, w=16, focal=20.0, near=2.0, far=10.0, subfolder=
     for i in range(n):
         # LLFF columns: down, right, backward, centre, (h, w, focal); cameras on a small line, facing -z
         pose = np.zeros((3, 5))
-        pose[:, 0] = [0, -1, 0]   # down
-        pose[:, 1] = [1, 0, 0]    # right
-        pose[:, 2] = [0, 0, 1]    # backward
+        pose[:, 0] = [0, -1, 0]  # down
+        pose[:, 1] = [1, 0, 0]  # right
+        pose[:, 2] = [0, 0, 1]  # backward
         pose[:, 3] = [0.1 * i, 0, 0]
         pose[:, 4] = [h, w, focal]
         rows.append(np.concatenate([pose.reshape(-1), [near, far]]))
@@ -184,7 +190,9 @@ def test_direction_maps_match_exact_undistortion(tmp_path):
         img, y, x = s.train.locate(torch.randint(0, s.train.n_pixels, (500,)))
         u = x.float() + torch.rand(500)
         v = y.float() + torch.rand(500)
-        exact = pixel_rays(s.train.c2w[img], s.train.intrinsics[img], u, v, s.train.distortion[img], s.train.fisheye[img])[1]
+        exact = pixel_rays(
+            s.train.c2w[img], s.train.intrinsics[img], u, v, s.train.distortion[img], s.train.fisheye[img]
+        )[1]
         c2w = s.train.c2w[img]
         mapped = torch.einsum("nij,nj->ni", c2w[:, :, :3], sampler.direction_maps.directions(img, u, v))
         mapped = mapped / mapped.norm(dim=-1, keepdim=True)

@@ -11,20 +11,69 @@ import pytest
 from hvd_ngp.config import BASE_CONFIG, CPU_CONFIG, DEFAULT_STEPS, build_parser, parse_args, parse_settings
 from hvd_ngp.errors import ConfigError
 from hvd_ngp.observe.metrics import UNLIMITED_STEPS
-from hvd_ngp.settings import (EvalSettings, LoopSettings, ModelSettings, OutputSettings, RuntimeSettings,
-                              SceneSettings, Settings, StepSettings, ViewerSettings)
+from hvd_ngp.settings import (
+    EvalSettings,
+    LoopSettings,
+    ModelSettings,
+    OutputSettings,
+    RuntimeSettings,
+    SceneSettings,
+    Settings,
+    StepSettings,
+    ViewerSettings,
+)
 
 #: the groups whose fields are flags of the same name (derived or validated elsewhere: comm, blocks)
-FLAG_GROUPS = (SceneSettings, ModelSettings, RuntimeSettings, StepSettings, LoopSettings, EvalSettings, OutputSettings,
-               ViewerSettings)
-NOT_FLAGS = {"comm", "blocks", "config", "timeline", "timeline_mark_cycles", "autotune",
-             "autotune_log", "stall_check_s", "stall_shutdown_s"}
+FLAG_GROUPS = (
+    SceneSettings,
+    ModelSettings,
+    RuntimeSettings,
+    StepSettings,
+    LoopSettings,
+    EvalSettings,
+    OutputSettings,
+    ViewerSettings,
+)
+NOT_FLAGS = {
+    "comm",
+    "blocks",
+    "config",
+    "timeline",
+    "timeline_mark_cycles",
+    "autotune",
+    "autotune_log",
+    "stall_check_s",
+    "stall_shutdown_s",
+}
 
 
 def test_each_group_holds_its_flags_with_the_command_line_values():
-    s = parse_settings(["--config", str(CPU_CONFIG), "--seed", "5", "--eval_at_s", "30,10", "--out_dir", "o",
-                        "--ckpt_every", "7", "--viewer_share", "0.5", "--downscale", "2", "--backend", "torch",
-                        "--stop_signals", "TERM,USR1", "--grad_sync", "periodic", "--sampling", "complexity"])
+    s = parse_settings(
+        [
+            "--config",
+            str(CPU_CONFIG),
+            "--seed",
+            "5",
+            "--eval_at_s",
+            "30,10",
+            "--out_dir",
+            "o",
+            "--ckpt_every",
+            "7",
+            "--viewer_share",
+            "0.5",
+            "--downscale",
+            "2",
+            "--backend",
+            "torch",
+            "--stop_signals",
+            "TERM,USR1",
+            "--grad_sync",
+            "periodic",
+            "--sampling",
+            "complexity",
+        ]
+    )
     assert (s.step.seed, s.eval.eval_at_s, s.output.out_dir, s.viewer.viewer_share) == (5, (10.0, 30.0), "o", 0.5)
     assert (s.scene.downscale, s.model.backend, s.loop.stop_signals) == (2, "torch", ("TERM", "USR1"))
     assert s.runtime.comm.grad_sync == "periodic" and s.data.sampling == "complexity"
@@ -53,8 +102,9 @@ def test_help_groups_are_the_settings_groups_and_every_flag_has_one():
         assert groups[cls.TITLE] == names, cls.__name__
     fields = {f.name for cls in FLAG_GROUPS for f in dataclasses.fields(cls)}
     dests = {a.dest for a in parser._actions} - {"help", "config"}
-    grouped_elsewhere = {a.dest for g in parser._action_groups if g.title not in {c.TITLE for c in FLAG_GROUPS}
-                         for a in g._group_actions}
+    grouped_elsewhere = {
+        a.dest for g in parser._action_groups if g.title not in {c.TITLE for c in FLAG_GROUPS} for a in g._group_actions
+    }
     assert dests <= fields | grouped_elsewhere
     assert {f.name for f in dataclasses.fields(Settings)} >= {"data", "monitor", "runtime", "model"}
 
@@ -62,16 +112,19 @@ def test_help_groups_are_the_settings_groups_and_every_flag_has_one():
 def test_help_shows_each_default_once():
     text = build_parser().format_help()
     assert "(default: None)" not in text and "(default: False)" not in text
-    n_steps = text[text.index("\n  --n_steps N_STEPS"):text.index("\n  --time_budget_s TIME")]
+    n_steps = text[text.index("\n  --n_steps N_STEPS") : text.index("\n  --time_budget_s TIME")]
     assert n_steps.count("default") == 1  # the help's own "default 2000", not the formatter's "None"
     assert "(default: 1337)" in " ".join(text.split())  # --seed
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--devise", "cpu"], "unknown option --devise (did you mean --device?)"),
-    (["--targt_samples=5"], "unknown option --targt_samples (did you mean --target_samples?)"),
-    (["--qqqqq"], "unknown option --qqqqq; see --help"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--devise", "cpu"], "unknown option --devise (did you mean --device?)"),
+        (["--targt_samples=5"], "unknown option --targt_samples (did you mean --target_samples?)"),
+        (["--qqqqq"], "unknown option --qqqqq; see --help"),
+    ],
+)
 def test_a_mistyped_flag_is_one_line_with_the_nearest_and_exit_2(argv, expected, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_settings(["--config", str(CPU_CONFIG), *argv])
@@ -82,5 +135,7 @@ def test_a_mistyped_flag_is_one_line_with_the_nearest_and_exit_2(argv, expected,
 def test_a_mistyped_config_file_key_names_the_nearest(tmp_path):
     path = tmp_path / "typo.json"
     path.write_text(json.dumps({"parent": str(CPU_CONFIG), "target_sampels": 10}))
-    with pytest.raises(ConfigError, match=r"typo\.json: unknown option 'target_sampels' \(did you mean 'target_samples'"):
+    with pytest.raises(
+        ConfigError, match=r"typo\.json: unknown option 'target_sampels' \(did you mean 'target_samples'"
+    ):
         parse_settings(["--config", str(path)])

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_ngp.model import encoding
-from hvd_ngp.model.encoding import tcnn as tcnn_backend
 from hvd_ngp.config import BASE_CONFIG, parse_args
 from hvd_ngp.errors import BackendError, ConfigError
+from hvd_ngp.model import encoding
+from hvd_ngp.model.encoding import tcnn as tcnn_backend
 from hvd_ngp.model.field import NGPField
 
 AABB = torch.tensor([[-1.0] * 3, [1.0] * 3])
@@ -68,7 +68,10 @@ def test_field_feeds_tinycudann_the_instant_ngp_blocks_and_trains(fake_tcnn):
     assert kinds == [("Encoding", "HashGrid"), ("Network", "FullyFusedMLP"), ("Network", "FullyFusedMLP")]
     grid, density, rgb = fake_tcnn.CREATED
     enc = model["encoding"]
-    assert grid["config"]["n_levels"] == enc["n_levels"] and grid["config"]["log2_hashmap_size"] == enc["log2_hashmap_size"]
+    assert (
+        grid["config"]["n_levels"] == enc["n_levels"]
+        and grid["config"]["log2_hashmap_size"] == enc["log2_hashmap_size"]
+    )
     assert density["n_input_dims"] == field.encoding.n_output_dims and density["n_output_dims"] == 16
     assert density["config"]["n_neurons"] == model["network"]["n_neurons"]
     assert rgb["n_input_dims"] == field.dir_encoding.n_output_dims + 16 and rgb["n_output_dims"] == 3

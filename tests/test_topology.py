@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from hvd_ngp.cluster.topology import (
+    expand_nodelist,
+    expand_tasks_per_node,
+    hierarchical_allreduce,
+    mpi_as_fast_as_nccl,
+    nccl_presets,
+    parse_host_arg,
+    parse_hostfile,
+    parse_hostfile_text,
+    passthrough_names,
+    place,
+    slurm_hosts,
+)
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.cluster.topology import (expand_nodelist, expand_tasks_per_node, hierarchical_allreduce, mpi_as_fast_as_nccl,
-                                      nccl_presets,
-                                      parse_host_arg, parse_hostfile, parse_hostfile_text, passthrough_names, place,
-                                      slurm_hosts)
 
 GOOD_HOSTFILES = [
     ("a slots=4\nb slots=4\n", [("a", 4), ("b", 4)]),
@@ -62,8 +71,12 @@ def test_missing_hostfile(tmp_path):
 
 def test_host_arg():
     assert [(h.name, h.slots) for h in parse_host_arg("a:2,b,c:4").hosts] == [("a", 2), ("b", 1), ("c", 4)]
-    for bad, message in (("a:0", "positive integer"), ("a:2,a:2", "listed twice"), ("a:x", "positive integer"),
-                         ("", "not a host name")):
+    for bad, message in (
+        ("a:0", "positive integer"),
+        ("a:2,a:2", "listed twice"),
+        ("a:x", "positive integer"),
+        ("", "not a host name"),
+    ):
         with pytest.raises(ConfigError, match=message):
             parse_host_arg(bad)
 
@@ -82,20 +95,30 @@ def test_placement_fills_hosts_in_order():
         place(hosts, 0)
 
 
-@pytest.mark.parametrize("spec,expected", [
-    ("gpu[01-04,07]", ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"]),
-    ("login1,node[8-10]", ["login1", "node8", "node9", "node10"]),
-    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
-    ("a,b[009-011],c", ["a", "b009", "b010", "b011", "c"]),
-    ("single", ["single"]),
-])
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("gpu[01-04,07]", ["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"]),
+        ("login1,node[8-10]", ["login1", "node8", "node9", "node10"]),
+        ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+        ("a,b[009-011],c", ["a", "b009", "b010", "b011", "c"]),
+        ("single", ["single"]),
+    ],
+)
 def test_slurm_nodelist(spec, expected):
     assert expand_nodelist(spec) == expected
 
 
-@pytest.mark.parametrize("spec,message", [("gpu[01-", "unbalanced '['"), ("gpu01]", "unbalanced ']'"),
-                                          ("gpu[4-1]", "runs backwards"), ("gpu[a-b]", "bad range"),
-                                          ("gpu[[1]]", "nested")])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("gpu[01-", "unbalanced '['"),
+        ("gpu01]", "unbalanced ']'"),
+        ("gpu[4-1]", "runs backwards"),
+        ("gpu[a-b]", "bad range"),
+        ("gpu[[1]]", "nested"),
+    ],
+)
 def test_bad_slurm_nodelist(spec, message):
     with pytest.raises(ConfigError) as err:
         expand_nodelist(spec)
@@ -141,7 +164,11 @@ def test_hierarchical_rule():
 def test_nccl_presets():
     assert nccl_presets("auto") == {}
     assert nccl_presets("eth", "eth1") == {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth1"}
-    assert nccl_presets("ib", "ib0", 3) == {"NCCL_IB_DISABLE": "0", "NCCL_SOCKET_IFNAME": "ib0", "NCCL_IB_GID_INDEX": "3"}
+    assert nccl_presets("ib", "ib0", 3) == {
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_SOCKET_IFNAME": "ib0",
+        "NCCL_IB_GID_INDEX": "3",
+    }
     assert "NCCL_ALGO" not in nccl_presets("ib")
     with pytest.raises(ConfigError, match="--ib-gid-index applies to --fabric ib"):
         nccl_presets("eth", None, 3)
@@ -169,8 +196,12 @@ def test_repository_hostfiles_parse_with_ours_and_with_horovodrun():
 
 def test_mpi_transport_rule():
     """Hierarchical allreduce pays only where MPI crosses nodes as fast as NCCL (docs/scaling.md)."""
-    assert mpi_as_fast_as_nccl("horovodrun", "eth", {})[0] and mpi_as_fast_as_nccl(None, None, {"NCCL_IB_DISABLE": "1"})[0]
+    assert (
+        mpi_as_fast_as_nccl("horovodrun", "eth", {})[0] and mpi_as_fast_as_nccl(None, None, {"NCCL_IB_DISABLE": "1"})[0]
+    )
     assert mpi_as_fast_as_nccl("mpirun", "ib", {})[0] and mpi_as_fast_as_nccl(None, None, {"OMPI_MCA_pml": "ucx"})[0]
     assert mpi_as_fast_as_nccl("horovodrun", "ib", {}) == (
-        False, "horovodrun runs MPI over TCP (pml ob1) while NCCL can use InfiniBand")
+        False,
+        "horovodrun runs MPI over TCP (pml ob1) while NCCL can use InfiniBand",
+    )
     assert not mpi_as_fast_as_nccl("horovodrun", "auto", {})[0] and not mpi_as_fast_as_nccl("mpirun", "auto", {})[0]

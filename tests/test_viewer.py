@@ -12,12 +12,11 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, run_ranks, tiny_cpu_args
+
 from hvd_ngp.training.control import RunControl
 from hvd_ngp.viewer.cameras import camera_frames, matrix_quaternion, quaternion_matrix
 from hvd_ngp.viewer.resolution import AdaptiveResolution, FrameThrottle, frame_size
-
 
 # ------------------------------------------------------------------------------------ sizes and pacing
 
@@ -27,7 +26,7 @@ def test_resolution_grows_to_the_budget_and_never_overruns_after_the_first_frame
     res = AdaptiveResolution(0.1, side=32, max_side=4096)
     times = []
     for _ in range(30):
-        t = cost * res.side ** 2
+        t = cost * res.side**2
         times.append(t)
         res.update(t)
     assert max(times) <= 0.1
@@ -103,8 +102,11 @@ def test_requests_are_polled_every_n_steps_and_a_save_is_taken_once():
 
 @pytest.mark.parallel
 def test_pause_and_save_from_rank_0_reach_both_ranks(scene_cache, tmp_path):
-    proc = run_ranks(["tests/parallel/check_viewer_control.py", str(scene_cache), str(tmp_path / "out")],
-                     controller="gloo", timeout=240)
+    proc = run_ranks(
+        ["tests/parallel/check_viewer_control.py", str(scene_cache), str(tmp_path / "out")],
+        controller="gloo",
+        timeout=240,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "CHECK viewer_control OK" in out, out[-4000:]
@@ -140,33 +142,87 @@ def test_the_snapshot_viewer_page_shows_the_render_tools_image(scene_cache, tmp_
     import cv2
 
     from hvd_ngp.config import parse_args
-    from hvd_ngp.viewer.browser import HeadlessChromium
     from hvd_ngp.tools.render import main as render_main
     from hvd_ngp.training.trainer import run
+    from hvd_ngp.viewer.browser import HeadlessChromium
 
     snap = tmp_path / "snap.pt"
-    run(parse_args(tiny_cpu_args(scene_cache, tmp_path / "train", "--n_steps", "40", "--log_every", "40",
-                                 "--save_renders", "0", "--n_eval_views", "1", "--save_snapshot", str(snap))))
-    render_main(["--load_snapshot", str(snap), "--out_dir", str(tmp_path / "render"), "--split_views", "1",
-                 "--video", "none", "--downscale", "2", "--device", "cpu"])
+    run(
+        parse_args(
+            tiny_cpu_args(
+                scene_cache,
+                tmp_path / "train",
+                "--n_steps",
+                "40",
+                "--log_every",
+                "40",
+                "--save_renders",
+                "0",
+                "--n_eval_views",
+                "1",
+                "--save_snapshot",
+                str(snap),
+            )
+        )
+    )
+    render_main(
+        [
+            "--load_snapshot",
+            str(snap),
+            "--out_dir",
+            str(tmp_path / "render"),
+            "--split_views",
+            "1",
+            "--video",
+            "none",
+            "--downscale",
+            "2",
+            "--device",
+            "cpu",
+        ]
+    )
     reference = cv2.cvtColor(cv2.imread(str(tmp_path / "render" / "test" / "test_000.png")), cv2.COLOR_BGR2RGB)
     h_ref = reference.shape[0]  # 40: the viewer's frame is 4 * 40 x 40 (the canvas is 4:1) at the same camera
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    viewer = subprocess.Popen([sys.executable, "-m", "hvd_ngp.tools.view", str(snap), "--port", "0",
-                               "--device", "cpu", "--downscale", "2", "--max_side", str(4 * h_ref),
-                               "--serve_s", "60"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    viewer = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hvd_ngp.tools.view",
+            str(snap),
+            "--port",
+            "0",
+            "--device",
+            "cpu",
+            "--downscale",
+            "2",
+            "--max_side",
+            str(4 * h_ref),
+            "--serve_s",
+            "60",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = None
         for line in viewer.stdout:
-            if (m := re.match(r"viewer: (http://\S+)", line)):
+            if m := re.match(r"viewer: (http://\S+)", line):
                 url = m.group(1)
                 break
         assert url, "hvd-ngp-view printed no address"
         with HeadlessChromium(*VIEWPORT, executable=exe) as browser:
-            browser.call("Emulation.setDeviceMetricsOverride", width=VIEWPORT[0], height=VIEWPORT[1],
-                         deviceScaleFactor=1, mobile=False)
+            browser.call(
+                "Emulation.setDeviceMetricsOverride",
+                width=VIEWPORT[0],
+                height=VIEWPORT[1],
+                deviceScaleFactor=1,
+                mobile=False,
+            )
             browser.open(url)
             best, deadline = -1.0, time.monotonic() + 40
             while time.monotonic() < deadline:
@@ -174,17 +230,19 @@ def test_the_snapshot_viewer_page_shows_the_render_tools_image(scene_cache, tmp_
                 png = browser.screenshot()
                 shot = cv2.cvtColor(cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
                 H, W = shot.shape[:2]
-                middle = shot[:, (W - H) // 2:(W - H) // 2 + H]
+                middle = shot[:, (W - H) // 2 : (W - H) // 2 + H]
                 seen = cv2.resize(middle, (h_ref, h_ref), interpolation=cv2.INTER_AREA).astype(np.float64)
                 corr = float(np.corrcoef(seen.ravel(), reference.astype(np.float64).ravel())[0, 1])
-                psnr = 10 * math.log10(255 ** 2 / max(float(np.mean((seen - reference) ** 2)), 1e-9))
+                psnr = 10 * math.log10(255**2 / max(float(np.mean((seen - reference) ** 2)), 1e-9))
                 best = max(best, corr)
                 if corr >= 0.9 and psnr >= 18:
                     break
             (tmp_path / "viewer.png").write_bytes(png)
             print(f"screenshot {tmp_path / 'viewer.png'}: correlation {corr:.3f}, PSNR {psnr:.1f} dB")
-        assert corr >= 0.9 and psnr >= 18, (f"the page's middle does not show the render (best correlation "
-                                            f"{best:.3f}, PSNR {psnr:.1f} dB); screenshot {tmp_path / 'viewer.png'}")
+        assert corr >= 0.9 and psnr >= 18, (
+            f"the page's middle does not show the render (best correlation "
+            f"{best:.3f}, PSNR {psnr:.1f} dB); screenshot {tmp_path / 'viewer.png'}"
+        )
         assert seen.std() > 10  # not a blank page
     finally:
         viewer.terminate()
@@ -192,8 +250,13 @@ def test_the_snapshot_viewer_page_shows_the_render_tools_image(scene_cache, tmp_
 
 
 def test_the_snapshot_viewer_names_a_missing_snapshot_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hvd_ngp.tools.view", str(tmp_path / "nope.pt"), "--port", "0"],
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvd_ngp.tools.view", str(tmp_path / "nope.pt"), "--port", "0"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{tmp_path / 'nope.pt'}: no such snapshot" in proc.stderr and "Traceback" not in proc.stderr

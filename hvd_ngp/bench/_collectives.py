@@ -72,12 +72,15 @@ def measure(gradients: dict[str, int], block: DistributedBlock, repeats: int = 2
     total = sum(gradients.values())
     addr, port = _rendezvous(block)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    tdist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rt.rank, world_size=rt.size,
-                             timeout=timedelta(seconds=120))
+    tdist.init_process_group(
+        backend, init_method=f"tcp://{addr}:{port}", rank=rt.rank, world_size=rt.size, timeout=timedelta(seconds=120)
+    )
     rows = []
     try:
-        cases = [(f"hash grid ({largest})", [gradients[largest]], gradients[largest]),
-                 (f"all gradients ({len(gradients)} tensors)", list(gradients.values()), total)]
+        cases = [
+            (f"hash grid ({largest})", [gradients[largest]], gradients[largest]),
+            (f"all gradients ({len(gradients)} tensors)", list(gradients.values()), total),
+        ]
         for label, numels, flat in cases:
             tensors = [torch.ones(n, device=device) for n in numels]
             buffer = torch.ones(flat, device=device)
@@ -86,8 +89,18 @@ def measure(gradients: dict[str, int], block: DistributedBlock, repeats: int = 2
             n_bytes = 4 * flat
             hvd_bw = bus_bandwidth_gbs(n_bytes, hvd_s, rt.size)
             raw_bw = bus_bandwidth_gbs(n_bytes, raw_s, rt.size)
-            rows.append({"tensor": label, "bytes": n_bytes, "backend": backend, "horovod_s": hvd_s, "raw_s": raw_s,
-                         "horovod_busbw_gbs": hvd_bw, "raw_busbw_gbs": raw_bw, "ratio": hvd_bw / raw_bw})
+            rows.append(
+                {
+                    "tensor": label,
+                    "bytes": n_bytes,
+                    "backend": backend,
+                    "horovod_s": hvd_s,
+                    "raw_s": raw_s,
+                    "horovod_busbw_gbs": hvd_bw,
+                    "raw_busbw_gbs": raw_bw,
+                    "ratio": hvd_bw / raw_bw,
+                }
+            )
     finally:
         tdist.destroy_process_group()
     return rows
@@ -118,7 +131,7 @@ def measure_update(gradients: dict[str, int], repeats: int = 20, seed: int = 0) 
 
     full = start.clone().requires_grad_(True)
     full_opt = _adam(full)
-    shard = start[lo:lo + chunk].clone().requires_grad_(True)
+    shard = start[lo : lo + chunk].clone().requires_grad_(True)
     shard_opt = _adam(shard)
     gathered: list[torch.Tensor] = []
 
@@ -138,5 +151,11 @@ def measure_update(gradients: dict[str, int], repeats: int = 20, seed: int = 0) 
         difference = float(dist.allreduce(torch.tensor([difference]), "max", name="bench.update.difference"))
         allreduce_s = _median_seconds(allreduce_update, device, repeats)
         sharded_s = _median_seconds(sharded_update, device, repeats)
-    return {"values": total, "bytes": 4 * total, "allreduce_update_s": allreduce_s, "sharded_update_s": sharded_s,
-            "speedup": allreduce_s / sharded_s, "max_difference": difference}
+    return {
+        "values": total,
+        "bytes": 4 * total,
+        "allreduce_update_s": allreduce_s,
+        "sharded_update_s": sharded_s,
+        "speedup": allreduce_s / sharded_s,
+        "max_difference": difference,
+    }

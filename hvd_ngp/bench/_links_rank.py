@@ -44,14 +44,23 @@ def main(argv: list[str] | None = None) -> int:
     rt = dist.init("cpu", threads=1)
     rows = []
     for mib in [float(s) for s in opts.sizes_mib.split(",")]:
-        n_bytes = int(mib * 2 ** 20) // 4 * 4
+        n_bytes = int(mib * 2**20) // 4 * 4
         times = torch.tensor(time_allreduce(n_bytes, opts.repeats, f"links.{mib:g}"), dtype=torch.float64)
         best, median = (float(t) for t in dist.allreduce(times, "max", name=f"links.max.{mib:g}"))
         rows.append({"mib": mib, "bytes": n_bytes, "best_s": best, "median_s": median})
     if rt.is_root:
-        Path(opts.result).write_text(json.dumps({
-            "ranks": rt.size, "nodes": rt.cross_size, "controller": rt.controller, "rows": rows,
-            "hierarchical_env": os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE", "")}, indent=1))
+        Path(opts.result).write_text(
+            json.dumps(
+                {
+                    "ranks": rt.size,
+                    "nodes": rt.cross_size,
+                    "controller": rt.controller,
+                    "rows": rows,
+                    "hierarchical_env": os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE", ""),
+                },
+                indent=1,
+            )
+        )
     dist.barrier()
     return 0
 

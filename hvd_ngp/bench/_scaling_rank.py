@@ -87,17 +87,25 @@ def main(argv: list[str] | None = None) -> int:
         energy = None if not energies or None in energies else sum(energies)
         samples = result.metrics["samples_per_sec"] * train_s
         out = {
-            "ranks": rt.size, "nodes": rt.cross_size, "device": result.metrics["device"],
-            "controller": rt.controller, "steps": result.step, "train_seconds": train_s,
+            "ranks": rt.size,
+            "nodes": rt.cross_size,
+            "device": result.metrics["device"],
+            "controller": rt.controller,
+            "steps": result.step,
+            "train_seconds": train_s,
             "target_samples": settings.step.target_samples,  # per rank and step, as this run parsed it
-            "samples_per_sec": result.metrics["samples_per_sec"], "steady_samples_per_sec": steady_throughput(history),
+            "samples_per_sec": result.metrics["samples_per_sec"],
+            "steady_samples_per_sec": steady_throughput(history),
             "steady_step_s": steady_step_seconds(history),
             "comm_share": interval_mean(history, "comm_fraction") if rt.size > 1 else 0.0,
             "gpu_util_percent": interval_mean(history, "gpu_util"),
-            "energy_j": energy, "samples_per_joule": samples / energy if energy else None,
+            "energy_j": energy,
+            "samples_per_joule": samples / energy if energy else None,
             "test_psnr": result.metrics["test_psnr"],
             "psnr_curve": [(c["seconds"], c["psnr"]) for c in result.metrics["curve"]],
-            "communication": result.metrics["communication"], "ceiling": ceiling, "update": update,
+            "communication": result.metrics["communication"],
+            "ceiling": ceiling,
+            "update": update,
         }
         Path(opts.result).parent.mkdir(parents=True, exist_ok=True)
         Path(opts.result).write_text(json.dumps(out, indent=1))

@@ -62,13 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ks", default="1,2,4,8,16", help="backward passes per step to measure")
     p.add_argument("--seeds", default="1337,1")
     p.add_argument("--psnr_targets", default="33,35", help="test PSNR targets in dB")
-    p.add_argument("--eval_every", type=int, default=2000,
-                   help="steps between evaluations at K = 1 (every eval_every / K steps at K)")
+    p.add_argument(
+        "--eval_every",
+        type=int,
+        default=2000,
+        help="steps between evaluations at K = 1 (every eval_every / K steps at K)",
+    )
     p.add_argument("--n_eval_views", type=int, default=5, help="test views per evaluation (0: all)")
-    p.add_argument("--budget_s", type=float, default=0.0,
-                   help="training seconds for all runs together (evaluations excluded; 0: no limit)")
-    p.add_argument("--max_steps", type=int, default=0, help="steps per run at most (0: no limit; one of the two "
-                                                           "limits must be set)")
+    p.add_argument(
+        "--budget_s",
+        type=float,
+        default=0.0,
+        help="training seconds for all runs together (evaluations excluded; 0: no limit)",
+    )
+    p.add_argument(
+        "--max_steps",
+        type=int,
+        default=0,
+        help="steps per run at most (0: no limit; one of the two limits must be set)",
+    )
     p.add_argument("--out_dir", default="runs/bench/batch")
     p.add_argument("--json", default=None, help="the result (default <out_dir>/batch.json)")
     p.add_argument("--details_json", default=None, help="curves and run lengths (default <out_dir>/details.json)")
@@ -87,8 +99,14 @@ def main(argv: list[str] | None = None) -> dict:
         raise ConfigError(f"--eval_every must be >= 1, got {opts.eval_every}")
     if opts.budget_s <= 0 and opts.max_steps <= 0:
         raise ConfigError("give --budget_s or --max_steps (each run stops at its targets, or at these limits)")
-    for flag in ("--backward_passes_per_step", "--seed", "--eval_every", "--n_eval_views", "--n_steps",
-                 "--time_budget_s"):
+    for flag in (
+        "--backward_passes_per_step",
+        "--seed",
+        "--eval_every",
+        "--n_eval_views",
+        "--n_steps",
+        "--time_budget_s",
+    ):
         if any(a == flag or a.startswith(flag + "=") for a in extra):
             raise ConfigError(f"{flag} is set by the benchmark for each run; leave it out of the trainer flags")
     out = Path(opts.out_dir)
@@ -100,12 +118,27 @@ def main(argv: list[str] | None = None) -> dict:
         # share by up to 8 steps: the trainer reads its clock every 8 steps)
         share = max(left / (len(plan) - i), opts.budget_s / len(plan) / 2) if opts.budget_s > 0 else 0.0
         every = max(opts.eval_every // k, 1)
-        flags = [*extra, "--backward_passes_per_step", str(k), "--seed", str(seed), "--eval_every", str(every),
-                 "--n_eval_views", str(opts.n_eval_views), "--save_renders", "0",
-                 "--out_dir", str(out / f"seed{seed}_k{k}"),
-                 "--n_steps", str(opts.max_steps) if opts.max_steps > 0 else "100000000",
-                 *(["--time_budget_s", f"{share:.3f}"] if share > 0 else [])]
-        settings = parse_settings(flags, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)  # as train
+        flags = [
+            *extra,
+            "--backward_passes_per_step",
+            str(k),
+            "--seed",
+            str(seed),
+            "--eval_every",
+            str(every),
+            "--n_eval_views",
+            str(opts.n_eval_views),
+            "--save_renders",
+            "0",
+            "--out_dir",
+            str(out / f"seed{seed}_k{k}"),
+            "--n_steps",
+            str(opts.max_steps) if opts.max_steps > 0 else "100000000",
+            *(["--time_budget_s", f"{share:.3f}"] if share > 0 else []),
+        ]
+        settings = parse_settings(
+            flags, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG
+        )  # as train
         reached: list[float] = []
 
         def all_reached(step: int, psnr: float) -> bool:
@@ -115,8 +148,11 @@ def main(argv: list[str] | None = None) -> dict:
         result = run(settings, stop_after_eval=all_reached)
         if result.stopped:  # a signal (a scheduler's, a time limit's): this run is cut short, so it is left out
             stopped = f"K = {k}, seed {seed}: stopped at step {result.step} ({result.stopped})"
-            print(f"{stopped}; the {len(runs)} run(s) before it are written, the rest are not run", file=sys.stderr,
-                  flush=True)
+            print(
+                f"{stopped}; the {len(runs)} run(s) before it are written, the rest are not run",
+                file=sys.stderr,
+                flush=True,
+            )
             break
         m = result.metrics
         where = {"scene": m["scene"], "device": m["device"]}
@@ -124,29 +160,59 @@ def main(argv: list[str] | None = None) -> dict:
         seconds = m["train_seconds"]
         left = max(left - seconds, 0.0) if opts.budget_s > 0 else left
         curve = m["curve"]
-        row = {"k": k, "seed": seed,
-               "samples_per_step": int(round(m["samples_per_sec"] * seconds / timed_steps)),
-               "step_ms": seconds / timed_steps * 1e3,
-               "steps_to_psnr": {target_key(t): steps_to(curve, t) for t in targets},
-               "final_psnr": float(curve[-1]["psnr"])}
+        row = {
+            "k": k,
+            "seed": seed,
+            "samples_per_step": int(round(m["samples_per_sec"] * seconds / timed_steps)),
+            "step_ms": seconds / timed_steps * 1e3,
+            "steps_to_psnr": {target_key(t): steps_to(curve, t) for t in targets},
+            "final_psnr": float(curve[-1]["psnr"]),
+        }
         runs.append(row)
-        details.append({**row, "steps": m["steps"], "train_seconds": seconds, "share_s": share,
-                        "eval_every": every, "lr_multiplier": m["communication"]["lr_multiplier"], "curve": curve})
-        print(f"K = {k}, seed {seed}: {m['steps']} steps in {seconds:.1f} s, {row['step_ms']:.2f} ms/step, "
-              f"targets {row['steps_to_psnr']}, final {row['final_psnr']:.2f} dB", file=sys.stderr, flush=True)
+        details.append(
+            {
+                **row,
+                "steps": m["steps"],
+                "train_seconds": seconds,
+                "share_s": share,
+                "eval_every": every,
+                "lr_multiplier": m["communication"]["lr_multiplier"],
+                "curve": curve,
+            }
+        )
+        print(
+            f"K = {k}, seed {seed}: {m['steps']} steps in {seconds:.1f} s, {row['step_ms']:.2f} ms/step, "
+            f"targets {row['steps_to_psnr']}, final {row['final_psnr']:.2f} dB",
+            file=sys.stderr,
+            flush=True,
+        )
     if not runs:
         raise SystemExit(EXIT_PREEMPTED)
     ones = [r["step_ms"] for r in runs if r["k"] == 1]
     per_pass = sum(ones) / len(ones) if ones else min(r["step_ms"] / r["k"] for r in runs)
     result = {**where, "step_ms_per_backward_pass": per_pass, "runs": runs}
-    rows = [{"K": r["k"], "seed": r["seed"], "samples/step": r["samples_per_step"], "step ms": f"{r['step_ms']:.2f}",
-             "ms per pass": f"{r['step_ms'] / r['k']:.2f}", "lr x": f"{d['lr_multiplier']:.3g}",
-             **{f"steps to {key} dB": "-" if v is None else v for key, v in r["steps_to_psnr"].items()},
-             **{f"samples to {key} dB (M)": "-" if v is None else f"{v * r['samples_per_step'] / 1e6:.3g}"
-                for key, v in r["steps_to_psnr"].items()},
-             "final dB": f"{r['final_psnr']:.2f}", "steps": d["steps"]} for r, d in zip(runs, details)]
-    print(f"{result['device']}, scene {result['scene']}; PSNR over {opts.n_eval_views or 'all'} test views every "
-          f"{opts.eval_every} / K steps; one pass {per_pass:.2f} ms")
+    rows = [
+        {
+            "K": r["k"],
+            "seed": r["seed"],
+            "samples/step": r["samples_per_step"],
+            "step ms": f"{r['step_ms']:.2f}",
+            "ms per pass": f"{r['step_ms'] / r['k']:.2f}",
+            "lr x": f"{d['lr_multiplier']:.3g}",
+            **{f"steps to {key} dB": "-" if v is None else v for key, v in r["steps_to_psnr"].items()},
+            **{
+                f"samples to {key} dB (M)": "-" if v is None else f"{v * r['samples_per_step'] / 1e6:.3g}"
+                for key, v in r["steps_to_psnr"].items()
+            },
+            "final dB": f"{r['final_psnr']:.2f}",
+            "steps": d["steps"],
+        }
+        for r, d in zip(runs, details)
+    ]
+    print(
+        f"{result['device']}, scene {result['scene']}; PSNR over {opts.n_eval_views or 'all'} test views every "
+        f"{opts.eval_every} / K steps; one pass {per_pass:.2f} ms"
+    )
     print(table(rows, list(rows[0])))
     write_json(opts.json or out / "batch.json", result)
     write_json(opts.details_json or out / "details.json", {"options": vars(opts), "runs": details})

@@ -39,18 +39,29 @@ def read_json(path: str) -> dict:
 def from_throughput(path: str, backend: str | None) -> tuple[float, float, str, float]:
     """(step ms, gradient bytes, what, the MLPs' gradient bytes) from a ``bench throughput`` JSON: the named backend, else the fastest."""
     data = read_json(path)
-    runs = [r for r in data.get("training", []) if isinstance(r, dict) and (backend is None or r.get("backend") == backend)]
+    runs = [
+        r for r in data.get("training", []) if isinstance(r, dict) and (backend is None or r.get("backend") == backend)
+    ]
     if not runs:
         raise ConfigError(f"{path}: no 'training' entry{f' for backend {backend}' if backend else ''}")
     run = min(runs, key=lambda r: r.get("step_ms", float("inf")))
     groups = run.get("gradient_bytes")
     if not isinstance(groups, dict) or not groups:
-        raise ConfigError(f"{path}: the {run.get('backend')} entry has no 'gradient_bytes' (rerun bench throughput "
-                          "with this version, or give --grad_mib)")
-    what = (f"{data.get('device', '?')}, {run.get('backend')} {run.get('precision')}, "
-            f"{run.get('samples_per_step', 0):.0f} samples/step, gradient groups "
-            + ", ".join(f"{k} {v / fm.MIB:.2f} MiB" for k, v in groups.items()))
-    return float(run["step_ms"]), float(sum(groups.values())), what, float(sum(v for k, v in groups.items() if "mlp" in k))
+        raise ConfigError(
+            f"{path}: the {run.get('backend')} entry has no 'gradient_bytes' (rerun bench throughput "
+            "with this version, or give --grad_mib)"
+        )
+    what = (
+        f"{data.get('device', '?')}, {run.get('backend')} {run.get('precision')}, "
+        f"{run.get('samples_per_step', 0):.0f} samples/step, gradient groups "
+        + ", ".join(f"{k} {v / fm.MIB:.2f} MiB" for k, v in groups.items())
+    )
+    return (
+        float(run["step_ms"]),
+        float(sum(groups.values())),
+        what,
+        float(sum(v for k, v in groups.items() if "mlp" in k)),
+    )
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -61,20 +72,28 @@ def parse_ints(text: str, what: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench fabric", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hvd_ngp.bench fabric", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     src = p.add_argument_group("the measured one-GPU step")
     src.add_argument("--step_ms", type=float, help="one backward pass + optimizer step on one GPU, ms")
     src.add_argument("--grad_mib", type=float, help="gradient bytes per step in MiB (what one allreduce moves)")
     src.add_argument("--from_json", metavar="FILE", help="a bench throughput JSON (step_ms and gradient_bytes)")
     src.add_argument("--backend", default=None, help="with --from_json: that backend's entry (default: the fastest)")
-    src.add_argument("--mlp_kib", type=float, default=None,
-                     help="the MLPs' part of the gradient in KiB, what delayed_grid waits for (default: the JSON's "
-                          f"*mlp groups, else base.json's {fm.DEFAULT_MLP_BYTES / 1024:.1f} KiB)")
+    src.add_argument(
+        "--mlp_kib",
+        type=float,
+        default=None,
+        help="the MLPs' part of the gradient in KiB, what delayed_grid waits for (default: the JSON's "
+        f"*mlp groups, else base.json's {fm.DEFAULT_MLP_BYTES / 1024:.1f} KiB)",
+    )
     fab = p.add_argument_group("the fabric")
-    fab.add_argument("--preset", default="ib4",
-                     help=f"comma-separated presets: clusters {', '.join(fm.CLUSTERS)}; networks {', '.join(fm.NETS)}; "
-                          f"single nodes {', '.join(fm.NODES)}")
+    fab.add_argument(
+        "--preset",
+        default="ib4",
+        help=f"comma-separated presets: clusters {', '.join(fm.CLUSTERS)}; networks {', '.join(fm.NETS)}; "
+        f"single nodes {', '.join(fm.NODES)}",
+    )
     fab.add_argument("--node", choices=tuple(fm.NODES), default=None, help="the node inside each network preset")
     fab.add_argument("--nodes", type=int, default=None, help="nodes (overrides the preset)")
     fab.add_argument("--gpus_per_node", type=int, default=None, help="GPUs per node (overrides the preset)")
@@ -99,8 +118,15 @@ def default_ranks(f: fm.Fabric) -> list[int]:
     return out + [total]
 
 
-def ttq_tables(steps: dict, source: str, grad_bytes: float, fabrics: list[fm.Fabric], modes: list[fm.Mode],
-               psnrs: list[str], mlp_bytes: float = 0.0) -> tuple[list[str], list[dict]]:
+def ttq_tables(
+    steps: dict,
+    source: str,
+    grad_bytes: float,
+    fabrics: list[fm.Fabric],
+    modes: list[fm.Mode],
+    psnrs: list[str],
+    mlp_bytes: float = 0.0,
+) -> tuple[list[str], list[dict]]:
     texts, rows = [], []
     for psnr in psnrs:
         for f in fabrics:
@@ -110,21 +136,35 @@ def ttq_tables(steps: dict, source: str, grad_bytes: float, fabrics: list[fm.Fab
                 for r in part:
                     r.update(fabric=f.name, mode=mode.spec, psnr=psnr)
                 rows += part
-                shown = [{"N": r["ranks"], "seeds": r["seeds"],
-                          "steps": "not reached" if r["steps"] is None else f"{r['steps']:.0f}",
-                          "step ms": f"{r['step_ms']:.2f}", "exposed ms": f"{r['exposed_comm_ms']:.2f}",
-                          f"time to {psnr} dB s": "-" if r["time_s"] is None else f"{r['time_s']:.1f}",
-                          "speedup": "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
-                          "steps scaling": "-" if r["scaling"] is None else f"{r['scaling']:.0%}"} for r in part]
+                shown = [
+                    {
+                        "N": r["ranks"],
+                        "seeds": r["seeds"],
+                        "steps": "not reached" if r["steps"] is None else f"{r['steps']:.0f}",
+                        "step ms": f"{r['step_ms']:.2f}",
+                        "exposed ms": f"{r['exposed_comm_ms']:.2f}",
+                        f"time to {psnr} dB s": "-" if r["time_s"] is None else f"{r['time_s']:.1f}",
+                        "speedup": "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+                        "steps scaling": "-" if r["scaling"] is None else f"{r['scaling']:.0%}",
+                    }
+                    for r in part
+                ]
                 scene = steps.get("scene", "?")
-                verdict = (f"critical batch: steps fall at least {fm.CRITICAL_SCALING:.0%} of 1/N up to N = {crit['ranks']}; "
-                           if crit["ranks"] else "critical batch: steps fall less than half of 1/N already at the "
-                                                 "second N; ")
-                verdict += (f"fastest projected time at N = {crit['fastest']}" if crit["fastest"] else
-                            "no N reached the PSNR")
-                texts.append(f"Time to {psnr} dB on {scene} ({steps.get('device', '?')}), fabric {f.name}, mode "
-                             f"{mode.spec} [{PROJECTED}; steps measured on one GPU with K = N backward passes]:\n\n"
-                             + table(shown, list(shown[0])) + "\n" + verdict)
+                verdict = (
+                    f"critical batch: steps fall at least {fm.CRITICAL_SCALING:.0%} of 1/N up to N = {crit['ranks']}; "
+                    if crit["ranks"]
+                    else "critical batch: steps fall less than half of 1/N already at the second N; "
+                )
+                verdict += (
+                    f"fastest projected time at N = {crit['fastest']}" if crit["fastest"] else "no N reached the PSNR"
+                )
+                texts.append(
+                    f"Time to {psnr} dB on {scene} ({steps.get('device', '?')}), fabric {f.name}, mode "
+                    f"{mode.spec} [{PROJECTED}; steps measured on one GPU with K = N backward passes]:\n\n"
+                    + table(shown, list(shown[0]))
+                    + "\n"
+                    + verdict
+                )
     return texts, rows
 
 
@@ -144,37 +184,62 @@ def main(argv: list[str] | None = None) -> dict:
         mlp_bytes = opts.mlp_kib * 1024
     if opts.accumulate < 1 or opts.period < 1:
         raise ConfigError("--accumulate and --period must be >= 1")
-    modes = [fm.Mode.parse(m) for m in (opts.modes or DEFAULT_MODES.format(k=opts.accumulate, h=opts.period)).split(",")]
-    fabrics = [fm.fabric(name.strip(), opts.nodes, opts.gpus_per_node, opts.node)
-               for name in opts.preset.split(",") if name.strip()]
-    header = (f"{PROJECTED}. One GPU: {step_ms:.3g} ms per step, {grad_bytes / fm.MIB:.2f} MiB of gradient "
-              f"({what}).")
+    modes = [
+        fm.Mode.parse(m) for m in (opts.modes or DEFAULT_MODES.format(k=opts.accumulate, h=opts.period)).split(",")
+    ]
+    fabrics = [
+        fm.fabric(name.strip(), opts.nodes, opts.gpus_per_node, opts.node)
+        for name in opts.preset.split(",")
+        if name.strip()
+    ]
+    header = f"{PROJECTED}. One GPU: {step_ms:.3g} ms per step, {grad_bytes / fm.MIB:.2f} MiB of gradient ({what})."
     texts, rows = [header], []
     for f in fabrics:
         ranks = parse_ints(opts.ranks, "ranks") if opts.ranks else default_ranks(f)
         part = fm.project(step_ms, grad_bytes, ranks, f, modes, mlp_bytes)
         rows += part
-        shown = [{"N": r["ranks"], "nodes": r["nodes"], "mode": r["mode"], "comm ms": f"{r['comm_ms']:.2f}",
-                  "exposed ms": f"{r['exposed_comm_ms']:.2f}", "exposed/step": f"{r['exposed_comm_ms'] / step_ms:.0%}",
-                  "efficiency": f"{r['efficiency']:.0%}"} for r in part]
-        texts.append(f"Fabric {f.name}: {f.nodes} node(s) x {f.gpus_per_node} GPUs; inside a node {f.intra.name} "
-                     f"{f.intra.gbs:g} GB/s; between nodes {f.inter.name} {f.inter.gbs:g} GB/s per node, MPI "
-                     f"{f.mpi_tcp.gbs:g} GB/s over TCP, {f.mpi_rdma.gbs:g} GB/s over RDMA "
-                     f"[{PROJECTED}]\n\n" + table(shown, list(shown[0])))
+        shown = [
+            {
+                "N": r["ranks"],
+                "nodes": r["nodes"],
+                "mode": r["mode"],
+                "comm ms": f"{r['comm_ms']:.2f}",
+                "exposed ms": f"{r['exposed_comm_ms']:.2f}",
+                "exposed/step": f"{r['exposed_comm_ms'] / step_ms:.0%}",
+                "efficiency": f"{r['efficiency']:.0%}",
+            }
+            for r in part
+        ]
+        texts.append(
+            f"Fabric {f.name}: {f.nodes} node(s) x {f.gpus_per_node} GPUs; inside a node {f.intra.name} "
+            f"{f.intra.gbs:g} GB/s; between nodes {f.inter.name} {f.inter.gbs:g} GB/s per node, MPI "
+            f"{f.mpi_tcp.gbs:g} GB/s over TCP, {f.mpi_rdma.gbs:g} GB/s over RDMA "
+            f"[{PROJECTED}]\n\n" + table(shown, list(shown[0]))
+        )
     ttq_rows: list[dict] = []
     if opts.steps_json:
         steps = read_json(opts.steps_json)
-        keys = sorted({k for r in steps.get("runs", []) if isinstance(r, dict)
-                       for k in (r.get("steps_to_psnr") or {})}) if opts.psnr is None else [opts.psnr]
+        keys = (
+            sorted({k for r in steps.get("runs", []) if isinstance(r, dict) for k in (r.get("steps_to_psnr") or {})})
+            if opts.psnr is None
+            else [opts.psnr]
+        )
         if not keys:
             raise ConfigError(f"{opts.steps_json}: no steps_to_psnr keys in 'runs'")
         ttq_modes = [fm.Mode.parse(m) for m in opts.ttq_modes.split(",")]
         more, ttq_rows = ttq_tables(steps, opts.steps_json, grad_bytes, fabrics, ttq_modes, keys, mlp_bytes)
         texts += more
     print("\n\n".join(texts))
-    result = {"projected": True, "note": PROJECTED, "step_ms": step_ms, "grad_bytes": grad_bytes, "mlp_bytes": mlp_bytes,
-              "source": what,
-              "rows": rows, "time_to_psnr": ttq_rows}
+    result = {
+        "projected": True,
+        "note": PROJECTED,
+        "step_ms": step_ms,
+        "grad_bytes": grad_bytes,
+        "mlp_bytes": mlp_bytes,
+        "source": what,
+        "rows": rows,
+        "time_to_psnr": ttq_rows,
+    }
     if opts.json:
         write_json(opts.json, result)
     return result

@@ -68,6 +68,7 @@ def bench_inference(tr: Trainer, size: int, repeat: int, windows: list[Inference
             def call(x: Tensor, *rest, **kw):
                 network_rows[0] += x.shape[0]
                 return fn(x, *rest, **kw)
+
             return call
 
         field, density = counted(tr.field), counted(tr.field.density)
@@ -77,12 +78,27 @@ def bench_inference(tr: Trainer, size: int, repeat: int, windows: list[Inference
 
         def single_pass(w: InferenceWindows, stats: InferenceStats | None = None, timer: StageTimer = NULL_TIMER):
             def render(ob: Tensor, db: Tensor, j: Tensor | None):
-                return render_rays_single_pass(field, density, ob, db, tr.field.aabb, tr.grid, schedule, eps,
-                                               workspace, j, windows=w, timer=timer, stats=stats)
+                return render_rays_single_pass(
+                    field,
+                    density,
+                    ob,
+                    db,
+                    tr.field.aabb,
+                    tr.grid,
+                    schedule,
+                    eps,
+                    workspace,
+                    j,
+                    windows=w,
+                    timer=timer,
+                    stats=stats,
+                )
+
             return render
 
-        paths = [("two_pass", two_pass, None)] + [(f"single_pass {w.first}:{w.most}", single_pass(w), w)
-                                                  for w in windows]
+        paths = [("two_pass", two_pass, None)] + [
+            (f"single_pass {w.first}:{w.most}", single_pass(w), w) for w in windows
+        ]
         for name, render, w in paths:
             stats = InferenceStats()
             images[name] = render_in_chunks(render if w is None else single_pass(w, stats), o, d, black, chunk)[0]
@@ -93,10 +109,14 @@ def bench_inference(tr: Trainer, size: int, repeat: int, windows: list[Inference
                 render_in_chunks(render, o, d, black, chunk)
             synced(dev)
             seconds = (time.perf_counter() - t0) / repeat
-            row = {"path": name, "ms/view": seconds * 1e3, "M rays/s": n_rays / seconds / 1e6,
-                   "network rows/ray": network_rows[0] / repeat / n_rays,
-                   "iterations": stats.iterations if w is not None else None,
-                   "max abs diff vs two_pass": float((images[name] - images["two_pass"]).abs().max())}
+            row = {
+                "path": name,
+                "ms/view": seconds * 1e3,
+                "M rays/s": n_rays / seconds / 1e6,
+                "network rows/ray": network_rows[0] / repeat / n_rays,
+                "iterations": stats.iterations if w is not None else None,
+                "max abs diff vs two_pass": float((images[name] - images["two_pass"]).abs().max()),
+            }
             if own:
                 gt = reference_view(frames, 0, "std", black)
                 row["PSNR"] = mse_to_psnr(float(torch.mean((images[name].clamp(0, 1) - gt) ** 2)))
@@ -111,5 +131,11 @@ def bench_inference(tr: Trainer, size: int, repeat: int, windows: list[Inference
     for row in rows:
         row["speed vs two_pass"] = rows[0]["ms/view"] / row["ms/view"]
     w_, h_ = frames.image_size(0)
-    return {"size": [w_, h_], "rays": n_rays, "repeat": repeat, "rows": rows, "stages_ms": stages,
-            "stage_windows": f"{windows[0].first}:{windows[0].most}" if windows else None}
+    return {
+        "size": [w_, h_],
+        "rays": n_rays,
+        "repeat": repeat,
+        "rows": rows,
+        "stages_ms": stages,
+        "stage_windows": f"{windows[0].first}:{windows[0].most}" if windows else None,
+    }

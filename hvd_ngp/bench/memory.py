@@ -26,23 +26,33 @@ def evaluate_under(tr: Trainer, gb: float, n_views: int) -> dict:
     if rt.device.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(1.0, rt.device)  # undo the previous cap
         torch.cuda.synchronize(rt.device)
-    tr.memory = MemoryBudget.for_device(rt.device, gb, ranks_on_device(
-        rt.local_rank, rt.local_size, torch.cuda.device_count() if rt.device.type == "cuda" else 0))
+    tr.memory = MemoryBudget.for_device(
+        rt.device,
+        gb,
+        ranks_on_device(rt.local_rank, rt.local_size, torch.cuda.device_count() if rt.device.type == "cuda" else 0),
+    )
     tr.meter = MemoryMeter(rt.device)
     t0 = time.perf_counter()
     ev = tr.evaluate(n_views=n_views)
     seconds = time.perf_counter() - t0
     peak = tr.meter.peaks.get("eval")
-    return {"budget_gb": gb, "budget_gib": None if tr.memory.bytes is None else tr.memory.bytes / GIB,
-            "budget_source": tr.memory.source, "views": ev["views"], "seconds": seconds,
-            "views_per_s": ev["views"] / seconds, "psnr": ev["psnr"],
-            "peak_allocated_gib": peak.allocated / GIB if peak else None,
-            "peak_reserved_gib": peak.reserved / GIB if peak else None}
+    return {
+        "budget_gb": gb,
+        "budget_gib": None if tr.memory.bytes is None else tr.memory.bytes / GIB,
+        "budget_source": tr.memory.source,
+        "views": ev["views"],
+        "seconds": seconds,
+        "views_per_s": ev["views"] / seconds,
+        "psnr": ev["psnr"],
+        "peak_allocated_gib": peak.allocated / GIB if peak else None,
+        "peak_reserved_gib": peak.reserved / GIB if peak else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench memory", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hvd_ngp.bench memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--scene", default="builtin")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--n_steps", type=int, default=2000, help="training steps before the evaluations")
@@ -53,8 +63,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags")
     opts = p.parse_args(argv)
     extra = [a for a in opts.extra if a != "--"]
-    settings = parse_settings(["--scene", opts.scene, "--device", opts.device, "--n_steps", str(opts.n_steps), *extra],
-                              default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG)
+    settings = parse_settings(
+        ["--scene", opts.scene, "--device", opts.device, "--n_steps", str(opts.n_steps), *extra],
+        default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG,
+    )
     dist.init(settings.runtime.device)
     tr = Trainer.build(settings)
     t0 = time.perf_counter()
@@ -66,14 +78,26 @@ def main(argv: list[str] | None = None) -> dict:
     evaluate_under(tr, 0.0, 1)  # compiles the rendering kernels: the first timed budget does not pay for it
     runs = [evaluate_under(tr, float(gb), opts.eval_views) for gb in opts.budgets.split(",") if gb.strip()]
     reference = runs[0]
-    rows = [{"budget": r["budget_source"], "views": r["views"], "views/s": f"{r['views_per_s']:.2f}",
-             "vs first": f"{r['views_per_s'] / reference['views_per_s']:.2f}x", "PSNR": f"{r['psnr']:.4f}",
-             "peak alloc GiB": "n/a" if r["peak_allocated_gib"] is None else f"{r['peak_allocated_gib']:.2f}",
-             "peak reserved GiB": "n/a" if r["peak_reserved_gib"] is None else f"{r['peak_reserved_gib']:.2f}"}
-            for r in runs]
+    rows = [
+        {
+            "budget": r["budget_source"],
+            "views": r["views"],
+            "views/s": f"{r['views_per_s']:.2f}",
+            "vs first": f"{r['views_per_s'] / reference['views_per_s']:.2f}x",
+            "PSNR": f"{r['psnr']:.4f}",
+            "peak alloc GiB": "n/a" if r["peak_allocated_gib"] is None else f"{r['peak_allocated_gib']:.2f}",
+            "peak reserved GiB": "n/a" if r["peak_reserved_gib"] is None else f"{r['peak_reserved_gib']:.2f}",
+        }
+        for r in runs
+    ]
     device = torch.cuda.get_device_name(tr.rt.device) if tr.rt.device.type == "cuda" else "cpu"
-    text = "\n\n".join([f"Device: {device}; scene {opts.scene}; {opts.n_steps} training steps ({train_s:.1f} s), then "
-                        f"the same model evaluated under each budget.", table(rows, list(rows[0]))])
+    text = "\n\n".join(
+        [
+            f"Device: {device}; scene {opts.scene}; {opts.n_steps} training steps ({train_s:.1f} s), then "
+            f"the same model evaluated under each budget.",
+            table(rows, list(rows[0])),
+        ]
+    )
     print(text)
     result = {"device": device, "options": vars(opts), "train_seconds": train_s, "runs": runs}
     if opts.json:

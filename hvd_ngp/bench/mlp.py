@@ -24,10 +24,15 @@ from .report import append_markdown, table, write_json
 from .throughput import timed
 
 #: (implementation, autocast dtype or None, fused math or None)
-VARIANTS = [("torch eager fp32", None, None), ("torch eager fp16 autocast", torch.float16, None),
-            ("torch eager bf16 autocast", torch.bfloat16, None), ("triton fused fp32 (ieee)", None, "ieee"),
-            ("triton fused tf32", None, "tf32"), ("triton fused fp16 autocast", torch.float16, "fp16"),
-            ("triton fused bf16 autocast", torch.bfloat16, "bf16")]
+VARIANTS = [
+    ("torch eager fp32", None, None),
+    ("torch eager fp16 autocast", torch.float16, None),
+    ("torch eager bf16 autocast", torch.bfloat16, None),
+    ("triton fused fp32 (ieee)", None, "ieee"),
+    ("triton fused tf32", None, "tf32"),
+    ("triton fused fp16 autocast", torch.float16, "fp16"),
+    ("triton fused bf16 autocast", torch.bfloat16, "bf16"),
+]
 
 
 def bench_one(name: str, block: dict, n_in: int, n_out: int, opts: argparse.Namespace, dev: torch.device) -> list[dict]:
@@ -63,9 +68,14 @@ def bench_one(name: str, block: dict, n_in: int, n_out: int, opts: argparse.Name
             y.backward(g.to(y.dtype))
 
         try:
-            rows.append({"mlp": f"{name} {n_in}-{block.get('n_neurons', 64)}x{block.get('n_hidden_layers', 1)}-{n_out}",
-                         "implementation": label, "fwd_ms": timed(fwd, dev, opts.repeat),
-                         "fwd_bwd_ms": timed(fwd_bwd, dev, opts.repeat)})
+            rows.append(
+                {
+                    "mlp": f"{name} {n_in}-{block.get('n_neurons', 64)}x{block.get('n_hidden_layers', 1)}-{n_out}",
+                    "implementation": label,
+                    "fwd_ms": timed(fwd, dev, opts.repeat),
+                    "fwd_bwd_ms": timed(fwd_bwd, dev, opts.repeat),
+                }
+            )
         finally:
             torch.backends.cuda.matmul.allow_tf32 = old_tf32
     base = {r["mlp"]: r for r in rows if r["implementation"] == "torch eager fp32"}
@@ -79,12 +89,18 @@ def bench_density_pass(model: dict, opts: argparse.Namespace, dev: torch.device)
     if not triton_available(dev.type):
         return []
     enc = make_position_encoding(model["encoding"], "triton").to(dev)
-    mlp = make_mlp({**model["network"], "fused": True}, enc.n_output_dims, int(model["network"].get("n_output_dims", 16)), "network",
-                   backend="triton").to(dev)
+    mlp = make_mlp(
+        {**model["network"], "fused": True},
+        enc.n_output_dims,
+        int(model["network"].get("n_output_dims", 16)),
+        "network",
+        backend="triton",
+    ).to(dev)
     x = torch.rand(opts.points, 3, device=dev)
     n_rows = torch.tensor(int(opts.fill * opts.points), device=dev)
     rows = []
     for label, count in (("all rows", None), (f"n_rows = {opts.fill:g} x rows", n_rows)):
+
         def density():
             with torch.no_grad(), torch.autocast(dev.type, dtype=torch.float16, enabled=dev.type == "cuda"):
                 if count is None:
@@ -97,8 +113,9 @@ def bench_density_pass(model: dict, opts: argparse.Namespace, dev: torch.device)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench mlp", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hvd_ngp.bench mlp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--config", default=None, help="trainer config (default: base.json on GPU, cpu.json on CPU)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--points", type=int, default=1 << 18, help="rows through each MLP")
@@ -108,22 +125,31 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
     opts = p.parse_args(argv)
     dev = dist.init(opts.device).device
-    model = parse_settings((["--config", opts.config] if opts.config else []) + ["--device", opts.device],
-                           default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG).model.blocks
+    model = parse_settings(
+        (["--config", opts.config] if opts.config else []) + ["--device", opts.device],
+        default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG,
+    ).model.blocks
     enc = model["encoding"]
     n_enc = int(enc.get("n_levels", 16)) * int(enc.get("n_features_per_level", 2))
     n_geo = int(model["network"].get("n_output_dims", 16))
     n_dir = (int(model["dir_encoding"].get("degree", 4))) ** 2
-    rows = bench_one("density", model["network"], n_enc, n_geo, opts, dev) + \
-        bench_one("colour", model["rgb_network"], n_dir + n_geo, 3, opts, dev)
+    rows = bench_one("density", model["network"], n_enc, n_geo, opts, dev) + bench_one(
+        "colour", model["rgb_network"], n_dir + n_geo, 3, opts, dev
+    )
     density = bench_density_pass(model, opts, dev)
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     shown = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
-    parts = [f"Device: {device}; {opts.points} rows; {opts.repeat} timed calls each (ms per call).",
-             table(shown, list(shown[0]))]
+    parts = [
+        f"Device: {device}; {opts.points} rows; {opts.repeat} timed calls each (ms per call).",
+        table(shown, list(shown[0])),
+    ]
     if density:
-        parts.append(table([{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in density],
-                           list(density[0])))
+        parts.append(
+            table(
+                [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in density],
+                list(density[0]),
+            )
+        )
     text = "\n\n".join(parts)
     print(text)
     result = {"device": device, "options": vars(opts), "mlp": rows, "density_pass": density}

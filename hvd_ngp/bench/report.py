@@ -28,7 +28,9 @@ def append_markdown(path: str | Path, title: str, body: str, argv: list[str] | N
     """Append a dated section with the exact command that produced it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    command = "python -m hvd_ngp.bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m hvd_ngp.bench " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = "" if path.exists() else "# Benchmarks\n\nMeasured results, newest last. Each section names the command.\n"
     with path.open("a") as f:

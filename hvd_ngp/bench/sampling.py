@@ -59,8 +59,9 @@ def time_to_psnr(curve: list[dict], target: float) -> float | None:
 
 
 def median_after_first(history: list[dict], key: str) -> float | None:
-    values = [h[key] for h in history[1:] if h.get(key) is not None] or \
-             [h[key] for h in history if h.get(key) is not None]
+    values = [h[key] for h in history[1:] if h.get(key) is not None] or [
+        h[key] for h in history if h.get(key) is not None
+    ]
     return statistics.median(values) if values else None
 
 
@@ -72,11 +73,18 @@ def summarise(name: str, metrics: dict) -> dict:
         rays += h["rays_per_step"] * (h["step"] - last)
         last = h["step"]
     seconds = max(metrics["train_seconds"], 1e-9)
-    return {"variant": name, "final_psnr": metrics["test_psnr"], "train_seconds": metrics["train_seconds"],
-            "steps": metrics["steps"], "samples_per_sec": metrics["samples_per_sec"], "rays_per_sec": rays / seconds,
-            "step_time_spread": median_after_first(history, "step_time_spread"),
-            "gpu_util_spread": median_after_first(history, "gpu_util_spread"),
-            "curve": metrics["curve"], "data": metrics["data"]}
+    return {
+        "variant": name,
+        "final_psnr": metrics["test_psnr"],
+        "train_seconds": metrics["train_seconds"],
+        "steps": metrics["steps"],
+        "samples_per_sec": metrics["samples_per_sec"],
+        "rays_per_sec": rays / seconds,
+        "step_time_spread": median_after_first(history, "step_time_spread"),
+        "gpu_util_spread": median_after_first(history, "gpu_util_spread"),
+        "curve": metrics["curve"],
+        "data": metrics["data"],
+    }
 
 
 def percent(v: float | None) -> str:
@@ -84,8 +92,11 @@ def percent(v: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench sampling", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hvd_ngp.bench sampling",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--scene", default="builtin")
     p.add_argument("--config", default=None, help="trainer config (default: base.json on GPU, cpu.json on CPU)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -94,11 +105,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--eval_points", type=int, default=6, help="test evaluations per variant (the last at the end)")
     p.add_argument("--log_every", type=int, default=50, help="steps per log interval (spreads are per interval)")
     p.add_argument("--target_psnr", type=float, default=0.0, help="for time-to-PSNR (0: see above)")
-    p.add_argument("--warmup_steps", type=int, default=None,
-                   help="untimed steps of the first variant before any is measured, so kernel compilation is "
-                        "not charged to it (default: 100 on GPU, 0 on CPU)")
-    p.add_argument("--memory_cap_gb", type=float, default=0.0,
-                   help="device and host image budget of the streamed variant (0: half the decoded images)")
+    p.add_argument(
+        "--warmup_steps",
+        type=int,
+        default=None,
+        help="untimed steps of the first variant before any is measured, so kernel compilation is "
+        "not charged to it (default: 100 on GPU, 0 on CPU)",
+    )
+    p.add_argument(
+        "--memory_cap_gb",
+        type=float,
+        default=0.0,
+        help="device and host image budget of the streamed variant (0: half the decoded images)",
+    )
     p.add_argument("--out", default="runs/bench/sampling", help="one trainer output folder per variant under here")
     p.add_argument("--json", default="runs/bench/sampling.json")
     p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
@@ -113,12 +132,25 @@ def main(argv: list[str] | None = None) -> dict:
         raise ConfigError("--time_budget_s must be positive and --eval_points at least 1")
     rt = dist.init(opts.device)
 
-    base = ["--scene", opts.scene, "--device", opts.device, "--n_steps", "100000000",
-            "--time_budget_s", str(opts.time_budget_s), "--save_renders", "0",
-            "--log_every", str(opts.log_every)]
+    base = [
+        "--scene",
+        opts.scene,
+        "--device",
+        opts.device,
+        "--n_steps",
+        "100000000",
+        "--time_budget_s",
+        str(opts.time_budget_s),
+        "--save_renders",
+        "0",
+        "--log_every",
+        str(opts.log_every),
+    ]
     if opts.eval_points > 1:
-        base += ["--eval_at_s", ",".join(f"{opts.time_budget_s * k / opts.eval_points:g}"
-                                         for k in range(1, opts.eval_points))]
+        base += [
+            "--eval_at_s",
+            ",".join(f"{opts.time_budget_s * k / opts.eval_points:g}" for k in range(1, opts.eval_points)),
+        ]
     if opts.config:
         base = ["--config", opts.config, *base]
     default_config = BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG
@@ -132,9 +164,16 @@ def main(argv: list[str] | None = None) -> dict:
     cap_gb, decoded = opts.memory_cap_gb, 0
     if "streamed" in names:
         a = trainer_args("uniform")
-        frames = load_scene(a.scene, scene_cache=a.scene_cache, builtin_seed=a.builtin_seed, train_split=a.train_split,
-                            test_split=a.test_split, holdout_every=a.holdout_every, downscale=a.downscale,
-                            lazy_train=True).train
+        frames = load_scene(
+            a.scene,
+            scene_cache=a.scene_cache,
+            builtin_seed=a.builtin_seed,
+            train_split=a.train_split,
+            test_split=a.test_split,
+            holdout_every=a.holdout_every,
+            downscale=a.downscale,
+            lazy_train=True,
+        ).train
         decoded = image_bytes(frames.sizes, 4)
         cap_gb = cap_gb or decoded / 2 / GIB
 
@@ -151,8 +190,10 @@ def main(argv: list[str] | None = None) -> dict:
         dist.log(f"=== bench sampling: {name} ===")
         metrics = run(trainer_args(name, cap_gb)).metrics
         if name == "streamed" and metrics["data"]["placement"] != "stream":
-            raise ConfigError(f"the streamed variant placed the images on {metrics['data']['placement']}: "
-                              f"--memory_cap_gb {cap_gb:g} is not below their decoded size")
+            raise ConfigError(
+                f"the streamed variant placed the images on {metrics['data']['placement']}: "
+                f"--memory_cap_gb {cap_gb:g} is not below their decoded size"
+            )
         results.append(summarise(name, metrics))
 
     by = {r["variant"]: r for r in results}
@@ -164,31 +205,59 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for r in results:
         t = r["time_to_target_s"]
-        rel = (f"{100 * (r['samples_per_sec'] / ref['samples_per_sec'] - 1):+.0f}%"
-               if ref is not None and r is not ref else "")
-        rows.append({"variant": r["variant"], "final PSNR": f"{r['final_psnr']:.2f}",
-                     f"s to {target:.2f} dB": f"{t:.1f}" if t is not None else "not reached",
-                     "steps": str(r["steps"]), "M samples/s": f"{r['samples_per_sec'] / 1e6:.3f}",
-                     "vs uniform": rel, "k rays/s": f"{r['rays_per_sec'] / 1e3:.1f}",
-                     "step spread": percent(r["step_time_spread"]),
-                     "GPU util spread": f"{r['gpu_util_spread']:.1f} pp" if r["gpu_util_spread"] is not None else "n/a",
-                     "images": r["data"]["placement"], "rebalances": str(r["data"]["rebalances"])})
+        rel = (
+            f"{100 * (r['samples_per_sec'] / ref['samples_per_sec'] - 1):+.0f}%"
+            if ref is not None and r is not ref
+            else ""
+        )
+        rows.append(
+            {
+                "variant": r["variant"],
+                "final PSNR": f"{r['final_psnr']:.2f}",
+                f"s to {target:.2f} dB": f"{t:.1f}" if t is not None else "not reached",
+                "steps": str(r["steps"]),
+                "M samples/s": f"{r['samples_per_sec'] / 1e6:.3f}",
+                "vs uniform": rel,
+                "k rays/s": f"{r['rays_per_sec'] / 1e3:.1f}",
+                "step spread": percent(r["step_time_spread"]),
+                "GPU util spread": f"{r['gpu_util_spread']:.1f} pp" if r["gpu_util_spread"] is not None else "n/a",
+                "images": r["data"]["placement"],
+                "rebalances": str(r["data"]["rebalances"]),
+            }
+        )
     device = torch.cuda.get_device_name(rt.device) if rt.device.type == "cuda" else "cpu"
-    cap = (f"; streamed variant: image budget {human_bytes(int(cap_gb * GIB))} for {human_bytes(decoded)} decoded"
-           if "streamed" in names else "")
-    text = "\n\n".join([
-        f"{rt.size} rank(s) [{rt.controller}] on {device}; scene {opts.scene}; {opts.time_budget_s:g} s of training "
-        f"per variant, {opts.eval_points} test evaluations{cap}. Step spread: median over the log intervals "
-        f"after the first of (max - min) / max of the per-rank busy time per step.",
-        table(rows, list(rows[0]))])
-    result = {"device": device, "world_size": rt.size, "controller": rt.controller, "target_psnr": target,
-              "memory_cap_gb": cap_gb if "streamed" in names else None, "decoded_bytes": decoded,
-              "options": vars(opts), "variants": results}
+    cap = (
+        f"; streamed variant: image budget {human_bytes(int(cap_gb * GIB))} for {human_bytes(decoded)} decoded"
+        if "streamed" in names
+        else ""
+    )
+    text = "\n\n".join(
+        [
+            f"{rt.size} rank(s) [{rt.controller}] on {device}; scene {opts.scene}; {opts.time_budget_s:g} s of training "
+            f"per variant, {opts.eval_points} test evaluations{cap}. Step spread: median over the log intervals "
+            f"after the first of (max - min) / max of the per-rank busy time per step.",
+            table(rows, list(rows[0])),
+        ]
+    )
+    result = {
+        "device": device,
+        "world_size": rt.size,
+        "controller": rt.controller,
+        "target_psnr": target,
+        "memory_cap_gb": cap_gb if "streamed" in names else None,
+        "decoded_bytes": decoded,
+        "options": vars(opts),
+        "variants": results,
+    }
     if rt.is_root:
         print(text, flush=True)
         if opts.json:
             write_json(opts.json, result)
         if opts.markdown:
-            append_markdown(opts.markdown, "Sampling strategies, load balance, streamed images", text,
-                            ["sampling", *(argv if argv is not None else [])])
+            append_markdown(
+                opts.markdown,
+                "Sampling strategies, load balance, streamed images",
+                text,
+                ["sampling", *(argv if argv is not None else [])],
+            )
     return result

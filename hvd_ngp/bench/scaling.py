@@ -35,8 +35,7 @@ import torch
 from ..cluster.comm import describe_allreduce
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..errors import HvdNgpError
-from ..tools.launch import build_parser as launch_parser
-from ..tools.launch import plan, split_program_args
+from ..tools.launch import build_parser as launch_parser, plan, split_program_args
 from .report import append_markdown, table, write_json
 
 WORKER = "hvd_ngp.bench._scaling_rank"
@@ -48,21 +47,34 @@ class BenchError(HvdNgpError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench scaling", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--ranks", default="auto", help="comma-separated rank counts (auto: 1, 2, 4, ... up to the GPUs "
-                                                    "or the hostfile's slots; 1,2 on CPU)")
-    p.add_argument("--mode", choices=MODES, default="weak",
-                   help="weak: --target_samples per rank and step; strong: --target_samples per step for all ranks "
-                        "together (each of N ranks trains target_samples / N); both: each")
+    p = argparse.ArgumentParser(
+        prog="python -m hvd_ngp.bench scaling",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--ranks",
+        default="auto",
+        help="comma-separated rank counts (auto: 1, 2, 4, ... up to the GPUs or the hostfile's slots; 1,2 on CPU)",
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="weak",
+        help="weak: --target_samples per rank and step; strong: --target_samples per step for all ranks "
+        "together (each of N ranks trains target_samples / N); both: each",
+    )
     p.add_argument("--psnr_targets", default="33,35", help="test PSNR targets (dB) for time-to-PSNR")
     p.add_argument("--ceiling_repeats", type=int, default=20, help="timed allreduces per tensor for the ceiling")
     p.add_argument("--out_dir", default=None, help="per-run results and logs (default runs/bench/scaling-<time>)")
     p.add_argument("--json", default=None, help="summary JSON (default <out_dir>/scaling.json)")
-    p.add_argument("--markdown", default="",
-                   help="also append a dated Markdown section to this file (default, '' or 'none': no)")
+    p.add_argument(
+        "--markdown", default="", help="also append a dated Markdown section to this file (default, '' or 'none': no)"
+    )
     p.add_argument("--timeout_s", type=float, default=0, help="give up on one rank count after this long (0: never)")
-    p.add_argument("--note", default="", help="a sentence added to the Markdown section (e.g. what else ran on the machine)")
+    p.add_argument(
+        "--note", default="", help="a sentence added to the Markdown section (e.g. what else ran on the machine)"
+    )
     g = p.add_argument_group("launch (as hvd-ngp-launch)")
     g.add_argument("--hostfile")
     g.add_argument("-H", "--hosts")
@@ -100,8 +112,10 @@ def per_rank_samples(mode: str, target_samples: int, ranks: int) -> int:
     if mode == "weak":
         return target_samples
     if target_samples % ranks:
-        raise BenchError(f"--mode strong splits --target_samples {target_samples} over the ranks, but {ranks} "
-                         f"rank(s) do not divide it; choose a multiple of {ranks}")
+        raise BenchError(
+            f"--mode strong splits --target_samples {target_samples} over the ranks, but {ranks} "
+            f"rank(s) do not divide it; choose a multiple of {ranks}"
+        )
     return target_samples // ranks
 
 
@@ -119,14 +133,24 @@ def summarize(results: list[dict], targets: list[float]) -> list[dict]:
             base_rate = base["steady_samples_per_sec"] / base["ranks"]  # per rank
             speedup = r["steady_samples_per_sec"] / base_rate if base_rate > 0 else None
         ceiling = next((c for c in r["ceiling"] if c["tensor"].startswith("hash grid")), None)
-        rows.append({"mode": mode, "ranks": r["ranks"], "nodes": r["nodes"],
-                     "samples_per_rank_step": r.get("target_samples"), "step_s": r.get("steady_step_s"),
-                     "samples_per_sec": r["steady_samples_per_sec"],
-                     "speedup": speedup, "efficiency": None if speedup is None else speedup / r["ranks"],
-                     "gpu_util_percent": r["gpu_util_percent"], "comm_share": r["comm_share"],
-                     "samples_per_joule": r["samples_per_joule"], "test_psnr": r["test_psnr"],
-                     "time_to_psnr": {str(t): time_to(r["psnr_curve"], t) for t in targets},
-                     "hash_grid_allreduce_vs_raw": None if ceiling is None else ceiling["ratio"]})
+        rows.append(
+            {
+                "mode": mode,
+                "ranks": r["ranks"],
+                "nodes": r["nodes"],
+                "samples_per_rank_step": r.get("target_samples"),
+                "step_s": r.get("steady_step_s"),
+                "samples_per_sec": r["steady_samples_per_sec"],
+                "speedup": speedup,
+                "efficiency": None if speedup is None else speedup / r["ranks"],
+                "gpu_util_percent": r["gpu_util_percent"],
+                "comm_share": r["comm_share"],
+                "samples_per_joule": r["samples_per_joule"],
+                "test_psnr": r["test_psnr"],
+                "time_to_psnr": {str(t): time_to(r["psnr_curve"], t) for t in targets},
+                "hash_grid_allreduce_vs_raw": None if ceiling is None else ceiling["ratio"],
+            }
+        )
     return rows
 
 
@@ -136,35 +160,99 @@ def fmt(value: float | None, spec: str, unit: str = "") -> str:
 
 def render(rows: list[dict], results: list[dict], targets: list[float]) -> str:
     """The scaling table, the allreduce-ceiling table and the update table (plain text that is also Markdown)."""
+
     def reached(row: dict, t: float) -> str:
         s = row["time_to_psnr"][str(t)]
         return "not reached" if s is None else f"{s:.1f} s"
 
-    columns = ["mode", "ranks", "nodes", "samples/rank/step", "ms/step", "M samples/s", "speedup", "efficiency",
-               "GPU util", "comm share", "samples/J", *(f"time to {t:g} dB" for t in targets), "final test PSNR"]
-    cells = [dict(zip(columns, [
-        r["mode"], r["ranks"], r["nodes"], fmt(r["samples_per_rank_step"], "d"),
-        fmt(None if r["step_s"] is None else 1e3 * r["step_s"], ".1f"),
-        fmt(r["samples_per_sec"] / 1e6, ".3f"), fmt(r["speedup"], ".2f", "x"),
-        fmt(None if r["efficiency"] is None else 100 * r["efficiency"], ".1f", "%"), fmt(r["gpu_util_percent"], ".0f", "%"),
-        fmt(None if r["comm_share"] is None else 100 * r["comm_share"], ".1f", "%"), fmt(r["samples_per_joule"], ".3g"),
-        *(reached(r, t) for t in targets), fmt(r["test_psnr"], ".2f", " dB")])) for r in rows]
+    columns = [
+        "mode",
+        "ranks",
+        "nodes",
+        "samples/rank/step",
+        "ms/step",
+        "M samples/s",
+        "speedup",
+        "efficiency",
+        "GPU util",
+        "comm share",
+        "samples/J",
+        *(f"time to {t:g} dB" for t in targets),
+        "final test PSNR",
+    ]
+    cells = [
+        dict(
+            zip(
+                columns,
+                [
+                    r["mode"],
+                    r["ranks"],
+                    r["nodes"],
+                    fmt(r["samples_per_rank_step"], "d"),
+                    fmt(None if r["step_s"] is None else 1e3 * r["step_s"], ".1f"),
+                    fmt(r["samples_per_sec"] / 1e6, ".3f"),
+                    fmt(r["speedup"], ".2f", "x"),
+                    fmt(None if r["efficiency"] is None else 100 * r["efficiency"], ".1f", "%"),
+                    fmt(r["gpu_util_percent"], ".0f", "%"),
+                    fmt(None if r["comm_share"] is None else 100 * r["comm_share"], ".1f", "%"),
+                    fmt(r["samples_per_joule"], ".3g"),
+                    *(reached(r, t) for t in targets),
+                    fmt(r["test_psnr"], ".2f", " dB"),
+                ],
+            )
+        )
+        for r in rows
+    ]
     out = table(cells, columns)
     c_columns = ["mode", "ranks", "tensor", "MiB", "Horovod", "raw torch.distributed", "Horovod / raw"]
-    c_cells = [dict(zip(c_columns, [
-        r.get("mode", "weak"), r["ranks"], c["tensor"], f"{c['bytes'] / 2**20:.1f}",
-        f"{1e3 * c['horovod_s']:.2f} ms, {c['horovod_busbw_gbs']:.3g} GB/s ({r['controller']} controller)",
-        f"{1e3 * c['raw_s']:.2f} ms, {c['raw_busbw_gbs']:.3g} GB/s ({c['backend']})", f"{100 * c['ratio']:.0f}%"]))
-        for r in results for c in r["ceiling"]]
+    c_cells = [
+        dict(
+            zip(
+                c_columns,
+                [
+                    r.get("mode", "weak"),
+                    r["ranks"],
+                    c["tensor"],
+                    f"{c['bytes'] / 2**20:.1f}",
+                    f"{1e3 * c['horovod_s']:.2f} ms, {c['horovod_busbw_gbs']:.3g} GB/s ({r['controller']} controller)",
+                    f"{1e3 * c['raw_s']:.2f} ms, {c['raw_busbw_gbs']:.3g} GB/s ({c['backend']})",
+                    f"{100 * c['ratio']:.0f}%",
+                ],
+            )
+        )
+        for r in results
+        for c in r["ceiling"]
+    ]
     if c_cells:
         out += "\n\nAllreduce of the same gradient sizes, same processes (median; bus bandwidth):\n\n"
         out += table(c_cells, c_columns)
-    u_columns = ["mode", "ranks", "MiB", "allreduce + Adam on all", "reduce-scatter + Adam on 1/n + all-gather",
-                 "sharded speedup", "largest difference"]
-    u_cells = [dict(zip(u_columns, [
-        r.get("mode", "weak"), r["ranks"], f"{u['bytes'] / 2**20:.1f}", f"{1e3 * u['allreduce_update_s']:.2f} ms",
-        f"{1e3 * u['sharded_update_s']:.2f} ms", f"{u['speedup']:.2f}x", f"{u['max_difference']:.1e}"]))
-        for r in results if (u := r.get("update"))]
+    u_columns = [
+        "mode",
+        "ranks",
+        "MiB",
+        "allreduce + Adam on all",
+        "reduce-scatter + Adam on 1/n + all-gather",
+        "sharded speedup",
+        "largest difference",
+    ]
+    u_cells = [
+        dict(
+            zip(
+                u_columns,
+                [
+                    r.get("mode", "weak"),
+                    r["ranks"],
+                    f"{u['bytes'] / 2**20:.1f}",
+                    f"{1e3 * u['allreduce_update_s']:.2f} ms",
+                    f"{1e3 * u['sharded_update_s']:.2f} ms",
+                    f"{u['speedup']:.2f}x",
+                    f"{u['max_difference']:.1e}",
+                ],
+            )
+        )
+        for r in results
+        if (u := r.get("update"))
+    ]
     if u_cells:
         out += "\n\nOne Adam update of every parameter, allreduced or sharded, same processes (median):\n\n"
         out += table(u_cells, u_columns)
@@ -177,14 +265,30 @@ def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(own)
     targets = [float(t) for t in opts.psnr_targets.split(",") if t]
     trainer = parse_settings(trainer_args, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
-    extra = [] if trainer.eval.eval_every or trainer.eval.eval_at_s else ["--eval_every", str(max(trainer.loop.n_steps // 10, 1))]
+    extra = (
+        []
+        if trainer.eval.eval_every or trainer.eval.eval_at_s
+        else ["--eval_every", str(max(trainer.loop.n_steps // 10, 1))]
+    )
     extra += [] if trainer.eval.n_eval_views else ["--n_eval_views", "8"]
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(opts.out_dir or f"runs/bench/scaling-{stamp}")
-    launch_opts = [a for flag, v in (("--hostfile", opts.hostfile), ("-H", opts.hosts), ("--iface", opts.iface))
-                   if v for a in (flag, v)]
-    launch_opts += ["--launcher", opts.launcher, "--controller", opts.controller, "--fabric", opts.fabric,
-                    "--module", WORKER]
+    launch_opts = [
+        a
+        for flag, v in (("--hostfile", opts.hostfile), ("-H", opts.hosts), ("--iface", opts.iface))
+        if v
+        for a in (flag, v)
+    ]
+    launch_opts += [
+        "--launcher",
+        opts.launcher,
+        "--controller",
+        opts.controller,
+        "--fabric",
+        opts.fabric,
+        "--module",
+        WORKER,
+    ]
     slots = None
     if opts.hostfile or opts.hosts:
         slots = plan(launch_parser().parse_args(launch_opts), os.environ, [], trainer.runtime.comm).placement.np
@@ -197,12 +301,29 @@ def main(argv: list[str] | None = None) -> int:
             results.append({**done[(n, per_rank)], "mode": mode})
             continue
         run_dir = out_dir / (f"ranks{n}" if mode == "weak" else f"{mode}-ranks{n}")
-        program = ["--result", str(run_dir / "result.json"), "--ceiling_repeats", str(opts.ceiling_repeats), "--",
-                   *trainer_args, *extra, "--out_dir", str(run_dir), "--save_renders", "0",
-                   "--target_samples", str(per_rank)]
-        launch = plan(launch_parser().parse_args(["-np", str(n), *launch_opts]), os.environ, program, trainer.runtime.comm)
-        print(f"scaling ({mode}): {n} rank(s), {per_rank} samples/rank/step: {launch.shell_line()}", file=sys.stderr,
-              flush=True)
+        program = [
+            "--result",
+            str(run_dir / "result.json"),
+            "--ceiling_repeats",
+            str(opts.ceiling_repeats),
+            "--",
+            *trainer_args,
+            *extra,
+            "--out_dir",
+            str(run_dir),
+            "--save_renders",
+            "0",
+            "--target_samples",
+            str(per_rank),
+        ]
+        launch = plan(
+            launch_parser().parse_args(["-np", str(n), *launch_opts]), os.environ, program, trainer.runtime.comm
+        )
+        print(
+            f"scaling ({mode}): {n} rank(s), {per_rank} samples/rank/step: {launch.shell_line()}",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             proc = subprocess.run(launch.command, env={**os.environ, **launch.env}, timeout=opts.timeout_s or None)
         except subprocess.TimeoutExpired:
@@ -216,25 +337,36 @@ def main(argv: list[str] | None = None) -> int:
     text = render(rows, results, targets)
     print("\n" + text, flush=True)
     last = results[-1]
-    summary = {"command": "python -m hvd_ngp.bench scaling " + shlex.join(argv), "date": stamp,
-               "host": socket.gethostname(), "device": last["device"], "launcher": opts.launcher,
-               "communication": last["communication"], "rows": rows, "runs": results}
+    summary = {
+        "command": "python -m hvd_ngp.bench scaling " + shlex.join(argv),
+        "date": stamp,
+        "host": socket.gethostname(),
+        "device": last["device"],
+        "launcher": opts.launcher,
+        "communication": last["communication"],
+        "rows": rows,
+        "runs": results,
+    }
     json_path = Path(opts.json or out_dir / "scaling.json")
     write_json(json_path, summary)
     print(f"\nwrote {json_path}", flush=True)
     if opts.markdown not in ("", "none"):
         c = last["communication"]
         allreduce = describe_allreduce(c["hierarchical_allreduce"], last["device"] != "cpu")
-        how = {"weak": f"weak scaling ({trainer.step.target_samples} samples per rank and step)",
-               "strong": f"strong scaling ({trainer.step.target_samples} samples per step over all ranks)",
-               "both": f"weak and strong scaling ({trainer.step.target_samples} samples per step per rank, and over "
-                       f"all ranks)"}[opts.mode]
-        settings = (f"{how}; {last['device']} on {socket.gethostname()}, {opts.launcher}, controller {last['controller']}; "
-                    f"fusion {c['fusion_threshold_mb']:g} MiB, cycle {c['cycle_time_ms']:g} ms, compression "
-                    f"{c['compression']}, {c['reduce_op']}, {allreduce}, "
-                    f"lr x{c['lr_multiplier']:.3g} at {last['ranks']} ranks; "
-                    f"{last['steps']} steps per run. Throughput: log intervals after the first; time to PSNR: "
-                    f"training seconds (evaluation excluded) at the first evaluation reaching it. {opts.note}")
+        how = {
+            "weak": f"weak scaling ({trainer.step.target_samples} samples per rank and step)",
+            "strong": f"strong scaling ({trainer.step.target_samples} samples per step over all ranks)",
+            "both": f"weak and strong scaling ({trainer.step.target_samples} samples per step per rank, and over "
+            f"all ranks)",
+        }[opts.mode]
+        settings = (
+            f"{how}; {last['device']} on {socket.gethostname()}, {opts.launcher}, controller {last['controller']}; "
+            f"fusion {c['fusion_threshold_mb']:g} MiB, cycle {c['cycle_time_ms']:g} ms, compression "
+            f"{c['compression']}, {c['reduce_op']}, {allreduce}, "
+            f"lr x{c['lr_multiplier']:.3g} at {last['ranks']} ranks; "
+            f"{last['steps']} steps per run. Throughput: log intervals after the first; time to PSNR: "
+            f"training seconds (evaluation excluded) at the first evaluation reaching it. {opts.note}"
+        )
         append_markdown(opts.markdown, "Scaling", f"{settings.strip()}\n\n{text}", ["scaling", *argv])
         print(f"appended to {opts.markdown}", flush=True)
     return 0

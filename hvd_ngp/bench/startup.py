@@ -17,9 +17,9 @@ import time
 
 from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
-from ..settings import Settings
 from ..data import load_scene, scene_format
 from ..data.pipeline import DataPipeline
+from ..settings import Settings
 from .report import append_markdown, table, write_json
 
 
@@ -29,8 +29,9 @@ def one_run(s: Settings, rt, n_rays: int) -> dict:
     t0 = time.perf_counter()
     scene = load_scene(s.scene.scene, **s.scene.load_kwargs(), lazy_train=True)
     t1 = time.perf_counter()
-    data = DataPipeline.build(scene.train, s.data, rt, s.step.seed, s.step.target_samples, s.step.max_rays,
-                              s.scene.scene_cache)
+    data = DataPipeline.build(
+        scene.train, s.data, rt, s.step.seed, s.step.target_samples, s.step.max_rays, s.scene.scene_cache
+    )
     t2 = time.perf_counter()
     batch = data.sampler.sample(n_rays)
     float(batch.rgba.sum())  # the batch is there
@@ -42,8 +43,11 @@ def one_run(s: Settings, rt, n_rays: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench startup", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hvd_ngp.bench startup",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--scenes", required=True, help="comma-separated scenes (folders, transforms files, 'builtin')")
     p.add_argument("--holdout_every", type=int, default=8)
     p.add_argument("--device", default="cpu")
@@ -57,24 +61,34 @@ def main(argv: list[str] | None = None) -> int:
     default_config = BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG
     rows = []
     for scene in opts.scenes.split(","):
-        settings = parse_settings(["--scene", scene, "--holdout_every", str(opts.holdout_every), "--device", opts.device,
-                                   *extra], default_config=default_config)
+        settings = parse_settings(
+            ["--scene", scene, "--holdout_every", str(opts.holdout_every), "--device", opts.device, *extra],
+            default_config=default_config,
+        )
         rt = dist.init(settings.runtime.device, settings.runtime.threads)
         runs = [one_run(settings, rt, opts.rays) for _ in range(opts.repeat)]
-        row = {"scene": scene, "format": scene_format(scene), "ranks": rt.size,
-               **{k: statistics.median(r[k] for r in runs) for k in runs[0]}, "first_run_s": runs[0]["total_s"],
-               "runs": runs}
-        dist.log(f"startup {scene} ({row['format']}, {rt.size} rank(s)): {row['total_s']:.3f} s median "
-                 f"(load {row['load_s']:.3f}, pipeline {row['pipeline_s']:.3f}, first batch {row['first_batch_s']:.3f}); "
-                 f"first run {row['first_run_s']:.3f} s")
+        row = {
+            "scene": scene,
+            "format": scene_format(scene),
+            "ranks": rt.size,
+            **{k: statistics.median(r[k] for r in runs) for k in runs[0]},
+            "first_run_s": runs[0]["total_s"],
+            "runs": runs,
+        }
+        dist.log(
+            f"startup {scene} ({row['format']}, {rt.size} rank(s)): {row['total_s']:.3f} s median "
+            f"(load {row['load_s']:.3f}, pipeline {row['pipeline_s']:.3f}, first batch {row['first_batch_s']:.3f}); "
+            f"first run {row['first_run_s']:.3f} s"
+        )
         rows.append(row)
     if dist.runtime().is_root:
         if opts.json:
             write_json(opts.json, {"startup": rows})
         if opts.markdown:
             cols = ["scene", "format", "ranks", "total_s", "load_s", "pipeline_s", "first_batch_s", "first_run_s"]
-            body = table([{c: (f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])) for c in cols} for r in rows],
-                         cols)
+            body = table(
+                [{c: (f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])) for c in cols} for r in rows], cols
+            )
             append_markdown(opts.markdown, "Start-up: scene load to the first step's rays", body, argv)
     dist.shutdown()
     return 0

@@ -34,20 +34,47 @@ def train_once(ranks: int, mode: str, seed: int, opts: argparse.Namespace, out: 
     """One launch -> {"psnr", "steps", "train_seconds"}; a failed run raises ``BenchError`` with its log's tail."""
     metrics = out / "metrics.json"
     launcher = Path(sys.executable).with_name("horovodrun")
-    cmd = [str(launcher), "-np", str(ranks), "-H", f"localhost:{ranks}", f"--{opts.controller}", sys.executable,
-           "-m", "hvd_ngp.train", "--device", opts.device, "--grad_sync", mode, "--seed", str(seed),
-           "--out_dir", str(out), "--metrics_json", str(metrics), "--save_renders", "0",
-           *(["--sync_period", str(opts.sync_period)] if mode == "periodic" else []), *opts.extra]
+    cmd = [
+        str(launcher),
+        "-np",
+        str(ranks),
+        "-H",
+        f"localhost:{ranks}",
+        f"--{opts.controller}",
+        sys.executable,
+        "-m",
+        "hvd_ngp.train",
+        "--device",
+        opts.device,
+        "--grad_sync",
+        mode,
+        "--seed",
+        str(seed),
+        "--out_dir",
+        str(out),
+        "--metrics_json",
+        str(metrics),
+        "--save_renders",
+        "0",
+        *(["--sync_period", str(opts.sync_period)] if mode == "periodic" else []),
+        *opts.extra,
+    ]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     (out / "log.txt").parent.mkdir(parents=True, exist_ok=True)
     (out / "log.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not metrics.is_file():
-        raise BenchError(f"{ranks} ranks, --grad_sync {mode}, seed {seed} failed (exit {proc.returncode}); "
-                         f"log {out / 'log.txt'}: {(proc.stdout + proc.stderr)[-600:]}")
+        raise BenchError(
+            f"{ranks} ranks, --grad_sync {mode}, seed {seed} failed (exit {proc.returncode}); "
+            f"log {out / 'log.txt'}: {(proc.stdout + proc.stderr)[-600:]}"
+        )
     m = json.loads(metrics.read_text())
-    return {"psnr": m["test_psnr"], "steps": m["steps"], "train_seconds": m["train_seconds"],
-            "wall_seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "psnr": m["test_psnr"],
+        "steps": m["steps"],
+        "train_seconds": m["train_seconds"],
+        "wall_seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -75,8 +102,11 @@ def main(argv: list[str] | None = None) -> dict:
             for seed in seeds:
                 r = train_once(n, mode, seed, opts, out / f"np{n}_{mode}_seed{seed}")
                 runs.append({"ranks": n, "mode": mode, "seed": seed, **r})
-                print(f"{n} ranks, {mode}, seed {seed}: {r['psnr']:.3f} dB ({r['steps']} steps, "
-                      f"{r['wall_seconds']} s)", file=sys.stderr, flush=True)
+                print(
+                    f"{n} ranks, {mode}, seed {seed}: {r['psnr']:.3f} dB ({r['steps']} steps, {r['wall_seconds']} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     rows = []
     for n in ranks:
         base = None
@@ -84,11 +114,24 @@ def main(argv: list[str] | None = None) -> dict:
             mine = [r for r in runs if r["ranks"] == n and r["mode"] == mode]
             mean = sum(r["psnr"] for r in mine) / len(mine)
             base = mean if mode == "every" else base
-            rows.append({"ranks": n, "mode": mode + (f" (H {opts.sync_period})" if mode == "periodic" else ""),
-                         **{f"seed {r['seed']} dB": f"{r['psnr']:.3f}" for r in mine}, "mean dB": f"{mean:.3f}",
-                         "vs every": "" if base is None or mode == "every" else f"{mean - base:+.3f}"})
+            rows.append(
+                {
+                    "ranks": n,
+                    "mode": mode + (f" (H {opts.sync_period})" if mode == "periodic" else ""),
+                    **{f"seed {r['seed']} dB": f"{r['psnr']:.3f}" for r in mine},
+                    "mean dB": f"{mean:.3f}",
+                    "vs every": "" if base is None or mode == "every" else f"{mean - base:+.3f}",
+                }
+            )
     print(table(rows, list(rows[0])))
-    result = {"ranks": ranks, "modes": modes, "seeds": seeds, "sync_period": opts.sync_period,
-              "controller": opts.controller, "trainer_flags": opts.extra, "runs": runs}
+    result = {
+        "ranks": ranks,
+        "modes": modes,
+        "seeds": seeds,
+        "sync_period": opts.sync_period,
+        "controller": opts.controller,
+        "trainer_flags": opts.extra,
+        "runs": runs,
+    }
     write_json(opts.json or out / "syncmodes.json", result)
     return result

@@ -43,9 +43,9 @@ from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
 from ..model.encoding import BACKENDS, FAST_RENDERER_BACKENDS, model_for_backend, resolve_backend
 from ..model.encoding.hashgrid import MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
 from ..model.encoding.tcnn import tcnn_available
-from ..triton_support import triton_available
 from ..observe.profiling import StageTimer
 from ..training.trainer import Trainer
+from ..triton_support import triton_available
 from .report import append_markdown, table, write_json
 
 
@@ -67,9 +67,19 @@ def timed(fn, device: torch.device, repeat: int = 20, warmup: int = 3) -> float:
 
 
 #: host-side calls that put work on the GPU: runtime and driver kernel launches, CUDA-graph replays
-LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
-                          "cudaLaunchCooperativeKernelMultiDevice", "cuLaunchKernel", "cuLaunchKernelEx",
-                          "cuLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch"})
+LAUNCH_CALLS = frozenset(
+    {
+        "cudaLaunchKernel",
+        "cudaLaunchKernelExC",
+        "cudaLaunchCooperativeKernel",
+        "cudaLaunchCooperativeKernelMultiDevice",
+        "cuLaunchKernel",
+        "cuLaunchKernelEx",
+        "cuLaunchCooperativeKernel",
+        "cudaGraphLaunch",
+        "cuGraphLaunch",
+    }
+)
 WINDOW = "hvd_ngp.bench.profiled_steps"  # the record_function around the measured steps
 _VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's raw names: cudaLaunchKernel_v7000
 
@@ -140,18 +150,24 @@ def step_profile(events: list[ProfEvent], n_steps: int, cuda: bool) -> dict:
     # torch builds whose events lack activity_type() (``activity_of``) show the GPU mirrors of host ranges
     # (record_function: "Optimizer.step#Adam.step", ...) as kernels: a name the host also has is not a kernel
     host_names = {e.name for e in events if e.activity in ("cpu_op", "user_annotation")}
-    inside = [e._replace(activity="gpu_user_annotation") if e.activity == "kernel" and e.name in host_names else e
-              for e in events if start <= e.start_ns < end and e.name != WINDOW]
+    inside = [
+        e._replace(activity="gpu_user_annotation") if e.activity == "kernel" and e.name in host_names else e
+        for e in events
+        if start <= e.start_ns < end and e.name != WINDOW
+    ]
     kernels = [(e.start_ns, e.end_ns) for e in inside if e.activity == "kernel"]
     launches = sum(launch_call(e.name) is not None for e in inside)
-    return {"profiled_steps": n_steps, "profiled_step_ms": (end - start) / 1e6 / n_steps,
-            "launches_per_step": launches / n_steps if cuda else None,
-            "kernels_per_step": len(kernels) / n_steps if cuda else None,
-            "gpu_busy_share": busy_share(kernels, start, end) if cuda else None,
-            "aten_ops_per_step": outermost_aten_ops(inside) / n_steps,
-            "kernel_ms": kernel_times(inside, n_steps) if cuda else {},
-            "launch_sources": launch_sources(inside, n_steps) if cuda else {},
-            **(kernel_timeline(inside, n_steps) if cuda else {"kernel_timeline": [], "kernel_gaps": {}})}
+    return {
+        "profiled_steps": n_steps,
+        "profiled_step_ms": (end - start) / 1e6 / n_steps,
+        "launches_per_step": launches / n_steps if cuda else None,
+        "kernels_per_step": len(kernels) / n_steps if cuda else None,
+        "gpu_busy_share": busy_share(kernels, start, end) if cuda else None,
+        "aten_ops_per_step": outermost_aten_ops(inside) / n_steps,
+        "kernel_ms": kernel_times(inside, n_steps) if cuda else {},
+        "launch_sources": launch_sources(inside, n_steps) if cuda else {},
+        **(kernel_timeline(inside, n_steps) if cuda else {"kernel_timeline": [], "kernel_gaps": {}}),
+    }
 
 
 SHORT_KERNEL_US = 10.0  # kernels shorter than this are counted apart in ``kernel_gaps``
@@ -174,11 +190,15 @@ def kernel_timeline(events: Iterable[ProfEvent], n_steps: int) -> dict:
         timeline.append([e.name[:70], round(gap / 1e3, 2), round((e.end_ns - e.start_ns) / 1e3, 2)])
         end = e.end_ns if end is None else max(end, e.end_ns)
     short = [d for _, _, d in timeline if d < SHORT_KERNEL_US]
-    return {"kernel_timeline": timeline,
-            "kernel_gaps": {"idle_ms_per_step": idle_ns / 1e6 / n_steps,
-                            "short_kernels_per_step": len(short) / n_steps,
-                            "short_kernel_ms_per_step": sum(short) / 1e3 / n_steps,
-                            "idle_us_before_per_step": dict(sorted(long_gaps.items(), key=lambda kv: -kv[1])[:10])}}
+    return {
+        "kernel_timeline": timeline,
+        "kernel_gaps": {
+            "idle_ms_per_step": idle_ns / 1e6 / n_steps,
+            "short_kernels_per_step": len(short) / n_steps,
+            "short_kernel_ms_per_step": sum(short) / 1e3 / n_steps,
+            "idle_us_before_per_step": dict(sorted(long_gaps.items(), key=lambda kv: -kv[1])[:10]),
+        },
+    }
 
 
 TOP_SOURCES = 20  # launch sources listed in the profile
@@ -205,8 +225,7 @@ def launch_sources(events: list[ProfEvent], n_steps: int) -> dict[str, float]:
         call = launch_call(e.name)
         if call is None:
             continue
-        outer = next((r for r in ranges.get(e.thread, ()) if r.start_ns <= e.start_ns and e.end_ns <= r.end_ns),
-                     None)
+        outer = next((r for r in ranges.get(e.thread, ()) if r.start_ns <= e.start_ns and e.end_ns <= r.end_ns), None)
         if outer is not None:
             source = outer.name
         elif call in GRAPH_LAUNCHES:
@@ -258,9 +277,17 @@ def profile_steps(step: Callable[[int], object], n_steps: int, device: torch.dev
             for i in range(1, n_steps + 1):
                 step(i)
             sync(device)  # the window's end waits for its kernels
-    events = [ProfEvent(e.name(), activity_of(e), e.start_thread_id(), e.start_ns(), e.end_ns(),
-                        int(getattr(e, "correlation_id", lambda: 0)() or 0))
-              for e in prof.profiler.kineto_results.events()]
+    events = [
+        ProfEvent(
+            e.name(),
+            activity_of(e),
+            e.start_thread_id(),
+            e.start_ns(),
+            e.end_ns(),
+            int(getattr(e, "correlation_id", lambda: 0)() or 0),
+        )
+        for e in prof.profiler.kineto_results.events()
+    ]
     return step_profile(events, n_steps, device.type == "cuda")
 
 
@@ -280,8 +307,10 @@ def host_profile(step: Callable[[int], object], n_steps: int, top: int = 15) -> 
     prof.disable()
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     rows = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
-    return {f"{os.path.basename(file)}:{line}({func})": self_s / n_steps * 1e3
-            for (file, line, func), (_, _, self_s, _, _) in rows}
+    return {
+        f"{os.path.basename(file)}:{line}({func})": self_s / n_steps * 1e3
+        for (file, line, func), (_, _, self_s, _, _) in rows
+    }
 
 
 def torch_profiler_steps(opts: argparse.Namespace) -> int:
@@ -291,10 +320,22 @@ def torch_profiler_steps(opts: argparse.Namespace) -> int:
 
 def trainer_args(opts: argparse.Namespace, backend: str) -> argparse.Namespace:
     profiled = torch_profiler_steps(opts) + opts.host_profile_steps
-    argv = ["--scene", opts.scene, "--backend", backend, "--precision", opts.precision, "--device", opts.device,
-            "--target_samples", str(opts.target_samples),
-            "--n_steps", str(opts.warmup_steps + 2 * opts.steps + profiled),
-            "--seed", str(opts.seed)]
+    argv = [
+        "--scene",
+        opts.scene,
+        "--backend",
+        backend,
+        "--precision",
+        opts.precision,
+        "--device",
+        opts.device,
+        "--target_samples",
+        str(opts.target_samples),
+        "--n_steps",
+        str(opts.warmup_steps + 2 * opts.steps + profiled),
+        "--seed",
+        str(opts.seed),
+    ]
     if opts.config:
         argv = ["--config", opts.config, *argv]
     return parse_args(argv + opts.extra, default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG)
@@ -340,11 +381,22 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
         timer.collect()
     first = opts.warmup_steps + 2 * opts.steps
     # F821 silenced on the two lambdas: ruff reads the `del tr` below as unbinding tr in them; they run before it
-    launches = (profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev)  # noqa: F821
-                if opts.profile_steps else
-                {"profiled_steps": 0, "profiled_step_ms": None, "launches_per_step": None, "kernels_per_step": None,
-                 "gpu_busy_share": None, "aten_ops_per_step": None, "kernel_ms": {}, "launch_sources": {},
-                 "kernel_timeline": [], "kernel_gaps": {}})
+    launches = (
+        profile_steps(lambda i: tr.step(first + i), opts.profile_steps, dev)  # noqa: F821
+        if opts.profile_steps
+        else {
+            "profiled_steps": 0,
+            "profiled_step_ms": None,
+            "launches_per_step": None,
+            "kernels_per_step": None,
+            "gpu_busy_share": None,
+            "aten_ops_per_step": None,
+            "kernel_ms": {},
+            "launch_sources": {},
+            "kernel_timeline": [],
+            "kernel_gaps": {},
+        }
+    )
     after = first + torch_profiler_steps(opts)
     host = host_profile(lambda i: tr.step(after + i), opts.host_profile_steps)  # noqa: F821
     sync(dev)
@@ -359,13 +411,22 @@ def bench_training(opts: argparse.Namespace, backend: str) -> dict:
         windows = [InferenceWindows.parse(w) for w in opts.inference_windows.split(",") if w.strip()]
         inference = bench_inference(tr, opts.inference_size, opts.inference_repeat, windows)
     result = {
-        "backend": backend, "precision": tr.precision,  # resolved by Trainer.build (--precision auto)
-        "samples_per_sec": float(samples) / seconds, "step_ms": seconds / opts.steps * 1e3,
-        "samples_per_step": float(samples) / opts.steps, "rays_per_step": rays / opts.steps,
-        "warmup_seconds": warm_s, "stages_ms": timer.mean_ms(), "test_psnr_after": ev["psnr"],
-        "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2 ** 30 if dev.type == "cuda" else None,
-        **launches, "host_self_ms": host, "march_launches": marches,
-        "grid_launches": grids, "gradient_bytes": gradient_bytes(tr.field), "inference": inference,
+        "backend": backend,
+        "precision": tr.precision,  # resolved by Trainer.build (--precision auto)
+        "samples_per_sec": float(samples) / seconds,
+        "step_ms": seconds / opts.steps * 1e3,
+        "samples_per_step": float(samples) / opts.steps,
+        "rays_per_step": rays / opts.steps,
+        "warmup_seconds": warm_s,
+        "stages_ms": timer.mean_ms(),
+        "test_psnr_after": ev["psnr"],
+        "peak_memory_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+        **launches,
+        "host_self_ms": host,
+        "march_launches": marches,
+        "grid_launches": grids,
+        "gradient_bytes": gradient_bytes(tr.field),
+        "inference": inference,
     }
     del tr
     gc.collect()
@@ -390,8 +451,17 @@ def bench_march(tr: Trainer, repeat: int = 50) -> list[dict]:
     used = tr.march.launch or LAUNCH
 
     def march(launch):
-        return march_packed(rays.origins, rays.directions, tr.field.aabb, tr.grid, tr.march.schedule, jitter,
-                            capacity, positions=True, launch=launch)
+        return march_packed(
+            rays.origins,
+            rays.directions,
+            tr.field.aabb,
+            tr.grid,
+            tr.march.schedule,
+            jitter,
+            capacity,
+            positions=True,
+            launch=launch,
+        )
 
     ref = march(used)
     total = int(ref.total)
@@ -400,9 +470,15 @@ def bench_march(tr: Trainer, repeat: int = 50) -> list[dict]:
         out = march(launch)
         if int(out.total) != total or not torch.equal(out.t[:total], ref.t[:total]):
             raise RuntimeError(f"march launch {launch} wrote other samples than {used} ({int(out.total)} vs {total})")
-        rows.append({"launch": f"block {launch.block}, segment {launch.segment}, {launch.warps} warps"
-                     + (" (trained with)" if launch == used else ""), "rays": rays.origins.shape[0],
-                     "samples": total, "ms": timed(lambda launch=launch: march(launch), dev, repeat)})
+        rows.append(
+            {
+                "launch": f"block {launch.block}, segment {launch.segment}, {launch.warps} warps"
+                + (" (trained with)" if launch == used else ""),
+                "rays": rays.origins.shape[0],
+                "samples": total,
+                "ms": timed(lambda launch=launch: march(launch), dev, repeat),
+            }
+        )
     for row in rows:
         row["speed vs first"] = rows[0]["ms"] / row["ms"]
     return rows
@@ -423,10 +499,19 @@ def bench_grid(tr: Trainer, repeat: int = 50) -> list[dict]:
     dev = tr.rt.device
     rays = tr.data.sample(tr.budget.n_rays)
     jitter = torch.rand(rays.origins.shape[0], device=dev, generator=torch.Generator(dev).manual_seed(0))
-    packed = march_packed(rays.origins, rays.directions, tr.field.aabb, tr.grid, tr.march.schedule, jitter,
-                          capacity, positions=True, launch=tr.march.launch)
-    x = tr.field.normalize(packed.x[:int(packed.total)]).detach().contiguous()
-    x_net = x[:min(x.shape[0], int(tr.step_settings.target_samples))]
+    packed = march_packed(
+        rays.origins,
+        rays.directions,
+        tr.field.aabb,
+        tr.grid,
+        tr.march.schedule,
+        jitter,
+        capacity,
+        positions=True,
+        launch=tr.march.launch,
+    )
+    x = tr.field.normalize(packed.x[: int(packed.total)]).detach().contiguous()
+    x_net = x[: min(x.shape[0], int(tr.step_settings.target_samples))]
     grad = torch.randn(x_net.shape[0], enc.n_output_dims, device=dev, generator=torch.Generator(dev).manual_seed(1))
     used = (enc.forward_launch, enc.backward_launch)
 
@@ -448,10 +533,15 @@ def bench_grid(tr: Trainer, repeat: int = 50) -> list[dict]:
                 ref = out
             elif not torch.equal(out[0], ref[0]) or not torch.allclose(out[1], ref[1], rtol=1e-4, atol=1e-5):
                 raise RuntimeError(f"hash grid launch {launch} computed other values than {rows[0]['launch']}")
-            rows.append({"launch": f"block {launch.block}, {launch.warps} warps" + (" (trained with)" if not rows
-                                                                                     else ""),
-                         "points": x.shape[0], "forward ms": timed(lambda: forward(x), dev, repeat),
-                         "network points": x_net.shape[0], "fwd+bwd ms": timed(forward_backward, dev, repeat)})
+            rows.append(
+                {
+                    "launch": f"block {launch.block}, {launch.warps} warps" + (" (trained with)" if not rows else ""),
+                    "points": x.shape[0],
+                    "forward ms": timed(lambda: forward(x), dev, repeat),
+                    "network points": x_net.shape[0],
+                    "fwd+bwd ms": timed(forward_backward, dev, repeat),
+                }
+            )
     finally:
         enc.forward_launch, enc.backward_launch = used
         enc.params.grad = None
@@ -493,17 +583,20 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
     if triton_available(dev.type):
         from ..model.encoding.hashgrid_triton import HashGridTriton
 
-        impls += [(f"triton fp32 table (runs merged at levels <= {MERGE_RUNS_BELOW})", HashGridTriton(spec).to(dev)),
-                  ("triton fp32 table, row-major output", HashGridTriton(spec, feature_major=False).to(dev)),
-                  ("triton fp32 table, runs not merged", HashGridTriton(spec, merge_runs_below=0).to(dev)),
-                  ("triton fp32 table, vector atomics", HashGridTriton(spec, vector_atomics=True).to(dev)),
-                  ("triton fp16 table", HashGridTriton(spec, torch.float16).to(dev))]
+        impls += [
+            (f"triton fp32 table (runs merged at levels <= {MERGE_RUNS_BELOW})", HashGridTriton(spec).to(dev)),
+            ("triton fp32 table, row-major output", HashGridTriton(spec, feature_major=False).to(dev)),
+            ("triton fp32 table, runs not merged", HashGridTriton(spec, merge_runs_below=0).to(dev)),
+            ("triton fp32 table, vector atomics", HashGridTriton(spec, vector_atomics=True).to(dev)),
+            ("triton fp16 table", HashGridTriton(spec, torch.float16).to(dev)),
+        ]
     if dev.type == "cuda" and tcnn_available():
         from ..model.encoding.tcnn import TcnnEncoding
 
         impls.append(("tiny-cuda-nn", TcnnEncoding(spec).to(dev)))
     rows = []
     for name, enc in impls:
+
         def fwd():
             with torch.no_grad():
                 enc(x)
@@ -512,9 +605,14 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
             enc.zero_grad(set_to_none=True)
             (enc(points) * g).sum().backward()
 
-        rows.append({"implementation": name, "fwd_ms": timed(fwd, dev, opts.repeat),
-                     "fwd_bwd_ms": timed(fwd_bwd, dev, opts.repeat),
-                     "fwd_bwd_ms_along_rays": timed(lambda: fwd_bwd(x_rays), dev, opts.repeat)})
+        rows.append(
+            {
+                "implementation": name,
+                "fwd_ms": timed(fwd, dev, opts.repeat),
+                "fwd_bwd_ms": timed(fwd_bwd, dev, opts.repeat),
+                "fwd_bwd_ms_along_rays": timed(lambda: fwd_bwd(x_rays), dev, opts.repeat),
+            }
+        )
     ref = next((r["fwd_bwd_ms"] for r in rows if r["implementation"] == "torch.compile"), rows[0]["fwd_bwd_ms"])
     for r in rows:
         r["speedup_vs_compile" if len(impls) > 1 and dev.type == "cuda" else "speedup"] = ref / r["fwd_bwd_ms"]
@@ -526,22 +624,31 @@ def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[
     from ..model.field import NGPField
 
     aabb = torch.tensor([[0.0] * 3, [1.0] * 3], device=dev)
-    backends = ["torch"] + (["triton"] if dev.type == "cuda" and triton_available(dev.type) else []) + \
-        (["tcnn"] if dev.type == "cuda" and tcnn_available() else [])
-    fused_model = {**model, "network": {**model["network"], "fused": True},
-                   "rgb_network": {**model["rgb_network"], "fused": True}}  # the fused MLPs are opt-in
-    fields = {b: NGPField(fused_model if b == "triton" else model_for_backend(model, b), aabb, b).to(dev)
-              for b in backends}
+    backends = (
+        ["torch"]
+        + (["triton"] if dev.type == "cuda" and triton_available(dev.type) else [])
+        + (["tcnn"] if dev.type == "cuda" and tcnn_available() else [])
+    )
+    fused_model = {
+        **model,
+        "network": {**model["network"], "fused": True},
+        "rgb_network": {**model["rgb_network"], "fused": True},
+    }  # the fused MLPs are opt-in
+    fields = {
+        b: NGPField(fused_model if b == "triton" else model_for_backend(model, b), aabb, b).to(dev) for b in backends
+    }
     n_in = fields["torch"].encoding.n_output_dims
     feats = torch.randn(opts.points, n_in, device=dev)
     dirs = torch.nn.functional.normalize(torch.randn(opts.points, 3, device=dev), dim=-1)
-    opts_of = {b: torch.optim.Adam(f.mlp_parameters(), lr=1e-3, eps=1e-15, fused=dev.type == "cuda")
-               for b, f in fields.items()}
+    opts_of = {
+        b: torch.optim.Adam(f.mlp_parameters(), lr=1e-3, eps=1e-15, fused=dev.type == "cuda") for b, f in fields.items()
+    }
 
     def network(field: NGPField):
         def net(f, d):
             h = field.density_mlp(f)
             return torch.sigmoid(field.rgb_mlp(field.dir_encoding.concat(d, h)).float()), h[:, 0]
+
         return net
 
     rows = []
@@ -551,8 +658,10 @@ def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[
         variants.append(("torch.compile fp16 autocast", torch.compile(net), torch.float16, "torch"))
     if "triton" in fields:
         fused = network(fields["triton"])
-        variants += [("triton fused fp32", fused, None, "triton"),
-                     ("triton fused fp16 autocast", fused, torch.float16, "triton")]
+        variants += [
+            ("triton fused fp32", fused, None, "triton"),
+            ("triton fused fp16 autocast", fused, torch.float16, "triton"),
+        ]
     if "tcnn" in fields:
         variants.append(("tiny-cuda-nn", network(fields["tcnn"]), None, "tcnn"))
     for name, fn, dtype, backend in variants:
@@ -577,48 +686,85 @@ def inference_tables(training: list[dict]) -> list[str]:
         if not inf:
             continue
         w, h = inf["size"]
-        rows = [{"backend": r["backend"], **{k: ("" if v is None else f"{v:.4g}" if isinstance(v, float) else v)
-                                             for k, v in row.items()}} for row in inf["rows"]]
-        out += [f"Inference: one {w}x{h} view of the trained field ({inf['rays']} rays, {inf['repeat']} renders "
-                f"per path, device synchronised), on black:", table(rows, list(rows[0]))]
+        rows = [
+            {
+                "backend": r["backend"],
+                **{k: ("" if v is None else f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()},
+            }
+            for row in inf["rows"]
+        ]
+        out += [
+            f"Inference: one {w}x{h} view of the trained field ({inf['rays']} rays, {inf['repeat']} renders "
+            f"per path, device synchronised), on black:",
+            table(rows, list(rows[0])),
+        ]
         if inf["stages_ms"]:
             stages = [{"stage (ms/view)": k, r["backend"]: f"{v:.3f}"} for k, v in inf["stages_ms"].items()]
-            out += [f"Single-pass stages ({inf['stage_windows']}; CUDA events, one render):",
-                    table(stages, ["stage (ms/view)", r["backend"]])]
+            out += [
+                f"Single-pass stages ({inf['stage_windows']}; CUDA events, one render):",
+                table(stages, ["stage (ms/view)", r["backend"]]),
+            ]
     return out
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench throughput", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hvd_ngp.bench throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--scene", default="builtin")
     p.add_argument("--config", default=None, help="trainer config (default: base.json on GPU, cpu.json on CPU)")
     p.add_argument("--backends", default="all", help="comma-separated backends, or 'all' available here")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--precision", choices=("auto", "fp32", "fp16", "bf16"), default="auto",
-                   help="the trainer's --precision (auto: bf16 for triton on a GPU, fp32 otherwise)")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "fp16", "bf16"),
+        default="auto",
+        help="the trainer's --precision (auto: bf16 for triton on a GPU, fp32 otherwise)",
+    )
     p.add_argument("--target_samples", type=int, default=1 << 18)
     p.add_argument("--warmup_steps", type=int, default=500)
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--profile_steps", type=int, default=3,
-                   help="steps under torch.profiler for launches/step and GPU busy (0: skip)")
-    p.add_argument("--host_profile_steps", type=int, default=0,
-                   help="steps under cProfile for the host's costliest functions (0: skip)")
+    p.add_argument(
+        "--profile_steps",
+        type=int,
+        default=3,
+        help="steps under torch.profiler for launches/step and GPU busy (0: skip)",
+    )
+    p.add_argument(
+        "--host_profile_steps",
+        type=int,
+        default=0,
+        help="steps under cProfile for the host's costliest functions (0: skip)",
+    )
     p.add_argument("--eval_views", type=int, default=0, help="test views for a PSNR sanity check after training")
     p.add_argument("--points", type=int, default=1 << 18, help="points for the micro-benchmarks")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--no_compile", action="store_true", help="skip the torch.compile references")
-    p.add_argument("--march_launches", action="store_true",
-                   help="after training, time the march kernel's candidate launches on one batch (GPU, fast renderer)")
-    p.add_argument("--grid_launches", action="store_true",
-                   help="after training, time the hash grid kernels' candidate launches on one batch's points (GPU)")
-    p.add_argument("--inference_size", type=int, default=800,
-                   help="after training, one view at this longer side by both inference paths (Triton backends; "
-                        "0: skip)")
+    p.add_argument(
+        "--march_launches",
+        action="store_true",
+        help="after training, time the march kernel's candidate launches on one batch (GPU, fast renderer)",
+    )
+    p.add_argument(
+        "--grid_launches",
+        action="store_true",
+        help="after training, time the hash grid kernels' candidate launches on one batch's points (GPU)",
+    )
+    p.add_argument(
+        "--inference_size",
+        type=int,
+        default=800,
+        help="after training, one view at this longer side by both inference paths (Triton backends; 0: skip)",
+    )
     p.add_argument("--inference_repeat", type=int, default=3, help="timed renders per inference path")
-    p.add_argument("--inference_windows", default="8:128",
-                   help="comma-separated FIRST:MOST candidate windows of the single-pass path, each a row "
-                        "(the first also gives the stage breakdown)")
+    p.add_argument(
+        "--inference_windows",
+        default="8:128",
+        help="comma-separated FIRST:MOST candidate windows of the single-pass path, each a row "
+        "(the first also gives the stage breakdown)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="runs/bench/throughput.json")
     p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
@@ -640,8 +786,12 @@ def main(argv: list[str] | None = None) -> dict:
     dev = dist.init(opts.device).device
     if opts.backends == "all":
         fast = triton_available(dev.type) and dev.type == "cuda"
-        backends = ["torch"] + (["cpp"] if dev.type == "cpu" else []) + (["triton"] if fast else []) + \
-            (["tcnn"] if fast and tcnn_available() else [])
+        backends = (
+            ["torch"]
+            + (["cpp"] if dev.type == "cpu" else [])
+            + (["triton"] if fast else [])
+            + (["tcnn"] if fast and tcnn_available() else [])
+        )
     else:
         backends = [b.strip() for b in opts.backends.split(",") if b.strip()]
     unknown = [b for b in backends if b not in BACKENDS]
@@ -659,60 +809,127 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     stages = sorted({k for r in training for k in r["stages_ms"]})
 
-    rows = [{"backend": r["backend"], "precision": r["precision"], "M samples/s": f"{r['samples_per_sec'] / 1e6:.2f}",
-             "vs torch": f"{r['vs_torch']:.2f}x" if r["vs_torch"] else "", "step ms": f"{r['step_ms']:.2f}",
-             "samples/step": f"{r['samples_per_step']:.0f}", "rays/step": f"{r['rays_per_step']:.0f}",
-             "peak GiB": f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "n/a",
-             "launches/step": na(r["launches_per_step"], "{:.0f}"), "GPU busy": na(r["gpu_busy_share"], "{:.0%}"),
-             "aten ops/step": na(r["aten_ops_per_step"], "{:.0f}")} for r in training]
-    stage_rows = [{"stage (ms/step)": s, **{r["backend"]: f"{r['stages_ms'].get(s, 0.0):.3f}" for r in training}}
-                  for s in stages]
+    rows = [
+        {
+            "backend": r["backend"],
+            "precision": r["precision"],
+            "M samples/s": f"{r['samples_per_sec'] / 1e6:.2f}",
+            "vs torch": f"{r['vs_torch']:.2f}x" if r["vs_torch"] else "",
+            "step ms": f"{r['step_ms']:.2f}",
+            "samples/step": f"{r['samples_per_step']:.0f}",
+            "rays/step": f"{r['rays_per_step']:.0f}",
+            "peak GiB": f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "n/a",
+            "launches/step": na(r["launches_per_step"], "{:.0f}"),
+            "GPU busy": na(r["gpu_busy_share"], "{:.0%}"),
+            "aten ops/step": na(r["aten_ops_per_step"], "{:.0f}"),
+        }
+        for r in training
+    ]
+    stage_rows = [
+        {"stage (ms/step)": s, **{r["backend"]: f"{r['stages_ms'].get(s, 0.0):.3f}" for r in training}} for s in stages
+    ]
     grid_table = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in grid_rows]
     mlp_table = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in mlp_rows]
-    kernels = [{"kernel (device ms/step)": name[:70], r["backend"]: f"{ms:.3f}"}
-               for r in training for name, ms in r["kernel_ms"].items()]
-    sources = [{"launch source": name[:70], r["backend"]: f"{n:.1f}"}
-               for r in training for name, n in r["launch_sources"].items()]
-    host = [{"host function (self ms/step)": name[:70], r["backend"]: f"{ms:.3f}"}
-            for r in training for name, ms in r["host_self_ms"].items()]
-    marches = [{"backend": r["backend"], **{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in m.items()}}
-               for r in training for m in r["march_launches"]]
-    grid_rows_launch = [{"backend": r["backend"], **{k: (f"{v:.3f}" if isinstance(v, float) else v)
-                                                     for k, v in m.items()}}
-                        for r in training for m in r["grid_launches"]]
-    text = "\n\n".join([
-        f"Device: {device}; scene {opts.scene}; {opts.target_samples} samples/step target; precision {opts.precision}; "
-        f"{opts.warmup_steps} warm-up steps, {opts.steps} timed steps.",
-        table(rows, list(rows[0])),
-        f"launches/step: CUDA kernel and graph launch calls per step; GPU busy: union of the kernels' device time "
-        f"/ wall time; aten ops/step: outermost aten operators (the CPU's stand-in for launches); over "
-        f"{opts.profile_steps} steps under torch.profiler (its overhead makes GPU busy a lower bound).",
-        table(stage_rows, ["stage (ms/step)", *[r["backend"] for r in training]]),
-        *([f"Between the kernels ({r['backend']}, per step): idle {r['kernel_gaps']['idle_ms_per_step']:.3f} ms; "
-           f"{r['kernel_gaps']['short_kernels_per_step']:.0f} kernels under {SHORT_KERNEL_US:.0f} us take "
-           f"{r['kernel_gaps']['short_kernel_ms_per_step']:.3f} ms; idle gaps over 20 us (us before the kernel): "
-           f"{ {k: round(v, 1) for k, v in r['kernel_gaps']['idle_us_before_per_step'].items()} }"
-           for r in training if r["kernel_gaps"]]),
-        *(["Longest kernels under the profiler (device time per step):",
-           table(kernels, ["kernel (device ms/step)", *[r["backend"] for r in training]])] if kernels else []),
-        *(["Host-side launches per step by source (the outermost host operator around each launch call):",
-           table(sources, ["launch source", *[r["backend"] for r in training]])] if sources else []),
-        *([f"The host's costliest functions over {opts.host_profile_steps} steps under cProfile (self time per step):",
-           table(host, ["host function (self ms/step)", *[r["backend"] for r in training]])] if host else []),
-        *inference_tables(training),
-        *(["The march (count and write passes) of one batch after training, per launch (same samples each):",
-           table(marches, list(marches[0]))] if marches else []),
-        *(["The hash grid's kernels on one batch's marched points after training, per launch (same values each):",
-           table(grid_rows_launch, list(grid_rows_launch[0]))] if grid_rows_launch else []),
-        f"Hash grid ({spec.n_levels} levels x {spec.n_features_per_level}, 2^{spec.log2_hashmap_size} table), "
-        f"{opts.points} points:",
-        table(grid_table, list(grid_table[0])),
-        f"Density + colour MLPs, {opts.points} samples:",
-        table(mlp_table, list(mlp_table[0])),
-    ])
+    kernels = [
+        {"kernel (device ms/step)": name[:70], r["backend"]: f"{ms:.3f}"}
+        for r in training
+        for name, ms in r["kernel_ms"].items()
+    ]
+    sources = [
+        {"launch source": name[:70], r["backend"]: f"{n:.1f}"}
+        for r in training
+        for name, n in r["launch_sources"].items()
+    ]
+    host = [
+        {"host function (self ms/step)": name[:70], r["backend"]: f"{ms:.3f}"}
+        for r in training
+        for name, ms in r["host_self_ms"].items()
+    ]
+    marches = [
+        {"backend": r["backend"], **{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in m.items()}}
+        for r in training
+        for m in r["march_launches"]
+    ]
+    grid_rows_launch = [
+        {"backend": r["backend"], **{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in m.items()}}
+        for r in training
+        for m in r["grid_launches"]
+    ]
+    text = "\n\n".join(
+        [
+            f"Device: {device}; scene {opts.scene}; {opts.target_samples} samples/step target; precision {opts.precision}; "
+            f"{opts.warmup_steps} warm-up steps, {opts.steps} timed steps.",
+            table(rows, list(rows[0])),
+            f"launches/step: CUDA kernel and graph launch calls per step; GPU busy: union of the kernels' device time "
+            f"/ wall time; aten ops/step: outermost aten operators (the CPU's stand-in for launches); over "
+            f"{opts.profile_steps} steps under torch.profiler (its overhead makes GPU busy a lower bound).",
+            table(stage_rows, ["stage (ms/step)", *[r["backend"] for r in training]]),
+            *(
+                [
+                    f"Between the kernels ({r['backend']}, per step): idle {r['kernel_gaps']['idle_ms_per_step']:.3f} ms; "
+                    f"{r['kernel_gaps']['short_kernels_per_step']:.0f} kernels under {SHORT_KERNEL_US:.0f} us take "
+                    f"{r['kernel_gaps']['short_kernel_ms_per_step']:.3f} ms; idle gaps over 20 us (us before the kernel): "
+                    f"{ {k: round(v, 1) for k, v in r['kernel_gaps']['idle_us_before_per_step'].items()} }"
+                    for r in training
+                    if r["kernel_gaps"]
+                ]
+            ),
+            *(
+                [
+                    "Longest kernels under the profiler (device time per step):",
+                    table(kernels, ["kernel (device ms/step)", *[r["backend"] for r in training]]),
+                ]
+                if kernels
+                else []
+            ),
+            *(
+                [
+                    "Host-side launches per step by source (the outermost host operator around each launch call):",
+                    table(sources, ["launch source", *[r["backend"] for r in training]]),
+                ]
+                if sources
+                else []
+            ),
+            *(
+                [
+                    f"The host's costliest functions over {opts.host_profile_steps} steps under cProfile (self time per step):",
+                    table(host, ["host function (self ms/step)", *[r["backend"] for r in training]]),
+                ]
+                if host
+                else []
+            ),
+            *inference_tables(training),
+            *(
+                [
+                    "The march (count and write passes) of one batch after training, per launch (same samples each):",
+                    table(marches, list(marches[0])),
+                ]
+                if marches
+                else []
+            ),
+            *(
+                [
+                    "The hash grid's kernels on one batch's marched points after training, per launch (same values each):",
+                    table(grid_rows_launch, list(grid_rows_launch[0])),
+                ]
+                if grid_rows_launch
+                else []
+            ),
+            f"Hash grid ({spec.n_levels} levels x {spec.n_features_per_level}, 2^{spec.log2_hashmap_size} table), "
+            f"{opts.points} points:",
+            table(grid_table, list(grid_table[0])),
+            f"Density + colour MLPs, {opts.points} samples:",
+            table(mlp_table, list(mlp_table[0])),
+        ]
+    )
     print(text)
-    result = {"device": device, "options": {k: v for k, v in vars(opts).items()}, "training": training,
-              "hashgrid": grid_rows, "mlp": mlp_rows}
+    result = {
+        "device": device,
+        "options": {k: v for k, v in vars(opts).items()},
+        "training": training,
+        "hashgrid": grid_rows,
+        "mlp": mlp_rows,
+    }
     if opts.json:
         write_json(opts.json, result)
     if opts.markdown:

@@ -28,8 +28,9 @@ def free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench viewer", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hvd_ngp.bench viewer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--window", default="1280x720", help="browser window WxH")
     p.add_argument("trainer", nargs=argparse.REMAINDER, help="trainer flags (after --)")
@@ -61,21 +62,38 @@ def main(argv: list[str] | None = None) -> dict:
             for b in browser:
                 b.close()
         m = result.metrics
-        rows.append({"viewer": watched, "steps": m["steps"], "train_seconds": m["train_seconds"],
-                     "steps_per_s": m["steps"] / m["train_seconds"], "wall_s": round(time.perf_counter() - started, 2),
-                     "frames": live[0].viewer.frames_sent if live else 0,
-                     "last_frame_side": live[0].viewer.resolution.side if live else None,
-                     "device": m["device"], "test_psnr": m["test_psnr"]})
+        rows.append(
+            {
+                "viewer": watched,
+                "steps": m["steps"],
+                "train_seconds": m["train_seconds"],
+                "steps_per_s": m["steps"] / m["train_seconds"],
+                "wall_s": round(time.perf_counter() - started, 2),
+                "frames": live[0].viewer.frames_sent if live else 0,
+                "last_frame_side": live[0].viewer.resolution.side if live else None,
+                "device": m["device"],
+                "test_psnr": m["test_psnr"],
+            }
+        )
     slowdown = 1 - rows[1]["steps_per_s"] / rows[0]["steps_per_s"]
-    out = {"rows": rows, "slowdown": slowdown, "viewer_share": view.viewer_share,
-           "viewer_budget_ms": view.viewer_budget_ms, "flags": flags}
+    out = {
+        "rows": rows,
+        "slowdown": slowdown,
+        "viewer_share": view.viewer_share,
+        "viewer_budget_ms": view.viewer_budget_ms,
+        "flags": flags,
+    }
     if dist.runtime().is_root:
         print(f"{'viewer':>8} {'steps':>6} {'train s':>8} {'steps/s':>8} {'frames':>7} {'side':>5}  device")
         for r in rows:
-            print(f"{'on' if r['viewer'] else 'off':>8} {r['steps']:>6} {r['train_seconds']:>8.2f} "
-                  f"{r['steps_per_s']:>8.2f} {r['frames']:>7} {str(r['last_frame_side'] or '-'):>5}  {r['device']}")
-        print(f"slowdown with a browser watching: {100 * slowdown:.1f}% (frames may take {100 * view.viewer_share:g}% "
-              f"of the time)")
+            print(
+                f"{'on' if r['viewer'] else 'off':>8} {r['steps']:>6} {r['train_seconds']:>8.2f} "
+                f"{r['steps_per_s']:>8.2f} {r['frames']:>7} {str(r['last_frame_side'] or '-'):>5}  {r['device']}"
+            )
+        print(
+            f"slowdown with a browser watching: {100 * slowdown:.1f}% (frames may take {100 * view.viewer_share:g}% "
+            f"of the time)"
+        )
         print(json.dumps(out))
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=1))

@@ -49,36 +49,78 @@ ALLREDUCE_ALGORITHMS = {"auto": "auto", "ring": "off", "hierarchical": "on"}
 def add_options(parser: argparse.ArgumentParser) -> None:
     """The trainer's ``horovod`` option group (also read by the launcher and the benchmarks)."""
     g = parser.add_argument_group("horovod (communication; see README 'Scaling out')")
-    g.add_argument("--fusion_threshold_mb", type=float, default=None,
-                   help=f"Horovod tensor-fusion buffer in MiB (HOROVOD_FUSION_THRESHOLD); unset: the environment's "
-                        f"value if any, else {DEFAULT_FUSION_THRESHOLD_MB:g}")
-    g.add_argument("--cycle_time_ms", type=float, default=None,
-                   help=f"Horovod cycle time in ms (HOROVOD_CYCLE_TIME); unset: the environment's value if any, "
-                        f"else {DEFAULT_CYCLE_TIME_MS:g}")
-    g.add_argument("--compression", choices=COMPRESSIONS, default="none",
-                   help="gradient compression for the allreduce; fp16 runs with dynamic loss scaling so small "
-                        "hash-grid gradients survive half precision")
-    g.add_argument("--hierarchical_allreduce", choices=HIERARCHICAL_MODES, default="auto",
-                   help="Horovod hierarchical allreduce (NCCL inside a node, MPI across nodes; MPI controller only); "
-                        "auto: on when the job spans several nodes and MPI's transport across them is as fast as "
-                        "NCCL's (Ethernet, or Open MPI on UCX); else NCCL's flat allreduce (docs/scaling.md)")
-    g.add_argument("--backward_passes_per_step", type=int, default=1,
-                   help="gradient accumulation: backward passes (each of --target_samples) per optimizer step")
-    g.add_argument("--reduce_op", choices=REDUCE_OPS, default="average",
-                   help="how gradients are combined across ranks (adasum: MPI controller, power-of-2 ranks)")
-    g.add_argument("--model_parallel", type=int, default=None, metavar="K",
-                   help="split the scene's hash grid by space over K ranks (hybrid data x model parallelism: "
-                        "ranks / K replicas of K regions; see README 'Model parallel'); unset: the config's "
-                        "distributed.model_parallel, else 1 (data parallelism only)")
-    g.add_argument("--lr_scaling", choices=LR_SCALINGS, default="auto",
-                   help="learning rate for a batch m = ranks x backward passes larger than one rank's: "
-                        "auto (sqrt(m) with average, Adasum's rule with adasum), none, linear (x m), sqrt")
-    g.add_argument("--grad_sync", choices=GRAD_SYNCS, default="every",
-                   help="every: average gradients every step; delayed: step t's allreduce runs during step t+1 and "
-                        "its average is applied one step late; delayed_grid: the MLPs' gradients every step, the hash grid's one step late (its allreduce, ~99%% of the bytes, runs during step t+1); periodic: each rank steps on its own gradient and "
-                        "parameters and Adam moments are averaged every --sync_period steps (docs/sync-modes.md)")
-    g.add_argument("--sync_period", type=int, default=None, metavar="H",
-                   help="--grad_sync periodic: steps between parameter averages (default 8)")
+    g.add_argument(
+        "--fusion_threshold_mb",
+        type=float,
+        default=None,
+        help=f"Horovod tensor-fusion buffer in MiB (HOROVOD_FUSION_THRESHOLD); unset: the environment's "
+        f"value if any, else {DEFAULT_FUSION_THRESHOLD_MB:g}",
+    )
+    g.add_argument(
+        "--cycle_time_ms",
+        type=float,
+        default=None,
+        help=f"Horovod cycle time in ms (HOROVOD_CYCLE_TIME); unset: the environment's value if any, "
+        f"else {DEFAULT_CYCLE_TIME_MS:g}",
+    )
+    g.add_argument(
+        "--compression",
+        choices=COMPRESSIONS,
+        default="none",
+        help="gradient compression for the allreduce; fp16 runs with dynamic loss scaling so small "
+        "hash-grid gradients survive half precision",
+    )
+    g.add_argument(
+        "--hierarchical_allreduce",
+        choices=HIERARCHICAL_MODES,
+        default="auto",
+        help="Horovod hierarchical allreduce (NCCL inside a node, MPI across nodes; MPI controller only); "
+        "auto: on when the job spans several nodes and MPI's transport across them is as fast as "
+        "NCCL's (Ethernet, or Open MPI on UCX); else NCCL's flat allreduce (docs/scaling.md)",
+    )
+    g.add_argument(
+        "--backward_passes_per_step",
+        type=int,
+        default=1,
+        help="gradient accumulation: backward passes (each of --target_samples) per optimizer step",
+    )
+    g.add_argument(
+        "--reduce_op",
+        choices=REDUCE_OPS,
+        default="average",
+        help="how gradients are combined across ranks (adasum: MPI controller, power-of-2 ranks)",
+    )
+    g.add_argument(
+        "--model_parallel",
+        type=int,
+        default=None,
+        metavar="K",
+        help="split the scene's hash grid by space over K ranks (hybrid data x model parallelism: "
+        "ranks / K replicas of K regions; see README 'Model parallel'); unset: the config's "
+        "distributed.model_parallel, else 1 (data parallelism only)",
+    )
+    g.add_argument(
+        "--lr_scaling",
+        choices=LR_SCALINGS,
+        default="auto",
+        help="learning rate for a batch m = ranks x backward passes larger than one rank's: "
+        "auto (sqrt(m) with average, Adasum's rule with adasum), none, linear (x m), sqrt",
+    )
+    g.add_argument(
+        "--grad_sync",
+        choices=GRAD_SYNCS,
+        default="every",
+        help="every: average gradients every step; delayed: step t's allreduce runs during step t+1 and "
+        "its average is applied one step late; delayed_grid: the MLPs' gradients every step, the hash grid's one step late (its allreduce, ~99%% of the bytes, runs during step t+1); periodic: each rank steps on its own gradient and "
+        "parameters and Adam moments are averaged every --sync_period steps (docs/sync-modes.md)",
+    )
+    g.add_argument(
+        "--sync_period",
+        type=int,
+        default=None,
+        metavar="H",
+        help="--grad_sync periodic: steps between parameter averages (default 8)",
+    )
 
 
 # ------------------------------------------------------------------------------------- "distributed" block
@@ -105,7 +147,9 @@ class DistributedBlock:
         known = [f for f in DistributedBlock.__dataclass_fields__ if f != "source"]
         unknown = sorted(set(block) - set(known))
         if unknown:
-            raise ConfigError(f"{source}: unknown key(s) in 'distributed': {', '.join(unknown)} (known: {', '.join(known)})")
+            raise ConfigError(
+                f"{source}: unknown key(s) in 'distributed': {', '.join(unknown)} (known: {', '.join(known)})"
+            )
 
         def bad(key: str, expected: str) -> ConfigError:
             return ConfigError(f"{source}: distributed.{key} must be {expected}, got {block[key]!r}")
@@ -118,14 +162,17 @@ class DistributedBlock:
         if not isinstance(enable, bool):
             raise bad("enable", "true or false")
         world_size = auto_none("world_size")
-        if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0):
-            raise bad("world_size", "a positive integer or \"auto\"")
+        if world_size is not None and (
+            isinstance(world_size, bool) or not isinstance(world_size, int) or world_size <= 0
+        ):
+            raise bad("world_size", 'a positive integer or "auto"')
         master_addr = auto_none("master_addr")
         if master_addr is not None and (not isinstance(master_addr, str) or not master_addr.strip()):
             raise bad("master_addr", "a host name or address")
         master_port = auto_none("master_port")
-        if master_port is not None and (isinstance(master_port, bool) or not isinstance(master_port, int)
-                                        or not 0 < master_port < 65536):
+        if master_port is not None and (
+            isinstance(master_port, bool) or not isinstance(master_port, int) or not 0 < master_port < 65536
+        ):
             raise bad("master_port", "a port number (1-65535)")
         topo_file = auto_none("nccl_topology_file")
         if topo_file is not None and (not isinstance(topo_file, str) or not topo_file):
@@ -133,10 +180,12 @@ class DistributedBlock:
         algo = auto_none("nccl_algorithm")
         if algo is not None:
             if not isinstance(algo, str) or not algo:
-                raise bad("nccl_algorithm", f"\"auto\" or NCCL_ALGO values ({', '.join(NCCL_ALGORITHMS)})")
+                raise bad("nccl_algorithm", f'"auto" or NCCL_ALGO values ({", ".join(NCCL_ALGORITHMS)})')
             for token in algo.lstrip("^").split(","):
                 if token.strip().lower() not in NCCL_ALGORITHMS:
-                    raise bad("nccl_algorithm", f"\"auto\" or comma-separated NCCL_ALGO values ({', '.join(NCCL_ALGORITHMS)})")
+                    raise bad(
+                        "nccl_algorithm", f'"auto" or comma-separated NCCL_ALGO values ({", ".join(NCCL_ALGORITHMS)})'
+                    )
         topology = block.get("topology", "auto")
         if topology not in TOPOLOGIES:
             raise bad("topology", " | ".join(TOPOLOGIES))
@@ -146,8 +195,9 @@ class DistributedBlock:
         model_parallel = block.get("model_parallel", 1)
         if isinstance(model_parallel, bool) or not isinstance(model_parallel, int) or model_parallel < 1:
             raise bad("model_parallel", "a positive integer (regions per replica)")
-        return DistributedBlock(source, enable, world_size, master_addr, master_port, topo_file, algo, topology, allreduce,
-                                model_parallel)
+        return DistributedBlock(
+            source, enable, world_size, master_addr, master_port, topo_file, algo, topology, allreduce, model_parallel
+        )
 
     def check(self, world_size: int, nodes: int, controller: str | None, how: str) -> None:
         """What the launcher or runtime decided vs what the block asks for. ``how``: e.g. "horovodrun -np 4"."""
@@ -161,8 +211,10 @@ class DistributedBlock:
         if self.topology == "multi_node" and nodes < 2:
             raise ConfigError(f"{where}.topology is multi_node but the job runs on one node ({how})")
         if self.allreduce_algorithm == "hierarchical" and controller == "gloo":
-            raise ConfigError(f"{where}.allreduce_algorithm is hierarchical, which needs the MPI controller, "
-                              f"but the job uses Gloo ({how})")
+            raise ConfigError(
+                f"{where}.allreduce_algorithm is hierarchical, which needs the MPI controller, "
+                f"but the job uses Gloo ({how})"
+            )
 
     def nccl_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         """``NCCL_TOPO_FILE``/``NCCL_ALGO`` from the block; a different value already in the environment is an error."""
@@ -173,19 +225,25 @@ class DistributedBlock:
             env["NCCL_ALGO"] = self.nccl_algorithm
         for key, value in env.items():
             if environ.get(key, value) != value:
-                raise ConfigError(f"{self.source}: distributed block sets {key}={value} but the environment has "
-                                  f"{key}={environ[key]}; remove one")
+                raise ConfigError(
+                    f"{self.source}: distributed block sets {key}={value} but the environment has "
+                    f"{key}={environ[key]}; remove one"
+                )
         return env
 
     def check_host(self, is_root: bool) -> None:
         """Per-machine checks (run on every rank through ``dist.agree``): the NCCL topology file exists
         here, and rank 0 owns ``master_addr``."""
         if self.nccl_topology_file and not Path(self.nccl_topology_file).expanduser().is_file():
-            raise ConfigError(f"{self.source}: distributed.nccl_topology_file {self.nccl_topology_file}: no such file "
-                              f"on {socket.gethostname()}")
+            raise ConfigError(
+                f"{self.source}: distributed.nccl_topology_file {self.nccl_topology_file}: no such file "
+                f"on {socket.gethostname()}"
+            )
         if is_root and self.master_addr and not is_local_address(self.master_addr):
-            raise ConfigError(f"{self.source}: distributed.master_addr is {self.master_addr!r} but rank 0 runs on "
-                              f"{socket.gethostname()!r}, which does not own that address")
+            raise ConfigError(
+                f"{self.source}: distributed.master_addr is {self.master_addr!r} but rank 0 runs on "
+                f"{socket.gethostname()!r}, which does not own that address"
+            )
 
 
 def is_local_address(name: str) -> bool:
@@ -244,30 +302,40 @@ class CommSettings:
         if args.backward_passes_per_step < 1:
             raise ConfigError(f"--backward_passes_per_step must be >= 1, got {args.backward_passes_per_step}")
         if args.reduce_op == "adasum" and args.precision == "fp16":
-            raise ConfigError("--reduce_op adasum does not support --precision fp16 (Horovod's Adasum optimizer "
-                              "has no loss-scaling path); use fp32 or bf16")
+            raise ConfigError(
+                "--reduce_op adasum does not support --precision fp16 (Horovod's Adasum optimizer "
+                "has no loss-scaling path); use fp32 or bf16"
+            )
         hierarchical = args.hierarchical_allreduce
         from_block = ALLREDUCE_ALGORITHMS[block.allreduce_algorithm]
         if hierarchical == "auto":
             hierarchical = from_block
         elif from_block != "auto" and from_block != hierarchical:
-            raise ConfigError(f"{source}: distributed.allreduce_algorithm is {block.allreduce_algorithm} but "
-                              f"--hierarchical_allreduce is {hierarchical}; remove one")
+            raise ConfigError(
+                f"{source}: distributed.allreduce_algorithm is {block.allreduce_algorithm} but "
+                f"--hierarchical_allreduce is {hierarchical}; remove one"
+            )
         k = getattr(args, "model_parallel", None)
         if k is None:
             k = block.model_parallel
         elif k < 1:
             raise ConfigError(f"--model_parallel must be >= 1, got {k}")
         elif block.model_parallel not in (1, k):
-            raise ConfigError(f"{source}: distributed.model_parallel is {block.model_parallel} but --model_parallel is "
-                              f"{k}; remove one")
+            raise ConfigError(
+                f"{source}: distributed.model_parallel is {block.model_parallel} but --model_parallel is "
+                f"{k}; remove one"
+            )
         if k > 1 and args.compression == "fp16":
-            raise ConfigError(f"--model_parallel {k} with --compression fp16: the fp16 loss scaler decides overflows "
-                              "per region group, so regions would skip different steps, and the segment exchange "
-                              "stays fp32; use --compression none")
+            raise ConfigError(
+                f"--model_parallel {k} with --compression fp16: the fp16 loss scaler decides overflows "
+                "per region group, so regions would skip different steps, and the segment exchange "
+                "stays fp32; use --compression none"
+            )
         if k > 1 and args.reduce_op == "adasum":
-            raise ConfigError(f"--model_parallel {k} with --reduce_op adasum: Adasum reduces over all ranks, not "
-                              "within a region's process set; use --reduce_op average")
+            raise ConfigError(
+                f"--model_parallel {k} with --reduce_op adasum: Adasum reduces over all ranks, not "
+                "within a region's process set; use --reduce_op average"
+            )
         mode = getattr(args, "grad_sync", "every")
         period = getattr(args, "sync_period", None)
         if period is not None and mode != "periodic":
@@ -275,17 +343,31 @@ class CommSettings:
         if period is not None and period < 1:
             raise ConfigError(f"--sync_period must be >= 1, got {period}")
         if mode != "every":
-            refuse = [(k > 1, f"--model_parallel {k} (regions average inside process sets every step)"),
-                      (args.compression == "fp16", "--compression fp16 (its loss scaler decides on every step's "
-                                                   "reduced gradients)"),
-                      (args.precision == "fp16", "--precision fp16 (its gradient scaler reads every step's gradients)"),
-                      (args.reduce_op == "adasum", "--reduce_op adasum (Adasum combines gradients, not averages)")]
+            refuse = [
+                (k > 1, f"--model_parallel {k} (regions average inside process sets every step)"),
+                (
+                    args.compression == "fp16",
+                    "--compression fp16 (its loss scaler decides on every step's reduced gradients)",
+                ),
+                (args.precision == "fp16", "--precision fp16 (its gradient scaler reads every step's gradients)"),
+                (args.reduce_op == "adasum", "--reduce_op adasum (Adasum combines gradients, not averages)"),
+            ]
             found = [why for bad, why in refuse if bad]
             if found:
                 raise ConfigError(f"--grad_sync {mode} cannot run with {found[0]}; use --grad_sync every")
-        return CommSettings(args.fusion_threshold_mb, args.cycle_time_ms, args.compression, hierarchical,
-                            args.backward_passes_per_step, args.reduce_op, args.lr_scaling, block, k, mode,
-                            period if period is not None else (DEFAULT_SYNC_PERIOD if mode == "periodic" else 1))
+        return CommSettings(
+            args.fusion_threshold_mb,
+            args.cycle_time_ms,
+            args.compression,
+            hierarchical,
+            args.backward_passes_per_step,
+            args.reduce_op,
+            args.lr_scaling,
+            block,
+            k,
+            mode,
+            period if period is not None else (DEFAULT_SYNC_PERIOD if mode == "periodic" else 1),
+        )
 
     @property
     def loss_scaled_compression(self) -> bool:
@@ -297,36 +379,55 @@ class CommSettings:
         env = self.block.nccl_env(environ)
         elastic = environ.get("HOROVOD_ELASTIC") == "1"
         if elastic and self.grad_sync != "every":
-            raise ConfigError(f"--grad_sync {self.grad_sync} cannot run elastic: the gradient in flight or the ranks' "
-                              "own parameters would be lost when the world is re-formed; use --grad_sync every")
+            raise ConfigError(
+                f"--grad_sync {self.grad_sync} cannot run elastic: the gradient in flight or the ranks' "
+                "own parameters would be lost when the world is re-formed; use --grad_sync every"
+            )
         if elastic and self.model_parallel > 1:
-            raise ConfigError(f"--model_parallel {self.model_parallel} cannot run elastic: the regions are fixed "
-                              "process sets, and a world that changes size breaks the replica x region layout")
-        if elastic and (self.fusion_threshold_mb is not None or "HOROVOD_FUSION_THRESHOLD" in environ
-                        or environ.get("HOROVOD_AUTOTUNE") == "1"):
+            raise ConfigError(
+                f"--model_parallel {self.model_parallel} cannot run elastic: the regions are fixed "
+                "process sets, and a world that changes size breaks the replica x region layout"
+            )
+        if elastic and (
+            self.fusion_threshold_mb is not None
+            or "HOROVOD_FUSION_THRESHOLD" in environ
+            or environ.get("HOROVOD_AUTOTUNE") == "1"
+        ):
             # Measured with Horovod 0.28.1 (Gloo, CPU): with HOROVOD_FUSION_THRESHOLD set, the surviving
             # rank segfaults inside hvd.init() when the elastic world is re-formed (autotune too:
             # horovod/horovod#2835). A clear error now beats a crash at the first host change.
-            raise ConfigError("elastic training: leave the tensor-fusion threshold to Horovod (no "
-                              "--fusion_threshold_mb, HOROVOD_FUSION_THRESHOLD or --autotune): Horovod 0.28.1 "
-                              "crashes when it re-forms the world with it set")
-        for key, value, default in (("HOROVOD_FUSION_THRESHOLD", self.fusion_threshold_mb, DEFAULT_FUSION_THRESHOLD_MB),
-                                    ("HOROVOD_CYCLE_TIME", self.cycle_time_ms, DEFAULT_CYCLE_TIME_MS)):
-            if value is None and (key in environ or environ.get("HOROVOD_AUTOTUNE") == "1"
-                                  or (elastic and key == "HOROVOD_FUSION_THRESHOLD")):
+            raise ConfigError(
+                "elastic training: leave the tensor-fusion threshold to Horovod (no "
+                "--fusion_threshold_mb, HOROVOD_FUSION_THRESHOLD or --autotune): Horovod 0.28.1 "
+                "crashes when it re-forms the world with it set"
+            )
+        for key, value, default in (
+            ("HOROVOD_FUSION_THRESHOLD", self.fusion_threshold_mb, DEFAULT_FUSION_THRESHOLD_MB),
+            ("HOROVOD_CYCLE_TIME", self.cycle_time_ms, DEFAULT_CYCLE_TIME_MS),
+        ):
+            if value is None and (
+                key in environ
+                or environ.get("HOROVOD_AUTOTUNE") == "1"
+                or (elastic and key == "HOROVOD_FUSION_THRESHOLD")
+            ):
                 continue  # e.g. horovodrun --cycle-time-ms; --autotune tunes what is not set; elastic: see above
             value = default if value is None else value
             env[key] = str(int(value * 1024 * 1024)) if key == "HOROVOD_FUSION_THRESHOLD" else f"{value:g}"
         key = "HOROVOD_HIERARCHICAL_ALLREDUCE"
         if self.hierarchical != "auto" or key not in environ:  # auto keeps a launcher's decision
             size, local_size = launcher_sizes(environ)
-            on, _ = hierarchical_allreduce(self.hierarchical, nodes_of_size(size, local_size),
-                                           launcher_controller(environ), mpi_as_fast_as_nccl(None, None, environ))
+            on, _ = hierarchical_allreduce(
+                self.hierarchical,
+                nodes_of_size(size, local_size),
+                launcher_controller(environ),
+                mpi_as_fast_as_nccl(None, None, environ),
+            )
             env[key] = "1" if on and use_cuda else "0"
         return env
 
-    def check_runtime(self, size: int, local_size: int, controller: str, use_cuda: bool,
-                      environ: Mapping[str, str]) -> list[str]:
+    def check_runtime(
+        self, size: int, local_size: int, controller: str, use_cuda: bool, environ: Mapping[str, str]
+    ) -> list[str]:
         """Errors when the running job contradicts the settings (same result on every rank); returns notes."""
         nodes = nodes_of_size(size, local_size)
         how = f"{size} rank(s) on {nodes} node(s), {controller} controller"
@@ -365,7 +466,6 @@ class CommSettings:
             rule = "none" if self.grad_sync == "delayed_grid" else "sqrt"
         return {"none": 1.0, "linear": float(m), "sqrt": math.sqrt(m)}[rule]
 
-
     def describe_sync(self) -> str:
         """The gradient-sync mode in words (log lines)."""
         if self.grad_sync == "delayed":
@@ -380,26 +480,34 @@ class CommSettings:
         """The effective settings (after ``hvd.init``: the environment holds what Horovod read)."""
         fusion = environ.get("HOROVOD_FUSION_THRESHOLD")
         cycle = environ.get("HOROVOD_CYCLE_TIME")
-        return {"fusion_threshold_mb": int(fusion) / 2**20 if fusion else None,
-                "cycle_time_ms": float(cycle) if cycle else None,
-                "compression": self.compression,
-                "hierarchical_allreduce": environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1",
-                "backward_passes_per_step": self.backward_passes_per_step,
-                "reduce_op": self.reduce_op,
-                "model_parallel": self.model_parallel,
-                "grad_sync": self.grad_sync,
-                "sync_period": self.sync_period if self.grad_sync == "periodic" else None,
-                "lr_multiplier": lr_multiplier,
-                "nccl_algo": environ.get("NCCL_ALGO"),
-                "nccl_topo_file": environ.get("NCCL_TOPO_FILE")}
+        return {
+            "fusion_threshold_mb": int(fusion) / 2**20 if fusion else None,
+            "cycle_time_ms": float(cycle) if cycle else None,
+            "compression": self.compression,
+            "hierarchical_allreduce": environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "1",
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "reduce_op": self.reduce_op,
+            "model_parallel": self.model_parallel,
+            "grad_sync": self.grad_sync,
+            "sync_period": self.sync_period if self.grad_sync == "periodic" else None,
+            "lr_multiplier": lr_multiplier,
+            "nccl_algo": environ.get("NCCL_ALGO"),
+            "nccl_topo_file": environ.get("NCCL_TOPO_FILE"),
+        }
 
     def describe(self, environ: Mapping[str, str], lr_multiplier: float, nodes: int, notes: list[str]) -> str:
         """One log line: where the ranks run and what the allreduce will do."""
         s = self.summary(environ, lr_multiplier)
-        parts = [f"{nodes} node(s)",f"fusion {s['fusion_threshold_mb']:g} MiB" if s["fusion_threshold_mb"] is not None else "fusion default",
-                 f"cycle {s['cycle_time_ms']:g} ms" if s["cycle_time_ms"] is not None else "cycle default",
-                 f"compression {self.compression}", self.reduce_op,
-                 f"{self.backward_passes_per_step} backward pass(es)/step",
-                 *([self.describe_sync()] if self.grad_sync != "every" else []), f"lr x{lr_multiplier:.3g}",
-                 *(f"{k}={environ[k]}" for k in ("NCCL_ALGO", "NCCL_TOPO_FILE") if environ.get(k)), *notes]
+        parts = [
+            f"{nodes} node(s)",
+            f"fusion {s['fusion_threshold_mb']:g} MiB" if s["fusion_threshold_mb"] is not None else "fusion default",
+            f"cycle {s['cycle_time_ms']:g} ms" if s["cycle_time_ms"] is not None else "cycle default",
+            f"compression {self.compression}",
+            self.reduce_op,
+            f"{self.backward_passes_per_step} backward pass(es)/step",
+            *([self.describe_sync()] if self.grad_sync != "every" else []),
+            f"lr x{lr_multiplier:.3g}",
+            *(f"{k}={environ[k]}" for k in ("NCCL_ALGO", "NCCL_TOPO_FILE") if environ.get(k)),
+            *notes,
+        ]
         return "communication: " + ", ".join(parts)

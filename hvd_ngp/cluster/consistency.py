@@ -47,6 +47,8 @@ def agree_on_settings(settings: Mapping[str, Any], what: str = "settings") -> No
     diff = differences(dist.allgather_object(mine, name="consistency.settings"))
     if diff:
         more = f" (and {len(diff) - SHOWN} more)" if len(diff) > SHOWN else ""
-        raise ConfigError(f"the ranks disagree on {len(diff)} {what}{more}, so they would not run the same "
-                          f"collectives; give every rank the same command line, HVD_NGP_* environment, config and "
-                          f"scene: " + "; ".join(diff[:SHOWN]))
+        raise ConfigError(
+            f"the ranks disagree on {len(diff)} {what}{more}, so they would not run the same "
+            f"collectives; give every rank the same command line, HVD_NGP_* environment, config and "
+            f"scene: " + "; ".join(diff[:SHOWN])
+        )

@@ -27,6 +27,7 @@ from .commclock import COMM_CLOCK
 
 T = TypeVar("T")
 
+
 @dataclass(frozen=True)
 class Runtime:
     """Where this process sits in the job."""
@@ -86,8 +87,10 @@ def _declare_groups(k: int, environ: Mapping[str, str]) -> dict:
         return {}
     size, _ = launcher_env.launcher_sizes(environ)
     if size % k:
-        raise ConfigError(f"--model_parallel {k} must divide the number of ranks, but the job runs {size} "
-                          f"(D = ranks / K replicas of K regions each)")
+        raise ConfigError(
+            f"--model_parallel {k} must divide the number of ranks, but the job runs {size} "
+            f"(D = ranks / K replicas of K regions each)"
+        )
     import horovod.torch as hvd
 
     d = size // k
@@ -126,8 +129,9 @@ def wants_cuda(device: str) -> bool:
     return torch.cuda.is_available() if device == "auto" else device == "cuda"
 
 
-def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None = None,
-         model_parallel: int = 1) -> Runtime:
+def init(
+    device: str = "auto", threads: int = 0, env: Mapping[str, str] | None = None, model_parallel: int = 1
+) -> Runtime:
     """Initialise Horovod (or the size-1 fallback), pin the device and size the CPU thread pool.
 
     ``env``: variables Horovod and NCCL read inside ``hvd.init()`` (``HOROVOD_CYCLE_TIME``,
@@ -144,8 +148,10 @@ def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None =
             raise ConfigError(f"--device {device}: this process already runs Horovod on {_runtime.device}")
         _runtime = None  # a single process asked for another device (tests, tools): set up again
     if model_parallel > 1 and not launched():
-        raise ConfigError(f"--model_parallel {model_parallel} needs {model_parallel} ranks or a multiple, but this "
-                          "process runs alone (start it with horovodrun -np N or mpirun)")
+        raise ConfigError(
+            f"--model_parallel {model_parallel} needs {model_parallel} ranks or a multiple, but this "
+            "process runs alone (start it with horovodrun -np N or mpirun)"
+        )
     sets: dict = {}
     layout_error: ConfigError | None = None
     if launched():
@@ -158,8 +164,9 @@ def init(device: str = "auto", threads: int = 0, env: Mapping[str, str] | None =
         try:
             import horovod.torch as hvd
         except ImportError as exc:
-            raise BackendError(f"started by a launcher but Horovod cannot be imported ({exc}); "
-                               "run scripts/setup.sh to build it") from None
+            raise BackendError(
+                f"started by a launcher but Horovod cannot be imported ({exc}); run scripts/setup.sh to build it"
+            ) from None
         try:
             sets = _declare_groups(model_parallel, environ=os.environ)
         except ConfigError as exc:  # raised below, after init, by every rank together (see there)
@@ -216,8 +223,16 @@ def horovod_info() -> dict[str, str]:
         if nccl:
             major, rest = (nccl // 10000, nccl % 10000) if nccl >= 20900 else (nccl // 1000, nccl % 1000)
             built.append(f"nccl {major}.{rest // 100}.{rest % 100}")
-        built += [name for name, flag in (("cuda", hvd.cuda_built()), ("rocm", hvd.rocm_built()),
-                                          ("ddl", hvd.ddl_built()), ("ccl", hvd.ccl_built())) if flag]
+        built += [
+            name
+            for name, flag in (
+                ("cuda", hvd.cuda_built()),
+                ("rocm", hvd.rocm_built()),
+                ("ddl", hvd.ddl_built()),
+                ("ccl", hvd.ccl_built()),
+            )
+            if flag
+        ]
     except Exception as exc:  # ImportError, or a library that fails to load (wrong torch ABI)
         return {"version": f"error: {type(exc).__name__}: {exc}", "built": "-", "controller": "-"}
     controller = _runtime.controller if (_runtime is not None and _hvd is not None) else "not initialised"
@@ -339,11 +354,20 @@ def allreduce_many_(tensors: Sequence[torch.Tensor], op: str = "avg", name: str 
     allreduce_buffers_start(tensors, [f"{name}.{i}" for i in range(len(tensors))], op).wait()
 
 
-def _submit_all(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str, prescale_factor: float = 1.0,
-                postscale_factor: float = 1.0) -> list[Any]:
+def _submit_all(
+    tensors: Sequence[torch.Tensor],
+    names: Sequence[str],
+    op: str,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[Any]:
     """Submit an in-place allreduce of each tensor, waiting for none -> Horovod handles, in order."""
-    return [_hvd.allreduce_async_(t, name=n, op=getattr(_hvd, _OPS[op]), prescale_factor=prescale_factor,
-                                  postscale_factor=postscale_factor) for t, n in zip(tensors, names)]
+    return [
+        _hvd.allreduce_async_(
+            t, name=n, op=getattr(_hvd, _OPS[op]), prescale_factor=prescale_factor, postscale_factor=postscale_factor
+        )
+        for t, n in zip(tensors, names)
+    ]
 
 
 class PendingAllreduce:
@@ -365,8 +389,13 @@ class PendingAllreduce:
                 _hvd.synchronize(h)
 
 
-def allreduce_buffers_start(tensors: Sequence[torch.Tensor], names: Sequence[str], op: str = "avg",
-                            prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> PendingAllreduce:
+def allreduce_buffers_start(
+    tensors: Sequence[torch.Tensor],
+    names: Sequence[str],
+    op: str = "avg",
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> PendingAllreduce:
     """Submit an in-place allreduce of each of ``tensors`` (named ``names``: the same on every rank) and
     return at once. All are submitted before the first wait, so Horovod negotiates them in one cycle; tensors of
     different dtypes still travel as separate collectives (Horovod fuses only equal dtypes). The factors
@@ -383,9 +412,14 @@ def allreduce_buffers_start(tensors: Sequence[torch.Tensor], names: Sequence[str
     return PendingAllreduce(tensors, _submit_all(tensors, names, op, prescale_factor, postscale_factor))
 
 
-def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
-                          compression: str = "none", backward_passes_per_step: int = 1,
-                          op: str = "average", group: str | None = None) -> torch.optim.Optimizer:
+def distributed_optimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+    compression: str = "none",
+    backward_passes_per_step: int = 1,
+    op: str = "average",
+    group: str | None = None,
+) -> torch.optim.Optimizer:
     """Wrap an optimizer so gradients are averaged across ranks (Horovod tensor fusion + NCCL/MPI/Gloo).
 
     compression: none | fp16; op: average | adasum; ``backward_passes_per_step`` backward passes
@@ -401,8 +435,14 @@ def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: It
         extra["process_set"] = _groups.region_set
     comp = _hvd.Compression.fp16 if compression == "fp16" else _hvd.Compression.none
     reduce_op = _hvd.Adasum if op == "adasum" else _hvd.Average
-    wrapped = _hvd.DistributedOptimizer(optimizer, named_parameters=list(named_parameters), compression=comp,
-                                        backward_passes_per_step=backward_passes_per_step, op=reduce_op, **extra)
+    wrapped = _hvd.DistributedOptimizer(
+        optimizer,
+        named_parameters=list(named_parameters),
+        compression=comp,
+        backward_passes_per_step=backward_passes_per_step,
+        op=reduce_op,
+        **extra,
+    )
     return COMM_CLOCK.wrap_synchronize(wrapped)
 
 
@@ -500,12 +540,19 @@ def _refresh_runtime() -> None:
     """After an elastic reset: the new rank and sizes (the device stays: Horovod keeps slots stable)."""
     global _runtime
     old = runtime()
-    _runtime = Runtime(_hvd.rank(), _hvd.size(), _hvd.local_rank(), _hvd.local_size(), _hvd.cross_size(),
-                       old.device, old.controller)
+    _runtime = Runtime(
+        _hvd.rank(), _hvd.size(), _hvd.local_rank(), _hvd.local_size(), _hvd.cross_size(), old.device, old.controller
+    )
 
 
-def elastic_run(body: Callable[[Any], T], model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                tensors: dict[str, torch.Tensor], on_reset: Callable[[], None], **objects: Any) -> T:
+def elastic_run(
+    body: Callable[[Any], T],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tensors: dict[str, torch.Tensor],
+    on_reset: Callable[[], None],
+    **objects: Any,
+) -> T:
     """Run ``body(state)`` under ``hvd.elastic.run`` with a ``TorchState`` of model, optimizer, ``objects``.
 
     ``state.commit()`` (inside ``body``, collective) keeps an in-memory copy and raises Horovod's

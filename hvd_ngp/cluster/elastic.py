@@ -28,13 +28,15 @@ if TYPE_CHECKING:  # the state is passed in: the cluster layer sits below state/
 
 T = TypeVar("T")
 
+
 def startup_agree(fn: Callable[[], T], what: str) -> T:
     """``dist.agree`` outside an elastic job; inside one, ``fn()`` alone (no collective before the loop)."""
     return fn() if dist.elastic() else dist.agree(fn, what)
 
 
-def run(train_loop: Callable[[Callable[[], None]], None], reseed: Callable[[], None], ts: TrainState,
-        commit_every: int) -> None:
+def run(
+    train_loop: Callable[[Callable[[], None]], None], reseed: Callable[[], None], ts: TrainState, commit_every: int
+) -> None:
     """Run ``train_loop(commit)`` elastically; the loop calls ``commit()`` after every step.
 
     ``reseed()`` gives this rank its shard and fresh streams for the current world and ``ts.step``.
@@ -45,8 +47,10 @@ def run(train_loop: Callable[[Callable[[], None]], None], reseed: Callable[[], N
 
     def on_reset() -> None:
         rt = dist.runtime()
-        dist.log(f"elastic: the world changed from {world['size']} to {rt.size} rank(s); continuing from the "
-                 f"last agreed state")
+        dist.log(
+            f"elastic: the world changed from {world['size']} to {rt.size} rank(s); continuing from the "
+            f"last agreed state"
+        )
         world["size"] = rt.size
 
     def body(state) -> None:
@@ -67,6 +71,14 @@ def run(train_loop: Callable[[Callable[[], None]], None], reseed: Callable[[], N
         train_loop(commit)
 
     averages = ts.ema.tensors() if ts.ema is not None else {}
-    dist.elastic_run(body, ts.field, ts.optimizer, {"grid_density": ts.grid.density, **averages}, on_reset,
-                     step=ts.step, n_rays=ts.n_rays, progress=ts.progress,
-                     ema_count=ts.ema.count if ts.ema is not None else 0)
+    dist.elastic_run(
+        body,
+        ts.field,
+        ts.optimizer,
+        {"grid_density": ts.grid.density, **averages},
+        on_reset,
+        step=ts.step,
+        n_rays=ts.n_rays,
+        progress=ts.progress,
+        ema_count=ts.ema.count if ts.ema is not None else 0,
+    )

@@ -65,13 +65,26 @@ class Fabric:
 #: (31.5 GB/s per direction, PCI-SIG) and no peer-to-peer, so NCCL stages every transfer through host
 #: memory (SHM transport): two copies, ~12 GB/s.
 NODES: dict[str, tuple[Link, int, float]] = {
-    "h100-nvlink": (Link("NVLink 4 (H100 SXM)", 360.0, 3.0, "NVIDIA H100 data sheet: 900 GB/s per GPU; 80% as NCCL bus bandwidth"),
-                    8, 50.0),
-    "h200-nvlink": (Link("NVLink 4 (H200 SXM)", 360.0, 3.0, "NVIDIA H200 data sheet: 900 GB/s per GPU; 80% as NCCL bus bandwidth"),
-                    8, 50.0),
-    "rtx4090-pcie": (Link("PCIe 4.0 x16 via host memory (no P2P)", 12.0, 10.0,
-                          "PCI-SIG PCIe 4.0 x16: 31.5 GB/s; no P2P on GeForce 40: two copies through host memory"),
-                     8, 25.0),
+    "h100-nvlink": (
+        Link("NVLink 4 (H100 SXM)", 360.0, 3.0, "NVIDIA H100 data sheet: 900 GB/s per GPU; 80% as NCCL bus bandwidth"),
+        8,
+        50.0,
+    ),
+    "h200-nvlink": (
+        Link("NVLink 4 (H200 SXM)", 360.0, 3.0, "NVIDIA H200 data sheet: 900 GB/s per GPU; 80% as NCCL bus bandwidth"),
+        8,
+        50.0,
+    ),
+    "rtx4090-pcie": (
+        Link(
+            "PCIe 4.0 x16 via host memory (no P2P)",
+            12.0,
+            10.0,
+            "PCI-SIG PCIe 4.0 x16: 31.5 GB/s; no P2P on GeForce 40: two copies through host memory",
+        ),
+        8,
+        25.0,
+    ),
 }
 
 #: between nodes, per node NIC: (NCCL's transport, MPI over TCP on the same port, MPI over RDMA (UCX)).
@@ -80,18 +93,26 @@ NODES: dict[str, tuple[Link, int, float]] = {
 #: docs/scaling.md). Ethernet 10/100 Gb/s (IEEE 802.3): TCP goodput 94% of line rate at MTU 1500
 #: (1448 payload bytes per 1538 on the wire); 100 Gb/s TCP with a few streams ~60% of line rate.
 NETS: dict[str, tuple[Link, Link, Link]] = {
-    "ib200": (Link("InfiniBand HDR 200 Gb/s (NCCL IB verbs)", 22.5, 5.0, "ConnectX-6 HDR: 200 Gb/s; 90% for NCCL"),
-              Link("MPI over TCP on IPoIB", 3.1, 30.0, "IPoIB TCP, ~25 Gb/s per connection (assumed)"),
-              Link("MPI over UCX (RDMA)", 22.5, 5.0, "ConnectX-6 HDR: 200 Gb/s; 90%")),
-    "ib400": (Link("InfiniBand NDR 400 Gb/s (NCCL IB verbs)", 45.0, 5.0, "ConnectX-7 NDR: 400 Gb/s; 90% for NCCL"),
-              Link("MPI over TCP on IPoIB", 3.1, 30.0, "IPoIB TCP, ~25 Gb/s per connection (assumed)"),
-              Link("MPI over UCX (RDMA)", 45.0, 5.0, "ConnectX-7 NDR: 400 Gb/s; 90%")),
-    "eth10": (Link("Ethernet 10 Gb/s (NCCL sockets)", 1.175, 30.0, "IEEE 802.3 10GBASE: 1.25 GB/s; 94% TCP goodput"),
-              Link("MPI over TCP", 1.175, 30.0, "IEEE 802.3 10GBASE: 1.25 GB/s; 94% TCP goodput"),
-              Link("MPI over TCP (no RDMA on plain Ethernet)", 1.175, 30.0, "as TCP")),
-    "eth100": (Link("Ethernet 100 Gb/s (NCCL sockets)", 7.5, 20.0, "IEEE 802.3 100GBASE: 12.5 GB/s; ~60% for TCP"),
-               Link("MPI over TCP", 7.5, 20.0, "IEEE 802.3 100GBASE: 12.5 GB/s; ~60% for TCP"),
-               Link("MPI over TCP (no RoCE assumed)", 7.5, 20.0, "as TCP")),
+    "ib200": (
+        Link("InfiniBand HDR 200 Gb/s (NCCL IB verbs)", 22.5, 5.0, "ConnectX-6 HDR: 200 Gb/s; 90% for NCCL"),
+        Link("MPI over TCP on IPoIB", 3.1, 30.0, "IPoIB TCP, ~25 Gb/s per connection (assumed)"),
+        Link("MPI over UCX (RDMA)", 22.5, 5.0, "ConnectX-6 HDR: 200 Gb/s; 90%"),
+    ),
+    "ib400": (
+        Link("InfiniBand NDR 400 Gb/s (NCCL IB verbs)", 45.0, 5.0, "ConnectX-7 NDR: 400 Gb/s; 90% for NCCL"),
+        Link("MPI over TCP on IPoIB", 3.1, 30.0, "IPoIB TCP, ~25 Gb/s per connection (assumed)"),
+        Link("MPI over UCX (RDMA)", 45.0, 5.0, "ConnectX-7 NDR: 400 Gb/s; 90%"),
+    ),
+    "eth10": (
+        Link("Ethernet 10 Gb/s (NCCL sockets)", 1.175, 30.0, "IEEE 802.3 10GBASE: 1.25 GB/s; 94% TCP goodput"),
+        Link("MPI over TCP", 1.175, 30.0, "IEEE 802.3 10GBASE: 1.25 GB/s; 94% TCP goodput"),
+        Link("MPI over TCP (no RDMA on plain Ethernet)", 1.175, 30.0, "as TCP"),
+    ),
+    "eth100": (
+        Link("Ethernet 100 Gb/s (NCCL sockets)", 7.5, 20.0, "IEEE 802.3 100GBASE: 12.5 GB/s; ~60% for TCP"),
+        Link("MPI over TCP", 7.5, 20.0, "IEEE 802.3 100GBASE: 12.5 GB/s; ~60% for TCP"),
+        Link("MPI over TCP (no RoCE assumed)", 7.5, 20.0, "as TCP"),
+    ),
 }
 
 #: named clusters: (node preset, net preset or None for one node, nodes, GPUs per node)
@@ -124,8 +145,10 @@ def fabric(preset: str, nodes: int | None = None, gpus_per_node: int | None = No
         raise ConfigError(f"fabric {preset}: --nodes and --gpus_per_node must be >= 1, got {n_nodes} and {gpn}")
     if net_name is None:
         if n_nodes > 1:
-            raise ConfigError(f"fabric {preset} is one node; for {n_nodes} nodes name a network preset "
-                              f"({', '.join(NETS)}) with --node {node}")
+            raise ConfigError(
+                f"fabric {preset} is one node; for {n_nodes} nodes name a network preset "
+                f"({', '.join(NETS)}) with --node {node}"
+            )
         nic = Link("(one node)", math.inf, 0.0, "")
         inter = mpi_tcp = mpi_rdma = nic
     else:
@@ -224,8 +247,10 @@ class Mode:
             elif part.startswith("periodic") and part[8:].isdigit() and int(part[8:]) >= 1:
                 kw["period"] = int(part[8:])
             else:
-                raise ConfigError(f"unknown mode part {part!r} in {spec!r} (flat, hierarchical, hierarchical-rdma, "
-                                  f"fp16, accumK, delayed, delayed_grid, periodicH, joined by '+')")
+                raise ConfigError(
+                    f"unknown mode part {part!r} in {spec!r} (flat, hierarchical, hierarchical-rdma, "
+                    f"fp16, accumK, delayed, delayed_grid, periodicH, joined by '+')"
+                )
         return Mode(spec, **kw)
 
 
@@ -237,8 +262,9 @@ def allreduce_ms(ranks: int, n_bytes: float, f: Fabric, mode: Mode) -> float:
     return flat_allreduce_s(ranks, n_bytes, f) * 1e3
 
 
-def exposed_comm_ms(step_ms: float, grad_bytes: float, ranks: int, f: Fabric, mode: Mode,
-                    fresh_bytes: float = 0.0) -> dict:
+def exposed_comm_ms(
+    step_ms: float, grad_bytes: float, ranks: int, f: Fabric, mode: Mode, fresh_bytes: float = 0.0
+) -> dict:
     """One projected row: ``comm_ms`` (one exchange), ``exposed_comm_ms`` (per backward pass, what the step
     waits for), ``efficiency`` = step / (step + exposed). ``step_ms``: one backward pass on one GPU.
     ``fresh_bytes``: the MLPs' part of ``grad_bytes`` (``delayed_grid`` waits for it every step, alone, before
@@ -258,12 +284,26 @@ def exposed_comm_ms(step_ms: float, grad_bytes: float, ranks: int, f: Fabric, mo
     else:
         comm_ms = allreduce_ms(ranks, grad_bytes, f, mode)
         exposed = comm_ms / passes
-    return {"ranks": ranks, "nodes": nodes, "mode": mode.spec, "fabric": f.name, "comm_ms": comm_ms,
-            "exposed_comm_ms": exposed, "efficiency": step_ms / (step_ms + exposed), "projected": True}
+    return {
+        "ranks": ranks,
+        "nodes": nodes,
+        "mode": mode.spec,
+        "fabric": f.name,
+        "comm_ms": comm_ms,
+        "exposed_comm_ms": exposed,
+        "efficiency": step_ms / (step_ms + exposed),
+        "projected": True,
+    }
 
 
-def project(step_ms: float, grad_bytes: float, ranks: Iterable[int], f: Fabric, modes: Sequence[Mode],
-            fresh_bytes: float = DEFAULT_MLP_BYTES) -> list[dict]:
+def project(
+    step_ms: float,
+    grad_bytes: float,
+    ranks: Iterable[int],
+    f: Fabric,
+    modes: Sequence[Mode],
+    fresh_bytes: float = DEFAULT_MLP_BYTES,
+) -> list[dict]:
     """Rows for every (ranks, mode); ranks beyond the fabric's size are an error."""
     if not (step_ms > 0 and math.isfinite(step_ms)):
         raise ConfigError(f"step time must be > 0 ms, got {step_ms}")
@@ -275,8 +315,15 @@ def project(step_ms: float, grad_bytes: float, ranks: Iterable[int], f: Fabric, 
 # ------------------------------------------------------------------------------------- time to quality
 
 
-def time_to_quality(steps: Mapping, grad_bytes: float, f: Fabric, psnr: str, mode: Mode,
-                    source: str = "steps JSON", fresh_bytes: float = 0.0) -> list[dict]:
+def time_to_quality(
+    steps: Mapping,
+    grad_bytes: float,
+    f: Fabric,
+    psnr: str,
+    mode: Mode,
+    source: str = "steps JSON",
+    fresh_bytes: float = 0.0,
+) -> list[dict]:
     """Projected time-to-``psnr`` dB at N = K ranks from one-GPU runs with K backward passes per step.
 
     ``steps``: the steps-to-PSNR JSON (``step_ms_per_backward_pass``; ``runs``: k, seed, steps_to_psnr{psnr:
@@ -312,8 +359,17 @@ def time_to_quality(steps: Mapping, grad_bytes: float, f: Fabric, psnr: str, mod
         mean = None if any(v is None for v in values) else sum(values) / len(values)
         exposed = exposed_comm_ms(pass_ms, grad_bytes, k, f, mode, fresh_bytes)["exposed_comm_ms"] if k > 1 else 0.0
         step_ms = pass_ms + exposed
-        rows.append({"ranks": k, "seeds": len(values), "steps": mean, "step_ms": step_ms, "exposed_comm_ms": exposed,
-                     "time_s": None if mean is None else mean * step_ms / 1e3, "projected": True})
+        rows.append(
+            {
+                "ranks": k,
+                "seeds": len(values),
+                "steps": mean,
+                "step_ms": step_ms,
+                "exposed_comm_ms": exposed,
+                "time_s": None if mean is None else mean * step_ms / 1e3,
+                "projected": True,
+            }
+        )
     base = rows[0]
     for r in rows:
         ok = r["steps"] is not None and base["steps"] is not None and r["steps"] > 0
@@ -332,8 +388,10 @@ def critical_batch(rows: Sequence[dict]) -> dict:
     projected time (None without any)."""
     good = [r["ranks"] for r in rows if r["scaling"] is not None and r["scaling"] >= CRITICAL_SCALING]
     timed = [r for r in rows if r["time_s"] is not None]
-    return {"ranks": max(good) if good else None,
-            "fastest": min(timed, key=lambda r: r["time_s"])["ranks"] if timed else None}
+    return {
+        "ranks": max(good) if good else None,
+        "fastest": min(timed, key=lambda r: r["time_s"])["ranks"] if timed else None,
+    }
 
 
 # ------------------------------------------------------------------------------------- emulated links (CPU, tc)
@@ -368,8 +426,9 @@ def emulated_bandwidth_s(n_bytes: float, ranks: int, rate_bps: float) -> float:
     return ring_allreduce_s(ranks, n_bytes, Link("tc-shaped veth", rate_bps / 8 * TCP_GOODPUT / GB, 0.0, "tc rate"))
 
 
-def emulated_allreduce_s(n_bytes: float, ranks: int, rate_bps: float, controller: str,
-                         alpha_s: Mapping[str, float] | None = None) -> float:
+def emulated_allreduce_s(
+    n_bytes: float, ranks: int, rate_bps: float, controller: str, alpha_s: Mapping[str, float] | None = None
+) -> float:
     """Seconds for Horovod's allreduce of ``n_bytes`` of CPU tensors, one rank per simulated host, every host
     link shaped to ``rate_bps`` (``simhosts up --rate``): a ring, 2 (n - 1) steps of ``alpha_s[controller]``
     plus the bandwidth term at the link's TCP goodput."""
@@ -384,8 +443,13 @@ def fit_alpha(rows: Sequence[Mapping]) -> dict[str, float]:
     out = {}
     for c in sorted({r["controller"] for r in rows}):
         # (steps / measured, excess / measured): relative residual = excess/m - alpha * steps/m
-        pairs = [(2 * (r["hosts"] - 1) / r["measured_s"],
-                  (r["measured_s"] - emulated_bandwidth_s(r["bytes"], r["hosts"], r["rate_bps"])) / r["measured_s"])
-                 for r in rows if r["controller"] == c]
+        pairs = [
+            (
+                2 * (r["hosts"] - 1) / r["measured_s"],
+                (r["measured_s"] - emulated_bandwidth_s(r["bytes"], r["hosts"], r["rate_bps"])) / r["measured_s"],
+            )
+            for r in rows
+            if r["controller"] == c
+        ]
         out[c] = max(0.0, sum(k * e for k, e in pairs) / sum(k * k for k, _ in pairs))
     return out

@@ -56,8 +56,12 @@ class FlatGradients:
     An existing ``p.grad`` is copied into its segment; the rest starts at zero.
     """
 
-    def __init__(self, parameters: Iterable[torch.nn.Parameter] | Iterable[tuple[str, torch.nn.Parameter]],
-                 tail: int = 0, name: str = "flatgrad") -> None:
+    def __init__(
+        self,
+        parameters: Iterable[torch.nn.Parameter] | Iterable[tuple[str, torch.nn.Parameter]],
+        tail: int = 0,
+        name: str = "flatgrad",
+    ) -> None:
         if tail < 0:
             raise ValueError(f"tail must be >= 0, got {tail}")
         self.name = name
@@ -68,8 +72,9 @@ class FlatGradients:
             if not p.requires_grad or id(p) in seen:
                 continue
             if p.is_sparse or not p.dtype.is_floating_point:
-                raise ValueError(f"{pname}: flat gradients need a dense floating-point parameter, got "
-                                 f"{p.layout} {p.dtype}")
+                raise ValueError(
+                    f"{pname}: flat gradients need a dense floating-point parameter, got {p.layout} {p.dtype}"
+                )
             seen.add(id(p))
             named.append((pname, p))
         if not named and tail == 0:
@@ -95,8 +100,9 @@ class FlatGradients:
         order = sorted(lengths, key=_short)
         self.buffers: dict[torch.dtype, torch.Tensor] = {
             dt: torch.zeros(lengths[dt] + (tail if dt == torch.float32 else 0), dtype=dt, device=self.device)
-            for dt in order}
-        self.tail = self.buffers[torch.float32][lengths[torch.float32]:] if tail else None
+            for dt in order
+        }
+        self.tail = self.buffers[torch.float32][lengths[torch.float32] :] if tail else None
         # (name, parameter, its buffer, offset): views are cut afresh by ``attach`` (Horovod's
         # DistributedOptimizer with compression re-points a ``p.grad`` with ``set_``, view object and all)
         self._segments = [(pname, p, self.buffers[dt], start) for dt in order for pname, p, start in layout[dt]]
@@ -115,8 +121,10 @@ class FlatGradients:
     def describe(self) -> str:
         """One line, e.g. ``flat gradients: float16 6291456 (12.0 MiB), float32 12352 + tail 2 (48.3 KiB)``
         (elements, padding included, and bytes per buffer)."""
+
         def size(n: int) -> str:
             return f"{n / 2**20:.1f} MiB" if n >= 2**20 else (f"{n / 2**10:.1f} KiB" if n >= 2**10 else f"{n} B")
+
         parts = []
         for dt, b in self.buffers.items():
             tail_n = self.tail.numel() if dt == torch.float32 and self.tail is not None else None
@@ -129,7 +137,7 @@ class FlatGradients:
         """Make every ``p.grad`` a view into its buffer, keeping a current ``p.grad``'s values (copied in)."""
         with torch.no_grad():
             for _, p, buf, start in self._segments:
-                view = buf[start:start + p.numel()].view(p.shape)
+                view = buf[start : start + p.numel()].view(p.shape)
                 g = p.grad
                 if g is not None and g.data_ptr() != view.data_ptr():
                     view.copy_(g.to_dense() if g.is_sparse else g)
@@ -139,14 +147,20 @@ class FlatGradients:
         """Raise ``FlatGradientError`` naming the first parameter whose ``.grad`` left its place in the buffer."""
         for pname, p, buf, start in self._segments:
             g = p.grad
-            if g is None or g.is_sparse or g.data_ptr() != buf.data_ptr() + start * buf.element_size() \
-                    or g.shape != p.shape or not g.is_contiguous():
+            if (
+                g is None
+                or g.is_sparse
+                or g.data_ptr() != buf.data_ptr() + start * buf.element_size()
+                or g.shape != p.shape
+                or not g.is_contiguous()
+            ):
                 what = "None" if g is None else "a separate tensor"
                 raise FlatGradientError(
                     f"{pname}: .grad is {what}, no longer its view into the flat {_short(p.dtype)} buffer "
                     f"(zero_grad() sets gradients to None by default: use FlatGradients.zero_() or "
                     f"zero_grad(set_to_none=False); backward(create_graph=True) and Horovod's "
-                    f"DistributedOptimizer with compression also replace them); FlatGradients.attach() re-points them")
+                    f"DistributedOptimizer with compression also replace them); FlatGradients.attach() re-points them"
+                )
 
     def zero_(self) -> None:
         """Zero every buffer (gradients, padding and tail): one fill per dtype."""
@@ -157,12 +171,17 @@ class FlatGradients:
         """True when every gradient is finite (tail left out; one host sync)."""
         checks = []
         for dt, b in self.buffers.items():
-            grads = b[:b.numel() - self.tail.numel()] if dt == torch.float32 and self.tail is not None else b
+            grads = b[: b.numel() - self.tail.numel()] if dt == torch.float32 and self.tail is not None else b
             checks.append(torch.isfinite(grads).all())
         return bool(torch.stack(checks).all())
 
-    def allreduce_(self, average: bool = True, compression: str = "none", prescale_factor: float = 1.0,
-                   postscale_factor: float = 1.0) -> None:
+    def allreduce_(
+        self,
+        average: bool = True,
+        compression: str = "none",
+        prescale_factor: float = 1.0,
+        postscale_factor: float = 1.0,
+    ) -> None:
         """Reduce every buffer across ranks in place: one Horovod allreduce per dtype, waited for here.
 
         ``average``: Horovod's Average (sum / size) or Sum. ``compression`` "fp16": each buffer
@@ -174,8 +193,13 @@ class FlatGradients:
         """
         self.allreduce_start(average, compression, prescale_factor, postscale_factor).wait()
 
-    def allreduce_start(self, average: bool = True, compression: str = "none", prescale_factor: float = 1.0,
-                        postscale_factor: float = 1.0) -> "PendingGradients":
+    def allreduce_start(
+        self,
+        average: bool = True,
+        compression: str = "none",
+        prescale_factor: float = 1.0,
+        postscale_factor: float = 1.0,
+    ) -> "PendingGradients":
         """``allreduce_`` without the wait: submit the allreduces (after the fp16 casts) and return at once.
 
         Until ``wait()`` on the result the buffers (and every ``p.grad``) are Horovod's: the host may do
@@ -200,8 +224,9 @@ class FlatGradients:
             else:
                 wire.append(b)
                 names.append(f"{self.name}.{_short(dt)}")
-        pending = dist.allreduce_buffers_start(wire, names, "avg" if average else "sum", prescale_factor,
-                                               postscale_factor)
+        pending = dist.allreduce_buffers_start(
+            wire, names, "avg" if average else "sum", prescale_factor, postscale_factor
+        )
         return PendingGradients(pending, copies)
 
 

@@ -25,9 +25,14 @@ from ..errors import ConfigError
 from . import dist
 
 
-def horovod_tool_env(timeline: str | None = None, timeline_mark_cycles: bool = False, autotune: bool = False,
-                     autotune_log: str | None = None, stall_check_s: int | None = None,
-                     stall_shutdown_s: int | None = None) -> dict[str, str]:
+def horovod_tool_env(
+    timeline: str | None = None,
+    timeline_mark_cycles: bool = False,
+    autotune: bool = False,
+    autotune_log: str | None = None,
+    stall_check_s: int | None = None,
+    stall_shutdown_s: int | None = None,
+) -> dict[str, str]:
     """The Horovod environment variables these options stand for (paths made absolute and checked)."""
     env: dict[str, str] = {}
     if timeline:
@@ -53,8 +58,10 @@ def horovod_tool_env(timeline: str | None = None, timeline_mark_cycles: bool = F
             raise ConfigError(f"--stall_shutdown_s must be >= 0 (0: never), got {stall_shutdown_s}")
         if stall_shutdown_s and (warn_after == 0 or stall_shutdown_s < warn_after):
             # Horovod itself would only log a warning and never shut down
-            raise ConfigError(f"--stall_shutdown_s {stall_shutdown_s} needs the stall check on, with "
-                              f"--stall_check_s <= {stall_shutdown_s} (it is {warn_after})")
+            raise ConfigError(
+                f"--stall_shutdown_s {stall_shutdown_s} needs the stall check on, with "
+                f"--stall_check_s <= {stall_shutdown_s} (it is {warn_after})"
+            )
         env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(stall_shutdown_s)
     return env
 
@@ -73,27 +80,57 @@ def _writable(option: str, path: str) -> str:
 def apply(tools) -> dict[str, str]:
     """Export the variables for ``tools`` (before ``dist.init``): anything with this group's options as
     attributes (``settings.RuntimeSettings``; a parsed Namespace); returns what was set."""
-    env = horovod_tool_env(tools.timeline, tools.timeline_mark_cycles, tools.autotune, tools.autotune_log,
-                           tools.stall_check_s, tools.stall_shutdown_s)
+    env = horovod_tool_env(
+        tools.timeline,
+        tools.timeline_mark_cycles,
+        tools.autotune,
+        tools.autotune_log,
+        tools.stall_check_s,
+        tools.stall_shutdown_s,
+    )
     os.environ.update(env)
     if env and not dist.launched():
-        dist.log(f"hvd_ngp: note: {', '.join(sorted(env))} set, but a size-1 run without a launcher does not "
-                 "start Horovod: nothing will be written (run under horovodrun/mpirun)")
+        dist.log(
+            f"hvd_ngp: note: {', '.join(sorted(env))} set, but a size-1 run without a launcher does not "
+            "start Horovod: nothing will be written (run under horovodrun/mpirun)"
+        )
     return env
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
     """Declare the Horovod tools option group (turned into variables by ``apply``)."""
     g = p.add_argument_group("Horovod's tools: timeline, autotuner, stall check")
-    g.add_argument("--timeline_file", dest="timeline", default=None, metavar="PATH",
-                   help="Horovod timeline (Chrome trace, written by rank 0). Not '--timeline': horovodrun "
-                        "rejects that as an ambiguous prefix of its own options")
+    g.add_argument(
+        "--timeline_file",
+        dest="timeline",
+        default=None,
+        metavar="PATH",
+        help="Horovod timeline (Chrome trace, written by rank 0). Not '--timeline': horovodrun "
+        "rejects that as an ambiguous prefix of its own options",
+    )
     g.add_argument("--timeline_mark_cycles", action="store_true", help="mark Horovod's cycles in the timeline")
-    g.add_argument("--autotune", action="store_true",
-                   help="let Horovod's autotuner search fusion threshold, cycle time and hierarchical allreduce")
-    g.add_argument("--autotune_log", default=None, metavar="PATH",
-                   help="CSV of every setting the autotuner tried and its score (rank 0; implies --autotune)")
-    g.add_argument("--stall_check_s", type=int, default=None, metavar="N",
-                   help="warn when ranks wait more than N s for each other in a collective (Horovod default 60; 0: off)")
-    g.add_argument("--stall_shutdown_s", type=int, default=None, metavar="N",
-                   help="stop the job after a stall of N s (Horovod default 0: never)")
+    g.add_argument(
+        "--autotune",
+        action="store_true",
+        help="let Horovod's autotuner search fusion threshold, cycle time and hierarchical allreduce",
+    )
+    g.add_argument(
+        "--autotune_log",
+        default=None,
+        metavar="PATH",
+        help="CSV of every setting the autotuner tried and its score (rank 0; implies --autotune)",
+    )
+    g.add_argument(
+        "--stall_check_s",
+        type=int,
+        default=None,
+        metavar="N",
+        help="warn when ranks wait more than N s for each other in a collective (Horovod default 60; 0: off)",
+    )
+    g.add_argument(
+        "--stall_shutdown_s",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop the job after a stall of N s (Horovod default 0: never)",
+    )

@@ -93,9 +93,11 @@ def ib_devices(root: str = IB_SYSFS) -> list[str]:
 def verdict(net: NcclNet, devices: list[str]) -> tuple[str, str]:
     """("warning" | "ok" | "info", text): sockets while the host has an IB device is a warning."""
     if net.transport == "Socket" and devices:
-        return "warning", (f"NCCL uses TCP sockets between nodes although this host has InfiniBand/RoCE device(s) "
-                           f"{', '.join(devices)}: check NCCL_IB_DISABLE, NCCL_IB_HCA and the IB driver/rdma-core "
-                           f"(hvd-ngp-launch --fabric ib)")
+        return "warning", (
+            f"NCCL uses TCP sockets between nodes although this host has InfiniBand/RoCE device(s) "
+            f"{', '.join(devices)}: check NCCL_IB_DISABLE, NCCL_IB_HCA and the IB driver/rdma-core "
+            f"(hvd-ngp-launch --fabric ib)"
+        )
     if not net.transport:
         return "info", net.describe()
     return "ok", net.describe()
@@ -107,8 +109,11 @@ def capture_env(environ: Mapping[str, str], directory: str | None = None) -> dic
     if environ.get("NCCL_DEBUG") or environ.get("NCCL_DEBUG_FILE"):
         return {}
     directory = directory or tempfile.gettempdir()
-    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
-            "NCCL_DEBUG_FILE": str(Path(directory) / f"{CAPTURE_NAME}.%h.%p.log")}
+    return {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+        "NCCL_DEBUG_FILE": str(Path(directory) / f"{CAPTURE_NAME}.%h.%p.log"),
+    }
 
 
 def read_capture(environ: Mapping[str, str] | None = None, pid: int | None = None) -> str:

@@ -133,11 +133,15 @@ class StopSignals:
         now = time.monotonic()
         if self.received is None:
             self.received, self._first_at = name, now
-            self._say(f"received {name}: stopping every rank at the next step boundary with a checkpoint "
-                      f"(a second signal exits at once)")
+            self._say(
+                f"received {name}: stopping every rank at the next step boundary with a checkpoint "
+                f"(a second signal exits at once)"
+            )
         elif now - self._first_at > DUPLICATE_S:
-            self._say(f"received {name} while stopping (after {self.received}): exiting now without finishing "
-                      f"the checkpoint; the previous checkpoint is unchanged")
+            self._say(
+                f"received {name} while stopping (after {self.received}): exiting now without finishing "
+                f"the checkpoint; the previous checkpoint is unchanged"
+            )
             os._exit(128 + signum)
 
 
@@ -192,8 +196,10 @@ def install(names: tuple[str, ...], elastic: bool) -> StopVote:
     rt = dist.runtime()
     if elastic:
         if names:
-            dist.log("stop signals: not handled in an elastic job (Horovod's elastic driver manages the workers); "
-                     "a signal ends the job as Horovod decides")
+            dist.log(
+                "stop signals: not handled in an elastic job (Horovod's elastic driver manages the workers); "
+                "a signal ends the job as Horovod decides"
+            )
         return StopVote(None)
     signals = StopSignals(names, rt.rank).install() if names else None
     return StopVote(signals, LauncherWatch.start(rt.rank, signals) if dist.launched() else None)
@@ -202,8 +208,16 @@ def install(names: tuple[str, ...], elastic: bool) -> StopVote:
 # ------------------------------------------------------------------------------------ the launcher's death
 
 #: programs that start ranks; a rank watches each of these among its ancestors
-LAUNCHER_NAMES = ("horovodrun", "mpirun", "mpiexec", "orterun", "prterun", "hvd-ngp-launch", "hvd_ngp.launch",
-                  "hvd_ngp.tools.launch")
+LAUNCHER_NAMES = (
+    "horovodrun",
+    "mpirun",
+    "mpiexec",
+    "orterun",
+    "prterun",
+    "hvd-ngp-launch",
+    "hvd_ngp.launch",
+    "hvd_ngp.tools.launch",
+)
 WATCH_EVERY_S = 1.0
 
 
@@ -214,7 +228,7 @@ def _stat(pid: int) -> tuple[int, str] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
     return None if fields[0] in ("Z", "X") else (int(fields[1]), fields[19])
 
 
@@ -354,8 +368,11 @@ class LauncherWatch:
             self.signals.request(why)
         else:
             try:
-                os.write(2, f"[rank {self.rank}] hvd_ngp: error: {why} and --stop_signals is none: exiting without "
-                            f"a checkpoint\n".encode())
+                os.write(
+                    2,
+                    f"[rank {self.rank}] hvd_ngp: error: {why} and --stop_signals is none: exiting without "
+                    f"a checkpoint\n".encode(),
+                )
             except OSError:
                 pass
             os._exit(1)
@@ -377,8 +394,15 @@ def write_marker(out_dir: Path, step: int, n_steps: int, signal_info: str, check
 
     if not dist.runtime().is_root:
         return
-    info = {"step": step, "n_steps": n_steps, "signal": signal_info, "checkpoint": str(checkpoint),
-            "exit_code": EXIT_PREEMPTED, "resume": "--resume auto", "time": time.time()}
+    info = {
+        "step": step,
+        "n_steps": n_steps,
+        "signal": signal_info,
+        "checkpoint": str(checkpoint),
+        "exit_code": EXIT_PREEMPTED,
+        "resume": "--resume auto",
+        "time": time.time(),
+    }
     tmp = out_dir / f".{MARKER}.tmp"
     tmp.write_text(json.dumps(info, indent=1))
     os.replace(tmp, out_dir / MARKER)

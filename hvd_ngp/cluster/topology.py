@@ -76,8 +76,10 @@ def _no_duplicates(hosts: list[Host], where_of) -> None:
     for h in hosts:
         if h.name in seen:
             first = seen[h.name]
-            raise ConfigError(f"{where_of(h)}: host {h.name!r} is listed twice (first at {where_of(first)}); "
-                              "give each host one entry with its total slots")
+            raise ConfigError(
+                f"{where_of(h)}: host {h.name!r} is listed twice (first at {where_of(first)}); "
+                "give each host one entry with its total slots"
+            )
         seen[h.name] = h
 
 
@@ -262,8 +264,10 @@ def place(hosts: HostList, np: int | None = None) -> Placement:
     if np <= 0:
         raise ConfigError(f"-np must be positive, got {np}")
     if np > total:
-        raise ConfigError(f"{hosts.source}: -np {np} is more than the {total} slot(s) it lists "
-                          f"({', '.join(f'{h.name}:{h.slots}' for h in hosts.hosts)})")
+        raise ConfigError(
+            f"{hosts.source}: -np {np} is more than the {total} slot(s) it lists "
+            f"({', '.join(f'{h.name}:{h.slots}' for h in hosts.hosts)})"
+        )
     left, ranks = np, []
     for h in hosts.hosts:
         if left == 0:
@@ -304,8 +308,9 @@ def mpi_as_fast_as_nccl(launcher: str | None, fabric: str | None, environ: Mappi
     return False, "MPI's transport across nodes unknown: NCCL's flat allreduce"
 
 
-def hierarchical_allreduce(mode: str, nodes: int, controller: str | None,
-                           mpi_fast: tuple[bool, str] = (False, "")) -> tuple[bool, str]:
+def hierarchical_allreduce(
+    mode: str, nodes: int, controller: str | None, mpi_fast: tuple[bool, str] = (False, "")
+) -> tuple[bool, str]:
     """Whether Horovod should run its hierarchical allreduce, and why.
 
     Horovod 0.28's hierarchical allreduce (NCCL reduce-scatter inside a node, ``MPI_Allreduce``
@@ -321,9 +326,11 @@ def hierarchical_allreduce(mode: str, nodes: int, controller: str | None,
         return False, "off"
     if controller == "gloo":
         if mode == "on":
-            raise ConfigError("hierarchical allreduce is on, but it needs the MPI controller (Horovod's "
-                              "hierarchical allreduce reduces across nodes with MPI) and this job uses Gloo: "
-                              "launch with --mpi / mpirun, or set it off")
+            raise ConfigError(
+                "hierarchical allreduce is on, but it needs the MPI controller (Horovod's "
+                "hierarchical allreduce reduces across nodes with MPI) and this job uses Gloo: "
+                "launch with --mpi / mpirun, or set it off"
+            )
         return False, "auto: off under the Gloo controller"
     if mode == "on":
         return True, "on"

@@ -70,8 +70,15 @@ class Balancer:
     """This rank's share of the work. ``update(times)`` after each interval; read ``target_samples``,
     ``equal_rays`` (mode off) and ``loss_scale``."""
 
-    def __init__(self, mode: str, rank: int, world_size: int, target_samples: int, threshold: float = 0.05,
-                 max_rays: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        mode: str,
+        rank: int,
+        world_size: int,
+        target_samples: int,
+        threshold: float = 0.05,
+        max_rays: int = 1 << 20,
+    ) -> None:
         check_options(mode, threshold)
         self.mode, self.rank, self.world_size = mode, rank, world_size
         self.target = int(target_samples)
@@ -132,8 +139,12 @@ class Balancer:
         return ", ".join(f"{s:.2f}" for s in self.shares)
 
     def state_dict(self) -> dict:
-        return {"shares": self.shares.tolist(), "equal_rays": self.equal_rays, "loss_scale": self.loss_scale,
-                "off_capacity": self.off_capacity}
+        return {
+            "shares": self.shares.tolist(),
+            "equal_rays": self.equal_rays,
+            "loss_scale": self.loss_scale,
+            "off_capacity": self.off_capacity,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if len(state["shares"]) == self.world_size:  # a new world size starts balanced

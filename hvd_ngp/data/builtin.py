@@ -66,8 +66,9 @@ class _StillLife:
         self.phase = rng.uniform(0, 2 * math.pi, size=3)
 
     def shade(self, o: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        ts = np.stack([_sphere(o, d, *self.s1), _sphere(o, d, *self.s2), _box(o, d, *self.box),
-                       _box(o, d, *self.plinth)], axis=-1)
+        ts = np.stack(
+            [_sphere(o, d, *self.s1), _sphere(o, d, *self.s2), _box(o, d, *self.box), _box(o, d, *self.plinth)], axis=-1
+        )
         which = ts.argmin(-1)
         t = ts.min(-1)
         hit = np.isfinite(t)
@@ -86,7 +87,7 @@ class _StillLife:
         m = hit & (which == 1)  # gradient sphere with dots
         n = (p[m] - self.s2[0]) / self.s2[1]
         base = P[2] * (0.5 + 0.5 * n[:, 2:3]) + P[3] * (0.5 - 0.5 * n[:, 2:3])
-        dots = (np.sin(9 * n[:, 0] + self.phase[0]) * np.sin(9 * n[:, 1] + self.phase[1]) > 0.55)
+        dots = np.sin(9 * n[:, 0] + self.phase[0]) * np.sin(9 * n[:, 1] + self.phase[1]) > 0.55
         rgb[m] = np.where(dots[:, None], 1.0 - base, base)
         normal[m] = n
 
@@ -120,8 +121,8 @@ class _StillLife:
 def _render(scene: _StillLife, c2w: np.ndarray, width: int, height: int, focal: float, ss: int) -> np.ndarray:
     """RGBA uint8 ``[H, W, 4]`` with ss x ss supersampling; colour is premultiplied then un-premultiplied."""
     offs = (np.arange(ss) + 0.5) / ss
-    u = (np.arange(width)[None, :, None, None] + offs[None, None, None, :])
-    v = (np.arange(height)[:, None, None, None] + offs[None, None, :, None])
+    u = np.arange(width)[None, :, None, None] + offs[None, None, None, :]
+    v = np.arange(height)[:, None, None, None] + offs[None, None, :, None]
     u, v = np.broadcast_arrays(u, v)
     x = (u - width / 2) / focal
     y = -(v - height / 2) / focal
@@ -142,7 +143,9 @@ def _camera_positions(rng: np.random.Generator, n: int, radius: float) -> list[n
     for _ in range(n):
         azim = rng.uniform(0, 2 * math.pi)
         elev = math.asin(rng.uniform(math.sin(math.radians(10)), math.sin(math.radians(70))))
-        out.append(radius * np.array([math.cos(elev) * math.cos(azim), math.cos(elev) * math.sin(azim), math.sin(elev)]))
+        out.append(
+            radius * np.array([math.cos(elev) * math.cos(azim), math.cos(elev) * math.sin(azim), math.sin(elev)])
+        )
     return out
 
 
@@ -167,9 +170,16 @@ def generate_builtin(out_dir: str | os.PathLike, seed: int = 0, **overrides) -> 
             rgba = _render(scene, c2w, w, h, focal, ss)
             cv2.imwrite(str(out / split / f"r_{i:03d}.png"), cv2.cvtColor(rgba, cv2.COLOR_RGBA2BGRA))
             frames.append({"file_path": f"./{split}/r_{i:03d}", "transform_matrix": c2w.round(9).tolist()})
-        meta = {"camera_angle_x": p["camera_angle_x"], "w": w, "h": h, "aabb_scale": 1, "scale": 0.33,
-                "offset": [0.5, 0.5, 0.5], "generator": {"name": "hvd_ngp.builtin", "version": GENERATOR_VERSION,
-                                                        "seed": seed}, "frames": frames}
+        meta = {
+            "camera_angle_x": p["camera_angle_x"],
+            "w": w,
+            "h": h,
+            "aabb_scale": 1,
+            "scale": 0.33,
+            "offset": [0.5, 0.5, 0.5],
+            "generator": {"name": "hvd_ngp.builtin", "version": GENERATOR_VERSION, "seed": seed},
+            "frames": frames,
+        }
         (out / f"transforms_{split}.json").write_text(json.dumps(meta, indent=1))
     return out
 

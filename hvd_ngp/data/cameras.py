@@ -41,8 +41,14 @@ def ngp_to_nerf_points(p: np.ndarray, scale: float, offset) -> np.ndarray:
     return q[:, [2, 0, 1]]
 
 
-def pixel_rays(c2w: Tensor, intrinsics: Tensor, u: Tensor, v: Tensor, distortion: Tensor | None = None,
-               fisheye: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def pixel_rays(
+    c2w: Tensor,
+    intrinsics: Tensor,
+    u: Tensor,
+    v: Tensor,
+    distortion: Tensor | None = None,
+    fisheye: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """Rays through image-plane points.
 
     c2w:        ``[N, 3, 4]`` ngp-space camera-to-world per ray
@@ -56,8 +62,9 @@ def pixel_rays(c2w: Tensor, intrinsics: Tensor, u: Tensor, v: Tensor, distortion
     x = (u - cx) / fx
     y = (v - cy) / fy
     if fisheye is not None:
-        d_cam = torch.where(fisheye[:, None], fisheye_directions(x, y, distortion),
-                            pinhole_directions(x, y, distortion))
+        d_cam = torch.where(
+            fisheye[:, None], fisheye_directions(x, y, distortion), pinhole_directions(x, y, distortion)
+        )
     else:
         d_cam = pinhole_directions(x, y, distortion)
     d = torch.einsum("nij,nj->ni", c2w[:, :, :3], d_cam)
@@ -110,8 +117,9 @@ def distort(x: Tensor, y: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
     return xd, yd
 
 
-def undistort(xd: Tensor, yd: Tensor, k: Tensor, iterations: int = 10,
-              tol: float | None = None) -> tuple[Tensor, Tensor]:
+def undistort(
+    xd: Tensor, yd: Tensor, k: Tensor, iterations: int = 10, tol: float | None = None
+) -> tuple[Tensor, Tensor]:
     """Invert ``distort`` by Newton iterations with the model's analytic Jacobian. ``tol``: stop as soon as no
     coordinate moves by more than this (one host sync per iteration: for precomputed maps, where Newton's
     quadratic convergence ends the solve after 3-4 iterations; None: always ``iterations``, no sync)."""
@@ -152,16 +160,25 @@ class DirectionMaps:
 
     MAX_MODELS = 8
 
-    def __init__(self, intrinsics: Tensor, distortion: Tensor, fisheye: Tensor, sizes: Tensor,
-                 device: torch.device) -> None:
-        keys = torch.cat([intrinsics.cpu().double(), distortion.cpu().double(), fisheye.cpu().double()[:, None],
-                          sizes.cpu().double()], dim=1)
+    def __init__(
+        self, intrinsics: Tensor, distortion: Tensor, fisheye: Tensor, sizes: Tensor, device: torch.device
+    ) -> None:
+        keys = torch.cat(
+            [
+                intrinsics.cpu().double(),
+                distortion.cpu().double(),
+                fisheye.cpu().double()[:, None],
+                sizes.cpu().double(),
+            ],
+            dim=1,
+        )
         unique, model = torch.unique(keys, dim=0, return_inverse=True)
         self.model = model.to(device)
         w_max, h_max = int(sizes[:, 0].max()), int(sizes[:, 1].max())
         maps = torch.zeros(len(unique), h_max + 1, w_max + 1, 3, dtype=torch.float32)
-        v, u = torch.meshgrid(torch.arange(h_max + 1, dtype=torch.float64), torch.arange(w_max + 1, dtype=torch.float64),
-                              indexing="ij")
+        v, u = torch.meshgrid(
+            torch.arange(h_max + 1, dtype=torch.float64), torch.arange(w_max + 1, dtype=torch.float64), indexing="ij"
+        )
         for m, key in enumerate(unique):
             fx, fy, cx, cy = key[:4]
             dist = key[4:10][None].float()  # one camera: broadcast, not an [H*W, 6] copy

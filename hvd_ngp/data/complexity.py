@@ -99,8 +99,9 @@ def cache_key(paths: list[Path], downscale: int, tile: int) -> str:
             entries.append([str(Path(p).resolve()), st.st_size, st.st_mtime_ns])
         except OSError:
             entries.append([str(p), -1, -1])
-    blob = json.dumps({"v": VERSION, "tile": tile, "downscale": downscale, "canny": [CANNY_LOW, CANNY_HIGH],
-                       "files": entries})
+    blob = json.dumps(
+        {"v": VERSION, "tile": tile, "downscale": downscale, "canny": [CANNY_LOW, CANNY_HIGH], "files": entries}
+    )
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -125,8 +126,13 @@ def write_cache(path: Path, features: Tensor) -> None:
         pass
 
 
-def scene_features(grid: TileGrid, read_image: Callable[[int], np.ndarray], paths: list[Path], downscale: int,
-                   cache_dir: str | os.PathLike | None) -> tuple[Tensor, bool]:
+def scene_features(
+    grid: TileGrid,
+    read_image: Callable[[int], np.ndarray],
+    paths: list[Path],
+    downscale: int,
+    cache_dir: str | os.PathLike | None,
+) -> tuple[Tensor, bool]:
     """Features ``[T, 2]`` of every tile, identical on every rank, and whether they came from the cache.
 
     Collective: each rank computes the images ``i % size == rank`` and one Sum-allreduce joins them;
@@ -135,8 +141,11 @@ def scene_features(grid: TileGrid, read_image: Callable[[int], np.ndarray], path
     """
     rt = dist.runtime()
     elastic = dist.elastic()
-    path = Path(cache_dir).expanduser() / "complexity" / f"{cache_key(paths, downscale, grid.tile)}.npz" \
-        if cache_dir else None
+    path = (
+        Path(cache_dir).expanduser() / "complexity" / f"{cache_key(paths, downscale, grid.tile)}.npz"
+        if cache_dir
+        else None
+    )
     cached = read_cache(path, grid.n_tiles) if path is not None and path.is_file() else None
     if elastic and cached is not None:
         return cached, True

@@ -26,11 +26,40 @@ BLOCK = 128
 
 
 @triton.jit
-def _draw_rays(u_ptr, pick_ptr, off_ptr, cdf_ptr, A, active_ptr, t_img_ptr, t_x0_ptr, t_y0_ptr, t_w_ptr, t_h_ptr,
-               weight_ptr, images_ptr, s_img, s_y, s_x, pix_off_ptr, width_ptr, c2w_ptr, intr_ptr,
-               o_ptr, d_ptr, rgba_ptr, pixel_ptr, tile_ptr, w_out_ptr, n,
-               STEPS: tl.constexpr, JITTER: tl.constexpr, WEIGHTED: tl.constexpr, HALF: tl.constexpr,
-               BLOCK: tl.constexpr):
+def _draw_rays(
+    u_ptr,
+    pick_ptr,
+    off_ptr,
+    cdf_ptr,
+    A,
+    active_ptr,
+    t_img_ptr,
+    t_x0_ptr,
+    t_y0_ptr,
+    t_w_ptr,
+    t_h_ptr,
+    weight_ptr,
+    images_ptr,
+    s_img,
+    s_y,
+    s_x,
+    pix_off_ptr,
+    width_ptr,
+    c2w_ptr,
+    intr_ptr,
+    o_ptr,
+    d_ptr,
+    rgba_ptr,
+    pixel_ptr,
+    tile_ptr,
+    w_out_ptr,
+    n,
+    STEPS: tl.constexpr,
+    JITTER: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = r < n
     # 1. k = #{cdf <= u}, clamped to the last tile: searchsorted(right=True) in STEPS halvings of [0, A)
@@ -84,12 +113,21 @@ def _draw_rays(u_ptr, pick_ptr, off_ptr, cdf_ptr, A, active_ptr, t_img_ptr, t_x0
     x = (uu - cx) / fx
     y = (vv - cy) / fy
     base = img * 12
-    d0 = tl.load(c2w_ptr + base + 0, mask=m, other=0.0) * x + tl.load(c2w_ptr + base + 1, mask=m, other=0.0) * y \
+    d0 = (
+        tl.load(c2w_ptr + base + 0, mask=m, other=0.0) * x
+        + tl.load(c2w_ptr + base + 1, mask=m, other=0.0) * y
         + tl.load(c2w_ptr + base + 2, mask=m, other=0.0)
-    d1 = tl.load(c2w_ptr + base + 4, mask=m, other=0.0) * x + tl.load(c2w_ptr + base + 5, mask=m, other=0.0) * y \
+    )
+    d1 = (
+        tl.load(c2w_ptr + base + 4, mask=m, other=0.0) * x
+        + tl.load(c2w_ptr + base + 5, mask=m, other=0.0) * y
         + tl.load(c2w_ptr + base + 6, mask=m, other=0.0)
-    d2 = tl.load(c2w_ptr + base + 8, mask=m, other=0.0) * x + tl.load(c2w_ptr + base + 9, mask=m, other=0.0) * y \
+    )
+    d2 = (
+        tl.load(c2w_ptr + base + 8, mask=m, other=0.0) * x
+        + tl.load(c2w_ptr + base + 9, mask=m, other=0.0) * y
         + tl.load(c2w_ptr + base + 10, mask=m, other=1.0)
+    )
     norm = tl.sqrt(d0 * d0 + d1 * d1 + d2 * d2)
     tl.store(d_ptr + r * 3 + 0, d0 / norm, mask=m)
     tl.store(d_ptr + r * 3 + 1, d1 / norm, mask=m)
@@ -103,9 +141,20 @@ def search_steps(n: int) -> int:
     return max(int(n).bit_length(), 1)
 
 
-def draw_rays(u: Tensor, pick: Tensor, offsets: Tensor | None, cdf: Tensor, active: Tensor, tiles: dict[str, Tensor],
-              weight: Tensor | None, images: Tensor, pixel_offset: Tensor, width: Tensor, c2w: Tensor,
-              intrinsics: Tensor) -> dict[str, Tensor]:
+def draw_rays(
+    u: Tensor,
+    pick: Tensor,
+    offsets: Tensor | None,
+    cdf: Tensor,
+    active: Tensor,
+    tiles: dict[str, Tensor],
+    weight: Tensor | None,
+    images: Tensor,
+    pixel_offset: Tensor,
+    width: Tensor,
+    c2w: Tensor,
+    intrinsics: Tensor,
+) -> dict[str, Tensor]:
     """One batch of ``n`` rays from its random numbers.
 
     u ``[n]`` float64 (the tile draw), pick ``[n, 2]`` (the pixel in the tile), offsets ``[n, 2]`` (sub-pixel;
@@ -116,23 +165,56 @@ def draw_rays(u: Tensor, pick: Tensor, offsets: Tensor | None, cdf: Tensor, acti
     -> origins, directions ``[n, 3]``, rgba ``[n, 4]``, pixel, tile ``[n]`` int64, weight ``[n]`` (or None).
     """
     n, dev = u.shape[0], u.device
-    out = {"origins": torch.empty(n, 3, device=dev), "directions": torch.empty(n, 3, device=dev),
-           "rgba": torch.empty(n, 4, device=dev), "pixel": torch.empty(n, dtype=torch.int64, device=dev),
-           "tile": torch.empty(n, dtype=torch.int64, device=dev),
-           "weight": None if weight is None else torch.empty(n, device=dev)}
+    out = {
+        "origins": torch.empty(n, 3, device=dev),
+        "directions": torch.empty(n, 3, device=dev),
+        "rgba": torch.empty(n, 4, device=dev),
+        "pixel": torch.empty(n, dtype=torch.int64, device=dev),
+        "tile": torch.empty(n, dtype=torch.int64, device=dev),
+        "weight": None if weight is None else torch.empty(n, device=dev),
+    }
     if n == 0:
         return out
     if images.dtype not in (torch.uint8, torch.float16) or images.stride(3) != 1:
-        raise TypeError(f"images must be [N, H, W, 4] uint8 or float16 with packed channels, got {images.dtype} "
-                        f"with strides {images.stride()}")
+        raise TypeError(
+            f"images must be [N, H, W, 4] uint8 or float16 with packed channels, got {images.dtype} "
+            f"with strides {images.stride()}"
+        )
     s_img, s_y, s_x, _ = images.stride()
     _draw_rays[(triton.cdiv(n, BLOCK),)](
-        u, pick, u if offsets is None else offsets, cdf, cdf.shape[0], active, tiles["image"], tiles["x0"],
-        tiles["y0"], tiles["w"], tiles["h"], u if weight is None else weight, images, s_img, s_y, s_x,
-        pixel_offset, width, c2w, intrinsics, out["origins"], out["directions"], out["rgba"],
-        out["pixel"], out["tile"], out["rgba"] if weight is None else out["weight"], n,
-        STEPS=search_steps(cdf.shape[0]), JITTER=offsets is not None, WEIGHTED=weight is not None,
-        HALF=images.dtype == torch.float16, BLOCK=BLOCK)
+        u,
+        pick,
+        u if offsets is None else offsets,
+        cdf,
+        cdf.shape[0],
+        active,
+        tiles["image"],
+        tiles["x0"],
+        tiles["y0"],
+        tiles["w"],
+        tiles["h"],
+        u if weight is None else weight,
+        images,
+        s_img,
+        s_y,
+        s_x,
+        pixel_offset,
+        width,
+        c2w,
+        intrinsics,
+        out["origins"],
+        out["directions"],
+        out["rgba"],
+        out["pixel"],
+        out["tile"],
+        out["rgba"] if weight is None else out["weight"],
+        n,
+        STEPS=search_steps(cdf.shape[0]),
+        JITTER=offsets is not None,
+        WEIGHTED=weight is not None,
+        HALF=images.dtype == torch.float16,
+        BLOCK=BLOCK,
+    )
     return out
 
 

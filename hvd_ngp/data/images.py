@@ -23,8 +23,9 @@ def read_image(path: Path, downscale: int = 1) -> np.ndarray:
         raise SceneError(f"{path}: cannot read image: {os_cause(exc)}") from None
     img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED) if data else None
     if img is None:
-        raise SceneError(f"{path}: cannot decode image (corrupt or unsupported format"
-                         f"{', empty file' if not data else ''})")
+        raise SceneError(
+            f"{path}: cannot decode image (corrupt or unsupported format{', empty file' if not data else ''})"
+        )
     if img.dtype == np.uint16:
         img = (img.astype(np.float32) / 257.0 + 0.5).astype(np.uint8)
     elif img.dtype in (np.float32, np.float64):  # linear EXR/HDR -> sRGB 8-bit
@@ -78,8 +79,9 @@ def image_size(path: Path, downscale: int = 1) -> tuple[int, int]:
     return (w // downscale, h // downscale) if downscale > 1 else (w, h)
 
 
-def decode_images(paths: list[Path], downscale: int, threads: int = 8,
-                  masks: list[Path | None] | None = None) -> list[np.ndarray]:
+def decode_images(
+    paths: list[Path], downscale: int, threads: int = 8, masks: list[Path | None] | None = None
+) -> list[np.ndarray]:
     """Decode in parallel threads (OpenCV releases the GIL while decoding); ``masks``: per image or None."""
     if not paths:
         return []
@@ -108,5 +110,5 @@ def stack_images(images: list[np.ndarray]) -> tuple[torch.Tensor, bool]:
     wmax, hmax = max(im.shape[1] for im in images), max(im.shape[0] for im in images)
     stack = np.zeros((len(images), hmax, wmax, 4), np.uint8)
     for i, im in enumerate(images):
-        stack[i, :im.shape[0], :im.shape[1]] = im
+        stack[i, : im.shape[0], : im.shape[1]] = im
     return torch.from_numpy(stack), any(im[..., 3].min() < 255 for im in images)

@@ -19,8 +19,8 @@ import torch
 
 from ..errors import SceneError
 from .cameras import nerf_to_ngp
-from .scene import Frames, ImageFiles, Scene
 from .images import IMAGE_EXTENSIONS, decode_images, image_size, stack_images
+from .scene import Frames, ImageFiles, Scene
 from .transforms import empty_frames
 
 PERM = [1, 2, 0]  # NeRF axes -> ngp axes, as in nerf_to_ngp
@@ -50,8 +50,9 @@ def image_folder(root: Path, downscale: int) -> tuple[Path, int]:
     return root / "images", downscale
 
 
-def load_llff_scene(scene: str | os.PathLike, holdout_every: int = 8, downscale: int = 1,
-                    lazy_train: bool = False) -> Scene:
+def load_llff_scene(
+    scene: str | os.PathLike, holdout_every: int = 8, downscale: int = 1, lazy_train: bool = False
+) -> Scene:
     """Load an LLFF scene folder; every ``holdout_every``-th view is a test view (0: none).
     ``lazy_train``: the training images are not decoded (see ``load_transforms_scene``)."""
     root = Path(scene).expanduser()
@@ -108,11 +109,15 @@ def load_llff_scene(scene: str | os.PathLike, holdout_every: int = 8, downscale:
         if not idx:
             return empty_frames()
         lazy = any(i not in images for i in idx)
-        return Frames(None if lazy else stack_images([images[i] for i in idx])[0], torch.from_numpy(ngp[idx]),
-                      torch.tensor([[focal, focal, w_img / 2, h_img / 2]] * len(idx), dtype=torch.float32),
-                      torch.zeros(len(idx), 6), torch.tensor([[w_img, h_img]] * len(idx), dtype=torch.int64),
-                      names=[str(files[i]) for i in idx],
-                      files=ImageFiles([files[i] for i in idx], extra_downscale))
+        return Frames(
+            None if lazy else stack_images([images[i] for i in idx])[0],
+            torch.from_numpy(ngp[idx]),
+            torch.tensor([[focal, focal, w_img / 2, h_img / 2]] * len(idx), dtype=torch.float32),
+            torch.zeros(len(idx), 6),
+            torch.tensor([[w_img, h_img]] * len(idx), dtype=torch.int64),
+            names=[str(files[i]) for i in idx],
+            files=ImageFiles([files[i] for i in idx], extra_downscale),
+        )
 
     half = 0.5 * aabb_scale
     aabb = torch.tensor([[0.5 - half] * 3, [0.5 + half] * 3], dtype=torch.float32)

@@ -32,9 +32,9 @@ class PackedFiles:
 
     root: Path
     shards: list[str]
-    frames: list[tuple[int, int]]   # per frame: shard index, byte offset
-    sizes: list[tuple[int, int]]    # per frame: width, height
-    paths: list[Path]               # the source image of each frame (messages, complexity cache keys)
+    frames: list[tuple[int, int]]  # per frame: shard index, byte offset
+    sizes: list[tuple[int, int]]  # per frame: width, height
+    paths: list[Path]  # the source image of each frame (messages, complexity cache keys)
     downscale: int = 1
     _maps: dict = field(default_factory=dict, repr=False)
 
@@ -54,11 +54,18 @@ class PackedFiles:
         data = self._map(shard)
         if offset + w * h * 4 > data.size:
             raise SceneError(f"{self.root / self.shards[shard]}: truncated (frame {index} ends past the file)")
-        return np.array(data[offset:offset + w * h * 4]).reshape(h, w, 4)
+        return np.array(data[offset : offset + w * h * 4]).reshape(h, w, 4)
 
     def subset(self, index: list[int]) -> "PackedFiles":
-        return PackedFiles(self.root, self.shards, [self.frames[i] for i in index], [self.sizes[i] for i in index],
-                           [self.paths[i] for i in index], self.downscale, self._maps)
+        return PackedFiles(
+            self.root,
+            self.shards,
+            [self.frames[i] for i in index],
+            [self.sizes[i] for i in index],
+            [self.paths[i] for i in index],
+            self.downscale,
+            self._maps,
+        )
 
 
 def is_packed(path: str | os.PathLike) -> bool:
@@ -71,10 +78,19 @@ def pack_scene(scene: Scene, out: str | os.PathLike, shards: int, holdout_every:
     one per frame). Returns the written ``packed.json`` object."""
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"format": FORMAT, "source": scene.source, "holdout_every": holdout_every, "downscale": downscale,
-            "aabb": scene.aabb.tolist(), "aabb_scale": scene.aabb_scale, "has_alpha": scene.has_alpha,
-            "up": scene.up, "skipped_frames": scene.skipped_frames, "skipped_sharpness": scene.skipped_sharpness,
-            "splits": {}}
+    meta = {
+        "format": FORMAT,
+        "source": scene.source,
+        "holdout_every": holdout_every,
+        "downscale": downscale,
+        "aabb": scene.aabb.tolist(),
+        "aabb_scale": scene.aabb_scale,
+        "has_alpha": scene.has_alpha,
+        "up": scene.up,
+        "skipped_frames": scene.skipped_frames,
+        "skipped_sharpness": scene.skipped_sharpness,
+        "splits": {},
+    }
     for split, frames in (("train", scene.train), ("test", scene.test)):
         n = len(frames)
         k = max(1, min(shards, n))
@@ -91,9 +107,15 @@ def pack_scene(scene: Scene, out: str | os.PathLike, shards: int, holdout_every:
                     where.append([s, offset])
                     offset += w * h * 4
         meta["splits"][split] = {
-            "shards": names if n else [], "frames": where, "sizes": frames.sizes.tolist(), "names": frames.names,
-            "c2w": frames.c2w.tolist(), "intrinsics": frames.intrinsics.tolist(),
-            "distortion": frames.distortion.tolist(), "fisheye": frames.fisheye.tolist()}
+            "shards": names if n else [],
+            "frames": where,
+            "sizes": frames.sizes.tolist(),
+            "names": frames.names,
+            "c2w": frames.c2w.tolist(),
+            "intrinsics": frames.intrinsics.tolist(),
+            "distortion": frames.distortion.tolist(),
+            "fisheye": frames.fisheye.tolist(),
+        }
     tmp = out / (PACKED_FILE + ".tmp")
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, out / PACKED_FILE)
@@ -103,8 +125,14 @@ def pack_scene(scene: Scene, out: str | os.PathLike, shards: int, holdout_every:
 def _split_frames(root: Path, split: dict, downscale: int, load: bool, path: Path) -> Frames:
     try:
         sizes = [tuple(int(v) for v in s) for s in split["sizes"]]
-        files = PackedFiles(root, list(split["shards"]), [tuple(int(v) for v in f) for f in split["frames"]], sizes,
-                            [Path(n) for n in split["names"]], downscale)
+        files = PackedFiles(
+            root,
+            list(split["shards"]),
+            [tuple(int(v) for v in f) for f in split["frames"]],
+            sizes,
+            [Path(n) for n in split["names"]],
+            downscale,
+        )
         c2w = torch.tensor(split["c2w"], dtype=torch.float32).view(-1, 3, 4)
         intrinsics = torch.tensor(split["intrinsics"], dtype=torch.float32).view(-1, 4)
         distortion = torch.tensor(split["distortion"], dtype=torch.float32).view(-1, 6)
@@ -121,8 +149,9 @@ def _split_frames(root: Path, split: dict, downscale: int, load: bool, path: Pat
     return Frames(images, c2w, intrinsics, distortion, size_t, fisheye, [str(p) for p in files.paths], files)
 
 
-def load_packed_scene(scene: str | os.PathLike, holdout_every: int = 0, downscale: int = 1,
-                      lazy_train: bool = False) -> Scene:
+def load_packed_scene(
+    scene: str | os.PathLike, holdout_every: int = 0, downscale: int = 1, lazy_train: bool = False
+) -> Scene:
     """Load a packed scene; ``holdout_every`` must be the packed one (0 accepts it) and ``downscale`` 1 or the
     packed one. ``lazy_train``: the training frames stay in their shards (``Frames.files`` reads them)."""
     root = Path(scene).expanduser()
@@ -132,8 +161,10 @@ def load_packed_scene(scene: str | os.PathLike, holdout_every: int = 0, downscal
         raise SceneError(f"{path}: 'format' is {meta.get('format')!r}, expected {FORMAT!r} (pack the scene again)")
     packed_holdout, packed_down = int(meta.get("holdout_every", 0)), int(meta.get("downscale", 1))
     if holdout_every not in (0, packed_holdout):
-        raise SceneError(f"{path}: packed with --holdout_every {packed_holdout}, asked for {holdout_every} "
-                         "(pack again to change the split)")
+        raise SceneError(
+            f"{path}: packed with --holdout_every {packed_holdout}, asked for {holdout_every} "
+            "(pack again to change the split)"
+        )
     if downscale not in (1, packed_down):
         raise SceneError(f"{path}: packed at --downscale {packed_down}, asked for {downscale} (pack again)")
     splits = meta.get("splits")
@@ -141,6 +172,14 @@ def load_packed_scene(scene: str | os.PathLike, holdout_every: int = 0, downscal
         raise SceneError(f"{path}: missing 'splits' with 'train' and 'test'")
     train = _split_frames(root, splits["train"], packed_down, not lazy_train, path)
     test = _split_frames(root, splits["test"], packed_down, True, path)
-    return Scene(train, test, torch.tensor(meta["aabb"], dtype=torch.float32), int(meta["aabb_scale"]),
-                 bool(meta["has_alpha"]), str(root), int(meta.get("skipped_frames", 0)),
-                 int(meta.get("skipped_sharpness", 0)), list(meta.get("up", [0.0, 1.0, 0.0])))
+    return Scene(
+        train,
+        test,
+        torch.tensor(meta["aabb"], dtype=torch.float32),
+        int(meta["aabb_scale"]),
+        bool(meta["has_alpha"]),
+        str(root),
+        int(meta.get("skipped_frames", 0)),
+        int(meta.get("skipped_sharpness", 0)),
+        list(meta.get("up", [0.0, 1.0, 0.0])),
+    )

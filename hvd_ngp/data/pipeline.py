@@ -21,8 +21,7 @@ from torch import Tensor
 from ..cluster import dist
 from ..errors import ConfigError
 from ..observe.metrics import COL
-from .balance import Balancer, RankTimes
-from .balance import check_options as check_balance_options
+from .balance import Balancer, RankTimes, check_options as check_balance_options
 from .complexity import complexity_scores, scene_features
 from .error_map import ErrorMap
 from .pixels import GIB, Placement, StackedPixels, StreamedPixels, plan_placement, stream_chunk
@@ -61,60 +60,139 @@ class DataSettings:
     def add_options(p: argparse.ArgumentParser) -> None:
         """Declare the data option group (validated by ``from_args``)."""
         g = p.add_argument_group("data: shards, sampling, load balance, image memory")
-        g.add_argument("--sampling", choices=("uniform", "complexity", "error_map"), default="uniform",
-                       help="how rays are drawn: uniformly over this rank's pixels, by image complexity (OpenCV edges + "
-                            "Laplacian), or by the training loss (instant-ngp error map)")
-        g.add_argument("--train_ray_jitter", choices=("on", "off"), default="off",
-                       help="off: training rays through pixel centres (instant-ngp's snap_to_pixel_centers, and how "
-                            "evaluation renders); on: a random position inside the pixel")
-        g.add_argument("--fused_draw", choices=("auto", "off"), default="auto",
-                       help="auto: on a CUDA GPU with the images there, pinhole cameras without distortion and "
-                            "full resolution, draw each batch of training rays in one Triton kernel instead of about "
-                            "forty small ones (the same random numbers, pixels and colours); off: the torch path, "
-                            "the reference")
-        g.add_argument("--sampling_floor", type=float, default=0.25,
-                       help="share of rays drawn uniformly whatever the strategy, so no pixel starves (bounds importance "
-                            "weights by 1/floor)")
-        g.add_argument("--importance_weights", choices=("on", "off"), default="on",
-                       help="on: weight each ray's loss by uniform/sampling probability, so the gradient is that of the "
-                            "mean over all pixels; off: the strategy reweights the objective (instant-ngp); the reported "
-                            "loss and PSNR are weighted either way")
-        g.add_argument("--complexity_weights", default="0.3,0.7", metavar="EDGES,LAPLACIAN",
-                       help="weights of the edge-density and Laplacian terms of the complexity score")
-        g.add_argument("--error_map_interval", type=int, default=128,
-                       help="steps between error-map reductions across ranks (and new sampling distributions)")
-        g.add_argument("--error_map_decay", type=float, default=0.5,
-                       help="weight of a tile's previous error when a new interval's mean loss arrives")
-        g.add_argument("--tile_size", type=int, default=0,
-                       help="pixels per side of the tiles that shards, complexity and error map are made of (0: 32, "
-                            "larger for very large scenes)")
-        g.add_argument("--shard_by", choices=("tile", "image"), default="tile",
-                       help="unit dealt to ranks (streamed scenes always shard whole images)")
-        g.add_argument("--epoch_passes", type=float, default=1.0,
-                       help="an epoch ends (and shards are dealt again) when the ranks together have drawn this many "
-                            "rays per training pixel")
-        g.add_argument("--balance", choices=("off", "samples", "time"), default="samples",
-                       help="off: equal rays per rank; samples: each rank sizes its batch to --target_samples "
-                            "(deterministic); time: samples, and ranks whose step times drift apart get sample targets "
-                            "by their throughput (follows measured times, so runs are not bit-reproducible)")
-        g.add_argument("--balance_threshold", type=float, default=0.05,
-                       help="rebalance when (max - min) / max of the per-rank step times exceeds this")
-        g.add_argument("--preload", choices=("auto", "device", "gpu", "host", "stream"), default="auto",
-                       help="training images on the device (gpu), in pinned host memory (copied per batch), or streamed "
-                            "from disk by shard; auto: the first that fits its budget")
-        g.add_argument("--image_dtype", choices=("uint8", "fp16"), default="uint8",
-                       help="storage of preloaded images (fp16 doubles the memory)")
-        g.add_argument("--device_image_budget_gb", type=float, default=0.0,
-                       help="device memory the training images may use (0: what the process's memory budget leaves, "
-                            "at most a quarter of the GPU)")
-        g.add_argument("--host_image_budget_gb", type=float, default=0.0,
-                       help="host memory per rank the training images may use (0: half the available memory / local ranks)")
-        g.add_argument("--num_workers", type=int, default=4, help="threads decoding images (at load and when streaming)")
-        g.add_argument("--dynamic_resolution", type=int, default=0, metavar="F",
-                       help="start training at 1/F resolution (F a power of two) and double it whenever the loss stops "
-                            "falling (0: off)")
-        g.add_argument("--dynamic_resolution_plateau", type=float, default=0.05,
-                       help="raise the resolution when a log interval lowers the loss by less than this fraction")
+        g.add_argument(
+            "--sampling",
+            choices=("uniform", "complexity", "error_map"),
+            default="uniform",
+            help="how rays are drawn: uniformly over this rank's pixels, by image complexity (OpenCV edges + "
+            "Laplacian), or by the training loss (instant-ngp error map)",
+        )
+        g.add_argument(
+            "--train_ray_jitter",
+            choices=("on", "off"),
+            default="off",
+            help="off: training rays through pixel centres (instant-ngp's snap_to_pixel_centers, and how "
+            "evaluation renders); on: a random position inside the pixel",
+        )
+        g.add_argument(
+            "--fused_draw",
+            choices=("auto", "off"),
+            default="auto",
+            help="auto: on a CUDA GPU with the images there, pinhole cameras without distortion and "
+            "full resolution, draw each batch of training rays in one Triton kernel instead of about "
+            "forty small ones (the same random numbers, pixels and colours); off: the torch path, "
+            "the reference",
+        )
+        g.add_argument(
+            "--sampling_floor",
+            type=float,
+            default=0.25,
+            help="share of rays drawn uniformly whatever the strategy, so no pixel starves (bounds importance "
+            "weights by 1/floor)",
+        )
+        g.add_argument(
+            "--importance_weights",
+            choices=("on", "off"),
+            default="on",
+            help="on: weight each ray's loss by uniform/sampling probability, so the gradient is that of the "
+            "mean over all pixels; off: the strategy reweights the objective (instant-ngp); the reported "
+            "loss and PSNR are weighted either way",
+        )
+        g.add_argument(
+            "--complexity_weights",
+            default="0.3,0.7",
+            metavar="EDGES,LAPLACIAN",
+            help="weights of the edge-density and Laplacian terms of the complexity score",
+        )
+        g.add_argument(
+            "--error_map_interval",
+            type=int,
+            default=128,
+            help="steps between error-map reductions across ranks (and new sampling distributions)",
+        )
+        g.add_argument(
+            "--error_map_decay",
+            type=float,
+            default=0.5,
+            help="weight of a tile's previous error when a new interval's mean loss arrives",
+        )
+        g.add_argument(
+            "--tile_size",
+            type=int,
+            default=0,
+            help="pixels per side of the tiles that shards, complexity and error map are made of (0: 32, "
+            "larger for very large scenes)",
+        )
+        g.add_argument(
+            "--shard_by",
+            choices=("tile", "image"),
+            default="tile",
+            help="unit dealt to ranks (streamed scenes always shard whole images)",
+        )
+        g.add_argument(
+            "--epoch_passes",
+            type=float,
+            default=1.0,
+            help="an epoch ends (and shards are dealt again) when the ranks together have drawn this many "
+            "rays per training pixel",
+        )
+        g.add_argument(
+            "--balance",
+            choices=("off", "samples", "time"),
+            default="samples",
+            help="off: equal rays per rank; samples: each rank sizes its batch to --target_samples "
+            "(deterministic); time: samples, and ranks whose step times drift apart get sample targets "
+            "by their throughput (follows measured times, so runs are not bit-reproducible)",
+        )
+        g.add_argument(
+            "--balance_threshold",
+            type=float,
+            default=0.05,
+            help="rebalance when (max - min) / max of the per-rank step times exceeds this",
+        )
+        g.add_argument(
+            "--preload",
+            choices=("auto", "device", "gpu", "host", "stream"),
+            default="auto",
+            help="training images on the device (gpu), in pinned host memory (copied per batch), or streamed "
+            "from disk by shard; auto: the first that fits its budget",
+        )
+        g.add_argument(
+            "--image_dtype",
+            choices=("uint8", "fp16"),
+            default="uint8",
+            help="storage of preloaded images (fp16 doubles the memory)",
+        )
+        g.add_argument(
+            "--device_image_budget_gb",
+            type=float,
+            default=0.0,
+            help="device memory the training images may use (0: what the process's memory budget leaves, "
+            "at most a quarter of the GPU)",
+        )
+        g.add_argument(
+            "--host_image_budget_gb",
+            type=float,
+            default=0.0,
+            help="host memory per rank the training images may use (0: half the available memory / local ranks)",
+        )
+        g.add_argument(
+            "--num_workers", type=int, default=4, help="threads decoding images (at load and when streaming)"
+        )
+        g.add_argument(
+            "--dynamic_resolution",
+            type=int,
+            default=0,
+            metavar="F",
+            help="start training at 1/F resolution (F a power of two) and double it whenever the loss stops "
+            "falling (0: off)",
+        )
+        g.add_argument(
+            "--dynamic_resolution_plateau",
+            type=float,
+            default=0.05,
+            help="raise the resolution when a log interval lowers the loss by less than this fraction",
+        )
 
     @staticmethod
     def from_args(args: argparse.Namespace) -> "DataSettings":
@@ -128,8 +206,9 @@ class DataSettings:
         except ValueError:
             weights = ()
         if len(weights) != 2 or min(weights) < 0 or sum(weights) <= 0:
-            raise ConfigError(f"--complexity_weights must be two numbers >= 0 (edges,laplacian), got "
-                              f"{args.complexity_weights!r}")
+            raise ConfigError(
+                f"--complexity_weights must be two numbers >= 0 (edges,laplacian), got {args.complexity_weights!r}"
+            )
         for name in ("error_map_interval", "num_workers"):
             if getattr(args, name) <= 0:
                 raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
@@ -145,27 +224,50 @@ class DataSettings:
                 raise ConfigError(f"--{name} must be >= 0 (0: automatic), got {getattr(args, name)}")
         dyn = args.dynamic_resolution
         if dyn < 0 or (dyn > 1 and dyn & (dyn - 1)):
-            raise ConfigError(f"--dynamic_resolution must be 0 (off) or a power of two (the starting downscale), got {dyn}")
+            raise ConfigError(
+                f"--dynamic_resolution must be 0 (off) or a power of two (the starting downscale), got {dyn}"
+            )
         if args.tile_size and dyn > 1 and args.tile_size % dyn:
             raise ConfigError(f"--dynamic_resolution {dyn} must divide --tile_size {args.tile_size}")
         if not 0.0 <= args.dynamic_resolution_plateau < 1.0:
             raise ConfigError(f"--dynamic_resolution_plateau must be in [0, 1), got {args.dynamic_resolution_plateau}")
-        return DataSettings(args.sampling, float(args.sampling_floor), args.importance_weights == "on", weights,
-                            int(args.error_map_interval), float(args.error_map_decay), int(args.tile_size),
-                            args.shard_by, float(args.epoch_passes), args.balance, float(args.balance_threshold),
-                            "device" if args.preload == "gpu" else args.preload, args.image_dtype,
-                            float(args.device_image_budget_gb), float(args.host_image_budget_gb),
-                            int(args.num_workers), max(int(dyn), 1), float(args.dynamic_resolution_plateau),
-                            args.train_ray_jitter == "on", args.fused_draw)
+        return DataSettings(
+            args.sampling,
+            float(args.sampling_floor),
+            args.importance_weights == "on",
+            weights,
+            int(args.error_map_interval),
+            float(args.error_map_decay),
+            int(args.tile_size),
+            args.shard_by,
+            float(args.epoch_passes),
+            args.balance,
+            float(args.balance_threshold),
+            "device" if args.preload == "gpu" else args.preload,
+            args.image_dtype,
+            float(args.device_image_budget_gb),
+            float(args.host_image_budget_gb),
+            int(args.num_workers),
+            max(int(dyn), 1),
+            float(args.dynamic_resolution_plateau),
+            args.train_ray_jitter == "on",
+            args.fused_draw,
+        )
 
 
-def make_store(frames: Frames, placement: Placement, device: torch.device, settings: DataSettings
-               ) -> StackedPixels | StreamedPixels:
+def make_store(
+    frames: Frames, placement: Placement, device: torch.device, settings: DataSettings
+) -> StackedPixels | StreamedPixels:
     """The pixel store for ``placement`` (decodes the images for device and host placements)."""
     if placement.mode == "stream":
         return StreamedPixels(frames, device, stream_chunk(placement, frames.sizes), settings.num_workers)
-    return StackedPixels(frames, device, on_device=placement.mode == "device", image_dtype=settings.image_dtype,
-                         workers=settings.num_workers)
+    return StackedPixels(
+        frames,
+        device,
+        on_device=placement.mode == "device",
+        image_dtype=settings.image_dtype,
+        workers=settings.num_workers,
+    )
 
 
 def agree_placement(placement: Placement) -> Placement:
@@ -183,8 +285,14 @@ def agree_placement(placement: Placement) -> Placement:
 class DataPipeline:
     """Sampler, store, error map and balancer of one rank (see the module docstring)."""
 
-    def __init__(self, settings: DataSettings, sampler: RaySampler, placement: Placement, balancer: Balancer,
-                 error_map: ErrorMap | None) -> None:
+    def __init__(
+        self,
+        settings: DataSettings,
+        sampler: RaySampler,
+        placement: Placement,
+        balancer: Balancer,
+        error_map: ErrorMap | None,
+    ) -> None:
         self.settings = settings
         self.sampler = sampler
         self.placement = placement
@@ -197,8 +305,16 @@ class DataPipeline:
         self.complexity_from_cache: bool | None = None
 
     @staticmethod
-    def build(frames: Frames, settings: DataSettings, rt: dist.Runtime, seed: int, target_samples: int,
-              max_rays: int, scene_cache: str | None = None, device_budget: int | None = None) -> "DataPipeline":
+    def build(
+        frames: Frames,
+        settings: DataSettings,
+        rt: dist.Runtime,
+        seed: int,
+        target_samples: int,
+        max_rays: int,
+        scene_cache: str | None = None,
+        device_budget: int | None = None,
+    ) -> "DataPipeline":
         """Everything from the options (collective, except in elastic jobs: every rank calls it): ``settings``
         validated by ``config.validate``; ``seed``, ``target_samples`` and ``max_rays``: the step's
         (``--seed``, ``--target_samples``, ``--max_rays``). ``device_budget``: bytes of device memory the images
@@ -208,33 +324,59 @@ class DataPipeline:
         if device_gb == 0 and device_budget is not None and rt.device.type == "cuda":
             quarter = torch.cuda.get_device_properties(rt.device).total_memory // 4
             device_gb = max(min(device_budget, quarter), 1) / GIB
-        placement = agree_placement(plan_placement(settings.preload, frames.sizes, rt.device, settings.image_dtype,
-                                                   device_gb, settings.host_image_budget_gb, rt.local_size))
+        placement = agree_placement(
+            plan_placement(
+                settings.preload,
+                frames.sizes,
+                rt.device,
+                settings.image_dtype,
+                device_gb,
+                settings.host_image_budget_gb,
+                rt.local_size,
+            )
+        )
         shard_by = "image" if placement.mode == "stream" else settings.shard_by
 
         def build_sampler() -> RaySampler:
             store = make_store(frames, placement, rt.device, settings)
-            return RaySampler(frames, rt.rank, rt.size, seed, rt.device, settings.train_ray_jitter, store=store,
-                              tile_size=settings.tile_size, shard_by=shard_by, floor=settings.floor,
-                              fused=settings.fused_draw)
+            return RaySampler(
+                frames,
+                rt.rank,
+                rt.size,
+                seed,
+                rt.device,
+                settings.train_ray_jitter,
+                store=store,
+                tile_size=settings.tile_size,
+                shard_by=shard_by,
+                floor=settings.floor,
+                fused=settings.fused_draw,
+            )
 
         sampler = build_sampler() if dist.elastic() else dist.agree(build_sampler, "loading the training images")
-        pipeline = DataPipeline(settings, sampler, placement,
-                                Balancer(settings.balance, rt.rank, rt.size, target_samples,
-                                         settings.balance_threshold, max_rays),
-                                ErrorMap(sampler.grid.n_tiles, rt.device, settings.error_map_decay)
-                                if settings.sampling == "error_map" else None)
+        pipeline = DataPipeline(
+            settings,
+            sampler,
+            placement,
+            Balancer(settings.balance, rt.rank, rt.size, target_samples, settings.balance_threshold, max_rays),
+            ErrorMap(sampler.grid.n_tiles, rt.device, settings.error_map_decay)
+            if settings.sampling == "error_map"
+            else None,
+        )
         if settings.sampling == "complexity":
             paths = frames.files.paths if frames.files is not None else [Path(n) for n in frames.names]
             downscale = frames.files.downscale if frames.files is not None else 1
-            features, pipeline.complexity_from_cache = scene_features(sampler.grid, sampler.store.image, paths,
-                                                                      downscale, scene_cache)
+            features, pipeline.complexity_from_cache = scene_features(
+                sampler.grid, sampler.store.image, paths, downscale, scene_cache
+            )
             pipeline.complexity = complexity_scores(features, settings.complexity_weights)
             sampler.set_scores(pipeline.complexity)
         if pipeline.resolution > 1:
             if sampler.tile_size % pipeline.resolution:
-                raise ConfigError(f"--dynamic_resolution {pipeline.resolution} must divide the tile size "
-                                  f"{sampler.tile_size} (set --tile_size)")
+                raise ConfigError(
+                    f"--dynamic_resolution {pipeline.resolution} must divide the tile size "
+                    f"{sampler.tile_size} (set --tile_size)"
+                )
             sampler.set_resolution(pipeline.resolution)
         return pipeline
 
@@ -245,9 +387,20 @@ class DataPipeline:
         if (rank, size, seed) == (old.rank, old.world_size, old.seed):
             return old
         old.stop_prefetch()
-        sampler = RaySampler(old.frames, rank, size, seed, old.device, old.jitter, store=old.store,
-                             tile_size=old.tile_size, shard_by=old.shard_by, epoch=max(old.epoch, 0), floor=old.floor,
-                             fused=old.fused)
+        sampler = RaySampler(
+            old.frames,
+            rank,
+            size,
+            seed,
+            old.device,
+            old.jitter,
+            store=old.store,
+            tile_size=old.tile_size,
+            shard_by=old.shard_by,
+            epoch=max(old.epoch, 0),
+            floor=old.floor,
+            fused=old.fused,
+        )
         scores = self.complexity if self.error_map is None or not self.error_map.updates else self.error_map.error
         if scores is not None:
             sampler.set_scores(scores)
@@ -291,8 +444,10 @@ class DataPipeline:
             notes.append(f"epoch {epoch}: new shards ({self.sampler.shard_size} pixels on this rank)")
         times = RankTimes.from_table(table, COL)
         if self.balancer.update(times):
-            notes.append(f"rebalanced (step time spread {100 * self.balancer.last_spread:.0f}%): sample targets "
-                         f"per rank x [{self.balancer.describe()}]")
+            notes.append(
+                f"rebalanced (step time spread {100 * self.balancer.last_spread:.0f}%): sample targets "
+                f"per rank x [{self.balancer.describe()}]"
+            )
         if self.resolution > 1:
             steps = max(float(table[:, COL["steps"]].max()), 1.0)
             loss = float(table[:, COL["loss_sum"]].sum()) / table.shape[0] / steps
@@ -308,14 +463,20 @@ class DataPipeline:
 
     def describe(self) -> str:
         s, smp = self.settings, self.sampler
-        parts = [f"images {self.placement.describe()}",
-                 f"shards by {smp.shard_by} ({smp.tile_size} px tiles, {smp.grid.n_tiles} in all)",
-                 "training rays " + ("jittered inside pixels" if s.train_ray_jitter else "through pixel centres")
-                 + (", drawn by one Triton kernel" if smp.fused_why_not is None else ""),
-                 f"sampling {s.sampling}"
-                 + (f" (floor {s.floor:g}, importance weights {'on' if s.importance_weights else 'off'})"
-                    if s.sampling != "uniform" else ""),
-                 f"balance {s.balance}"]
+        parts = [
+            f"images {self.placement.describe()}",
+            f"shards by {smp.shard_by} ({smp.tile_size} px tiles, {smp.grid.n_tiles} in all)",
+            "training rays "
+            + ("jittered inside pixels" if s.train_ray_jitter else "through pixel centres")
+            + (", drawn by one Triton kernel" if smp.fused_why_not is None else ""),
+            f"sampling {s.sampling}"
+            + (
+                f" (floor {s.floor:g}, importance weights {'on' if s.importance_weights else 'off'})"
+                if s.sampling != "uniform"
+                else ""
+            ),
+            f"balance {s.balance}",
+        ]
         if self.complexity_from_cache is not None:
             parts.append("complexity scores " + ("from the cache" if self.complexity_from_cache else "computed"))
         if self.resolution > 1:
@@ -326,26 +487,40 @@ class DataPipeline:
         store = self.sampler.store
         if not isinstance(store, StreamedPixels):
             return None
-        return (f"streamed {store.decoded} image decodes in chunks of {store.chunk}, {store.rotations} rotations, "
-                f"{store.wait_seconds:.1f} s waiting for decoding")
+        return (
+            f"streamed {store.decoded} image decodes in chunks of {store.chunk}, {store.rotations} rotations, "
+            f"{store.wait_seconds:.1f} s waiting for decoding"
+        )
 
     def summary(self) -> dict:
         """Decisions that every rank must share (a parallel test compares them across ranks) and figures for
         reports: placement, epoch, resolution, sample shares of the ranks, rebalances, an error-map checksum."""
         b = self.balancer
-        return {"placement": self.placement.mode, "sampling": self.settings.sampling, "balance": b.mode,
-                "epoch": self.sampler.epoch, "resolution": self.resolution, "shard_by": self.sampler.shard_by,
-                "tile_size": self.sampler.tile_size, "sample_shares": [round(float(v), 6) for v in b.shares],
-                "rebalances": b.rebalances, "equal_rays": b.equal_rays,
-                "error_map_sum": None if self.error_map is None else float(self.error_map.error.sum()),
-                "error_map_updates": None if self.error_map is None else self.error_map.updates}
+        return {
+            "placement": self.placement.mode,
+            "sampling": self.settings.sampling,
+            "balance": b.mode,
+            "epoch": self.sampler.epoch,
+            "resolution": self.resolution,
+            "shard_by": self.sampler.shard_by,
+            "tile_size": self.sampler.tile_size,
+            "sample_shares": [round(float(v), 6) for v in b.shares],
+            "rebalances": b.rebalances,
+            "equal_rays": b.equal_rays,
+            "error_map_sum": None if self.error_map is None else float(self.error_map.error.sum()),
+            "error_map_updates": None if self.error_map is None else self.error_map.updates,
+        }
 
     def state_dict(self) -> dict:
         """What a resumed run needs to continue the same data schedule (JSON-able: checkpoints keep it in
         the run's progress record)."""
-        return {"epoch": self.sampler.epoch, "rays_drawn": self.rays_drawn, "resolution": self.resolution,
-                "balancer": self.balancer.state_dict(),
-                "error_map": None if self.error_map is None else self.error_map.state_dict()}
+        return {
+            "epoch": self.sampler.epoch,
+            "rays_drawn": self.rays_drawn,
+            "resolution": self.resolution,
+            "balancer": self.balancer.state_dict(),
+            "error_map": None if self.error_map is None else self.error_map.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.rays_drawn = float(state["rays_drawn"])

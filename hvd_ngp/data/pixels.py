@@ -34,14 +34,16 @@ PLACEMENTS = ("auto", "device", "host", "stream")
 class Placement:
     """Where the training images go and why."""
 
-    mode: str             # "device" | "host" | "stream"
-    nbytes: int           # the decoded stack at the chosen dtype
-    device_budget: int    # bytes allowed on the device for images
-    host_budget: int      # bytes allowed in host memory for images (per rank)
+    mode: str  # "device" | "host" | "stream"
+    nbytes: int  # the decoded stack at the chosen dtype
+    device_budget: int  # bytes allowed on the device for images
+    host_budget: int  # bytes allowed in host memory for images (per rank)
 
     def describe(self) -> str:
-        return (f"{self.mode} ({human_bytes(self.nbytes)} decoded; budgets: device {human_bytes(self.device_budget)}, "
-                f"host {human_bytes(self.host_budget)})")
+        return (
+            f"{self.mode} ({human_bytes(self.nbytes)} decoded; budgets: device {human_bytes(self.device_budget)}, "
+            f"host {human_bytes(self.host_budget)})"
+        )
 
 
 def human_bytes(n: int) -> str:
@@ -52,8 +54,15 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def plan_placement(preload: str, sizes: Tensor, device: torch.device, image_dtype: str = "uint8",
-                   device_budget_gb: float = 0.0, host_budget_gb: float = 0.0, local_size: int = 1) -> Placement:
+def plan_placement(
+    preload: str,
+    sizes: Tensor,
+    device: torch.device,
+    image_dtype: str = "uint8",
+    device_budget_gb: float = 0.0,
+    host_budget_gb: float = 0.0,
+    local_size: int = 1,
+) -> Placement:
     """``--preload auto``: the device if the images fit its budget, else host memory if they fit there,
     else stream from disk. Budgets of 0 mean: a quarter of the GPU's memory; half the available host
     memory shared by the node's ranks. On a CPU device, device and host memory are the same."""
@@ -63,8 +72,11 @@ def plan_placement(preload: str, sizes: Tensor, device: torch.device, image_dtyp
     nbytes = image_bytes(sizes, per_pixel)
     host = int(host_budget_gb * GIB) if host_budget_gb > 0 else host_memory_available() // 2 // max(local_size, 1)
     if device.type == "cuda":
-        dev = (int(device_budget_gb * GIB) if device_budget_gb > 0
-               else torch.cuda.get_device_properties(device).total_memory // 4)
+        dev = (
+            int(device_budget_gb * GIB)
+            if device_budget_gb > 0
+            else torch.cuda.get_device_properties(device).total_memory // 4
+        )
     else:
         dev = int(device_budget_gb * GIB) if device_budget_gb > 0 else host
     if preload != "auto":
@@ -84,13 +96,16 @@ def _pinned(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> Tensor:
 
 def decode_into(frames: Frames, ids: list[int], out: Tensor, pool: ThreadPoolExecutor) -> None:
     """Decode frames ``ids`` into ``out[k]`` (``[K, H, W, 4]`` uint8), checking each size against ``frames.sizes``."""
+
     def one(k: int) -> None:
         i = ids[k]
         im = frames.files.read(i)
         w, h = (int(v) for v in frames.sizes[i].tolist())
         if im.shape[:2] != (h, w):
-            raise SceneError(f"{frames.files.paths[i]}: decoded to {im.shape[1]}x{im.shape[0]} but was "
-                             f"{w}x{h} when the scene was loaded (the file changed?)")
+            raise SceneError(
+                f"{frames.files.paths[i]}: decoded to {im.shape[1]}x{im.shape[0]} but was "
+                f"{w}x{h} when the scene was loaded (the file changed?)"
+            )
         out[k].zero_()
         out[k, :h, :w] = torch.from_numpy(im)
 
@@ -101,8 +116,9 @@ def decode_into(frames: Frames, ids: list[int], out: Tensor, pool: ThreadPoolExe
 class StackedPixels:
     """Every training image in one padded stack, on the device or in (pinned) host memory."""
 
-    def __init__(self, frames: Frames, device: torch.device, on_device: bool, image_dtype: str = "uint8",
-                 workers: int = 4) -> None:
+    def __init__(
+        self, frames: Frames, device: torch.device, on_device: bool, image_dtype: str = "uint8", workers: int = 4
+    ) -> None:
         self.on_device = on_device
         self.gather_device = device if on_device else torch.device("cpu")
         pin = (not on_device) and device.type == "cuda"
@@ -249,6 +265,8 @@ def stream_chunk(placement: Placement, sizes: Tensor) -> int:
     one = image_bytes(sizes, 4) // max(len(sizes), 1)  # one slot of the padded stack
     chunk = placement.host_budget // (2 * max(one, 1))
     if chunk < 1:
-        raise ConfigError(f"--preload stream: the host budget of {placement.host_budget / GIB:.3f} GiB cannot hold two "
-                          f"decoded images of {one / GIB:.3f} GiB (raise --host_image_budget_gb or --downscale)")
+        raise ConfigError(
+            f"--preload stream: the host budget of {placement.host_budget / GIB:.3f} GiB cannot hold two "
+            f"decoded images of {one / GIB:.3f} GiB (raise --host_image_budget_gb or --downscale)"
+        )
     return int(chunk)

@@ -36,12 +36,12 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
+from ..errors import SceneError
+from ..triton_support import triton_available
 from .cameras import DirectionMaps, pixel_rays
 from .pixels import StackedPixels, StreamedPixels
 from .scene import Frames
 from .shards import KeptPixels, TileGrid, auto_tile_size, shard_tiles, shard_units
-from ..errors import SceneError
-from ..triton_support import triton_available
 
 #: the fused draw: auto (one Triton kernel per batch on a CUDA GPU where it applies; ``--fused_draw auto``),
 #: on (also under the Triton interpreter on a CPU; an error where it does not apply; tests only), off (the torch path)
@@ -106,10 +106,24 @@ class RaySampler:
     ``fused``: one of ``FUSED_MODES`` (see the module docstring); ``fused_why_not`` says why it is not used.
     """
 
-    def __init__(self, frames: Frames, rank: int, world_size: int, seed: int, device: torch.device,
-                 jitter: bool = True, *, store: StackedPixels | StreamedPixels | None = None, tile_size: int = 0,
-                 shard_by: str = "tile", epoch: int = 0, floor: float = 0.25, prefetch: bool = True,
-                 stream_passes: float = STREAM_PASSES, fused: str = "off") -> None:
+    def __init__(
+        self,
+        frames: Frames,
+        rank: int,
+        world_size: int,
+        seed: int,
+        device: torch.device,
+        jitter: bool = True,
+        *,
+        store: StackedPixels | StreamedPixels | None = None,
+        tile_size: int = 0,
+        shard_by: str = "tile",
+        epoch: int = 0,
+        floor: float = 0.25,
+        prefetch: bool = True,
+        stream_passes: float = STREAM_PASSES,
+        fused: str = "off",
+    ) -> None:
         if not 0.0 < floor <= 1.0:
             raise ValueError(f"the uniform floor must be in (0, 1], got {floor}")
         self.frames = frames
@@ -126,9 +140,11 @@ class RaySampler:
         self.has_distortion = bool((frames.distortion != 0).any())
         self.has_fisheye = bool(frames.fisheye.any())
         self.n_pixels = frames.n_pixels
-        self.direction_maps = (DirectionMaps(frames.intrinsics, frames.distortion, frames.fisheye, frames.sizes, device)
-                               if DirectionMaps.worthwhile(frames.distortion, frames.fisheye, frames.intrinsics,
-                                                           frames.sizes) else None)
+        self.direction_maps = (
+            DirectionMaps(frames.intrinsics, frames.distortion, frames.fisheye, frames.sizes, device)
+            if DirectionMaps.worthwhile(frames.distortion, frames.fisheye, frames.intrinsics, frames.sizes)
+            else None
+        )
         self.tile_size = auto_tile_size(frames.sizes, tile_size)
         self.grid = TileGrid.build(frames.sizes, self.tile_size)
         # masked-out pixels (``frames.keep``): each tile counts and lists only its kept pixels, so the tile CDF,
@@ -144,8 +160,11 @@ class RaySampler:
         self.resolution = 1
         self._version = 0
         self._pending: tuple[int, int, Future] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvd_ngp-sampler") \
-            if prefetch and not self.store.on_device else None
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="hvd_ngp-sampler")
+            if prefetch and not self.store.on_device
+            else None
+        )
         self._drawn_since_rotation = 0
         self.epoch = -1
         self.set_epoch(epoch)
@@ -207,7 +226,9 @@ class RaySampler:
     def set_resolution(self, factor: int) -> None:
         """Train at 1/``factor`` resolution (a power of two dividing the tile size; 1: full resolution)."""
         if factor < 1 or factor & (factor - 1) or self.tile_size % factor:
-            raise ValueError(f"resolution factor {factor} must be a power of two dividing the tile size {self.tile_size}")
+            raise ValueError(
+                f"resolution factor {factor} must be a power of two dividing the tile size {self.tile_size}"
+            )
         self._drain()
         self.resolution = int(factor)
         self._version += 1
@@ -221,8 +242,10 @@ class RaySampler:
         if self.kept is not None:
             tiles = tiles[self.grid.count[tiles] > 0]
             if not len(tiles):
-                raise SceneError(f"rank {self.rank}: every pixel of its share of the training images is masked out "
-                                 "(--mask_mode exclude); check the masks (0 = ignore) or use fewer ranks")
+                raise SceneError(
+                    f"rank {self.rank}: every pixel of its share of the training images is masked out "
+                    "(--mask_mode exclude); check the masks (0 = ignore) or use fewer ranks"
+                )
         n = self.grid.count[tiles].double()
         uniform = n / n.sum()
         weight = None
@@ -282,7 +305,10 @@ class RaySampler:
             rgba = self.store.gather(img, py, px)
         else:  # the F x F block holding the pixel (clipped at the tile's edge), its mean colour
             bx, by = x0 + (px - x0) // F * F, y0 + (py - y0) // F * F
-            bw, bh = torch.minimum(x0 + tw - bx, torch.full_like(bx, F)), torch.minimum(y0 + th - by, torch.full_like(by, F))
+            bw, bh = (
+                torch.minimum(x0 + tw - bx, torch.full_like(bx, F)),
+                torch.minimum(y0 + th - by, torch.full_like(by, F)),
+            )
             u, v = bx.float() + off[:, 0] * bw.float(), by.float() + off[:, 1] * bh.float()
             px = torch.minimum(u.long(), bx + bw - 1)
             py = torch.minimum(v.long(), by + bh - 1)
@@ -290,8 +316,9 @@ class RaySampler:
             for dy in range(F):
                 for dx in range(F):
                     inside = ((dx < bw) & (dy < bh)).float()[:, None]
-                    rgba += inside * self.store.gather(img, torch.minimum(by + dy, by + bh - 1),
-                                                       torch.minimum(bx + dx, bx + bw - 1))
+                    rgba += inside * self.store.gather(
+                        img, torch.minimum(by + dy, by + bh - 1), torch.minimum(bx + dx, bx + bw - 1)
+                    )
             rgba /= (bw * bh).float()[:, None]
         pixel = G.pixel_offset[img] + py * G.width[img] + px
         weight = None if self._weight is None else self._weight[k]
@@ -345,8 +372,20 @@ class RaySampler:
         u = torch.rand(n, generator=g, device=dev, dtype=torch.float64)
         pick = torch.rand((n, 2), generator=g, device=dev)
         off = torch.rand((n, 2), generator=g, device=dev) if self.jitter else None
-        out = draw_rays(u, pick, off, self._cdf, self._active, self._tiles, self._weight, self.store.images,
-                        self._pixel_offset, self._width, self._c2w32, self._intr32)
+        out = draw_rays(
+            u,
+            pick,
+            off,
+            self._cdf,
+            self._active,
+            self._tiles,
+            self._weight,
+            self.store.images,
+            self._pixel_offset,
+            self._width,
+            self._c2w32,
+            self._intr32,
+        )
         return RayBatch(out["origins"], out["directions"], out["rgba"], out["pixel"], out["weight"], out["tile"])
 
     def rays_for_pixels(self, pixel: Tensor, jitter: bool | None = None) -> RayBatch:
@@ -354,17 +393,29 @@ class RaySampler:
         img, y, x = self.frames.locate(pixel.to(self.index_device))
         off = self._offsets(pixel.shape[0], self.jitter if jitter is None else jitter)
         rgba = self.store.gather(img, y, x).to(self.device)
-        img, u, v = img.to(self.device), (x.float() + off[:, 0]).to(self.device), (y.float() + off[:, 1]).to(self.device)
+        img, u, v = (
+            img.to(self.device),
+            (x.float() + off[:, 0]).to(self.device),
+            (y.float() + off[:, 1]).to(self.device),
+        )
         o, d = self._rays(img, u, v)
-        return RayBatch(o, d, rgba, pixel.to(self.device), None, self.grid.tile_of(img, x.to(self.device), y.to(self.device)))
+        return RayBatch(
+            o, d, rgba, pixel.to(self.device), None, self.grid.tile_of(img, x.to(self.device), y.to(self.device))
+        )
 
     def _rays(self, img: Tensor, u: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c2w = self.c2w[img]
         if self.direction_maps is not None:
             d = torch.einsum("nij,nj->ni", c2w[:, :, :3], self.direction_maps.directions(img, u, v))
             return c2w[:, :, 3], d / d.norm(dim=-1, keepdim=True)
-        return pixel_rays(c2w, self.intrinsics[img], u, v, self.distortion[img] if self.has_distortion else None,
-                          self.fisheye[img] if self.has_fisheye else None)
+        return pixel_rays(
+            c2w,
+            self.intrinsics[img],
+            u,
+            v,
+            self.distortion[img] if self.has_distortion else None,
+            self.fisheye[img] if self.has_fisheye else None,
+        )
 
     def stop_prefetch(self) -> None:
         """Stop drawing batches ahead (idempotent); the store stays open for another sampler."""

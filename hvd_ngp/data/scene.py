@@ -26,8 +26,9 @@ class ImageFiles:
         return read_masked(self.paths[index], self.downscale, self.masks[index] if self.masks else None)
 
     def subset(self, index: list[int]) -> "ImageFiles":
-        return ImageFiles([self.paths[i] for i in index], self.downscale,
-                          [self.masks[i] for i in index] if self.masks else None)
+        return ImageFiles(
+            [self.paths[i] for i in index], self.downscale, [self.masks[i] for i in index] if self.masks else None
+        )
 
 
 @dataclass
@@ -107,16 +108,30 @@ class Frames:
 
     def subset(self, index: list[int]) -> "Frames":
         idx = torch.as_tensor(index, dtype=torch.long)
-        return Frames(None if self.images is None else self.images[idx], self.c2w[idx], self.intrinsics[idx],
-                      self.distortion[idx], self.sizes[idx], self.fisheye[idx], [self.names[i] for i in index],
-                      None if self.files is None else self.files.subset(index),
-                      None if self.keep is None else self.keep[idx])
+        return Frames(
+            None if self.images is None else self.images[idx],
+            self.c2w[idx],
+            self.intrinsics[idx],
+            self.distortion[idx],
+            self.sizes[idx],
+            self.fisheye[idx],
+            [self.names[i] for i in index],
+            None if self.files is None else self.files.subset(index),
+            None if self.keep is None else self.keep[idx],
+        )
 
     def to(self, device: torch.device) -> "Frames":
-        return Frames(None if self.images is None else self.images.to(device), self.c2w.to(device),
-                      self.intrinsics.to(device), self.distortion.to(device), self.sizes.to(device),
-                      self.fisheye.to(device), self.names, self.files, self.keep)
-
+        return Frames(
+            None if self.images is None else self.images.to(device),
+            self.c2w.to(device),
+            self.intrinsics.to(device),
+            self.distortion.to(device),
+            self.sizes.to(device),
+            self.fisheye.to(device),
+            self.names,
+            self.files,
+            self.keep,
+        )
 
 
 @dataclass

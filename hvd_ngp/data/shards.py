@@ -35,8 +35,10 @@ def shard_units(n_units: int, seed: int, rank: int, world_size: int, epoch: int)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside a world of size {world_size}")
     if n_units < world_size:
-        raise ConfigError(f"the scene has {n_units} shard unit(s) for {world_size} ranks: every rank needs at least one "
-                          "(use a smaller --tile_size, or --shard_by tile)")
+        raise ConfigError(
+            f"the scene has {n_units} shard unit(s) for {world_size} ranks: every rank needs at least one "
+            "(use a smaller --tile_size, or --shard_by tile)"
+        )
     gen = torch.Generator().manual_seed(epoch_seed(seed, epoch))
     return torch.randperm(n_units, generator=gen)[rank::world_size]
 
@@ -128,8 +130,13 @@ class TileGrid:
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
     def to(self, device: torch.device) -> "TileGrid":
-        return TileGrid(self.tile, *(getattr(self, k).to(device) for k in
-                                     ("image", "x0", "y0", "w", "h", "count", "first", "pixel_offset", "width")))
+        return TileGrid(
+            self.tile,
+            *(
+                getattr(self, k).to(device)
+                for k in ("image", "x0", "y0", "w", "h", "count", "first", "pixel_offset", "width")
+            ),
+        )
 
 
 @dataclass

@@ -42,8 +42,12 @@ from .scene import Frames, ImageFiles, Scene
 
 DISTORTION_KEYS = ("k1", "k2", "k3", "k4", "p1", "p2")
 #: nerfstudio ``camera_model`` values -> (fisheye, distortion keys that may be non-zero)
-CAMERA_MODELS = {"PINHOLE": (False, ()), "SIMPLE_PINHOLE": (False, ()), "OPENCV": (False, DISTORTION_KEYS),
-                 "OPENCV_FISHEYE": (True, ("k1", "k2", "k3", "k4"))}
+CAMERA_MODELS = {
+    "PINHOLE": (False, ()),
+    "SIMPLE_PINHOLE": (False, ()),
+    "OPENCV": (False, DISTORTION_KEYS),
+    "OPENCV_FISHEYE": (True, ("k1", "k2", "k3", "k4")),
+}
 INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_angle_x", "camera_angle_y")
 
 
@@ -52,11 +56,11 @@ class FrameMeta:
     """One frame as listed in the file, before its image is decoded."""
 
     image_path: Path
-    c2w: np.ndarray          # [3, 4] ngp space
-    camera: dict             # intrinsics fields: the frame's own, falling back to the file's
-    own_intrinsics: bool     # the frame sets its own focal length / size
-    index: int = 0           # its place in the file's frames list
-    own_keys: tuple = ()     # the camera fields the frame sets itself (messages name them as frames[i].'key')
+    c2w: np.ndarray  # [3, 4] ngp space
+    camera: dict  # intrinsics fields: the frame's own, falling back to the file's
+    own_intrinsics: bool  # the frame sets its own focal length / size
+    index: int = 0  # its place in the file's frames list
+    own_keys: tuple = ()  # the camera fields the frame sets itself (messages name them as frames[i].'key')
     mask_path: Path | None = None  # grey image, zero where pixels are masked out
 
 
@@ -123,8 +127,9 @@ def _camera_model(camera: dict, model, path: Path, where: str) -> None:
     if model is None:
         return
     if model not in CAMERA_MODELS:
-        raise SceneError(f"{path}: {where}'camera_model' {model!r} is not supported (supported: "
-                         f"{', '.join(CAMERA_MODELS)})")
+        raise SceneError(
+            f"{path}: {where}'camera_model' {model!r} is not supported (supported: {', '.join(CAMERA_MODELS)})"
+        )
     fisheye, allowed = CAMERA_MODELS[model]
     for k in DISTORTION_KEYS:
         if camera.get(k) and k not in allowed:
@@ -179,7 +184,7 @@ def parse_transforms(path: Path, sharpness_threshold: float = 0.0, poses_only: b
         line = frame_line(path, int(about_frame.group(1))) if about_frame else None
         if line is None:
             raise
-        raise SceneError(f"{path}:{line}: {str(exc)[len(str(path)) + 2:]}") from None
+        raise SceneError(f"{path}:{line}: {str(exc)[len(str(path)) + 2 :]}") from None
 
 
 def world_to_ngp(data: dict, path: Path) -> tuple[float, np.ndarray]:
@@ -236,12 +241,21 @@ def _parse_transforms(path: Path, sharpness_threshold: float, poses_only: bool =
         camera.update(own)
         if "is_fisheye" in f:
             camera["is_fisheye"] = bool(f["is_fisheye"])
-        _camera_model(camera, f.get("camera_model", data.get("camera_model")), path,
-                      where if "camera_model" in f or own else "")
+        _camera_model(
+            camera, f.get("camera_model", data.get("camera_model")), path, where if "camera_model" in f or own else ""
+        )
         mask = _mask(f, path, where)
-        frames.append(FrameMeta(image, nerf_to_ngp(arr, scale, offset).astype(np.float32), camera,
-                                any(k in own for k in ("fl_x", "fl_y", "camera_angle_x", "w", "h")), i, tuple(own),
-                                mask))
+        frames.append(
+            FrameMeta(
+                image,
+                nerf_to_ngp(arr, scale, offset).astype(np.float32),
+                camera,
+                any(k in own for k in ("fl_x", "fl_y", "camera_angle_x", "w", "h")),
+                i,
+                tuple(own),
+                mask,
+            )
+        )
     return TransformsFile(path, data, frames, missing, blurry, notes)
 
 
@@ -257,8 +271,9 @@ def _mask(frame: dict, path: Path, where: str) -> Path | None:
     return mask
 
 
-def camera_intrinsics(cam: dict, image_w: int, image_h: int, downscale: int, path: Path,
-                      frame: FrameMeta | None = None) -> list[float]:
+def camera_intrinsics(
+    cam: dict, image_w: int, image_h: int, downscale: int, path: Path, frame: FrameMeta | None = None
+) -> list[float]:
     """fx, fy, cx, cy at the decoded image's resolution from a frame's camera fields; the principal point must
     lie inside the image (``SceneError`` naming the key, and ``frame``'s place when the frame sets it)."""
     file_w = cam.get("w") or image_w * downscale
@@ -278,8 +293,10 @@ def camera_intrinsics(cam: dict, image_w: int, image_h: int, downscale: int, pat
     for key, value, size, axis in (("cx", cx, file_w, "width"), ("cy", cy, file_h, "height")):
         if not 0.0 <= value <= size:
             where = f"frames[{frame.index}]." if frame is not None and key in frame.own_keys else ""
-            raise SceneError(f"{path}: {where}'{key}' = {value:g} puts the principal point outside the image "
-                             f"(its {axis} is {size:g} pixels)")
+            raise SceneError(
+                f"{path}: {where}'{key}' = {value:g} puts the principal point outside the image "
+                f"(its {axis} is {size:g} pixels)"
+            )
     sx, sy = image_w / file_w, image_h / file_h
     return [fx * sx, fy * sy, cx * sx, cy * sy]
 
@@ -287,8 +304,14 @@ def camera_intrinsics(cam: dict, image_w: int, image_h: int, downscale: int, pat
 MASK_MODES = ("alpha", "exclude")
 
 
-def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, threads: int = 8,
-                 decode: bool = True, mask_mode: str = "alpha") -> tuple[Frames, bool]:
+def build_frames(
+    tf: TransformsFile,
+    frames: list[FrameMeta],
+    downscale: int,
+    threads: int = 8,
+    decode: bool = True,
+    mask_mode: str = "alpha",
+) -> tuple[Frames, bool]:
     """Decode the images and assemble ``Frames``; images of several sizes need per-frame intrinsics.
     ``decode=False``: read only the image sizes; the pixels are decoded later from ``Frames.files``.
     ``mask_mode``: what a frame's ``mask_path`` does (``MASK_MODES``, see the module docstring)."""
@@ -307,30 +330,44 @@ def build_frames(tf: TransformsFile, frames: list[FrameMeta], downscale: int, th
             sizes = list(pool.map(lambda p: image_size(p, downscale), paths))
     if len(set(sizes)) > 1 and not all(f.own_intrinsics for f in frames):
         shown = ", ".join(f"{w}x{h}" for w, h in sorted(set(sizes)))
-        raise SceneError(f"{tf.path}: images have different sizes ({shown}) but not every frame gives its own "
-                         "intrinsics (a frame that sets any of 'fl_x', 'fl_y', 'camera_angle_x', 'w', 'h' gives its own; "
-                         "give them in every frame)")
+        raise SceneError(
+            f"{tf.path}: images have different sizes ({shown}) but not every frame gives its own "
+            "intrinsics (a frame that sets any of 'fl_x', 'fl_y', 'camera_angle_x', 'w', 'h' gives its own; "
+            "give them in every frame)"
+        )
     intrinsics = [camera_intrinsics(f.camera, w, h, downscale, tf.path, f) for f, (w, h) in zip(frames, sizes)]
-    stack, has_alpha = (stack_images(images) if decode else (None, False))
+    stack, has_alpha = stack_images(images) if decode else (None, False)
     distortion = [[f.camera.get(k) or 0.0 for k in DISTORTION_KEYS] for f in frames]
-    out = Frames(stack, torch.from_numpy(np.stack([f.c2w for f in frames])),
-                 torch.tensor(intrinsics, dtype=torch.float32), torch.tensor(distortion, dtype=torch.float32),
-                 torch.tensor(sizes, dtype=torch.int64), torch.tensor([f.camera["is_fisheye"] for f in frames]),
-                 [str(p) for p in paths], ImageFiles(paths, downscale, masks),
-                 None if keep_masks is None else stack_masks(keep_masks, sizes, threads))
+    out = Frames(
+        stack,
+        torch.from_numpy(np.stack([f.c2w for f in frames])),
+        torch.tensor(intrinsics, dtype=torch.float32),
+        torch.tensor(distortion, dtype=torch.float32),
+        torch.tensor(sizes, dtype=torch.int64),
+        torch.tensor([f.camera["is_fisheye"] for f in frames]),
+        [str(p) for p in paths],
+        ImageFiles(paths, downscale, masks),
+        None if keep_masks is None else stack_masks(keep_masks, sizes, threads),
+    )
     return out, has_alpha
 
 
 def empty_frames() -> Frames:
-    return Frames(torch.zeros(0, 1, 1, 4, dtype=torch.uint8), torch.zeros(0, 3, 4), torch.zeros(0, 4),
-                  torch.zeros(0, 6))
+    return Frames(
+        torch.zeros(0, 1, 1, 4, dtype=torch.uint8), torch.zeros(0, 3, 4), torch.zeros(0, 4), torch.zeros(0, 6)
+    )
 
 
 def scene_aabb(data: dict, path: Path) -> tuple[torch.Tensor, int]:
     """The render bounds in ngp space: ``aabb`` if given, else the cube of side ``aabb_scale`` around 0.5."""
     aabb_scale = data.get("aabb_scale", 1)
-    if (isinstance(aabb_scale, bool) or not isinstance(aabb_scale, (int, float)) or aabb_scale < 1
-            or aabb_scale != int(aabb_scale) or (int(aabb_scale) & (int(aabb_scale) - 1))):
+    if (
+        isinstance(aabb_scale, bool)
+        or not isinstance(aabb_scale, (int, float))
+        or aabb_scale < 1
+        or aabb_scale != int(aabb_scale)
+        or (int(aabb_scale) & (int(aabb_scale) - 1))
+    ):
         raise SceneError(f"{path}: 'aabb_scale' must be a power of two >= 1, got {aabb_scale!r}")
     aabb_scale = int(aabb_scale)
     if "aabb" in data:
@@ -366,8 +403,13 @@ class SceneFiles:
     test_frames: list[FrameMeta]
 
 
-def locate_transforms(scene: str | os.PathLike, train_split: str = "train", test_split: str = "test",
-                      holdout_every: int = 0, sharpness_threshold: float = 0.0) -> SceneFiles:
+def locate_transforms(
+    scene: str | os.PathLike,
+    train_split: str = "train",
+    test_split: str = "test",
+    holdout_every: int = 0,
+    sharpness_threshold: float = 0.0,
+) -> SceneFiles:
     """Parse the transforms file(s) of ``scene`` and split their frames (no image decoding)."""
     root = Path(scene).expanduser()
     if not root.exists():
@@ -392,9 +434,16 @@ def locate_transforms(scene: str | os.PathLike, train_split: str = "train", test
     return SceneFiles(root, tf, test, tf.frames, test.frames if test else [])
 
 
-def load_transforms_scene(scene: str | os.PathLike, train_split: str = "train", test_split: str = "test",
-                          holdout_every: int = 0, downscale: int = 1, sharpness_threshold: float = 0.0,
-                          lazy_train: bool = False, mask_mode: str = "alpha") -> Scene:
+def load_transforms_scene(
+    scene: str | os.PathLike,
+    train_split: str = "train",
+    test_split: str = "test",
+    holdout_every: int = 0,
+    downscale: int = 1,
+    sharpness_threshold: float = 0.0,
+    lazy_train: bool = False,
+    mask_mode: str = "alpha",
+) -> Scene:
     """Load a ``transforms*.json`` scene (folder or file). ``lazy_train``: the training images are not
     decoded (``Frames.images`` is None; ``has_alpha`` then describes the test images only). ``mask_mode``:
     see ``build_frames``."""
@@ -402,14 +451,27 @@ def load_transforms_scene(scene: str | os.PathLike, train_split: str = "train", 
     tf = files.train
     missing = tf.missing + (files.test.missing if files.test is not None and files.test is not tf else 0)
     if not files.train_frames:
-        raise SceneError(f"{tf.path}: no usable frames ({missing} listed images are missing, {tf.blurry} below the "
-                         f"sharpness threshold)")
+        raise SceneError(
+            f"{tf.path}: no usable frames ({missing} listed images are missing, {tf.blurry} below the "
+            f"sharpness threshold)"
+        )
     aabb, aabb_scale = scene_aabb(tf.data, tf.path)
     train, alpha_train = build_frames(tf, files.train_frames, downscale, decode=not lazy_train, mask_mode=mask_mode)
     test, alpha_test = build_frames(files.test or tf, files.test_frames, downscale, mask_mode=mask_mode)
     scale, offset = world_to_ngp(tf.data, tf.path)
-    return Scene(train, test, aabb, aabb_scale, alpha_train or alpha_test, str(files.root), missing, tf.blurry,
-                 up_vector(tf.data), scale, offset.tolist())
+    return Scene(
+        train,
+        test,
+        aabb,
+        aabb_scale,
+        alpha_train or alpha_test,
+        str(files.root),
+        missing,
+        tf.blurry,
+        up_vector(tf.data),
+        scale,
+        offset.tolist(),
+    )
 
 
 def load_poses(path: str | os.PathLike, fallback_size: tuple[int, int]) -> Frames:
@@ -419,13 +481,21 @@ def load_poses(path: str | os.PathLike, fallback_size: tuple[int, int]) -> Frame
     tf = parse_transforms(path, poses_only=True)
     if not tf.frames:
         raise SceneError(f"{path}: no frames to render")
-    sizes = [(int(f.camera.get("w") or fallback_size[0]), int(f.camera.get("h") or fallback_size[1]))
-             for f in tf.frames]
+    sizes = [
+        (int(f.camera.get("w") or fallback_size[0]), int(f.camera.get("h") or fallback_size[1])) for f in tf.frames
+    ]
     if len(set(sizes)) > 1:
-        raise SceneError(f"{path}: frames of several sizes ({', '.join(f'{w}x{h}' for w, h in sorted(set(sizes)))}): "
-                         "a video needs one")
+        raise SceneError(
+            f"{path}: frames of several sizes ({', '.join(f'{w}x{h}' for w, h in sorted(set(sizes)))}): "
+            "a video needs one"
+        )
     n = len(tf.frames)
     intrinsics = [camera_intrinsics(f.camera, w, h, 1, path) for f, (w, h) in zip(tf.frames, sizes)]
-    return Frames(torch.zeros(n, 1, 1, 4, dtype=torch.uint8), torch.from_numpy(np.stack([f.c2w for f in tf.frames])),
-                  torch.tensor(intrinsics, dtype=torch.float32), torch.zeros(n, 6), torch.tensor(sizes),
-                  torch.zeros(n, dtype=torch.bool))
+    return Frames(
+        torch.zeros(n, 1, 1, 4, dtype=torch.uint8),
+        torch.from_numpy(np.stack([f.c2w for f in tf.frames])),
+        torch.tensor(intrinsics, dtype=torch.float32),
+        torch.zeros(n, 6),
+        torch.tensor(sizes),
+        torch.zeros(n, dtype=torch.bool),
+    )

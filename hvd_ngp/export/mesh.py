@@ -54,10 +54,10 @@ def density_lattice(sigma_fn, grid: OccupancyGrid | None, box: Tensor, shape: tu
     for i in range(shape[0]):
         x = torch.cat([axes[0][i].expand(plane, 1), yz], 1)
         for s in range(0, plane, CHUNK):
-            sigma = sigma_fn(x[s:s + CHUNK]).float()
+            sigma = sigma_fn(x[s : s + CHUNK]).float()
             if grid is not None:
-                sigma = torch.where(grid.is_occupied(x[s:s + CHUNK]), sigma, 0.0)
-            out[i * plane + s:i * plane + s + sigma.shape[0]] = sigma
+                sigma = torch.where(grid.is_occupied(x[s : s + CHUNK]), sigma, 0.0)
+            out[i * plane + s : i * plane + s + sigma.shape[0]] = sigma
     return out.view(shape).cpu().numpy()
 
 
@@ -67,7 +67,7 @@ def vertex_colours(field, vertices: Tensor, normal_step: float) -> tuple[np.ndar
     ``vertices`` ``[V, 3]`` looking along ``-normal``."""
     normals, colours = [], []
     for s in range(0, vertices.shape[0], CHUNK):
-        v = vertices[s:s + CHUNK]
+        v = vertices[s : s + CHUNK]
         n = density_normals(field.density, v, normal_step)
         d = torch.where(n.norm(dim=-1, keepdim=True) > 0.5, -n, torch.tensor([0.0, 0.0, 1.0], device=v.device))
         rgb, _ = field(v, d)
@@ -78,8 +78,13 @@ def vertex_colours(field, vertices: Tensor, normal_step: float) -> tuple[np.ndar
     return torch.cat(normals).numpy(), torch.cat(colours).numpy()
 
 
-def extract_mesh(field, grid: OccupancyGrid | None, resolution: int = DEFAULT_RESOLUTION,
-                 threshold: float = DEFAULT_THRESHOLD, box: Tensor | None = None):
+def extract_mesh(
+    field,
+    grid: OccupancyGrid | None,
+    resolution: int = DEFAULT_RESOLUTION,
+    threshold: float = DEFAULT_THRESHOLD,
+    box: Tensor | None = None,
+):
     """The ``threshold`` iso-surface of ``field``'s density as a ``trimesh.Trimesh`` in ngp space, faces wound
     outward, with vertex colours (see the module docstring). ``box`` ``[2, 3]``: where to sample (default: the
     occupied cells' bounding box). ``HvdNgpError`` when nothing in the box is denser than ``threshold``."""
@@ -91,8 +96,10 @@ def extract_mesh(field, grid: OccupancyGrid | None, resolution: int = DEFAULT_RE
     shape = lattice_shape(box, resolution)
     sigma = density_lattice(field.density, grid, box, shape)
     if not (sigma > threshold).any():
-        raise HvdNgpError(f"no density above the threshold {threshold} in the box {box.tolist()} "
-                          f"(the largest is {float(sigma.max()):.3g}): lower --threshold")
+        raise HvdNgpError(
+            f"no density above the threshold {threshold} in the box {box.tolist()} "
+            f"(the largest is {float(sigma.max()):.3g}): lower --threshold"
+        )
     verts, faces = mcubes.marching_cubes(sigma, threshold)
     step = (box[1] - box[0]).cpu().double().numpy() / (np.asarray(shape) - 1)
     verts = box[0].cpu().double().numpy() + verts * step

@@ -16,20 +16,27 @@ DEFAULT_MAX_POINTS = 1_000_000
 
 
 @torch.no_grad()
-def point_cloud(renderer: ViewRenderer, frames: Frames, background: torch.Tensor,
-                opacity_cut: float = DEFAULT_OPACITY_CUT, max_points: int = DEFAULT_MAX_POINTS,
-                seed: int = 0, progress=None, n_views: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def point_cloud(
+    renderer: ViewRenderer,
+    frames: Frames,
+    background: torch.Tensor,
+    opacity_cut: float = DEFAULT_OPACITY_CUT,
+    max_points: int = DEFAULT_MAX_POINTS,
+    seed: int = 0,
+    progress=None,
+    n_views: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Points ``[N, 3]`` (ngp space, float32) and uint8 RGB colours ``[N, 3]`` from the first ``n_views`` views of
     ``frames`` (0: all): at most about ``max_points`` in all (each view keeps the same random share of its pixels,
     ``seed``). ``progress``: wraps the view indices (a tqdm, or None)."""
     views = range(len(frames) if n_views <= 0 else min(n_views, len(frames)))
     sizes = frames.sizes
     assert sizes is not None  # Frames.__post_init__ fills it
-    n_pixels = int(sum(w * h for w, h in sizes[:len(views)].tolist()))
+    n_pixels = int(sum(w * h for w, h in sizes[: len(views)].tolist()))
     share = min(1.0, max_points / max(n_pixels, 1))
     gen = torch.Generator().manual_seed(seed)
     points, colours = [], []
-    for i in (progress(views) if progress is not None else views):
+    for i in progress(views) if progress is not None else views:
         out = renderer.outputs(frames, i, background)
         opacity = out["opacity"].reshape(-1)
         pick = torch.rand(opacity.shape[0], generator=gen) < share

@@ -40,8 +40,15 @@ def trunc_exp(x: Tensor) -> Tensor:
 INITIALIZATIONS = ("torch", "xavier")
 
 
-def make_mlp(block: dict, n_input: int, n_output: int, name: str, source: str = "config",
-             backend: str = "torch", fused_training: bool = False) -> nn.Module:
+def make_mlp(
+    block: dict,
+    n_input: int,
+    n_output: int,
+    name: str,
+    source: str = "config",
+    backend: str = "torch",
+    fused_training: bool = False,
+) -> nn.Module:
     """An instant-ngp style MLP (no biases, like tiny-cuda-nn's fused MLPs) from a network block: an
     ``nn.Sequential`` of ``nn.Linear`` layers (the reference, and the CPU path), tiny-cuda-nn's network
     with ``backend="tcnn"``, or with ``backend="triton"`` the same ``nn.Sequential`` computed by the fused
@@ -121,8 +128,7 @@ class NGPField(nn.Module):
         n_geo = int(net.get("n_output_dims", 16))
         if n_geo < 1:
             raise ConfigError(f"{source}: network.n_output_dims must be >= 1, got {n_geo}")
-        self.density_mlp = make_mlp(net, self.encoding.n_output_dims, n_geo, "network", source, backend,
-                                    fused_training)
+        self.density_mlp = make_mlp(net, self.encoding.n_output_dims, n_geo, "network", source, backend, fused_training)
         bias = net.get("density_bias", 0.0)
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
             raise ConfigError(f"{source}: network.density_bias must be a finite number, got {bias!r}")
@@ -132,10 +138,13 @@ class NGPField(nn.Module):
         out_act = rgb.get("output_activation", "Sigmoid")
         if out_act not in ("Sigmoid", "None"):  # colours always pass a sigmoid ("None": instant-ngp's spelling,
             # whose NeRF network applies its logistic colour activation apart from the MLP)
-            raise ConfigError(f"{source}: rgb_network.output_activation {out_act!r} is not supported: colours pass "
-                              "a sigmoid ('Sigmoid', or 'None' as instant-ngp's configs write it)")
-        self.rgb_mlp = make_mlp(rgb, self.dir_encoding.n_output_dims + n_geo, 3, "rgb_network", source,
-                                backend, fused_training)
+            raise ConfigError(
+                f"{source}: rgb_network.output_activation {out_act!r} is not supported: colours pass "
+                "a sigmoid ('Sigmoid', or 'None' as instant-ngp's configs write it)"
+            )
+        self.rgb_mlp = make_mlp(
+            rgb, self.dir_encoding.n_output_dims + n_geo, 3, "rgb_network", source, backend, fused_training
+        )
 
     def normalize(self, x: Tensor) -> Tensor:
         """World positions -> the encoding's unit cube (the aabb's longest side maps to 1)."""

@@ -82,8 +82,15 @@ def _act(z, RELU: tl.constexpr):
 
 
 @triton.jit
-def _load_w(w_ptr, J: tl.constexpr, K: tl.constexpr, J_P: tl.constexpr, K_P: tl.constexpr, TRANS: tl.constexpr,
-            DOT: tl.constexpr):
+def _load_w(
+    w_ptr,
+    J: tl.constexpr,
+    K: tl.constexpr,
+    J_P: tl.constexpr,
+    K_P: tl.constexpr,
+    TRANS: tl.constexpr,
+    DOT: tl.constexpr,
+):
     """A weight ``[J, K]`` (row-major fp32) as a ``[J_P, K_P]`` tile, or ``[K_P, J_P]`` when TRANS, zero-padded."""
     if TRANS:
         k = tl.arange(0, K_P)[:, None]
@@ -96,21 +103,39 @@ def _load_w(w_ptr, J: tl.constexpr, K: tl.constexpr, J_P: tl.constexpr, K_P: tl.
 
 
 @triton.jit
-def _mlp_fwd(x_ptr, x_row, x_col, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, out_ptr, count_ptr, N,
-             IN: tl.constexpr, IN_P: tl.constexpr, H: tl.constexpr, OUT: tl.constexpr, OUT_P: tl.constexpr,
-             DEPTH: tl.constexpr, RELU: tl.constexpr, DOT: tl.constexpr, HAS_COUNT: tl.constexpr,
-             BLOCK: tl.constexpr):
+def _mlp_fwd(
+    x_ptr,
+    x_row,
+    x_col,
+    w_in_ptr,
+    w_h1_ptr,
+    w_h2_ptr,
+    w_out_ptr,
+    out_ptr,
+    count_ptr,
+    N,
+    IN: tl.constexpr,
+    IN_P: tl.constexpr,
+    H: tl.constexpr,
+    OUT: tl.constexpr,
+    OUT_P: tl.constexpr,
+    DEPTH: tl.constexpr,
+    RELU: tl.constexpr,
+    DOT: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """out ``[N, OUT]`` = MLP(x ``[N, IN]``, element ``(r, k)`` at ``x_ptr + r * x_row + k * x_col``); weights
     ``[H, IN]``, ``[H, H]`` x (DEPTH - 1), ``[OUT, H]``."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     N = _rows(count_ptr, N, HAS_COUNT)
-    w0t = _load_w(w_in_ptr, H, IN, H, IN_P, True, DOT)          # [IN_P, H]
+    w0t = _load_w(w_in_ptr, H, IN, H, IN_P, True, DOT)  # [IN_P, H]
     if DEPTH >= 2:
-        w1t = _load_w(w_h1_ptr, H, H, H, H, True, DOT)           # [H, H]
+        w1t = _load_w(w_h1_ptr, H, H, H, H, True, DOT)  # [H, H]
     if DEPTH >= 3:
         w2t = _load_w(w_h2_ptr, H, H, H, H, True, DOT)
-    wot = _load_w(w_out_ptr, OUT, H, OUT_P, H, True, DOT)       # [H, OUT_P]
+    wot = _load_w(w_out_ptr, OUT, H, OUT_P, H, True, DOT)  # [H, OUT_P]
     k = tl.arange(0, IN_P)
     o = tl.arange(0, OUT_P)
     for blk in range(pid, tl.cdiv(N, BLOCK), n_prog):
@@ -150,11 +175,36 @@ def _add_grad(dw_ptr, dw, J: tl.constexpr, K: tl.constexpr, J_P: tl.constexpr, K
 
 
 @triton.jit
-def _mlp_bwd(x_ptr, x_row, x_col, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, g_out_ptr, g_x_ptr, g_x_row, g_x_col,
-             g_in_ptr, g_h1_ptr, g_h2_ptr, g_out_w_ptr, count_ptr, N,
-             IN: tl.constexpr, IN_P: tl.constexpr, H: tl.constexpr, OUT: tl.constexpr, OUT_P: tl.constexpr,
-             DEPTH: tl.constexpr, RELU: tl.constexpr, DOT: tl.constexpr, HAS_COUNT: tl.constexpr,
-             NEED_GX: tl.constexpr, BLOCK: tl.constexpr):
+def _mlp_bwd(
+    x_ptr,
+    x_row,
+    x_col,
+    w_in_ptr,
+    w_h1_ptr,
+    w_h2_ptr,
+    w_out_ptr,
+    g_out_ptr,
+    g_x_ptr,
+    g_x_row,
+    g_x_col,
+    g_in_ptr,
+    g_h1_ptr,
+    g_h2_ptr,
+    g_out_w_ptr,
+    count_ptr,
+    N,
+    IN: tl.constexpr,
+    IN_P: tl.constexpr,
+    H: tl.constexpr,
+    OUT: tl.constexpr,
+    OUT_P: tl.constexpr,
+    DEPTH: tl.constexpr,
+    RELU: tl.constexpr,
+    DOT: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
+    NEED_GX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Gradients of ``_mlp_fwd``: g_x ``[N, IN]`` (strides ``g_x_row``, ``g_x_col``; when NEED_GX) and each
     weight's (fp32, added into ``g_*_ptr``), from g_out ``[N, OUT]``; the forward is recomputed block by block."""
     pid = tl.program_id(0)
@@ -162,7 +212,7 @@ def _mlp_bwd(x_ptr, x_row, x_col, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, g_out
     N = _rows(count_ptr, N, HAS_COUNT)
     n_blocks = tl.cdiv(N, BLOCK)
     w0t = _load_w(w_in_ptr, H, IN, H, IN_P, True, DOT)
-    w0 = _load_w(w_in_ptr, H, IN, H, IN_P, False, DOT)          # [H, IN_P]
+    w0 = _load_w(w_in_ptr, H, IN, H, IN_P, False, DOT)  # [H, IN_P]
     dw0 = tl.zeros((H, IN_P), tl.float32)
     if DEPTH >= 2:
         w1t = _load_w(w_h1_ptr, H, H, H, H, True, DOT)
@@ -172,7 +222,7 @@ def _mlp_bwd(x_ptr, x_row, x_col, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, g_out
         w2t = _load_w(w_h2_ptr, H, H, H, H, True, DOT)
         w2 = _load_w(w_h2_ptr, H, H, H, H, False, DOT)
         dw2 = tl.zeros((H, H), tl.float32)
-    wo = _load_w(w_out_ptr, OUT, H, OUT_P, H, False, DOT)       # [OUT_P, H]
+    wo = _load_w(w_out_ptr, OUT, H, OUT_P, H, False, DOT)  # [OUT_P, H]
     dwo = tl.zeros((OUT_P, H), tl.float32)
     k = tl.arange(0, IN_P)
     o = tl.arange(0, OUT_P)
@@ -192,7 +242,7 @@ def _mlp_bwd(x_ptr, x_row, x_col, w_in_ptr, w_h1_ptr, w_h2_ptr, w_out_ptr, g_out
             z3 = _mm(a2, w2t, DOT)
             a = _cast(_act(z3, RELU), DOT)
         g = tl.load(g_out_ptr + r[:, None] * OUT + o[None, :], mask=rm[:, None] & (o < OUT)[None, :], other=0.0)
-        g, dwo = _back(g, g, a, wo, dwo, False, DOT, True)      # output layer: no activation
+        g, dwo = _back(g, g, a, wo, dwo, False, DOT, True)  # output layer: no activation
         if DEPTH >= 3:
             g, dw2 = _back(g, z3, a2, w2, dw2, RELU, DOT, True)
         if DEPTH >= 2:
@@ -253,19 +303,24 @@ def fitting_block(block: int, shared_bytes: Callable[[int], int], limit: int | N
         block //= 2
 
 
-def _compiled_shared_bytes(kernel, n: int, device: torch.device, args: tuple, constexprs: dict,
-                           num_warps: int) -> Callable[[int], int]:
+def _compiled_shared_bytes(
+    kernel, n: int, device: torch.device, args: tuple, constexprs: dict, num_warps: int
+) -> Callable[[int], int]:
     """``block -> shared memory bytes`` of ``kernel`` compiled (not launched) at that block: Triton's own number,
     the one its launch checks; the compiled kernel stays in Triton's cache for the launch."""
+
     def shared(block: int) -> int:
-        compiled = kernel.warmup(*args, **constexprs, BLOCK=block, num_warps=num_warps,
-                                 grid=(programs(n, block, device),))
+        compiled = kernel.warmup(
+            *args, **constexprs, BLOCK=block, num_warps=num_warps, grid=(programs(n, block, device),)
+        )
         return int(compiled.metadata.shared)
+
     return shared
 
 
-def launch_fitting(kernel, n: int, block: int, device: torch.device, args: tuple, constexprs: dict,
-                   num_warps: int) -> int:
+def launch_fitting(
+    kernel, n: int, block: int, device: torch.device, args: tuple, constexprs: dict, num_warps: int
+) -> int:
     """Launch ``kernel`` over ``n`` rows with the largest row block <= ``block`` whose shared memory the device
     holds. The first launch of a (kernel, constexprs, device) chooses the block up front: each candidate is
     compiled, and its shared memory compared with ``max_shared_memory(device)`` (``fitting_block``; e.g. the
@@ -277,8 +332,9 @@ def launch_fitting(kernel, n: int, block: int, device: torch.device, args: tuple
         limit = max_shared_memory(device)
         if limit is not None:
             try:
-                block = fitting_block(block, _compiled_shared_bytes(kernel, n, device, args, constexprs, num_warps),
-                                      limit)
+                block = fitting_block(
+                    block, _compiled_shared_bytes(kernel, n, device, args, constexprs, num_warps), limit
+                )
             except (AttributeError, TypeError):  # a Triton whose warmup or metadata differ: the launch decides
                 pass
     block = _FITTED_BLOCK.get(key, block)
@@ -307,8 +363,17 @@ def programs(n: int, block: int, device: torch.device) -> int:
 
 def _constexprs(weights: tuple[Tensor, ...], relu: bool, dot: str, has_count: bool) -> dict:
     n_in, width, n_out = weights[0].shape[1], weights[0].shape[0], weights[-1].shape[0]
-    return dict(IN=n_in, IN_P=_pad(n_in), H=width, OUT=n_out, OUT_P=_pad(n_out), DEPTH=len(weights) - 1, RELU=relu,
-                DOT=dot, HAS_COUNT=has_count)
+    return dict(
+        IN=n_in,
+        IN_P=_pad(n_in),
+        H=width,
+        OUT=n_out,
+        OUT_P=_pad(n_out),
+        DEPTH=len(weights) - 1,
+        RELU=relu,
+        DOT=dot,
+        HAS_COUNT=has_count,
+    )
 
 
 def _weight_args(weights: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -325,9 +390,15 @@ class _FusedMLPFunction(torch.autograd.Function):
         alloc = torch.empty if n_rows is None else torch.zeros
         out = alloc(n, weights[-1].shape[0], device=x.device, dtype=out_dtype)
         if n:
-            launch_fitting(_mlp_fwd, n, FWD_BLOCK, x.device,
-                           (x, *x.stride(), *_weight_args(weights), out, x if n_rows is None else n_rows, n),
-                           _constexprs(weights, relu, dot, n_rows is not None), FWD_WARPS)
+            launch_fitting(
+                _mlp_fwd,
+                n,
+                FWD_BLOCK,
+                x.device,
+                (x, *x.stride(), *_weight_args(weights), out, x if n_rows is None else n_rows, n),
+                _constexprs(weights, relu, dot, n_rows is not None),
+                FWD_WARPS,
+            )
         ctx.save_for_backward(x, *weights)
         ctx.n_rows, ctx.relu, ctx.dot = n_rows, relu, dot
         return out
@@ -343,18 +414,36 @@ class _FusedMLPFunction(torch.autograd.Function):
         g_x = (torch.empty_like(x) if n_rows is None else torch.zeros_like(x)) if need_gx else None
         g_x_args = (x, 0, 0) if g_x is None else (g_x, *g_x.stride())  # a placeholder without NEED_GX (never written)
         if n:
-            launch_fitting(_mlp_bwd, n, BWD_BLOCK, x.device,
-                           (x, *x.stride(), *_weight_args(weights), grad.contiguous(), *g_x_args,
-                            *_weight_args(grads), x if n_rows is None else n_rows, n),
-                           {**_constexprs(weights, ctx.relu, ctx.dot, n_rows is not None), "NEED_GX": need_gx},
-                           BWD_WARPS)
+            launch_fitting(
+                _mlp_bwd,
+                n,
+                BWD_BLOCK,
+                x.device,
+                (
+                    x,
+                    *x.stride(),
+                    *_weight_args(weights),
+                    grad.contiguous(),
+                    *g_x_args,
+                    *_weight_args(grads),
+                    x if n_rows is None else n_rows,
+                    n,
+                ),
+                {**_constexprs(weights, ctx.relu, ctx.dot, n_rows is not None), "NEED_GX": need_gx},
+                BWD_WARPS,
+            )
         elif g_x is not None:  # need_gx
             g_x.zero_()
         return (g_x, None, None, None, *(g.to(w.dtype) for g, w in zip(grads, weights)))
 
 
-def fused_mlp(x: Tensor, weights: list[Tensor] | tuple[Tensor, ...], relu: bool = True, dot: str = "ieee",
-              n_rows: Tensor | None = None) -> Tensor:
+def fused_mlp(
+    x: Tensor,
+    weights: list[Tensor] | tuple[Tensor, ...],
+    relu: bool = True,
+    dot: str = "ieee",
+    n_rows: Tensor | None = None,
+) -> Tensor:
     """x ``[N, n_in]`` through bias-free linear layers ``weights`` (``[out, in]`` each: ``[width, n_in]``,
     ``[width, width]`` x (layers - 1), ``[n_out, width]``), ReLU between them -> ``[N, n_out]`` (half for
     dot "fp16"/"bf16", else fp32); differentiable in x and the weights. ``n_rows``: see the module docstring."""
@@ -389,8 +478,10 @@ class FusedMLP(nn.Sequential):
         self.train_fused = train_fused
         linears = [m for m in self if isinstance(m, nn.Linear)]
         if any(m.bias is not None for m in linears) or not self.supports(linears[0].out_features, len(linears) - 1):
-            raise ValueError("FusedMLP takes bias-free linear layers of one width in "
-                             f"{WIDTHS} with 1..{MAX_HIDDEN_LAYERS} hidden layers")
+            raise ValueError(
+                "FusedMLP takes bias-free linear layers of one width in "
+                f"{WIDTHS} with 1..{MAX_HIDDEN_LAYERS} hidden layers"
+            )
         self.relu = any(isinstance(m, nn.ReLU) for m in self)
         self._linears = tuple(linears)
 

@@ -205,9 +205,15 @@ def compare_values(what: str, values: list[str], hosts: list[str], severity: str
     (ref, ref_ranks), *others = groups([values[r] for r in known], known)
     for value, ranks in others:
         for r in ranks:
-            found.append(Finding(severity, what, r, hosts[r],
-                                 f"{what}: rank {r} ({hosts[r]}) has {value!r}, but rank(s) "
-                                 f"{rank_ranges(ref_ranks)} have {ref!r}"))
+            found.append(
+                Finding(
+                    severity,
+                    what,
+                    r,
+                    hosts[r],
+                    f"{what}: rank {r} ({hosts[r]}) has {value!r}, but rank(s) {rank_ranges(ref_ranks)} have {ref!r}",
+                )
+            )
     return found
 
 
@@ -226,8 +232,15 @@ def compare(records: list[dict], strict: bool = False) -> list[Finding]:
         values = [str(rec[key]) for rec in records]
         for r, v in enumerate(values):
             if v.startswith("error:"):
-                found.append(Finding("error", label, r, hosts[r], f"{label}: could not be determined on rank {r} "
-                                                                  f"({hosts[r]}): {v[len('error: '):]}"))
+                found.append(
+                    Finding(
+                        "error",
+                        label,
+                        r,
+                        hosts[r],
+                        f"{label}: could not be determined on rank {r} ({hosts[r]}): {v[len('error: ') :]}",
+                    )
+                )
         if policy != INFO:
             found += compare_values(label, values, hosts, "error" if policy == MUST else warn)
     for name, values in env_table(records).items():
@@ -245,25 +258,31 @@ def render_table(records: list[dict], findings: list[Finding], color: bool = Fal
     hosts = sorted({rec["host"] for rec in records})
     flagged = {(f.what, f.rank): f.severity for f in findings}
     red, yellow, reset = ("\033[31m", "\033[33m", "\033[0m") if color else ("", "", "")
-    rows: list[tuple[str, str, list[str]]] = [(label, key, [str(rec[key]) for rec in records]) for key, label, _ in FIELDS]
+    rows: list[tuple[str, str, list[str]]] = [
+        (label, key, [str(rec[key]) for rec in records]) for key, label, _ in FIELDS
+    ]
     rows += [(name, name, values) for name, values in env_table(records).items() if not PER_RANK_VARS.search(name)]
     width = max(len(label) for label, _, _ in rows) + 2
     vwidth = min(max((len(v) for _, _, vals in rows for v in vals), default=10), 72)
-    lines = [f"hvd_ngp doctor: {rt_size} rank(s) on {len(hosts)} host(s): {', '.join(hosts)}",
-             f"   {'field':<{width}}{'value':<{vwidth}}  ranks"]
+    lines = [
+        f"hvd_ngp doctor: {rt_size} rank(s) on {len(hosts)} host(s): {', '.join(hosts)}",
+        f"   {'field':<{width}}{'value':<{vwidth}}  ranks",
+    ]
     for label, _, values in rows:
         for i, (value, ranks) in enumerate(groups(values)):
             sev = next((flagged[(label, r)] for r in ranks if (label, r) in flagged), None)
             mark, tint = {"error": ("!! ", red), "warning": (" ! ", yellow)}.get(sev or "", ("   ", ""))
-            shown = value if len(value) <= vwidth else value[:vwidth - 3] + "..."
+            shown = value if len(value) <= vwidth else value[: vwidth - 3] + "..."
             who = "all" if len(ranks) == rt_size else rank_ranges(ranks)
             note = {"error": "  <- MISMATCH", "warning": "  <- differs"}.get(sev or "", "")
             name = label if i == 0 or sev else ""  # a marked line names its field, for grep
             lines.append(f"{tint}{mark}{name:<{width}}{shown:<{vwidth}}  {who}{note}{reset if tint else ''}")
     for rec in records:
         if rec["overridden"]:
-            lines.append(f"note: rank {rec['rank']} values replaced by {OVERRIDE_VAR} (testing only): "
-                         f"{', '.join(rec['overridden'])}")
+            lines.append(
+                f"note: rank {rec['rank']} values replaced by {OVERRIDE_VAR} (testing only): "
+                f"{', '.join(rec['overridden'])}"
+            )
     return "\n".join(lines)
 
 
@@ -289,8 +308,12 @@ def check_allreduce(device: torch.device, mib: float, iterations: int) -> dict[s
             _sync(device)
             if i >= 2:
                 times.append(time.perf_counter() - start)
-    return {"sum_ok": sum_ok, "max_ok": max_ok, "seconds": sum(times) / len(times) if times else None,
-            "bytes": n_big * 4}
+    return {
+        "sum_ok": sum_ok,
+        "max_ok": max_ok,
+        "seconds": sum(times) / len(times) if times else None,
+        "bytes": n_big * 4,
+    }
 
 
 def _test_tensors(device: torch.device, n_big: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,13 +352,23 @@ def plan_topology_dump(path: str, use_cuda: bool) -> TopologyPlan:
     rank, local_rank = env_int(RANK_VARS, 0), env_int(LOCAL_RANK_VARS, 0)
     size = env_int(SIZE_VARS, 1)
     if not use_cuda:
-        return TopologyPlan("", False, rank, local_rank,
-                            "nothing to dump: NCCL only carries GPU tensors and this run has no GPU "
-                            "(Gloo and MPI move CPU tensors and detect no topology)")
+        return TopologyPlan(
+            "",
+            False,
+            rank,
+            local_rank,
+            "nothing to dump: NCCL only carries GPU tensors and this run has no GPU "
+            "(Gloo and MPI move CPU tensors and detect no topology)",
+        )
     if size < 2:
-        return TopologyPlan("", False, rank, local_rank,
-                            "nothing to dump: NCCL builds a communicator only between 2 or more ranks; "
-                            "run under horovodrun/mpirun with -np 2 or more")
+        return TopologyPlan(
+            "",
+            False,
+            rank,
+            local_rank,
+            "nothing to dump: NCCL builds a communicator only between 2 or more ranks; "
+            "run under horovodrun/mpirun with -np 2 or more",
+        )
     host = socket.gethostname()
     multi_node = env_int(LOCAL_SIZE_VARS, size) < size
     target = Path(path.replace("{host}", host))
@@ -344,8 +377,13 @@ def plan_topology_dump(path: str, use_cuda: bool) -> TopologyPlan:
     target = target.expanduser().resolve()
     writer = local_rank == 0
     if not target.parent.is_dir():  # the node's ranks share the file system: all of them take this branch
-        return TopologyPlan(str(target), writer, rank, local_rank,
-                            error=f"--dump-topology {path}: folder {target.parent} does not exist on {host}")
+        return TopologyPlan(
+            str(target),
+            writer,
+            rank,
+            local_rank,
+            error=f"--dump-topology {path}: folder {target.parent} does not exist on {host}",
+        )
     if writer:
         target.unlink(missing_ok=True)  # a stale file must not pass for this run's
     # Every rank of the node must set the file: NCCL (2.19+) builds the topology to dump with an
@@ -368,14 +406,23 @@ def topology_result(plan: TopologyPlan | None) -> dict[str, Any]:
         return {"ok": not plan.writer, "text": plan.error if plan.writer else ""}  # one report per node
     if plan.reason:
         if rt.device.type == "cuda" and rt.size > 1:  # the launcher's variables did not tell the size
-            return {"ok": False, "text": "could not tell this rank's place before Horovod started (unknown "
-                                         "launcher): set NCCL_TOPO_DUMP_FILE and NCCL_TOPO_DUMP_FILE_RANK yourself"}
+            return {
+                "ok": False,
+                "text": "could not tell this rank's place before Horovod started (unknown "
+                "launcher): set NCCL_TOPO_DUMP_FILE and NCCL_TOPO_DUMP_FILE_RANK yourself",
+            }
         return {"ok": True, "text": plan.reason}
     if (plan.rank, plan.local_rank) != (rt.rank, rt.local_rank):
-        return {"ok": False, "text": f"the launcher's variables said rank {plan.rank} / local rank {plan.local_rank}, "
-                                     f"Horovod says {rt.rank} / {rt.local_rank}: NCCL was told the wrong rank"}
+        return {
+            "ok": False,
+            "text": f"the launcher's variables said rank {plan.rank} / local rank {plan.local_rank}, "
+            f"Horovod says {rt.rank} / {rt.local_rank}: NCCL was told the wrong rank",
+        }
     if "nccl" not in dist.horovod_info()["built"]:
-        return {"ok": False, "text": "Horovod was built without NCCL, so NCCL never ran (rebuild it with NCCL: see README)"}
+        return {
+            "ok": False,
+            "text": "Horovod was built without NCCL, so NCCL never ran (rebuild it with NCCL: see README)",
+        }
     if not plan.writer:
         return {"ok": True, "text": ""}
     target = Path(plan.path)
@@ -388,15 +435,26 @@ def topology_result(plan: TopologyPlan | None) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hvd_ngp.doctor", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="hvd_ngp.doctor",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="device of the allreduce test")
-    p.add_argument("--bandwidth-mib", type=float, default=64.0,
-                   help="size of the timed allreduce in MiB (64 MiB = the default hash grid's gradient)")
+    p.add_argument(
+        "--bandwidth-mib",
+        type=float,
+        default=64.0,
+        help="size of the timed allreduce in MiB (64 MiB = the default hash grid's gradient)",
+    )
     p.add_argument("--iterations", type=int, default=10, help="timed allreduces (after 2 warm-ups)")
-    p.add_argument("--dump-topology", metavar="PATH", default=None,
-                   help="write the NCCL topology each node detected ({host} in PATH becomes the host name); "
-                        "the file NCCL_TOPO_FILE / nccl_topology_file can point at")
+    p.add_argument(
+        "--dump-topology",
+        metavar="PATH",
+        default=None,
+        help="write the NCCL topology each node detected ({host} in PATH becomes the host name); "
+        "the file NCCL_TOPO_FILE / nccl_topology_file can point at",
+    )
     p.add_argument("--json", metavar="PATH", default=None, help="also write every rank's report as JSON (rank 0)")
     p.add_argument("--strict", action="store_true", help="differences in GPU, driver or variables are failures too")
     return p
@@ -429,37 +487,56 @@ def main(argv: list[str] | None = None) -> int:
     hosts = [rec["host"] for rec in records]
     for r, c in enumerate(checks):
         if not (c["sum_ok"] and c["max_ok"]):
-            findings.append(Finding("error", "allreduce", r, hosts[r],
-                                    f"allreduce: wrong result on rank {r} ({hosts[r]}) "
-                                    f"(sum {'ok' if c['sum_ok'] else 'WRONG'}, max {'ok' if c['max_ok'] else 'WRONG'})"))
+            findings.append(
+                Finding(
+                    "error",
+                    "allreduce",
+                    r,
+                    hosts[r],
+                    f"allreduce: wrong result on rank {r} ({hosts[r]}) "
+                    f"(sum {'ok' if c['sum_ok'] else 'WRONG'}, max {'ok' if c['max_ok'] else 'WRONG'})",
+                )
+            )
         if c["nccl_net"]["severity"] == "warning":
-            findings.append(Finding("warning", "nccl_net", r, hosts[r], f"rank {r} ({hosts[r]}): {c['nccl_net']['text']}"))
+            findings.append(
+                Finding("warning", "nccl_net", r, hosts[r], f"rank {r} ({hosts[r]}): {c['nccl_net']['text']}")
+            )
         if not c["topology"]["ok"]:
-            findings.append(Finding("error", "topology", r, hosts[r],
-                                    f"topology: rank {r} ({hosts[r]}): {c['topology']['text']}"))
+            findings.append(
+                Finding("error", "topology", r, hosts[r], f"topology: rank {r} ({hosts[r]}): {c['topology']['text']}")
+            )
     errors = [f for f in findings if f.severity == "error"]
     if rt.is_root:
         print(summary(records, checks, findings, rt.device, rt.controller), flush=True)
         if args.json:
-            Path(args.json).write_text(json.dumps({"records": records, "checks": checks, "ok": not errors,
-                                                   "findings": [asdict(f) for f in findings]}, indent=1))
+            Path(args.json).write_text(
+                json.dumps(
+                    {"records": records, "checks": checks, "ok": not errors, "findings": [asdict(f) for f in findings]},
+                    indent=1,
+                )
+            )
     return 1 if errors else 0
 
 
-def summary(records: list[dict], checks: list[dict], findings: list[Finding], device: torch.device,
-            controller: str) -> str:
+def summary(
+    records: list[dict], checks: list[dict], findings: list[Finding], device: torch.device, controller: str
+) -> str:
     """The lines under the table: allreduce, bandwidth, topology, verdict."""
     n = len(records)
     c0 = checks[0]
     wrong = [str(r) for r, c in enumerate(checks) if not (c["sum_ok"] and c["max_ok"])]
-    lines = [f"allreduce: Sum and Max of 64 Ki fp32 on {device.type} across {n} rank(s) ({controller}): "
-             + ("exact on every rank" if not wrong else f"WRONG on rank(s) {', '.join(wrong)}")]
+    lines = [
+        f"allreduce: Sum and Max of 64 Ki fp32 on {device.type} across {n} rank(s) ({controller}): "
+        + ("exact on every rank" if not wrong else f"WRONG on rank(s) {', '.join(wrong)}")
+    ]
     timed = [c["seconds"] for c in checks if c["seconds"] is not None]
     if timed:
         t = max(timed)  # the slowest rank's mean: a collective ends when the last rank is done
         algbw = c0["bytes"] / t / 1e9
-        lines.append(f"bandwidth: {c0['bytes'] / (1 << 20):.1f} MiB fp32 in {1e3 * t:.2f} ms (slowest rank's mean): "
-                     f"algbw {algbw:.2f} GB/s, busbw {algbw * 2 * (n - 1) / n:.2f} GB/s")
+        lines.append(
+            f"bandwidth: {c0['bytes'] / (1 << 20):.1f} MiB fp32 in {1e3 * t:.2f} ms (slowest rank's mean): "
+            f"algbw {algbw:.2f} GB/s, busbw {algbw * 2 * (n - 1) / n:.2f} GB/s"
+        )
     else:
         lines.append("bandwidth: not measured (one rank has no one to talk to)")
     topo = [(r, c["topology"]["text"]) for r, c in enumerate(checks) if c["topology"]["text"]]

@@ -26,7 +26,7 @@ import torch
 from ..errors import HvdNgpError
 
 GIB = float(1 << 30)
-MARGIN_FRACTION = 0.05   # of the card, left free by the default budget (CUDA context, other processes)
+MARGIN_FRACTION = 0.05  # of the card, left free by the default budget (CUDA context, other processes)
 MARGIN_MIN_BYTES = 1 << 30
 DEFAULT_ROW_BYTES = 2048  # a network row without gradients, where it cannot be measured (CPU)
 
@@ -104,12 +104,21 @@ class TrainingFootprint:
         return self.parameters + self.grid + self.step + self.images
 
     def describe(self) -> str:
-        return (f"model and optimizer {human_gib(self.parameters)}, occupancy grid {human_gib(self.grid)}, "
-                f"step buffers {human_gib(self.step)}, images on the GPU {human_gib(self.images)}")
+        return (
+            f"model and optimizer {human_gib(self.parameters)}, occupancy grid {human_gib(self.grid)}, "
+            f"step buffers {human_gib(self.step)}, images on the GPU {human_gib(self.images)}"
+        )
 
 
-def training_footprint(n_params: int, copies: int, grid_cells: int, candidate_capacity: int, sample_capacity: int,
-                       step_costs: "StepCosts", image_bytes: int = 0) -> TrainingFootprint:
+def training_footprint(
+    n_params: int,
+    copies: int,
+    grid_cells: int,
+    candidate_capacity: int,
+    sample_capacity: int,
+    step_costs: "StepCosts",
+    image_bytes: int = 0,
+) -> TrainingFootprint:
     """Estimate from the sizes (``copies``: fp32 tensors per parameter: value, gradient, Adam's two
     moments, the average)."""
     step = candidate_capacity * step_costs.per_candidate + sample_capacity * step_costs.per_sample
@@ -135,15 +144,23 @@ def check_fit(budget: MemoryBudget, footprint: TrainingFootprint, eval_reserve: 
     """Refuse, before training, a run whose footprint plus the smallest evaluation does not fit."""
     if budget.bytes is None or footprint.total + eval_reserve <= budget.bytes:
         return
-    biggest = max((("the hash table (lower encoding.log2_hashmap_size or n_levels, or split it by space over "
-                     "ranks with --model_parallel K)", footprint.parameters),
-                   ("the step buffers (lower --target_samples or marching.candidate_factor)", footprint.step),
-                   ("the training images (--preload host or stream, or --downscale)", footprint.images)),
-                  key=lambda kv: kv[1])[0]
+    biggest = max(
+        (
+            (
+                "the hash table (lower encoding.log2_hashmap_size or n_levels, or split it by space over "
+                "ranks with --model_parallel K)",
+                footprint.parameters,
+            ),
+            ("the step buffers (lower --target_samples or marching.candidate_factor)", footprint.step),
+            ("the training images (--preload host or stream, or --downscale)", footprint.images),
+        ),
+        key=lambda kv: kv[1],
+    )[0]
     raise MemoryBudgetError(
         f"training needs about {human_gib(footprint.total + eval_reserve)} of GPU memory ({footprint.describe()}, "
         f"evaluation at least {human_gib(eval_reserve)}) but the budget is {human_gib(budget.bytes)} "
-        f"({budget.source}); the largest part is {biggest}")
+        f"({budget.source}); the largest part is {biggest}"
+    )
 
 
 # ------------------------------------------------------------------------------------ host memory
@@ -175,8 +192,9 @@ def _read_int(path: Path) -> int | None:
     return None if value >= UNLIMITED else value
 
 
-def cgroup_memory_limit(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
-                        ) -> tuple[int, int, Path] | None:
+def cgroup_memory_limit(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
+) -> tuple[int, int, Path] | None:
     """The tightest memory limit of this process's cgroups -> (limit, usage, limit file), or None (no limit).
 
     cgroup v2 (``0::/path``): ``memory.max`` and ``memory.current``; v1 (a ``memory`` controller line):
@@ -255,7 +273,8 @@ def check_host_fit(need: int, host: HostMemory, ranks_on_host: int, what: str) -
     raise MemoryBudgetError(
         f"training needs about {human_gib(need)} of host memory per rank ({what}) but each rank may take "
         f"{human_gib(share)} ({host.source}{per}); lower --target_samples, use --preload stream or --downscale, "
-        f"or ask the scheduler for more memory (SLURM --mem)")
+        f"or ask the scheduler for more memory (SLURM --mem)"
+    )
 
 
 # ------------------------------------------------------------------------------------ readings
@@ -337,5 +356,6 @@ def out_of_memory_as_error(stage: str, budget: MemoryBudget, hint: str) -> Itera
         held = human_gib(torch.cuda.memory_allocated(budget.device)) if budget.device.type == "cuda" else "?"
         first = str(exc).splitlines()[0][:120] if str(exc) else "out of memory"
         limit = human_gib(budget.bytes) if budget.bytes is not None else "none"
-        raise MemoryBudgetError(f"out of GPU memory in the {stage} (budget {limit}: {budget.source}; {held} allocated; "
-                                f"{first}): {hint}") from None
+        raise MemoryBudgetError(
+            f"out of GPU memory in the {stage} (budget {limit}: {budget.source}; {held} allocated; {first}): {hint}"
+        ) from None

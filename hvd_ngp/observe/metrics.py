@@ -11,9 +11,25 @@ import torch
 from torch import Tensor
 
 #: one rank's measurements over one interval: the columns of the reduced table
-RANK_FIELDS = ("steps", "rays", "samples", "loss_sum", "mse_sum", "seconds", "comm_seconds",
-               "gpu_util", "gpu_mem_used", "gpu_mem_total", "gpu_power", "gpu_energy", "gpu_id",
-               "step_mem_allocated", "step_mem_reserved", "eval_mem_allocated", "eval_mem_reserved")
+RANK_FIELDS = (
+    "steps",
+    "rays",
+    "samples",
+    "loss_sum",
+    "mse_sum",
+    "seconds",
+    "comm_seconds",
+    "gpu_util",
+    "gpu_mem_used",
+    "gpu_mem_total",
+    "gpu_power",
+    "gpu_energy",
+    "gpu_id",
+    "step_mem_allocated",
+    "step_mem_reserved",
+    "eval_mem_allocated",
+    "eval_mem_reserved",
+)
 COL = {name: i for i, name in enumerate(RANK_FIELDS)}
 
 #: --time_budget_s without --n_steps: the budget ends training (config's default, the monitor's "no total")
@@ -43,7 +59,7 @@ class IntervalStats:
     mse_sum: Tensor | float = 0.0
     steps: int = 0
     rays: int = 0
-    samples: int | Tensor = 0     # device scalars on the fast path: summed on the device
+    samples: int | Tensor = 0  # device scalars on the fast path: summed on the device
     started: float = field(default_factory=time.perf_counter)
 
     def add(self, loss: Tensor, mse: Tensor, rays: int, samples: int | Tensor) -> None:
@@ -56,7 +72,7 @@ class IntervalStats:
 
 def _gaussian_window(size: int = 11, sigma: float = 1.5, device=None) -> Tensor:
     x = torch.arange(size, dtype=torch.float32, device=device) - (size - 1) / 2
-    g = torch.exp(-(x ** 2) / (2 * sigma ** 2))
+    g = torch.exp(-(x**2) / (2 * sigma**2))
     g = g / g.sum()
     return g[:, None] * g[None, :]
 
@@ -76,6 +92,6 @@ def ssim(a: Tensor, b: Tensor) -> float:
     sxx = blur(x * x) - mx * mx
     syy = blur(y * y) - my * my
     sxy = blur(x * y) - mx * my
-    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    c1, c2 = 0.01**2, 0.03**2
     s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx * mx + my * my + c1) * (sxx + syy + c2))
     return float(s.mean())

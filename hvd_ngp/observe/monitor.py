@@ -47,25 +47,38 @@ JSONL_FIELDS: dict[str, tuple[str, str | None]] = {
     "train_s": ("training seconds so far on rank 0 (evaluation excluded)", None),
     "samples": ("ray-marching samples processed by all ranks in the interval", None),
     "samples_per_s": ("samples / interval_s: the job's throughput", "throughput/samples_per_s"),
-    "rank_samples_per_s_min": ("lowest per-rank compute throughput: its samples / its seconds not spent in "
-                               "collectives (all ranks share one wall clock, so this is how the slowest rank shows)",
-                               "throughput/slowest_rank_samples_per_s"),
+    "rank_samples_per_s_min": (
+        "lowest per-rank compute throughput: its samples / its seconds not spent in "
+        "collectives (all ranks share one wall clock, so this is how the slowest rank shows)",
+        "throughput/slowest_rank_samples_per_s",
+    ),
     "rank_samples_per_s_min_rank": ("the slowest rank by that measure", None),
-    "rank_step_ms_min": ("shortest per-rank busy time per step in ms: interval seconds minus seconds blocked in "
-                         "collectives, over steps; null with --comm_timing off", None),
+    "rank_step_ms_min": (
+        "shortest per-rank busy time per step in ms: interval seconds minus seconds blocked in "
+        "collectives, over steps; null with --comm_timing off",
+        None,
+    ),
     "rank_step_ms_min_rank": ("rank with the shortest busy time per step", None),
     "rank_step_ms_max": ("longest per-rank busy time per step in ms (the straggler)", "balance/rank_step_ms_max"),
     "rank_step_ms_max_rank": ("rank with the longest busy time per step", None),
-    "step_time_spread": ("(max - min) / max of the per-rank busy time per step: 0 balanced, 1 a rank idles "
-                         "throughout (what --balance time evens out)", "balance/step_time_spread"),
+    "step_time_spread": (
+        "(max - min) / max of the per-rank busy time per step: 0 balanced, 1 a rank idles "
+        "throughout (what --balance time evens out)",
+        "balance/step_time_spread",
+    ),
     "rays_per_step": ("rays per step, all ranks together", "throughput/rays_per_step"),
     "samples_per_step": ("samples per step, all ranks together", None),
     "loss": ("training loss, mean over ranks and steps", "train/loss"),
-    "train_psnr": ("PSNR in dB of the mean training MSE (on the training backgrounds); null if the MSE is 0",
-                   "train/psnr"),
+    "train_psnr": (
+        "PSNR in dB of the mean training MSE (on the training backgrounds); null if the MSE is 0",
+        "train/psnr",
+    ),
     "occupancy": ("fraction of occupied cells in the occupancy grid (identical on every rank)", "train/occupancy"),
-    "comm_fraction": ("mean over ranks of seconds blocked in collectives / interval seconds (see hvd_ngp/cluster/commclock.py);"
-                      " null with --comm_timing off", "comm/fraction_mean"),
+    "comm_fraction": (
+        "mean over ranks of seconds blocked in collectives / interval seconds (see hvd_ngp/cluster/commclock.py);"
+        " null with --comm_timing off",
+        "comm/fraction_mean",
+    ),
     "comm_fraction_min": ("lowest per-rank comm fraction (often the straggler: it waits least)", None),
     "comm_fraction_min_rank": ("rank with the lowest comm fraction", None),
     "comm_fraction_max": ("highest per-rank comm fraction", "comm/fraction_max"),
@@ -76,18 +89,30 @@ JSONL_FIELDS: dict[str, tuple[str, str | None]] = {
     "gpu_util_max": ("highest per-rank GPU utilisation in %", None),
     "gpu_util_max_rank": ("rank with the highest GPU utilisation", None),
     "gpu_util_spread": ("highest minus lowest per-rank GPU utilisation in percentage points", "gpu/util_spread"),
-    "gpu_mem_used_gib_max": ("largest GPU memory in use in GiB (all processes on that GPU, like nvidia-smi)",
-                             "gpu/mem_used_gib_max"),
+    "gpu_mem_used_gib_max": (
+        "largest GPU memory in use in GiB (all processes on that GPU, like nvidia-smi)",
+        "gpu/mem_used_gib_max",
+    ),
     "gpu_mem_used_gib_max_rank": ("rank whose GPU uses the most memory", None),
     "gpu_mem_total_gib": ("memory size in GiB of that GPU", None),
-    "step_mem_allocated_gib_max": ("largest peak of torch-allocated GPU memory in GiB of one rank's training steps in "
-                                   "the interval (this process only, unlike gpu_mem_used)", "memory/step_allocated_gib"),
-    "step_mem_reserved_gib_max": ("largest peak of GPU memory torch's caching allocator reserved in the training steps "
-                                  "of the interval, in GiB (one rank)", "memory/step_reserved_gib"),
-    "eval_mem_allocated_gib_max": ("largest peak of torch-allocated GPU memory in GiB of one rank's evaluations so far; "
-                                   "null before the first", None),
-    "eval_mem_reserved_gib_max": ("largest peak of GPU memory reserved by torch in one rank's evaluations so far, in "
-                                  "GiB; null before the first", "memory/eval_reserved_gib"),
+    "step_mem_allocated_gib_max": (
+        "largest peak of torch-allocated GPU memory in GiB of one rank's training steps in "
+        "the interval (this process only, unlike gpu_mem_used)",
+        "memory/step_allocated_gib",
+    ),
+    "step_mem_reserved_gib_max": (
+        "largest peak of GPU memory torch's caching allocator reserved in the training steps "
+        "of the interval, in GiB (one rank)",
+        "memory/step_reserved_gib",
+    ),
+    "eval_mem_allocated_gib_max": (
+        "largest peak of torch-allocated GPU memory in GiB of one rank's evaluations so far; null before the first",
+        None,
+    ),
+    "eval_mem_reserved_gib_max": (
+        "largest peak of GPU memory reserved by torch in one rank's evaluations so far, in GiB; null before the first",
+        "memory/eval_reserved_gib",
+    ),
     "gpus_measured": ("distinct GPUs with a power reading (ranks sharing a GPU count it once)", None),
     "power_w": ("mean power draw in W of those GPUs together", "energy/power_w"),
     "energy_j": ("energy in J those GPUs used in the interval (driver counter, else power x time)", "energy/energy_j"),
@@ -118,14 +143,19 @@ def spread(values: np.ndarray) -> Spread | None:
         return None
     v = values[ranks]
     lo, hi = int(np.argmin(v)), int(np.argmax(v))
-    return Spread(float(v.mean()), float(v.sum()), float(v[lo]), int(ranks[lo]), float(v[hi]), int(ranks[hi]),
-                  int(ranks.size))
+    return Spread(
+        float(v.mean()), float(v.sum()), float(v[lo]), int(ranks[lo]), float(v[hi]), int(ranks[hi]), int(ranks.size)
+    )
 
 
 def extremes(name: str, s: Spread | None) -> dict[str, float | int | None]:
     """``{name}_min``, ``{name}_min_rank``, ``{name}_max``, ``{name}_max_rank`` of ``s`` (None: not measured)."""
-    return {f"{name}_min": s.min if s else None, f"{name}_min_rank": s.min_rank if s else None,
-            f"{name}_max": s.max if s else None, f"{name}_max_rank": s.max_rank if s else None}
+    return {
+        f"{name}_min": s.min if s else None,
+        f"{name}_min_rank": s.min_rank if s else None,
+        f"{name}_max": s.max if s else None,
+        f"{name}_max_rank": s.max_rank if s else None,
+    }
 
 
 def gather_rows(row: torch.Tensor) -> torch.Tensor:
@@ -184,10 +214,15 @@ def interval_record(table: np.ndarray, step: int, train_s: float, occupancy: flo
         "gpu_util_spread": util.max - util.min if util else None,
         "gpu_mem_used_gib_max": mem.max / GIB if mem else None,
         "gpu_mem_used_gib_max_rank": mem.max_rank if mem else None,
-        "gpu_mem_total_gib": (float(col["gpu_mem_total"][mem.max_rank]) / GIB
-                              if mem and math.isfinite(col["gpu_mem_total"][mem.max_rank]) else None),
-        **{f"{name}_gib_max": (lambda m: m.max / GIB if m else None)(spread(col[name]))
-           for name in ("step_mem_allocated", "step_mem_reserved", "eval_mem_allocated", "eval_mem_reserved")},
+        "gpu_mem_total_gib": (
+            float(col["gpu_mem_total"][mem.max_rank]) / GIB
+            if mem and math.isfinite(col["gpu_mem_total"][mem.max_rank])
+            else None
+        ),
+        **{
+            f"{name}_gib_max": (lambda m: m.max / GIB if m else None)(spread(col[name]))
+            for name in ("step_mem_allocated", "step_mem_reserved", "eval_mem_allocated", "eval_mem_reserved")
+        },
         "gpus_measured": power.count if power else 0,
         "power_w": power.total if power else None,
         "energy_j": energy_j,
@@ -219,7 +254,9 @@ def format_line(rec: dict[str, Any]) -> str:
     if rec["gpu_util"] is None:
         parts.append(f"GPU util {na}")
     elif rec["world_size"] > 1:
-        parts.append(f"GPU util {rec['gpu_util']:.0f}% (min {rec['gpu_util_min']:.0f}% rank {rec['gpu_util_min_rank']})")
+        parts.append(
+            f"GPU util {rec['gpu_util']:.0f}% (min {rec['gpu_util_min']:.0f}% rank {rec['gpu_util_min_rank']})"
+        )
     else:
         parts.append(f"GPU util {rec['gpu_util']:.0f}%")
     if rec["gpu_mem_used_gib_max"] is None:
@@ -229,14 +266,17 @@ def format_line(rec: dict[str, Any]) -> str:
         parts.append(f"GPU mem {rec['gpu_mem_used_gib_max']:.1f}{total} GiB")
     if rec.get("step_mem_reserved_gib_max") is not None:
         ev = rec.get("eval_mem_reserved_gib_max")
-        parts.append(f"torch step {rec['step_mem_reserved_gib_max']:.2f} GiB"
-                     + (f", eval {ev:.2f} GiB" if ev is not None else ""))
+        parts.append(
+            f"torch step {rec['step_mem_reserved_gib_max']:.2f} GiB"
+            + (f", eval {ev:.2f} GiB" if ev is not None else "")
+        )
     parts.append(f"comm {100 * rec['comm_fraction']:.1f}%" if rec["comm_fraction"] is not None else f"comm {na}")
     if rec["world_size"] > 1 and rec["step_time_spread"] is not None:
         parts.append(f"step spread {100 * rec['step_time_spread']:.0f}% (slowest rank {rec['rank_step_ms_max_rank']})")
     parts.append(f"{rec['power_w']:.0f} W" if rec["power_w"] is not None else f"power {na}")
-    parts.append(f"{_si(rec['samples_per_joule'])} samples/J" if rec["samples_per_joule"] is not None
-                 else f"samples/J {na}")
+    parts.append(
+        f"{_si(rec['samples_per_joule'])} samples/J" if rec["samples_per_joule"] is not None else f"samples/J {na}"
+    )
     parts.append(f"loss {rec['loss']:.5f}")
     parts.append(f"train PSNR {rec['train_psnr']:.2f}" if rec["train_psnr"] is not None else "train PSNR inf")
     parts.append(f"{rec['rays_per_step']:.0f} rays/step")
@@ -264,17 +304,37 @@ class MonitorSettings:
     def add_options(p: argparse.ArgumentParser) -> None:
         """Declare the monitoring option group (validated by ``from_args``)."""
         g = p.add_argument_group("monitoring")
-        g.add_argument("--metrics_jsonl", default=None, metavar="PATH",
-                       help="one JSON object per log interval (rank 0); default OUT_DIR/metrics.jsonl, 'none' to switch off")
-        g.add_argument("--tensorboard", default=None, metavar="DIR",
-                       help="also write TensorBoard scalars here (rank 0; needs the tensorboard package)")
-        g.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
-                       help="tqdm progress bar on rank 0 (auto: only when stderr is a terminal)")
-        g.add_argument("--comm_timing", choices=("on", "off"), default="on",
-                       help="measure the time blocked in collectives (the 'comm' share; syncs the compute stream "
-                            "just before each blocking collective, where the host waits anyway)")
-        g.add_argument("--gpu_sample_period_s", type=float, default=0.5,
-                       help="seconds between NVML samples of GPU utilisation, memory and power (background thread)")
+        g.add_argument(
+            "--metrics_jsonl",
+            default=None,
+            metavar="PATH",
+            help="one JSON object per log interval (rank 0); default OUT_DIR/metrics.jsonl, 'none' to switch off",
+        )
+        g.add_argument(
+            "--tensorboard",
+            default=None,
+            metavar="DIR",
+            help="also write TensorBoard scalars here (rank 0; needs the tensorboard package)",
+        )
+        g.add_argument(
+            "--progress",
+            choices=("auto", "on", "off"),
+            default="auto",
+            help="tqdm progress bar on rank 0 (auto: only when stderr is a terminal)",
+        )
+        g.add_argument(
+            "--comm_timing",
+            choices=("on", "off"),
+            default="on",
+            help="measure the time blocked in collectives (the 'comm' share; syncs the compute stream "
+            "just before each blocking collective, where the host waits anyway)",
+        )
+        g.add_argument(
+            "--gpu_sample_period_s",
+            type=float,
+            default=0.5,
+            help="seconds between NVML samples of GPU utilisation, memory and power (background thread)",
+        )
 
     @staticmethod
     def from_args(args: argparse.Namespace) -> "MonitorSettings":
@@ -282,17 +342,23 @@ class MonitorSettings:
         if args.gpu_sample_period_s <= 0:
             raise ConfigError(f"--gpu_sample_period_s must be positive, got {args.gpu_sample_period_s}")
         if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise ConfigError("--tensorboard needs the 'tensorboard' package: pip install tensorboard "
-                              "(or pip install 'hvd_ngp[monitor]'); metrics.jsonl holds the same numbers")
+            raise ConfigError(
+                "--tensorboard needs the 'tensorboard' package: pip install tensorboard "
+                "(or pip install 'hvd_ngp[monitor]'); metrics.jsonl holds the same numbers"
+            )
         has_tqdm = importlib.util.find_spec("tqdm") is not None
         if args.progress == "on" and not has_tqdm:
             raise ConfigError("--progress on needs the 'tqdm' package: pip install tqdm")
         progress = has_tqdm and (args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty()))
         jsonl = args.metrics_jsonl if args.metrics_jsonl is not None else str(Path(args.out_dir) / "metrics.jsonl")
-        return MonitorSettings(jsonl=Path(jsonl) if jsonl and jsonl.lower() != "none" else None,
-                               tensorboard=Path(args.tensorboard) if args.tensorboard else None,
-                               progress=progress, comm_timing=args.comm_timing == "on",
-                               gpu_sample_period_s=args.gpu_sample_period_s, append=bool(args.load_snapshot or args.resume))
+        return MonitorSettings(
+            jsonl=Path(jsonl) if jsonl and jsonl.lower() != "none" else None,
+            tensorboard=Path(args.tensorboard) if args.tensorboard else None,
+            progress=progress,
+            comm_timing=args.comm_timing == "on",
+            gpu_sample_period_s=args.gpu_sample_period_s,
+            append=bool(args.load_snapshot or args.resume),
+        )
 
 
 class Monitor:
@@ -303,8 +369,14 @@ class Monitor:
     that every rank calls at the same step. ``gpu`` replaces the NVML sampler (tests).
     """
 
-    def __init__(self, settings: MonitorSettings, total_steps: int, start_step: int = 0,
-                 gpu: GpuSampler | None = None, memory: MemoryMeter | None = None) -> None:
+    def __init__(
+        self,
+        settings: MonitorSettings,
+        total_steps: int,
+        start_step: int = 0,
+        gpu: GpuSampler | None = None,
+        memory: MemoryMeter | None = None,
+    ) -> None:
         self.rt = dist.runtime()
         self.memory = memory if memory is not None else MemoryMeter(self.rt.device)
         self.settings = settings
@@ -340,8 +412,14 @@ class Monitor:
         if s.progress:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps if total_steps < UNLIMITED_STEPS else None, initial=start_step, unit="step", file=sys.stderr,
-                             dynamic_ncols=True, leave=False)
+            self._bar = tqdm(
+                total=total_steps if total_steps < UNLIMITED_STEPS else None,
+                initial=start_step,
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=False,
+            )
 
     def new_interval(self) -> IntervalStats:
         """Start an interval: fresh accumulators, comm clock and GPU samples from now on."""
@@ -375,18 +453,29 @@ class Monitor:
         ev = mem.peaks.get("eval") if mem.active else None
         comm = COMM_CLOCK.seconds - self._comm_start if self.settings.comm_timing else nan
         values = {
-            "steps": stats.steps, "rays": stats.rays, "samples": stats.samples,
-            "loss_sum": float(stats.loss_sum), "mse_sum": float(stats.mse_sum),
-            "seconds": time.perf_counter() - stats.started, "comm_seconds": comm,
-            "gpu_util": g.util_pct, "gpu_mem_used": g.mem_used_bytes, "gpu_mem_total": g.mem_total_bytes,
-            "gpu_power": g.power_w, "gpu_energy": g.energy_j, "gpu_id": self.gpu_id,
-            "step_mem_allocated": step.allocated if step else None, "step_mem_reserved": step.reserved if step else None,
-            "eval_mem_allocated": ev.allocated if ev else None, "eval_mem_reserved": ev.reserved if ev else None,
+            "steps": stats.steps,
+            "rays": stats.rays,
+            "samples": stats.samples,
+            "loss_sum": float(stats.loss_sum),
+            "mse_sum": float(stats.mse_sum),
+            "seconds": time.perf_counter() - stats.started,
+            "comm_seconds": comm,
+            "gpu_util": g.util_pct,
+            "gpu_mem_used": g.mem_used_bytes,
+            "gpu_mem_total": g.mem_total_bytes,
+            "gpu_power": g.power_w,
+            "gpu_energy": g.energy_j,
+            "gpu_id": self.gpu_id,
+            "step_mem_allocated": step.allocated if step else None,
+            "step_mem_reserved": step.reserved if step else None,
+            "eval_mem_allocated": ev.allocated if ev else None,
+            "eval_mem_reserved": ev.reserved if ev else None,
         }
         return torch.tensor([nan if (v := values[k]) is None else float(v) for k in RANK_FIELDS], dtype=torch.float64)
 
-    def end_interval(self, step: int, stats: IntervalStats, train_s: float,
-                     occupancy: float | None = None) -> dict[str, Any]:
+    def end_interval(
+        self, step: int, stats: IntervalStats, train_s: float, occupancy: float | None = None
+    ) -> dict[str, Any]:
         """Reduce the interval across ranks (ONE collective, every rank); rank 0 prints and records it.
 
         ``train_s``: training seconds so far (the training clock's reading), shown and recorded as is.
@@ -404,8 +493,9 @@ class Monitor:
     def _emit(self, rec: dict[str, Any]) -> None:
         line = format_line(rec)
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{rec['samples_per_s'] / 1e6:.2f} M samples/s, loss {rec['loss']:.4f}",
-                                      refresh=False)
+            self._bar.set_postfix_str(
+                f"{rec['samples_per_s'] / 1e6:.2f} M samples/s, loss {rec['loss']:.4f}", refresh=False
+            )
             self._bar.write(line, file=sys.stderr)
         else:
             dist.log(line)

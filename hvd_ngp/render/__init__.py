@@ -16,10 +16,42 @@ from .geometry import intersect_aabb
 from .occupancy import OccupancyGrid
 from .plan import REFERENCE_LANE_BYTES, REFERENCE_MAX_CHUNK, RenderCosts, RenderPlan, plan_render, reference_chunk
 from .schedule import MarchLaunch, StepSchedule
-from .volume import (RenderResult, RGBSigmaFn, Samples, SigmaFn, accumulate, composite_background, march, max_lanes,
-                     over_background, render_image, render_rays, transmittance_weights)
+from .volume import (
+    RenderResult,
+    RGBSigmaFn,
+    Samples,
+    SigmaFn,
+    accumulate,
+    composite_background,
+    march,
+    max_lanes,
+    over_background,
+    render_image,
+    render_rays,
+    transmittance_weights,
+)
 
-__all__ = ["MarchLaunch", "OccupancyGrid", "REFERENCE_LANE_BYTES", "REFERENCE_MAX_CHUNK", "RGBSigmaFn", "RenderCosts",
-           "RenderPlan", "RenderResult", "Samples", "SigmaFn", "StepSchedule", "accumulate", "composite_background",
-           "intersect_aabb", "march", "max_lanes", "over_background", "plan_render", "reference_chunk",
-           "render_image", "render_rays", "transmittance_weights"]
+__all__ = [
+    "MarchLaunch",
+    "OccupancyGrid",
+    "REFERENCE_LANE_BYTES",
+    "REFERENCE_MAX_CHUNK",
+    "RGBSigmaFn",
+    "RenderCosts",
+    "RenderPlan",
+    "RenderResult",
+    "Samples",
+    "SigmaFn",
+    "StepSchedule",
+    "accumulate",
+    "composite_background",
+    "intersect_aabb",
+    "march",
+    "max_lanes",
+    "over_background",
+    "plan_render",
+    "reference_chunk",
+    "render_image",
+    "render_rays",
+    "transmittance_weights",
+]

@@ -72,9 +72,13 @@ def orbit(c2w: Tensor, up: list[float], n_frames: int, spiral: bool = False) -> 
 def quaternion_to_matrix(q: np.ndarray) -> np.ndarray:
     """Unit quaternion ``[4]`` (x, y, z, w: Eigen's coefficient order, as instant-ngp writes ``R``) -> rotation ``[3, 3]``."""
     x, y, z, w = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-                     [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-                     [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)]])
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )
 
 
 def matrix_to_quaternion(m: np.ndarray) -> np.ndarray:
@@ -178,8 +182,9 @@ class CameraPath:
         k = 1.0 if max_side is None else min(1.0, max_side / max(w, h))
         if k == 1.0:
             return self
-        return CameraPath(self.c2w, self.intrinsics * k, (max(1, round(w * k)), max(1, round(h * k))), self.fps,
-                          self.own_size)
+        return CameraPath(
+            self.c2w, self.intrinsics * k, (max(1, round(w * k)), max(1, round(h * k))), self.fps, self.own_size
+        )
 
 
 def vertical_fov_intrinsics(fov_deg: np.ndarray, size: tuple[int, int]) -> Tensor:

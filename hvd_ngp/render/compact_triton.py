@@ -22,9 +22,28 @@ BLOCK = 256
 
 
 @triton.jit
-def _compact_gather(keep_ptr, ends_ptr, pstart_ptr, pt_ptr, pdt_ptr, px_ptr, o_ptr, d_ptr, t_out, dt_out, x_out,
-                    d_out, start_out, count_out, fits_out, total_out, R, S, STEPS: tl.constexpr,
-                    BLOCK: tl.constexpr):
+def _compact_gather(
+    keep_ptr,
+    ends_ptr,
+    pstart_ptr,
+    pt_ptr,
+    pdt_ptr,
+    px_ptr,
+    o_ptr,
+    d_ptr,
+    t_out,
+    dt_out,
+    x_out,
+    d_out,
+    start_out,
+    count_out,
+    fits_out,
+    total_out,
+    R,
+    S,
+    STEPS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     # the rays of this program: their place in the rows
     mr = lane < R
@@ -69,8 +88,9 @@ def _compact_gather(keep_ptr, ends_ptr, pstart_ptr, pt_ptr, pdt_ptr, px_ptr, o_p
         tl.store(d_out + s * 3 + c, tl.load(d_ptr + ray * 3 + c, mask=ms, other=0.0), mask=ms)
 
 
-def compact_gather(keep: Tensor, start: Tensor, t: Tensor, dt: Tensor, x: Tensor, origins: Tensor,
-                   directions: Tensor, capacity: int) -> tuple[Tensor, ...]:
+def compact_gather(
+    keep: Tensor, start: Tensor, t: Tensor, dt: Tensor, x: Tensor, origins: Tensor, directions: Tensor, capacity: int
+) -> tuple[Tensor, ...]:
     """keep, start ``[R]`` (samples each ray keeps, where its marched samples begin); t, dt ``[C]``, x ``[C, 3]``
     (the marched samples); origins, directions ``[R, 3]`` -> (t, dt ``[S]``, x, d ``[S, 3]``, start, count
     ``[R]`` int32, fits ``[R]`` bool, total ``[]`` int64: the rows used, = count.sum()) with S = ``capacity``:
@@ -78,13 +98,31 @@ def compact_gather(keep: Tensor, start: Tensor, t: Tensor, dt: Tensor, x: Tensor
     R, dev = keep.shape[0], keep.device
     if R == 0:
         raise ValueError("compact_gather needs at least one ray")
-    out = (torch.empty(capacity, device=dev), torch.empty(capacity, device=dev),
-           torch.empty(capacity, 3, device=dev), torch.empty(capacity, 3, device=dev),
-           torch.empty(R, device=dev, dtype=torch.int32), torch.empty(R, device=dev, dtype=torch.int32),
-           torch.empty(R, device=dev, dtype=torch.bool), torch.empty((), device=dev, dtype=torch.int64))
+    out = (
+        torch.empty(capacity, device=dev),
+        torch.empty(capacity, device=dev),
+        torch.empty(capacity, 3, device=dev),
+        torch.empty(capacity, 3, device=dev),
+        torch.empty(R, device=dev, dtype=torch.int32),
+        torch.empty(R, device=dev, dtype=torch.int32),
+        torch.empty(R, device=dev, dtype=torch.bool),
+        torch.empty((), device=dev, dtype=torch.int64),
+    )
     ends = torch.cumsum(keep, 0)
     n = max(capacity, R)
-    _compact_gather[(triton.cdiv(n, BLOCK),)](keep, ends, start, t, dt, x.contiguous(), origins.contiguous(),
-                                              directions.contiguous(), *out, R, capacity,
-                                              STEPS=R.bit_length(), BLOCK=BLOCK)
+    _compact_gather[(triton.cdiv(n, BLOCK),)](
+        keep,
+        ends,
+        start,
+        t,
+        dt,
+        x.contiguous(),
+        origins.contiguous(),
+        directions.contiguous(),
+        *out,
+        R,
+        capacity,
+        STEPS=R.bit_length(),
+        BLOCK=BLOCK,
+    )
     return out

@@ -32,8 +32,19 @@ def _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live):
 
 
 @triton.jit
-def _composite_fwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_rgb_ptr, out_op_ptr, out_depth_ptr,
-                   R, BLOCK: tl.constexpr):
+def _composite_fwd(
+    sigma_ptr,
+    rgb_ptr,
+    dt_ptr,
+    t_ptr,
+    start_ptr,
+    count_ptr,
+    out_rgb_ptr,
+    out_op_ptr,
+    out_depth_ptr,
+    R,
+    BLOCK: tl.constexpr,
+):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = r < R
     start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
@@ -66,8 +77,24 @@ def _composite_fwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_
 
 
 @triton.jit
-def _composite_bwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_rgb_ptr, out_op_ptr, out_depth_ptr,
-                   g_rgb_ptr, g_op_ptr, g_depth_ptr, g_sigma_ptr, g_samples_rgb_ptr, R, BLOCK: tl.constexpr):
+def _composite_bwd(
+    sigma_ptr,
+    rgb_ptr,
+    dt_ptr,
+    t_ptr,
+    start_ptr,
+    count_ptr,
+    out_rgb_ptr,
+    out_op_ptr,
+    out_depth_ptr,
+    g_rgb_ptr,
+    g_op_ptr,
+    g_depth_ptr,
+    g_sigma_ptr,
+    g_samples_rgb_ptr,
+    R,
+    BLOCK: tl.constexpr,
+):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = r < R
     start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
@@ -78,9 +105,13 @@ def _composite_bwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_
     go = tl.load(g_op_ptr + r, mask=m, other=0.0)
     gd = tl.load(g_depth_ptr + r, mask=m, other=0.0)
     # g . C_total, then the running suffix g . sum_{i>j} w_i c_i = total - prefix
-    total = (gr * tl.load(out_rgb_ptr + r * 3 + 0, mask=m, other=0.0) + gg * tl.load(out_rgb_ptr + r * 3 + 1, mask=m, other=0.0)
-             + gb * tl.load(out_rgb_ptr + r * 3 + 2, mask=m, other=0.0) + go * tl.load(out_op_ptr + r, mask=m, other=0.0)
-             + gd * tl.load(out_depth_ptr + r, mask=m, other=0.0))
+    total = (
+        gr * tl.load(out_rgb_ptr + r * 3 + 0, mask=m, other=0.0)
+        + gg * tl.load(out_rgb_ptr + r * 3 + 1, mask=m, other=0.0)
+        + gb * tl.load(out_rgb_ptr + r * 3 + 2, mask=m, other=0.0)
+        + go * tl.load(out_op_ptr + r, mask=m, other=0.0)
+        + gd * tl.load(out_depth_ptr + r, mask=m, other=0.0)
+    )
     prefix = tl.zeros((BLOCK,), tl.float32)
     T = tl.full((BLOCK,), 1.0, tl.float32)
     n_max = tl.max(count, axis=0)
@@ -103,15 +134,16 @@ def _composite_bwd(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start_ptr, count_ptr, out_
 
 
 @triton.jit
-def _count_until_opaque(sigma_ptr, dt_ptr, start_ptr, count_ptr, keep_ptr, log_t_ptr, R, eps, BLOCK: tl.constexpr,
-                        CARRY: tl.constexpr):
+def _count_until_opaque(
+    sigma_ptr, dt_ptr, start_ptr, count_ptr, keep_ptr, log_t_ptr, R, eps, BLOCK: tl.constexpr, CARRY: tl.constexpr
+):
     """keep[r]: the samples of ray r whose transmittance before them exceeds eps (a prefix). CARRY: the ray's
     -sum(sigma dt) starts from log_t[r] (its samples before these) and is written back after the kept ones."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = r < R
     start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
     count = tl.load(count_ptr + r, mask=m, other=0)
-    log_T = tl.zeros((BLOCK,), tl.float32)   # -sum(sigma dt) so far, as the reference computes it
+    log_T = tl.zeros((BLOCK,), tl.float32)  # -sum(sigma dt) so far, as the reference computes it
     if CARRY:
         log_T = tl.load(log_t_ptr + r, mask=m, other=0.0)
     keep = tl.zeros((BLOCK,), tl.int32)
@@ -161,9 +193,24 @@ class CompositeFunction(torch.autograd.Function):
         g_sigma = torch.zeros(sigma.shape, device=sigma.device, dtype=torch.float32)
         g_rgb_samples = torch.zeros(rgb.shape, device=rgb.device, dtype=torch.float32)
         if R:
-            _composite_bwd[_grid(R)](sigma, rgb, dt, t, start, count, out_rgb, out_op, out_depth,
-                                     g_rgb.float().contiguous(), g_op.float().contiguous(), g_depth.float().contiguous(),
-                                     g_sigma, g_rgb_samples, R, BLOCK=BLOCK)
+            _composite_bwd[_grid(R)](
+                sigma,
+                rgb,
+                dt,
+                t,
+                start,
+                count,
+                out_rgb,
+                out_op,
+                out_depth,
+                g_rgb.float().contiguous(),
+                g_op.float().contiguous(),
+                g_depth.float().contiguous(),
+                g_sigma,
+                g_rgb_samples,
+                R,
+                BLOCK=BLOCK,
+            )
         return g_sigma.to(sigma.dtype), g_rgb_samples.to(rgb.dtype), None, None, None, None
 
 
@@ -172,15 +219,25 @@ def composite(sigma: Tensor, rgb: Tensor, dt: Tensor, t: Tensor, start: Tensor, 
     return CompositeFunction.apply(sigma, rgb, dt.float().contiguous(), t.float().contiguous(), start, count)
 
 
-def count_until_opaque(sigma: Tensor, dt: Tensor, start: Tensor, count: Tensor, eps: float,
-                       log_t: Tensor | None = None) -> Tensor:
+def count_until_opaque(
+    sigma: Tensor, dt: Tensor, start: Tensor, count: Tensor, eps: float, log_t: Tensor | None = None
+) -> Tensor:
     """Per ray, how many leading samples have transmittance above ``eps`` ``[R]`` int32. ``log_t`` ``[R]`` float32
     (contiguous; updated in place): each ray's -sum(sigma dt) over its samples before these, and after the
     kept ones on return (rays rendered in windows of their samples, ``render.fast.render_rays_fast``)."""
     R = start.shape[0]
     keep = torch.zeros(R, device=sigma.device, dtype=torch.int32)
     if R:
-        _count_until_opaque[_grid(R)](sigma.contiguous(), dt.float().contiguous(), start, count, keep,
-                                      keep if log_t is None else log_t, R, float(eps), BLOCK=BLOCK,
-                                      CARRY=log_t is not None)
+        _count_until_opaque[_grid(R)](
+            sigma.contiguous(),
+            dt.float().contiguous(),
+            start,
+            count,
+            keep,
+            keep if log_t is None else log_t,
+            R,
+            float(eps),
+            BLOCK=BLOCK,
+            CARRY=log_t is not None,
+        )
     return keep

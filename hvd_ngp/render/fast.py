@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from ..observe.profiling import NULL_TIMER, StageTimer
 from .compact_triton import compact_gather
 from .composite_triton import composite, count_until_opaque
 from .march_triton import march_counts, march_packed, march_write, segments
 from .occupancy import OccupancyGrid
-from ..observe.profiling import NULL_TIMER, StageTimer
 from .plan import RenderCosts, RenderPlan, split_by_capacity
 from .schedule import MarchLaunch, StepSchedule
 
@@ -72,8 +72,9 @@ def compact(keep: Tensor, start: Tensor, capacity: int) -> tuple[Tensor, Tensor,
     return src, torch.where(used, ray, torch.full_like(ray, R)), new_start, count, fits
 
 
-def compact_gather_torch(keep: Tensor, start: Tensor, t: Tensor, dt: Tensor, x: Tensor, origins: Tensor,
-                         directions: Tensor, capacity: int) -> tuple[Tensor, ...]:
+def compact_gather_torch(
+    keep: Tensor, start: Tensor, t: Tensor, dt: Tensor, x: Tensor, origins: Tensor, directions: Tensor, capacity: int
+) -> tuple[Tensor, ...]:
     """The network's ``capacity`` rows from the marched samples (twin of ``compact_triton.compact_gather``):
     keep, start ``[R]``; t, dt ``[C]``, x ``[C, 3]``; origins, directions ``[R, 3]`` -> (t, dt ``[S]``, x, d
     ``[S, 3]``, start, count ``[R]`` int32, fits ``[R]`` bool, total ``[]`` int64: the rows used). Unused rows
@@ -82,9 +83,16 @@ def compact_gather_torch(keep: Tensor, start: Tensor, t: Tensor, dt: Tensor, x: 
     src, ray, new_start, count, fits = compact(keep, start, capacity)
     used = ray < R
     ray_c = ray.clamp(max=R - 1)
-    return (torch.where(used, t[src], 0.0), torch.where(used, dt[src], 0.0),
-            torch.where(used[:, None], x[src], origins[ray_c]), directions[ray_c], new_start.int(), count.int(), fits,
-            count.sum())
+    return (
+        torch.where(used, t[src], 0.0),
+        torch.where(used, dt[src], 0.0),
+        torch.where(used[:, None], x[src], origins[ray_c]),
+        directions[ray_c],
+        new_start.int(),
+        count.int(),
+        fits,
+        count.sum(),
+    )
 
 
 class Capacities(Protocol):
@@ -128,11 +136,30 @@ class FastRenderer:
     def sample_capacity(self) -> int:
         return int(self.capacities.sample_capacity)
 
-    def __call__(self, rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor,
-                 aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,
-                 jitter: Tensor | None, timer: StageTimer = NULL_TIMER) -> FastRenderResult:
-        packed = march_packed(origins, directions, aabb, grid, schedule, jitter, self.candidate_capacity,
-                              positions=True, launch=self.launch)
+    def __call__(
+        self,
+        rgb_sigma_fn: RGBSigmaFn,
+        sigma_fn: SigmaFn,
+        origins: Tensor,
+        directions: Tensor,
+        aabb: Tensor,
+        grid: OccupancyGrid,
+        schedule: StepSchedule,
+        early_termination: float,
+        jitter: Tensor | None,
+        timer: StageTimer = NULL_TIMER,
+    ) -> FastRenderResult:
+        packed = march_packed(
+            origins,
+            directions,
+            aabb,
+            grid,
+            schedule,
+            jitter,
+            self.candidate_capacity,
+            positions=True,
+            launch=self.launch,
+        )
         timer.mark("march")
         with torch.no_grad():  # the march wrote the positions: slots >= total are unwritten, and not read below
             sigma0 = sigma_fn(packed.x, n_rows=packed.total)
@@ -140,8 +167,9 @@ class FastRenderer:
         timer.mark("density pass")
         # unused rows sit at the last ray's origin with t = dt = 0 (finite network inputs: a NaN there would reach
         # the weight gradients through 0 * NaN), outside every ray's compositing
-        t, dt, x, d, start, count, fits, total = compact_gather(keep, packed.start, packed.t, packed.dt, packed.x,
-                                                                 origins, directions, self.sample_capacity)
+        t, dt, x, d, start, count, fits, total = compact_gather(
+            keep, packed.start, packed.t, packed.dt, packed.x, origins, directions, self.sample_capacity
+        )
         timer.mark("compaction")
         rgb, sigma = rgb_sigma_fn(x, d, n_rows=total)  # the Triton kernels skip the unused rows
         timer.mark("network fwd")
@@ -173,8 +201,11 @@ class RenderWorkspace:
 
     def __init__(self, plan: RenderPlan, device: torch.device) -> None:
         self.plan = plan
-        self.buffers = (torch.empty(plan.candidates, device=device), torch.empty(plan.candidates, device=device),
-                        torch.empty(plan.candidates, device=device, dtype=torch.int32))
+        self.buffers = (
+            torch.empty(plan.candidates, device=device),
+            torch.empty(plan.candidates, device=device),
+            torch.empty(plan.candidates, device=device, dtype=torch.int32),
+        )
 
 
 #: candidates per ray in an inference render's first window; each next window is twice the last
@@ -192,10 +223,18 @@ def candidate_windows(seg_count: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor
     return skip.to(torch.int32).contiguous(), take.to(torch.int32).contiguous()
 
 
-def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
-                     grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4,
-                     workspace: RenderWorkspace | None = None, jitter: Tensor | None = None
-                     ) -> tuple[Tensor, Tensor, Tensor]:
+def render_rays_fast(
+    rgb_sigma_fn: RGBSigmaFn,
+    sigma_fn: SigmaFn,
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid,
+    schedule: StepSchedule,
+    early_termination: float = 1e-4,
+    workspace: RenderWorkspace | None = None,
+    jitter: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Inference with the Triton kernels within a plan (``render.plan.plan_render``): rgb ``[R, 3]`` (no
     background), opacity ``[R]``, depth ``[R]``; ``jitter`` ``[R]`` as in training (None: 0.5).
 
@@ -232,8 +271,18 @@ def render_rays_fast(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tenso
                 continue
             ids = alive[a:b]
             o, d = origins[ids], directions[ids]
-            packed = march_write(o, d, aabb, grid, schedule, None if jitter is None else jitter[ids], take[a:b], n,
-                                 workspace.buffers, skip=skip[a:b])
+            packed = march_write(
+                o,
+                d,
+                aabb,
+                grid,
+                schedule,
+                None if jitter is None else jitter[ids],
+                take[a:b],
+                n,
+                workspace.buffers,
+                skip=skip[a:b],
+            )
             ray = packed.ray.long()
 
             def points(i: int, j: int, t: Tensor = packed.t, ray: Tensor = ray) -> tuple[Tensor]:

@@ -100,22 +100,33 @@ def window_groups(ends: Tensor, capacity: int, width: int) -> list[tuple[int, in
     return [(a, b, s_host[k + 1] - s_host[k]) for k, (a, b) in enumerate(itertools.pairwise(b_host)) if b > a]
 
 
-def network_pass(rgb_sigma_fn: RGBSigmaFn, x: Tensor, directions: Tensor, ray: Tensor, rows: int
-                 ) -> tuple[Tensor, Tensor]:
+def network_pass(
+    rgb_sigma_fn: RGBSigmaFn, x: Tensor, directions: Tensor, ray: Tensor, rows: int
+) -> tuple[Tensor, Tensor]:
     """rgb ``[n, 3]`` and sigma ``[n]`` of the samples at x ``[n, 3]`` along ``directions[ray]`` (``[A, 3]``,
     ``[n]``), ``rows`` at a time."""
     n = x.shape[0]
     if n <= rows:
         return rgb_sigma_fn(x, directions[ray])
-    out = [rgb_sigma_fn(x[a:a + rows], directions[ray[a:a + rows]]) for a in range(0, n, rows)]
+    out = [rgb_sigma_fn(x[a : a + rows], directions[ray[a : a + rows]]) for a in range(0, n, rows)]
     return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
 
 
-def render_rays_single_pass(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor,
-                            aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float = 1e-4,
-                            workspace: RenderWorkspace | None = None, jitter: Tensor | None = None,
-                            windows: InferenceWindows | None = None, timer: StageTimer = NULL_TIMER,
-                            stats: InferenceStats | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def render_rays_single_pass(
+    rgb_sigma_fn: RGBSigmaFn,
+    sigma_fn: SigmaFn,
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid,
+    schedule: StepSchedule,
+    early_termination: float = 1e-4,
+    workspace: RenderWorkspace | None = None,
+    jitter: Tensor | None = None,
+    windows: InferenceWindows | None = None,
+    timer: StageTimer = NULL_TIMER,
+    stats: InferenceStats | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Inference (see the module docstring): rgb ``[R, 3]`` (no background), opacity ``[R]``, depth ``[R]``;
     ``jitter`` ``[R]`` as in training (None: 0.5). ``render_rays_fast``'s interface (``sigma_fn`` unused);
     the workspace's plan bounds the candidates written at once and the rows per network call (None: one
@@ -149,8 +160,19 @@ def render_rays_single_pass(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins
                 continue
             ids = alive[a:b]
             d = directions[ids]
-            packed = march_write(origins[ids], d, aabb, grid, schedule, None if jitter is None else jitter[ids],
-                                 take[a:b], n, workspace.buffers, positions=True, skip=skip[a:b])
+            packed = march_write(
+                origins[ids],
+                d,
+                aabb,
+                grid,
+                schedule,
+                None if jitter is None else jitter[ids],
+                take[a:b],
+                n,
+                workspace.buffers,
+                positions=True,
+                skip=skip[a:b],
+            )
             timer.mark("march")
             c, sigma = network_pass(rgb_sigma_fn, packed.x, d, packed.ray.long(), plan.rows)
             timer.mark("network")

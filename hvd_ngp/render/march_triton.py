@@ -70,11 +70,53 @@ def _dt_cascade(dt, cell0):
 
 
 @triton.jit
-def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t_ptr, dt_ptr, ray_ptr, x_ptr, skip_ptr,
-           R, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, c_x, c_y, c_z, h_x, h_y, h_z, cell0,
-           dt_min, dt_max, t1, t2, s1, s2, lc, near, max_steps, capacity,
-           RES: tl.constexpr, K: tl.constexpr, CONE: tl.constexpr, WRITE: tl.constexpr, BLOCK: tl.constexpr,
-           SEGMENT: tl.constexpr, NSEG: tl.constexpr, WRITE_X: tl.constexpr, WINDOW: tl.constexpr):
+def _march(
+    o_ptr,
+    d_ptr,
+    jitter_ptr,
+    bits_ptr,
+    count_ptr,
+    start_ptr,
+    fits_ptr,
+    t_ptr,
+    dt_ptr,
+    ray_ptr,
+    x_ptr,
+    skip_ptr,
+    R,
+    lo_x,
+    lo_y,
+    lo_z,
+    hi_x,
+    hi_y,
+    hi_z,
+    c_x,
+    c_y,
+    c_z,
+    h_x,
+    h_y,
+    h_z,
+    cell0,
+    dt_min,
+    dt_max,
+    t1,
+    t2,
+    s1,
+    s2,
+    lc,
+    near,
+    max_steps,
+    capacity,
+    RES: tl.constexpr,
+    K: tl.constexpr,
+    CONE: tl.constexpr,
+    WRITE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEGMENT: tl.constexpr,
+    NSEG: tl.constexpr,
+    WRITE_X: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
     # WRITE: write the candidates (count_ptr: how many of each segment's, start_ptr: the first slot); else
     # count them into count_ptr. WINDOW (with WRITE): each segment first passes over skip_ptr's count of its
     # candidates, then writes count_ptr's and stops.
@@ -163,8 +205,9 @@ def _march(o_ptr, d_ptr, jitter_ptr, bits_ptr, count_ptr, start_ptr, fits_ptr, t
         k_exit = tl.ceil(_coord(t_exit, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) - s0).to(tl.int32) - 1
         if K > 1:  # and the dt cascade at the landing step is still this one (it only grows on the way)
             s_exit = s0 + k_exit.to(tl.float32)
-            dt_exit = (_time(s_exit + 1.0, dt_min, dt_max, t1, t2, s1, s2, lc, CONE)
-                       - _time(s_exit, dt_min, dt_max, t1, t2, s1, s2, lc, CONE))
+            dt_exit = _time(s_exit + 1.0, dt_min, dt_max, t1, t2, s1, s2, lc, CONE) - _time(
+                s_exit, dt_min, dt_max, t1, t2, s1, s2, lc, CONE
+            )
             by_dt = tl.minimum(tl.maximum(_dt_cascade(dt_exit, cell0), 0.0), K - 1.0)
             jump = jump & (by_dt <= lvl)
         k = tl.where(jump, tl.maximum(k + 1, k_exit), k + 1)
@@ -207,8 +250,16 @@ def schedule_constants(schedule: StepSchedule) -> tuple[float, ...]:
 #: the launch the renderers use unless the marching block's ``kernel_launch`` says otherwise
 LAUNCH = MarchLaunch()
 #: launches ``bench throughput`` times against ``LAUNCH`` on a late-training batch
-CANDIDATE_LAUNCHES = (MarchLaunch(64, 64, 4), MarchLaunch(64, 64, 2), MarchLaunch(32, 64, 1), MarchLaunch(32, 32, 1),
-                      MarchLaunch(32, 128, 1), MarchLaunch(64, 32, 2), MarchLaunch(128, 64, 4), MarchLaunch(128, 32, 4))
+CANDIDATE_LAUNCHES = (
+    MarchLaunch(64, 64, 4),
+    MarchLaunch(64, 64, 2),
+    MarchLaunch(32, 64, 1),
+    MarchLaunch(32, 32, 1),
+    MarchLaunch(32, 128, 1),
+    MarchLaunch(64, 32, 2),
+    MarchLaunch(128, 64, 4),
+    MarchLaunch(128, 32, 4),
+)
 
 
 def host_values(t: Tensor) -> list:
@@ -222,8 +273,15 @@ def host_values(t: Tensor) -> list:
     return cached[1]
 
 
-def _launch_args(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
-                 jitter: Tensor | None, launch: MarchLaunch) -> tuple:
+def _launch_args(
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid,
+    schedule: StepSchedule,
+    jitter: Tensor | None,
+    launch: MarchLaunch,
+) -> tuple:
     """The tensors and constants both passes of ``_march`` take."""
     R = origins.shape[0]
     o, d = origins.float().contiguous(), directions.float().contiguous()
@@ -233,8 +291,15 @@ def _launch_args(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupa
     center, half0 = host_values(grid.center), host_values(grid.half0)
     cell0 = 2 * max(half0) / grid.resolution
     nseg = segments(schedule, launch)
-    common = dict(RES=grid.resolution, K=grid.n_cascades, CONE=schedule.cone_angle > 0, BLOCK=launch.block,
-                  SEGMENT=launch.segment, NSEG=nseg, num_warps=launch.warps)
+    common = dict(
+        RES=grid.resolution,
+        K=grid.n_cascades,
+        CONE=schedule.cone_angle > 0,
+        BLOCK=launch.block,
+        SEGMENT=launch.segment,
+        NSEG=nseg,
+        num_warps=launch.warps,
+    )
     consts = (*lo, *hi, *center, *half0, cell0, *schedule_constants(schedule), schedule.near, schedule.max_steps)
     return o, d, j, bits, (triton.cdiv(max(R, 1), launch.block), nseg), consts, common
 
@@ -244,24 +309,61 @@ def segments(schedule: StepSchedule, launch: MarchLaunch | None = None) -> int:
     return triton.cdiv(schedule.max_steps, (launch or LAUNCH).segment)
 
 
-def march_counts(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
-                 jitter: Tensor | None, launch: MarchLaunch | None = None) -> Tensor:
+def march_counts(
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid,
+    schedule: StepSchedule,
+    jitter: Tensor | None,
+    launch: MarchLaunch | None = None,
+) -> Tensor:
     """The count pass: candidates per ray and segment ``[R, segments(schedule, launch)]`` int32 (``launch``:
     default ``LAUNCH``; the write pass takes the same)."""
     R = origins.shape[0]
-    o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter,
-                                                          launch or LAUNCH)
+    o, d, j, bits, grid_fn, consts, common = _launch_args(
+        origins, directions, aabb, grid, schedule, jitter, launch or LAUNCH
+    )
     seg_count = torch.zeros(R, common["NSEG"], device=origins.device, dtype=torch.int32)
     if R:
-        _march[grid_fn](o, d, j, bits, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count, seg_count,
-                        seg_count, R, *consts, 0, WRITE=False, WRITE_X=False, WINDOW=False, **common)
+        _march[grid_fn](
+            o,
+            d,
+            j,
+            bits,
+            seg_count,
+            seg_count,
+            seg_count,
+            seg_count,
+            seg_count,
+            seg_count,
+            seg_count,
+            seg_count,
+            R,
+            *consts,
+            0,
+            WRITE=False,
+            WRITE_X=False,
+            WINDOW=False,
+            **common,
+        )
     return seg_count
 
 
-def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
-                jitter: Tensor | None, seg_count: Tensor, capacity: int,
-                out: tuple[Tensor, Tensor, Tensor] | None = None, positions: bool = False,
-                launch: MarchLaunch | None = None, skip: Tensor | None = None) -> PackedSamples:
+def march_write(
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid,
+    schedule: StepSchedule,
+    jitter: Tensor | None,
+    seg_count: Tensor,
+    capacity: int,
+    out: tuple[Tensor, Tensor, Tensor] | None = None,
+    positions: bool = False,
+    launch: MarchLaunch | None = None,
+    skip: Tensor | None = None,
+) -> PackedSamples:
     """The write pass: the candidates ``seg_count`` (from ``march_counts``) counted, packed into ``capacity``
     slots; ``out``: (t, dt, ray) workspace buffers of at least ``capacity`` slots to write into (reused
     across calls), else new ones. ``positions``: also write each sample's position (``PackedSamples.x``),
@@ -270,8 +372,9 @@ def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupan
     ``skip`` candidates and writes the next ``seg_count`` (which then counts the window, not the segment)."""
     R = origins.shape[0]
     dev = origins.device
-    o, d, j, bits, grid_fn, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter,
-                                                          launch or LAUNCH)
+    o, d, j, bits, grid_fn, consts, common = _launch_args(
+        origins, directions, aabb, grid, schedule, jitter, launch or LAUNCH
+    )
     seg_ends = torch.cumsum(seg_count.view(-1), 0, dtype=torch.int64).view(R, common["NSEG"])
     seg_start = (seg_ends - seg_count).to(torch.int32)
     count = seg_count.sum(1, dtype=torch.int32)
@@ -288,21 +391,48 @@ def march_write(origins: Tensor, directions: Tensor, aabb: Tensor, grid: Occupan
     fits = ends <= capacity
     count = torch.where(fits, count, torch.zeros_like(count))
     if R and capacity:
-        _march[grid_fn](o, d, j, bits, seg_count, seg_start, fits.to(torch.int8), t, dt, ray, t if x is None else x,
-                        seg_count if skip is None else skip.to(torch.int32).contiguous(), R, *consts, capacity,
-                        WRITE=True, WRITE_X=x is not None, WINDOW=skip is not None, **common)
+        _march[grid_fn](
+            o,
+            d,
+            j,
+            bits,
+            seg_count,
+            seg_start,
+            fits.to(torch.int8),
+            t,
+            dt,
+            ray,
+            t if x is None else x,
+            seg_count if skip is None else skip.to(torch.int32).contiguous(),
+            R,
+            *consts,
+            capacity,
+            WRITE=True,
+            WRITE_X=x is not None,
+            WINDOW=skip is not None,
+            **common,
+        )
     total = (count.to(torch.int64)).sum()
     return PackedSamples(t, dt, ray, start, count, fits, total, x)
 
 
-def march_packed(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid, schedule: StepSchedule,
-                 jitter: Tensor | None, capacity: int | None, positions: bool = False,
-                 launch: MarchLaunch | None = None) -> PackedSamples:
+def march_packed(
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid,
+    schedule: StepSchedule,
+    jitter: Tensor | None,
+    capacity: int | None,
+    positions: bool = False,
+    launch: MarchLaunch | None = None,
+) -> PackedSamples:
     """March R rays (``[R, 3]`` each) into at most ``capacity`` packed samples (see the module docstring).
     ``capacity=None`` sizes the buffers exactly, at the cost of one host synchronisation. ``positions``: see
     ``march_write``; ``launch``: how the kernel is launched (default ``LAUNCH``)."""
     seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter, launch)
     if capacity is None:
         capacity = int(seg_count.sum())
-    return march_write(origins, directions, aabb, grid, schedule, jitter, seg_count, capacity, positions=positions,
-                       launch=launch)
+    return march_write(
+        origins, directions, aabb, grid, schedule, jitter, seg_count, capacity, positions=positions, launch=launch
+    )

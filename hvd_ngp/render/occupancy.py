@@ -42,11 +42,14 @@ class OccupancyGrid(nn.Module):
     occupied: Tensor
     visible: Tensor  # [K, R^3] bool
 
-    def __init__(self, aabb: Tensor, resolution: int = 128, n_cascades: int = 1, threshold: float = 0.01,
-                 decay: float = 0.95) -> None:
+    def __init__(
+        self, aabb: Tensor, resolution: int = 128, n_cascades: int = 1, threshold: float = 0.01, decay: float = 0.95
+    ) -> None:
         super().__init__()
         if resolution < 1 or n_cascades < 1:
-            raise ValueError(f"occupancy grid needs resolution >= 1 and n_cascades >= 1, got {resolution}, {n_cascades}")
+            raise ValueError(
+                f"occupancy grid needs resolution >= 1 and n_cascades >= 1, got {resolution}, {n_cascades}"
+            )
         self.resolution, self.n_cascades = int(resolution), int(n_cascades)
         self.threshold, self.decay = float(threshold), float(decay)
         aabb = aabb.float()
@@ -54,7 +57,7 @@ class OccupancyGrid(nn.Module):
         half = (aabb[1] - aabb[0]) / 2 / 2 ** (n_cascades - 1)  # half-extent of cascade 0
         self.register_buffer("center", center)
         self.register_buffer("half0", half)
-        n = self.resolution ** 3
+        n = self.resolution**3
         self.register_buffer("density", torch.zeros(n_cascades, n))
         self.register_buffer("occupied", torch.ones(n_cascades, n, dtype=torch.bool))
         # cells no training camera sees: never occupied, never refreshed (instant-ngp's "untrained" cells)
@@ -62,7 +65,7 @@ class OccupancyGrid(nn.Module):
 
     @property
     def n_cells(self) -> int:
-        return self.n_cascades * self.resolution ** 3
+        return self.n_cascades * self.resolution**3
 
     def cascade_of(self, x: Tensor, dt: Tensor | None = None) -> Tensor:
         """Cascade used for points ``[M, 3]`` -> ``[M]`` long: the smallest that contains the point and,
@@ -72,7 +75,7 @@ class OccupancyGrid(nn.Module):
         r = ((x - self.center).abs() / self.half0).amax(dim=-1)
         k = torch.ceil(torch.log2(r.clamp(min=1e-12)))
         if dt is not None:
-            cell0 = (2 * self.half0.max() / self.resolution)
+            cell0 = 2 * self.half0.max() / self.resolution
             k = torch.maximum(k, torch.ceil(torch.log2((dt / cell0).clamp(min=1e-12))))
         return k.clamp(min=0, max=self.n_cascades - 1).long()
 
@@ -84,7 +87,7 @@ class OccupancyGrid(nn.Module):
         inside = ((u >= 0) & (u <= 1)).all(dim=-1)
         R = self.resolution
         c = (u * R).long().clamp(0, R - 1)
-        return k * R ** 3 + (c[:, 0] * R + c[:, 1]) * R + c[:, 2], inside
+        return k * R**3 + (c[:, 0] * R + c[:, 1]) * R + c[:, 2], inside
 
     def is_occupied(self, x: Tensor, dt: Tensor | None = None) -> Tensor:
         idx, inside = self.cell_index(x, dt)
@@ -93,16 +96,25 @@ class OccupancyGrid(nn.Module):
     def cell_positions(self, index: Tensor, offset: Tensor) -> Tensor:
         """World positions of cells ``[M]`` at fractional ``offset`` ``[M, 3]`` inside each cell."""
         R = self.resolution
-        k, rem = index // R ** 3, index % R ** 3
+        k, rem = index // R**3, index % R**3
         c = torch.stack([rem // (R * R), (rem // R) % R, rem % R], dim=-1).float()
         u = (c + offset) / R
         extent = self.half0 * torch.pow(2.0, k.float())[:, None]
         return self.center + (u - 0.5) * 2 * extent
 
     @torch.no_grad()
-    def update(self, density_fn: DensityFn, step_size: float, step: int, warmup_steps: int, seed: int,
-               chunk: int = 1 << 18, box: Tensor | None = None, share: tuple[int, int] = ALONE,
-               reduce_max: ReduceMax = _alone) -> None:
+    def update(
+        self,
+        density_fn: DensityFn,
+        step_size: float,
+        step: int,
+        warmup_steps: int,
+        seed: int,
+        chunk: int = 1 << 18,
+        box: Tensor | None = None,
+        share: tuple[int, int] = ALONE,
+        reduce_max: ReduceMax = _alone,
+    ) -> None:
         """Refresh the grid. ``share`` (index, count): this process's part of the chosen cells (every index
         of ``0..count-1`` must refresh its part); ``reduce_max``: the elementwise Max of the fresh values
         over those parts (with ranks: a collective, so every rank calls ``update`` at the same step).
@@ -123,7 +135,7 @@ class OccupancyGrid(nn.Module):
     def _seeded(self, step: int, seed: int) -> torch.Generator:
         """The update's random stream at ``step``: seeded by (seed, step), the same on every rank."""
         g = torch.Generator(device=self.density.device)
-        g.manual_seed((seed * 1_000_003 + step) % (2 ** 63))
+        g.manual_seed((seed * 1_000_003 + step) % (2**63))
         return g
 
     def draw_cells(self, step: int, warmup_steps: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -137,15 +149,19 @@ class OccupancyGrid(nn.Module):
         uniform, u, offset = self.random_draws(step, seed)
         return self.pick(uniform, u), offset
 
-    def random_draws(self, step: int, seed: int, out: tuple[Tensor, Tensor, Tensor] | None = None
-                     ) -> tuple[Tensor, Tensor, Tensor]:
+    def random_draws(
+        self, step: int, seed: int, out: tuple[Tensor, Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """After warm-up: ``uniform`` ``[Q]`` long cells, ``u`` ``[Q]`` float64 in [0, 1) (which occupied cell),
         ``offset`` ``[2Q, 3]`` (the points in the cells), Q = ``n // 4``; written into ``out`` when given."""
         g, dev = self._seeded(step, seed), self.density.device
         quarter = max(self.n_cells // 4, 1)
         if out is None:
-            out = (torch.empty(quarter, dtype=torch.long, device=dev), torch.empty(quarter, dtype=torch.float64, device=dev),
-                   torch.empty((2 * quarter, 3), device=dev))
+            out = (
+                torch.empty(quarter, dtype=torch.long, device=dev),
+                torch.empty(quarter, dtype=torch.float64, device=dev),
+                torch.empty((2 * quarter, 3), device=dev),
+            )
         uniform, u, offset = out
         torch.randint(0, self.n_cells, (quarter,), generator=g, out=uniform)
         torch.rand(quarter, generator=g, dtype=torch.float64, out=u)
@@ -157,8 +173,16 @@ class OccupancyGrid(nn.Module):
         occupied cells (``draw_occupied``). No host read."""
         return torch.cat([uniform, self.draw_occupied(u)])
 
-    def evaluate(self, cells: Tensor, offset: Tensor, density_fn: DensityFn, step_size: float,
-                 chunk: int = 1 << 18, box: Tensor | None = None, share: tuple[int, int] = ALONE) -> Tensor:
+    def evaluate(
+        self,
+        cells: Tensor,
+        offset: Tensor,
+        density_fn: DensityFn,
+        step_size: float,
+        chunk: int = 1 << 18,
+        box: Tensor | None = None,
+        share: tuple[int, int] = ALONE,
+    ) -> Tensor:
         """This process's fresh optical thickness ``[K * R^3]`` (0 where it evaluated nothing): its ``share``
         (index, count) of ``cells`` ``[M]`` at ``offset`` ``[M, 3]`` (see ``update`` for ``box``). No
         collective, no host read (without ``box``), so a CUDA graph can hold it."""
@@ -167,13 +191,16 @@ class OccupancyGrid(nn.Module):
             mine, my_offset = cells[index::count], offset[index::count]
         else:
             box = box.to(cells.device)
-            lo, hi = self.cell_positions(cells, torch.zeros_like(offset)), self.cell_positions(cells, torch.ones_like(offset))
+            lo, hi = (
+                self.cell_positions(cells, torch.zeros_like(offset)),
+                self.cell_positions(cells, torch.ones_like(offset)),
+            )
             overlaps = ((hi > box[0]) & (lo < box[1])).all(dim=-1)
             mine, my_offset = cells[overlaps][index::count], offset[overlaps][index::count]
         fresh = torch.zeros(self.n_cells, device=cells.device)
         for start in range(0, mine.numel(), chunk):
-            idx = mine[start:start + chunk]
-            x = self.cell_positions(idx, my_offset[start:start + chunk])
+            idx = mine[start : start + chunk]
+            x = self.cell_positions(idx, my_offset[start : start + chunk])
             if box is not None:
                 x = torch.minimum(torch.maximum(x, box[0]), box[1])
             sigma = density_fn(x).float()
@@ -232,7 +259,7 @@ def camera_coverage(points: Tensor, c2w: Tensor, intrinsics: Tensor, sizes: Tens
     count = torch.zeros(points.shape[0], dtype=torch.int32, device=dev)
     c2w, intr, sizes = c2w.to(dev).float(), intrinsics.to(dev).float(), sizes.to(dev).float()
     for i in range(c2w.shape[0]):
-        rel = (points - c2w[i, :, 3]) @ c2w[i, :, :3]            # camera coordinates (x right, y down, z fwd)
+        rel = (points - c2w[i, :, 3]) @ c2w[i, :, :3]  # camera coordinates (x right, y down, z fwd)
         z = rel[:, 2]
         u = intr[i, 0] * rel[:, 0] / z.clamp(min=1e-6) + intr[i, 2]
         v = intr[i, 1] * rel[:, 1] / z.clamp(min=1e-6) + intr[i, 3]

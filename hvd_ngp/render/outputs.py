@@ -32,9 +32,21 @@ def parse_outputs(text: str) -> tuple[str, ...]:
     return names
 
 
-def render_outputs(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
-                   grid: OccupancyGrid | None, schedule: StepSchedule, early_termination: float, background: Tensor,
-                   chunk: int, normal_step: float = 0.0, fast: bool = False, workspace=None) -> dict[str, Tensor]:
+def render_outputs(
+    rgb_sigma_fn: RGBSigmaFn,
+    sigma_fn: SigmaFn,
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid | None,
+    schedule: StepSchedule,
+    early_termination: float,
+    background: Tensor,
+    chunk: int,
+    normal_step: float = 0.0,
+    fast: bool = False,
+    workspace=None,
+) -> dict[str, Tensor]:
     """Rays ``[R, 3]`` rendered ``chunk`` at a time without gradients -> {"rgb" ``[R, 3]`` over ``background``,
     "opacity" ``[R]``, "depth" ``[R]`` (see the module docstring), and with ``normal_step`` > 0 "normal" ``[R, 3]``
     (unit, zero where nothing is hit; central differences ``normal_step`` apart)}. ``fast``: the Triton renderer
@@ -43,15 +55,17 @@ def render_outputs(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor,
     parts: dict[str, list[Tensor]] = {"rgb": [], "opacity": [], "depth": [], "normal": []}
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):
-            o, d = origins[s:s + chunk], directions[s:s + chunk]
+            o, d = origins[s : s + chunk], directions[s : s + chunk]
             if fast and normal_step <= 0:
                 from .infer import render_rays_single_pass
 
-                rgb, opacity, depth = render_rays_single_pass(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule,
-                                                              early_termination, workspace)
+                rgb, opacity, depth = render_rays_single_pass(
+                    rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, workspace
+                )
             else:
-                out = render_rays(rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination,
-                                  normal_step=normal_step)
+                out = render_rays(
+                    rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, normal_step=normal_step
+                )
                 rgb, opacity, depth = out.rgb, out.opacity, out.depth
                 if out.normal is not None:
                     n = out.normal.float()

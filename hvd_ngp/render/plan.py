@@ -44,8 +44,9 @@ class RenderPlan:
     rows: int
 
 
-def plan_render(available: int | None, costs: RenderCosts, max_candidates_per_ray: int,
-                what: str = "rendering") -> RenderPlan:
+def plan_render(
+    available: int | None, costs: RenderCosts, max_candidates_per_ray: int, what: str = "rendering"
+) -> RenderPlan:
     """The largest plan that fits ``available`` bytes (None: the upper bounds).
 
     The budget is split 1 : 3 : 4 between the ray chunk, the candidate workspace and the network rows
@@ -62,7 +63,8 @@ def plan_render(available: int | None, costs: RenderCosts, max_candidates_per_ra
         raise MemoryBudgetError(
             f"{what} needs at least {human_gib(least / RENDER_HEADROOM)} of GPU memory for one ray "
             f"({max_candidates_per_ray} marching candidates), but only {human_gib(available)} are free under the "
-            f"budget: raise --gpu_memory_gb, or lower encoding.log2_hashmap_size or marching.max_steps")
+            f"budget: raise --gpu_memory_gb, or lower encoding.log2_hashmap_size or marching.max_steps"
+        )
     return RenderPlan(int(rays), int(candidates), int(rows))
 
 
@@ -87,7 +89,9 @@ def reference_chunk(available: int | None, lanes_per_ray: int, row_bytes: int = 
     lane_bytes = REFERENCE_LANE_BYTES + row_bytes
     rays = int(available * RENDER_HEADROOM) // (lanes_per_ray * lane_bytes)
     if rays < 1:
-        raise MemoryBudgetError(f"rendering one ray needs {human_gib(lanes_per_ray * lane_bytes / RENDER_HEADROOM)} "
-                                f"of GPU memory ({lanes_per_ray} steps), but only {human_gib(available)} are free "
-                                f"under the budget: raise --gpu_memory_gb or lower marching.max_steps")
+        raise MemoryBudgetError(
+            f"rendering one ray needs {human_gib(lanes_per_ray * lane_bytes / RENDER_HEADROOM)} "
+            f"of GPU memory ({lanes_per_ray} steps), but only {human_gib(available)} are free "
+            f"under the budget: raise --gpu_memory_gb or lower marching.max_steps"
+        )
     return min(rays, REFERENCE_MAX_CHUNK)

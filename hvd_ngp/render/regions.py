@@ -73,8 +73,10 @@ class Partition:
         return torch.argsort(t_in, dim=1, stable=True)
 
     def describe(self) -> str:
-        return "; ".join(f"region {k}: " + " x ".join(f"[{a:.3f}, {b:.3f}]" for a, b in zip(box[0].tolist(), box[1].tolist()))
-                         for k, box in enumerate(self.boxes))
+        return "; ".join(
+            f"region {k}: " + " x ".join(f"[{a:.3f}, {b:.3f}]" for a, b in zip(box[0].tolist(), box[1].tolist()))
+            for k, box in enumerate(self.boxes)
+        )
 
 
 def _entry(origins: Tensor, directions: Tensor, box: Tensor) -> Tensor:
@@ -101,11 +103,13 @@ def split_space(aabb: Tensor, k: int, work: Tensor, cells: int, source: str = "-
         axis = max(range(3), key=lambda a: (sizes[a], -a))
         n = hi[axis] - lo[axis]
         if n < parts:
-            raise ConfigError(f"{source}: {k} regions are more than the occupancy grid allows: a box of {n} cell(s) "
-                              f"along axis {'xyz'[axis]} cannot be cut into {parts} (raise marching.grid_resolution "
-                              f"or lower --model_parallel)")
+            raise ConfigError(
+                f"{source}: {k} regions are more than the occupancy grid allows: a box of {n} cell(s) "
+                f"along axis {'xyz'[axis]} cannot be cut into {parts} (raise marching.grid_resolution "
+                f"or lower --model_parallel)"
+            )
         left = parts // 2
-        block = work[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
+        block = work[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
         profile = block.sum(dim=tuple(a for a in range(3) if a != axis))
         cum = torch.cumsum(profile, 0) / profile.sum()
         want = left / parts
@@ -117,14 +121,30 @@ def split_space(aabb: Tensor, k: int, work: Tensor, cells: int, source: str = "-
 
     cut([0, 0, 0], [cells] * 3, k)
     size = (aabb[1] - aabb[0]) / cells
-    out = torch.stack([torch.stack([aabb[0] + torch.tensor(lo, dtype=torch.float32) * size,
-                                    aabb[0] + torch.tensor(hi, dtype=torch.float32) * size]) for lo, hi in boxes])
+    out = torch.stack(
+        [
+            torch.stack(
+                [
+                    aabb[0] + torch.tensor(lo, dtype=torch.float32) * size,
+                    aabb[0] + torch.tensor(hi, dtype=torch.float32) * size,
+                ]
+            )
+            for lo, hi in boxes
+        ]
+    )
     out[:, 1] = torch.where(torch.tensor([[hi[a] == cells for a in range(3)] for _, hi in boxes]), aabb[1], out[:, 1])
     return Partition(aabb, out)
 
 
-def march_segment(origins: Tensor, directions: Tensor, partition: Partition, region: int,
-                  grid: OccupancyGrid | None, schedule: StepSchedule, jitter: Tensor | None = None) -> Samples:
+def march_segment(
+    origins: Tensor,
+    directions: Tensor,
+    partition: Partition,
+    region: int,
+    grid: OccupancyGrid | None,
+    schedule: StepSchedule,
+    jitter: Tensor | None = None,
+) -> Samples:
     """The samples of ``volume.march`` over the whole scene box that lie in box ``region`` (the dense lane
     spans only that box's interval of each ray, so a segment costs its own length)."""
     R = origins.shape[0]
@@ -165,10 +185,19 @@ class Segment:
     n_candidates: int
 
 
-def render_segment(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor,
-                   partition: Partition, region: int, grid: OccupancyGrid | None, schedule: StepSchedule,
-                   early_termination: float = 1e-4, jitter: Tensor | None = None,
-                   timer: StageTimer = NULL_TIMER) -> Segment:
+def render_segment(
+    rgb_sigma_fn: RGBSigmaFn,
+    sigma_fn: SigmaFn,
+    origins: Tensor,
+    directions: Tensor,
+    partition: Partition,
+    region: int,
+    grid: OccupancyGrid | None,
+    schedule: StepSchedule,
+    early_termination: float = 1e-4,
+    jitter: Tensor | None = None,
+    timer: StageTimer = NULL_TIMER,
+) -> Segment:
     """``volume.render_rays`` restricted to box ``region`` (two passes; differentiable in the second)."""
     R = origins.shape[0]
     samples = march_segment(origins, directions, partition, region, grid, schedule, jitter)
@@ -180,9 +209,15 @@ def render_segment(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor,
     timer.mark("network fwd")
     w, _ = transmittance_weights(sigma, samples)
     sigma = sigma.float()
-    values = torch.cat([accumulate(w, rgb.float(), samples.ray, R), accumulate(w, None, samples.ray, R)[:, None],
-                        accumulate(w, samples.t[:, None], samples.ray, R),
-                        accumulate(sigma * samples.dt, None, samples.ray, R)[:, None]], dim=1)
+    values = torch.cat(
+        [
+            accumulate(w, rgb.float(), samples.ray, R),
+            accumulate(w, None, samples.ray, R)[:, None],
+            accumulate(w, samples.t[:, None], samples.ray, R),
+            accumulate(sigma * samples.dt, None, samples.ray, R)[:, None],
+        ],
+        dim=1,
+    )
     timer.mark("composite")
     return Segment(values, len(samples), n_candidates)
 
@@ -192,10 +227,10 @@ def merge(parts: Tensor, order: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     opacity ``[R]``, depth ``[R]`` of the whole rays (front to back, see the module docstring)."""
     K, R, C = parts.shape
     rays = torch.arange(R, device=parts.device)[:, None].expand(R, K)
-    ordered = parts[order, rays]                               # [R, K, C], front to back
+    ordered = parts[order, rays]  # [R, K, C], front to back
     tau = ordered[..., 5]
     before = torch.cat([torch.zeros_like(tau[:, :1]), torch.cumsum(tau, dim=1)[:, :-1]], dim=1)
-    t_before = torch.exp(-before)                              # [R, K]
+    t_before = torch.exp(-before)  # [R, K]
     total = (t_before[..., None] * ordered[..., :5]).sum(dim=1)
     return total[:, :3], total[:, 3], total[:, 4]
 

@@ -22,7 +22,7 @@ class StepSchedule:
     dt_max: float
     cone_angle: float = 0.0
     max_steps: int = 4096  # safety cap on lanes per ray
-    near: float = 0.0      # marching starts this far from the ray origin
+    near: float = 0.0  # marching starts this far from the ray origin
 
     def __post_init__(self) -> None:
         if not (self.dt_min > 0 and self.dt_max >= self.dt_min and self.cone_angle >= 0):

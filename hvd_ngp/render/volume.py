@@ -57,8 +57,14 @@ class Samples:
         return origins[self.ray] + directions[self.ray] * self.t[:, None]
 
 
-def march(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid | None, schedule: StepSchedule,
-          jitter: Tensor | None = None) -> Samples:
+def march(
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid | None,
+    schedule: StepSchedule,
+    jitter: Tensor | None = None,
+) -> Samples:
     """Candidate samples at ``T(F(t_near) + k + jitter)`` inside the aabb and in occupied cells.
 
     origins, directions ``[R, 3]`` (unit); jitter ``[R]`` in [0, 1) or None (0.5: midpoints).
@@ -73,7 +79,7 @@ def march(origins: Tensor, directions: Tensor, aabb: Tensor, grid: OccupancyGrid
     n_steps = min(int(span.max().ceil()) + 1 if R else 1, schedule.max_steps)
     j = jitter if jitter is not None else torch.full((R,), 0.5, device=origins.device)
     k = torch.arange(n_steps, device=origins.device, dtype=origins.dtype)
-    s = s_near[:, None] + k[None, :] + j[:, None]                           # [R, S]
+    s = s_near[:, None] + k[None, :] + j[:, None]  # [R, S]
     t = schedule.time(s)
     dt = schedule.time(s + 1.0) - t
     valid = (t < t_far[:, None]) & hit[:, None]
@@ -130,8 +136,9 @@ def density_normals(sigma_fn: SigmaFn, x: Tensor, step: float) -> Tensor:
     return n / n.norm(dim=-1, keepdim=True).clamp(min=1e-20)
 
 
-def drop_occluded(samples: Samples, origins: Tensor, directions: Tensor, sigma_fn: SigmaFn,
-                  early_termination: float) -> Samples:
+def drop_occluded(
+    samples: Samples, origins: Tensor, directions: Tensor, sigma_fn: SigmaFn, early_termination: float
+) -> Samples:
     """The density pass: densities of every sample without gradients, and the samples kept where the
     transmittance before them is still above ``early_termination`` (all of them when it is 0)."""
     if early_termination <= 0 or not len(samples):
@@ -142,9 +149,19 @@ def drop_occluded(samples: Samples, origins: Tensor, directions: Tensor, sigma_f
     return samples.select(t_before > early_termination)
 
 
-def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
-                grid: OccupancyGrid | None, schedule: StepSchedule, early_termination: float = 1e-4,
-                jitter: Tensor | None = None, timer: StageTimer = NULL_TIMER, normal_step: float = 0.0) -> RenderResult:
+def render_rays(
+    rgb_sigma_fn: RGBSigmaFn,
+    sigma_fn: SigmaFn,
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid | None,
+    schedule: StepSchedule,
+    early_termination: float = 1e-4,
+    jitter: Tensor | None = None,
+    timer: StageTimer = NULL_TIMER,
+    normal_step: float = 0.0,
+) -> RenderResult:
     """Two-pass rendering of R rays (see the module docstring). Differentiable in the second pass.
     ``normal_step`` > 0: also the composited normals (``RenderResult.normal``; no gradient)."""
     R = origins.shape[0]
@@ -157,8 +174,13 @@ def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, di
     rgb, sigma = rgb_sigma_fn(x, directions[samples.ray])
     timer.mark("network fwd")
     w, _ = transmittance_weights(sigma, samples)
-    out = RenderResult(accumulate(w, rgb, samples.ray, R), accumulate(w, None, samples.ray, R),
-                       accumulate(w, samples.t[:, None], samples.ray, R)[:, 0], len(samples), n_candidates)
+    out = RenderResult(
+        accumulate(w, rgb, samples.ray, R),
+        accumulate(w, None, samples.ray, R),
+        accumulate(w, samples.t[:, None], samples.ray, R)[:, 0],
+        len(samples),
+        n_candidates,
+    )
     if normal_step > 0:
         with torch.no_grad():
             out.normal = accumulate(w.detach(), density_normals(sigma_fn, x.detach(), normal_step), samples.ray, R)
@@ -166,12 +188,24 @@ def render_rays(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, di
     return out
 
 
-def render_image(rgb_sigma_fn: RGBSigmaFn, sigma_fn: SigmaFn, origins: Tensor, directions: Tensor, aabb: Tensor,
-                 grid: OccupancyGrid | None, schedule: StepSchedule, background: Tensor,
-                 early_termination: float = 1e-4, fast: bool = False, budget: MemoryBudget | None = None,
-                 workspace=None, row_bytes: int | None = None, step_offset: float = 0.5,
-                 between_chunks: Callable[[], None] | None = None, inference: str = "single_pass"
-                 ) -> tuple[Tensor, Tensor]:
+def render_image(
+    rgb_sigma_fn: RGBSigmaFn,
+    sigma_fn: SigmaFn,
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid | None,
+    schedule: StepSchedule,
+    background: Tensor,
+    early_termination: float = 1e-4,
+    fast: bool = False,
+    budget: MemoryBudget | None = None,
+    workspace=None,
+    row_bytes: int | None = None,
+    step_offset: float = 0.5,
+    between_chunks: Callable[[], None] | None = None,
+    inference: str = "single_pass",
+) -> tuple[Tensor, Tensor]:
     """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``.
 
     ``fast``: the Triton kernels (``render.fast``) instead of the reference. Chunks are planned from
@@ -220,10 +254,15 @@ def inference_path(name: str) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
     raise ValueError(f"unknown inference path {name!r} (known: {', '.join(INFERENCE_PATHS)})")
 
 
-def render_in_chunks(render: Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor, Tensor]],
-                     origins: Tensor, directions: Tensor, background: Tensor, chunk: int,
-                     step_offset: float = 0.5, between_chunks: Callable[[], None] | None = None
-                     ) -> tuple[Tensor, Tensor]:
+def render_in_chunks(
+    render: Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, Tensor, Tensor]],
+    origins: Tensor,
+    directions: Tensor,
+    background: Tensor,
+    chunk: int,
+    step_offset: float = 0.5,
+    between_chunks: Callable[[], None] | None = None,
+) -> tuple[Tensor, Tensor]:
     """Rays ``[R, 3]`` rendered ``chunk`` at a time without gradients by ``render(o, d, jitter)`` -> (rgb
     ``[r, 3]``, opacity ``[r]``, depth ``[r]``): rgb on ``background`` ``[R, 3]``, depth ``[R]``. ``jitter`` is
     None at ``step_offset`` 0.5 (the renderers' default), else ``step_offset`` for every ray.
@@ -235,7 +274,7 @@ def render_in_chunks(render: Callable[[Tensor, Tensor, Tensor | None], tuple[Ten
             if between_chunks is not None:
                 between_chunks()
             faultpoints.render_chunk()  # test hook (HVD_NGP_FAULTS); a no-op otherwise
-            o, d = origins[s:s + chunk], directions[s:s + chunk]
+            o, d = origins[s : s + chunk], directions[s : s + chunk]
             j = None if step_offset == 0.5 else torch.full((o.shape[0],), step_offset, device=o.device)
             rgb, opacity, depth = render(o, d, j)
             rgbs.append(over_background(rgb, opacity, background))

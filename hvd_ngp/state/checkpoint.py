@@ -149,9 +149,13 @@ def read_snapshot(path: str | os.PathLike, map_location: str | torch.device = "c
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for corrupt, truncated or unsafe files
-        raise SnapshotError(f"{path}: not a readable hvd_ngp snapshot ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise SnapshotError(
+            f"{path}: not a readable hvd_ngp snapshot ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
     if not isinstance(state, dict) or state.get("format") not in (FORMAT, FORMAT_V1):
-        raise SnapshotError(f"{path}: not an hvd_ngp snapshot (format {state.get('format') if isinstance(state, dict) else '?'})")
+        raise SnapshotError(
+            f"{path}: not an hvd_ngp snapshot (format {state.get('format') if isinstance(state, dict) else '?'})"
+        )
     if state["format"] == FORMAT and state.get("digest") != state_digest(state):
         raise SnapshotError(f"{path}: contents do not match their digest (the file was damaged after it was written)")
     return state
@@ -207,8 +211,14 @@ def capture(ts: TrainState, config: dict, regions: list[dict] | None = None) -> 
 
 def region_snapshot(ts: TrainState, region: int) -> dict:
     """One region's part of a model-parallel checkpoint (its leader's model, optimizer, average)."""
-    snap = {"format": REGION_FORMAT, "step": int(ts.step), "region": int(region), "model": ts.field.state_dict(),
-            "optimizer": ts.optimizer.state_dict(), "ema": ts.ema.state_dict() if ts.ema is not None else {}}
+    snap = {
+        "format": REGION_FORMAT,
+        "step": int(ts.step),
+        "region": int(region),
+        "model": ts.field.state_dict(),
+        "optimizer": ts.optimizer.state_dict(),
+        "ema": ts.ema.state_dict() if ts.ema is not None else {},
+    }
     snap["digest"] = state_digest(snap)
     return snap
 
@@ -219,6 +229,7 @@ def save(ts: TrainState, path: str | os.PathLike, config: dict) -> Path:
     regions = None
     groups = dist.groups()
     if groups.enabled:
+
         def write_region() -> str | None:
             if groups.replica != 0 or groups.region == 0:
                 return None
@@ -226,10 +237,13 @@ def save(ts: TrainState, path: str | os.PathLike, config: dict) -> Path:
             atomic_torch_save(snap, region_path(path, groups.region))
             return snap["digest"]
 
-        digests = dist.allgather_object(dist.agree(write_region, "writing a region checkpoint"),
-                                        name="checkpoint.regions")
-        regions = [{"region": k, "file": region_path(path, k).name, "digest": digests[k]}
-                   for k in range(1, groups.model_parallel)]
+        digests = dist.allgather_object(
+            dist.agree(write_region, "writing a region checkpoint"), name="checkpoint.regions"
+        )
+        regions = [
+            {"region": k, "file": region_path(path, k).name, "digest": digests[k]}
+            for k in range(1, groups.model_parallel)
+        ]
     snap = capture(ts, config, regions)
     dist.agree(lambda: atomic_torch_save(snap, path) if snap is not None else None, "writing a checkpoint")
     return Path(path)
@@ -240,7 +254,9 @@ def snapshot_layout(state: dict) -> dict | None:
     return json.loads(state["model_parallel"]) if "model_parallel" in state else None
 
 
-def read_region(manifest: str | os.PathLike, layout: dict, region: int, map_location: str | torch.device = "cpu") -> dict:
+def read_region(
+    manifest: str | os.PathLike, layout: dict, region: int, map_location: str | torch.device = "cpu"
+) -> dict:
     """Region ``region``'s state of a model-parallel snapshot (region 0: the manifest's own), digest checked
     against the manifest's record."""
     if region == 0:
@@ -253,7 +269,9 @@ def read_region(manifest: str | os.PathLike, layout: dict, region: int, map_loca
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
-        raise SnapshotError(f"{path}: not a readable hvd_ngp region file ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise SnapshotError(
+            f"{path}: not a readable hvd_ngp region file ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != REGION_FORMAT or state.get("region") != region:
         raise SnapshotError(f"{path}: not region {region} of an hvd_ngp model-parallel snapshot")
     if state.get("digest") != state_digest(state) or state["digest"] != entry["digest"]:
@@ -261,9 +279,14 @@ def read_region(manifest: str | os.PathLike, layout: dict, region: int, map_loca
     return state
 
 
-def restore_snapshot(state: dict, field: torch.nn.Module, grid: torch.nn.Module,
-                     optimizer: torch.optim.Optimizer | None = None, source: str = "snapshot",
-                     averaged: bool = False) -> int:
+def restore_snapshot(
+    state: dict,
+    field: torch.nn.Module,
+    grid: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    source: str = "snapshot",
+    averaged: bool = False,
+) -> int:
     """Load a snapshot's model, grid (and optimizer) into the objects, locally; returns its step.
 
     For tools that need the trained field only (the render tool: ``averaged`` puts the averaged
@@ -327,16 +350,25 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
     layout = dist.broadcast_object(snapshot_layout(held()) if rt.is_root else None, name="checkpoint.layout")
     want = json.loads(ts.layout) if ts.layout is not None else None
     same_layout = (layout is None and want is None) or (
-        layout is not None and want is not None and layout["model_parallel"] == want["model_parallel"]
-        and layout["partition"] == want["partition"])
+        layout is not None
+        and want is not None
+        and layout["model_parallel"] == want["model_parallel"]
+        and layout["partition"] == want["partition"]
+    )
     if not same_layout:
         taken = f"--model_parallel {layout['model_parallel']}" if layout else "--model_parallel 1"
-        raise SnapshotError(f"{source}: taken with {taken} and this run has --model_parallel {groups.model_parallel}"
-                            + (" (another partition of the scene)" if layout and want and
-                               layout["model_parallel"] == want["model_parallel"] else "")
-                            + ": resume with the same --model_parallel and scene")
+        raise SnapshotError(
+            f"{source}: taken with {taken} and this run has --model_parallel {groups.model_parallel}"
+            + (
+                " (another partition of the scene)"
+                if layout and want and layout["model_parallel"] == want["model_parallel"]
+                else ""
+            )
+            + ": resume with the same --model_parallel and scene"
+        )
     dist.agree(lambda: _load_shared(ts, held(), source) if rt.is_root else None, "loading the checkpoint")
     if groups.enabled:
+
         def load_region() -> None:
             if groups.replica == 0 and groups.region > 0:
                 assert layout is not None  # groups.enabled: same_layout holds a model-parallel layout
@@ -346,10 +378,14 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
     root_meta: dict[str, Any] | None = None
     if rt.is_root:
         snap = held()
-        root_meta = {"step": int(snap["step"]), "world_size": int(snap.get("world_size", 0)),
-                     "layout": json.loads(snap.get("rank_layout", "[]")), "scaler": snap.get("scaler") or {},
-                     "progress": json.loads(snap["progress"]) if "progress" in snap else None,
-                     "ema_count": ts.ema.count if ts.ema is not None else 0}
+        root_meta = {
+            "step": int(snap["step"]),
+            "world_size": int(snap.get("world_size", 0)),
+            "layout": json.loads(snap.get("rank_layout", "[]")),
+            "scaler": snap.get("scaler") or {},
+            "progress": json.loads(snap["progress"]) if "progress" in snap else None,
+            "ema_count": ts.ema.count if ts.ema is not None else 0,
+        }
     meta = dist.broadcast_object(root_meta, name="checkpoint.meta")
     assert meta is not None  # rank 0 sent it
     ts.step = meta["step"]
@@ -381,10 +417,15 @@ def restore(ts: TrainState, snap: dict | None, source: str, reseed: Callable[[],
         reseed()
         if meta["world_size"] == 0:
             return "it holds no per-rank random streams (format v1): every rank starts fresh streams"
-        where = (f"on {meta['world_size']} rank(s) and this run has {rt.size}" if meta["world_size"] != rt.size
-                 else "on another device type")
-        return (f"it was taken {where}: every rank starts fresh streams for its shard, so the trajectory "
-                "differs from an uninterrupted run")
+        where = (
+            f"on {meta['world_size']} rank(s) and this run has {rt.size}"
+            if meta["world_size"] != rt.size
+            else "on another device type"
+        )
+        return (
+            f"it was taken {where}: every rank starts fresh streams for its shard, so the trajectory "
+            "differs from an uninterrupted run"
+        )
     n = sum(n for _, n in meta["layout"])
     streams = held()["rank_streams"].to("cpu") if rt.is_root else torch.zeros(rt.size, n, dtype=torch.uint8)
     dist.broadcast_(streams, name="checkpoint.streams")  # a scatter: each rank keeps its own row
@@ -425,8 +466,9 @@ class CheckpointManager:
     def due_by_steps(self, step: int) -> bool:
         return self.every_steps > 0 and step % self.every_steps == 0
 
-    def newest_valid(self, map_location: str | torch.device = "cpu",
-                     warn: Callable[[str], None] = print) -> tuple[Path, dict] | None:
+    def newest_valid(
+        self, map_location: str | torch.device = "cpu", warn: Callable[[str], None] = print
+    ) -> tuple[Path, dict] | None:
         """The newest checkpoint that loads and passes its digest; invalid newer ones are renamed ``*.invalid``."""
         for _, path in self.existing():
             try:
@@ -449,7 +491,7 @@ class CheckpointManager:
         return path
 
     def prune(self) -> None:
-        for _, old in self.existing()[self.keep:]:
+        for _, old in self.existing()[self.keep :]:
             old.unlink(missing_ok=True)
         kept = {step for step, _ in self.existing()}
         newest = max(kept, default=-1)
@@ -491,14 +533,18 @@ def trained_on_differences(recorded: dict, now: dict) -> list[str]:
             continue
         if key == "scene":
             if recorded[key] != now[key]:
-                found.append(f"scene: digest {recorded[key]} in the checkpoint, {now[key]} now (another scene, split "
-                             f"or --downscale)")
+                found.append(
+                    f"scene: digest {recorded[key]} in the checkpoint, {now[key]} now (another scene, split "
+                    f"or --downscale)"
+                )
             continue
         before, after = _flat(recorded[key], key), _flat(now[key], key)
         for name in sorted(set(before) | set(after)):
             if json.dumps(before.get(name), sort_keys=True) != json.dumps(after.get(name), sort_keys=True):
-                found.append(f"{name}: {json.dumps(before.get(name, '<unset>'))} in the checkpoint, "
-                             f"{json.dumps(after.get(name, '<unset>'))} now")
+                found.append(
+                    f"{name}: {json.dumps(before.get(name, '<unset>'))} in the checkpoint, "
+                    f"{json.dumps(after.get(name, '<unset>'))} now"
+                )
     return found
 
 
@@ -512,14 +558,18 @@ def check_trained_on(path: Path, snap: dict, expect: dict | None, allow_changes:
         return "it records no scene digest or model settings (an older checkpoint): not compared"
     diff = trained_on_differences(recorded, expect)
     if diff and not allow_changes:
-        raise SnapshotError(f"{path}: was trained on something else than this run: " + "; ".join(diff)
-                            + ". Resume with the same scene and model, give another --ckpt_dir (or --out_dir), or "
-                              "pass --allow_resume_changes if the change is intended")
+        raise SnapshotError(
+            f"{path}: was trained on something else than this run: "
+            + "; ".join(diff)
+            + ". Resume with the same scene and model, give another --ckpt_dir (or --out_dir), or "
+            "pass --allow_resume_changes if the change is intended"
+        )
     return ("resumed despite --allow_resume_changes: " + "; ".join(diff)) if diff else ""
 
 
-def _pick(spec: str | None, manager: CheckpointManager, expect: dict | None = None,
-          allow_changes: bool = False) -> tuple[Path, dict, str] | None:
+def _pick(
+    spec: str | None, manager: CheckpointManager, expect: dict | None = None, allow_changes: bool = False
+) -> tuple[Path, dict, str] | None:
     """Rank 0: the checkpoint ``spec`` names ('auto', a file, a folder), read and validated; None: start fresh."""
     if spec is None:
         return None
@@ -536,8 +586,15 @@ def _pick(spec: str | None, manager: CheckpointManager, expect: dict | None = No
     return (*found, check_trained_on(found[0], found[1], expect, allow_changes))
 
 
-def resume(ts: TrainState, spec: str | None, manager: CheckpointManager, reseed: Callable[[], None],
-           elastic: bool = False, expect: dict | None = None, allow_changes: bool = False) -> None:
+def resume(
+    ts: TrainState,
+    spec: str | None,
+    manager: CheckpointManager,
+    reseed: Callable[[], None],
+    elastic: bool = False,
+    expect: dict | None = None,
+    allow_changes: bool = False,
+) -> None:
     """Start ``ts`` from the checkpoint ``spec`` names, or from scratch (every rank gets rank 0's model).
 
     Rank 0 decides (and skips invalid newest files with a warning); collective, except in an
@@ -554,8 +611,10 @@ def resume(ts: TrainState, spec: str | None, manager: CheckpointManager, reseed:
             ts.progress = json.loads(found[1].get("progress", json.dumps(ts.progress)))
             dist.log(f"resumed from {found[0]} at step {ts.step} (elastic: per-rank streams start fresh)")
         return
-    found = dist.agree(lambda: _pick(spec, manager, expect, allow_changes) if rt.is_root else None,
-                       "finding the checkpoint to resume from")
+    found = dist.agree(
+        lambda: _pick(spec, manager, expect, allow_changes) if rt.is_root else None,
+        "finding the checkpoint to resume from",
+    )
     name = dist.broadcast_object(str(found[0]) if found is not None else None, name="checkpoint.resume")
     if name is None:
         if spec == "auto":

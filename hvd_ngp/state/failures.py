@@ -129,8 +129,13 @@ class NonFiniteGuard:
         self._handle = None
         self._folded = tail
 
-    def should_skip(self, optimizer: torch.optim.Optimizer, step: int, check_gradients: bool = True,
-                    grads: FlatGradients | None = None) -> bool:
+    def should_skip(
+        self,
+        optimizer: torch.optim.Optimizer,
+        step: int,
+        check_gradients: bool = True,
+        grads: FlatGradients | None = None,
+    ) -> bool:
         """Call after the gradient allreduce (``optimizer.synchronize()`` or ``FlatGradients.allreduce_``);
         identical on every rank. ``grads``: check these flat buffers instead of the optimizer's gradients."""
         if self._folded is not None:
@@ -140,8 +145,11 @@ class NonFiniteGuard:
         else:
             raise RuntimeError("NonFiniteGuard.should_skip before submit() or fold() this step")
         self._handle = self._folded = None
-        grads_bad = check_gradients and not flags[0] > 0 and not (grads.all_finite() if grads is not None
-                                                                  else all_finite(optimizer))
+        grads_bad = (
+            check_gradients
+            and not flags[0] > 0
+            and not (grads.all_finite() if grads is not None else all_finite(optimizer))
+        )
         return self.decide(flags, step, grads_bad)
 
     def decide(self, flags: list[float], step: int, grads_bad: bool = False) -> bool:
@@ -156,13 +164,17 @@ class NonFiniteGuard:
         self.consecutive += 1
         self.skipped.append(step)
         what = "loss" if loss_bad else "gradients"
-        dist.log(f"[step {step}] warning: non-finite {what} on at least one rank: step skipped on every rank "
-                 f"({self.consecutive} in a row, limit {self.limit})")
+        dist.log(
+            f"[step {step}] warning: non-finite {what} on at least one rank: step skipped on every rank "
+            f"({self.consecutive} in a row, limit {self.limit})"
+        )
         if self.consecutive >= self.limit:
             first = step - self.consecutive + 1
-            raise NonFiniteError(f"non-finite loss or gradients in {self.consecutive} consecutive steps "
-                                 f"({first}-{step}); stopping. Lower the learning rate, check the scene's images and "
-                                 f"poses, or raise --nonfinite_limit")
+            raise NonFiniteError(
+                f"non-finite loss or gradients in {self.consecutive} consecutive steps "
+                f"({first}-{step}); stopping. Lower the learning rate, check the scene's images and "
+                f"poses, or raise --nonfinite_limit"
+            )
         return True
 
 
@@ -238,10 +250,13 @@ class Watchdog:
         while not self._stop.wait(min(5.0, max(self.timeout_s / 4, 0.2))):
             if self._armed <= 0 or time.monotonic() - self._last < self.timeout_s:
                 continue
-            print(f"[rank {self.rank}] hvd_ngp: error: no training step finished for {self.timeout_s:g} s "
-                  f"(last finished: step {self._step}); another rank has probably died or hung, or this one is "
-                  f"stuck (stack below). Stopping this rank; raise --watchdog_s if steps are this slow.",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[rank {self.rank}] hvd_ngp: error: no training step finished for {self.timeout_s:g} s "
+                f"(last finished: step {self._step}); another rank has probably died or hung, or this one is "
+                f"stuck (stack below). Stopping this rank; raise --watchdog_s if steps are this slow.",
+                file=sys.stderr,
+                flush=True,
+            )
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
             sys.stderr.flush()
             os._exit(EXIT_WATCHDOG)
@@ -269,10 +284,17 @@ def report(exc: BaseException) -> int:
         print(f"{where}hvd_ngp: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     if dist.is_collective_failure(exc):
-        print(f"{where}hvd_ngp: error: stopping because another rank failed (a collective was aborted: "
-              f"{str(exc).splitlines()[0][:160]}); that rank's own message is above", file=sys.stderr, flush=True)
+        print(
+            f"{where}hvd_ngp: error: stopping because another rank failed (a collective was aborted: "
+            f"{str(exc).splitlines()[0][:160]}); that rank's own message is above",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_CRASH
     frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-6))
-    print(f"{where}hvd_ngp: fatal: unexpected {type(exc).__name__} (a bug, or a failure of the machine): {exc}\n"
-          f"{frames}", file=sys.stderr, flush=True)
+    print(
+        f"{where}hvd_ngp: fatal: unexpected {type(exc).__name__} (a bug, or a failure of the machine): {exc}\n{frames}",
+        file=sys.stderr,
+        flush=True,
+    )
     return EXIT_CRASH

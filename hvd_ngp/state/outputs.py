@@ -29,8 +29,9 @@ LOCK_NAME = ".hvd_ngp.lock"
 
 
 def describe_owner(info: dict) -> str:
-    return (f"host {info.get('host', '?')}, pid {info.get('pid', '?')}, started {info.get('started', '?')}"
-            + (f", command {info['command']}" if info.get("command") else ""))
+    return f"host {info.get('host', '?')}, pid {info.get('pid', '?')}, started {info.get('started', '?')}" + (
+        f", command {info['command']}" if info.get("command") else ""
+    )
 
 
 class OutputLock:
@@ -57,13 +58,18 @@ class OutputLock:
             handle.close()
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise ConfigError(f"{path}: cannot lock the output folder: {os_cause(exc)}") from None
-            raise ConfigError(f"{folder}: this output folder is in use by another run ({describe_owner(recorded)}); "
-                              f"wait for it to end, stop it, or give another --out_dir (lock file {path})") from None
+            raise ConfigError(
+                f"{folder}: this output folder is in use by another run ({describe_owner(recorded)}); "
+                f"wait for it to end, stop it, or give another --out_dir (lock file {path})"
+            ) from None
         handle.seek(0)
         recorded = _parse(handle.read())  # read again under the lock: the previous owner may have just ended
-        me = {"host": socket.gethostname(), "pid": os.getpid(),
-              "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-              "command": " ".join(sys.argv)[:300]}
+        me = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            "command": " ".join(sys.argv)[:300],
+        }
         handle.truncate(0)
         handle.write(json.dumps(me).encode())
         handle.flush()

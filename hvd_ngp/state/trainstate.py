@@ -33,8 +33,15 @@ def background_seed(seed: int, rank: int) -> int:
     return seed * 7919 + rank
 
 
-def make_rank_streams(frames: Frames, seed: int, rank: int, size: int, device: torch.device,
-                      step: int = 0, new_sampler: NewSampler | None = None) -> tuple[RaySampler, torch.Generator]:
+def make_rank_streams(
+    frames: Frames,
+    seed: int,
+    rank: int,
+    size: int,
+    device: torch.device,
+    step: int = 0,
+    new_sampler: NewSampler | None = None,
+) -> tuple[RaySampler, torch.Generator]:
     """This rank's ray sampler (shard ``rank`` of ``size``) and background generator, seeded for ``step``.
 
     At step 0 the seeds are the trainer's historical ones (``seed + rank``, ``seed * 7919 + rank``);
@@ -43,10 +50,13 @@ def make_rank_streams(frames: Frames, seed: int, rank: int, size: int, device: t
     ``RaySampler`` with all images on ``device``).
     """
     shift = step * _STEP_STRIDE
-    sampler = (new_sampler(rank, size, seed + shift) if new_sampler is not None
-               else RaySampler(frames, rank, size, seed + shift, device))
+    sampler = (
+        new_sampler(rank, size, seed + shift)
+        if new_sampler is not None
+        else RaySampler(frames, rank, size, seed + shift, device)
+    )
     bg_gen = torch.Generator(device=device)
-    bg_gen.manual_seed((background_seed(seed, rank) + shift) % (2 ** 63))
+    bg_gen.manual_seed((background_seed(seed, rank) + shift) % (2**63))
     return sampler, bg_gen
 
 
@@ -100,8 +110,11 @@ class TrainState:
         out = [("torch_cpu", torch.get_rng_state())]
         if device.type == "cuda":
             out.append(("torch_cuda", torch.cuda.get_rng_state(device)))
-        out += [("sampler", self.sampler.generator.get_state()), ("background", self.bg_gen.get_state()),
-                ("n_rays", torch.tensor([self.n_rays], dtype=torch.int64).view(torch.uint8))]
+        out += [
+            ("sampler", self.sampler.generator.get_state()),
+            ("background", self.bg_gen.get_state()),
+            ("n_rays", torch.tensor([self.n_rays], dtype=torch.int64).view(torch.uint8)),
+        ]
         return out
 
     def stream_layout(self) -> list[list]:
@@ -119,9 +132,13 @@ class TrainState:
     def unpack_streams(self, blob: Tensor, layout: list[list]) -> None:
         """Inverse of ``pack_streams``; ``layout`` must equal this state's ``stream_layout()``."""
         if [list(x) for x in layout] != self.stream_layout():
-            raise ValueError(f"random-stream layout {json.dumps(layout)} does not match this run's "
-                             f"{json.dumps(self.stream_layout())}")
-        parts = dict(zip([name for name, _ in layout], torch.split(blob.to("cpu", torch.uint8), [n for _, n in layout])))
+            raise ValueError(
+                f"random-stream layout {json.dumps(layout)} does not match this run's "
+                f"{json.dumps(self.stream_layout())}"
+            )
+        parts = dict(
+            zip([name for name, _ in layout], torch.split(blob.to("cpu", torch.uint8), [n for _, n in layout]))
+        )
         torch.set_rng_state(parts["torch_cpu"].clone())
         if "torch_cuda" in parts:
             torch.cuda.set_rng_state(parts["torch_cuda"].clone(), self.sampler.device)
@@ -131,5 +148,6 @@ class TrainState:
 
     def reseed(self, frames: Frames, seed: int, rank: int, size: int, new_sampler: NewSampler | None = None) -> None:
         """New shard and fresh streams for (``rank``, ``size``) at the current step (world changed)."""
-        self.sampler, self.bg_gen = make_rank_streams(frames, seed, rank, size, self.sampler.device, self.step,
-                                                      new_sampler)
+        self.sampler, self.bg_gen = make_rank_streams(
+            frames, seed, rank, size, self.sampler.device, self.step, new_sampler
+        )

@@ -67,7 +67,9 @@ def parse(text: str) -> list[Fault]:
             first, _, last = when.partition("-")
             fault = Fault(kind, int(rank), int(first), int(last or first))
         except ValueError:
-            raise ConfigError(f"{ENV}: cannot parse {item!r} (expected KIND@RANK:STEP or KIND@RANK:FIRST-LAST)") from None
+            raise ConfigError(
+                f"{ENV}: cannot parse {item!r} (expected KIND@RANK:STEP or KIND@RANK:FIRST-LAST)"
+            ) from None
         known = STEP_KINDS + SAVE_KINDS + RENDER_KINDS
         if fault.kind not in known:
             raise ConfigError(f"{ENV}: unknown fault {fault.kind!r} in {item!r} (known: {', '.join(known)})")

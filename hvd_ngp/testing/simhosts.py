@@ -130,7 +130,9 @@ class IpBackend:
 
     def connect(self, host_ns: str, switch_ns: str, port: str, bridge: str, address: str) -> None:
         """A veth pair: ``IFACE`` with ``address`` in ``host_ns``, ``port`` on ``bridge`` in ``switch_ns``."""
-        self._ip("link", "add", "name", IFACE, "netns", host_ns, "type", "veth", "peer", "name", port, "netns", switch_ns)
+        self._ip(
+            "link", "add", "name", IFACE, "netns", host_ns, "type", "veth", "peer", "name", port, "netns", switch_ns
+        )
         self._ip("-n", switch_ns, "link", "set", port, "master", bridge, "up")
         self._ip("-n", host_ns, "addr", "add", f"{address}/24", "dev", IFACE)
         self._ip("-n", host_ns, "link", "set", IFACE, "up")
@@ -208,16 +210,25 @@ def shape(namespace: str, device: str, rate_bps: float | None, delay_ms: float) 
     else:
         if rate_bps is None:
             raise SimHostsError("simhosts: shaping a link needs a rate or a delay")
-        args = ["tbf", "rate", f"{rate_bps:.0f}bit", "burst", str(max(32 * 1024, int(rate_bps / 8 / 1000))),
-                "latency", "50ms"]
-    proc = subprocess.run([tc, "-n", namespace, "qdisc", "replace", "dev", device, "root", *args],
-                          capture_output=True, text=True)
+        args = [
+            "tbf",
+            "rate",
+            f"{rate_bps:.0f}bit",
+            "burst",
+            str(max(32 * 1024, int(rate_bps / 8 / 1000))),
+            "latency",
+            "50ms",
+        ]
+    proc = subprocess.run(
+        [tc, "-n", namespace, "qdisc", "replace", "dev", device, "root", *args], capture_output=True, text=True
+    )
     if proc.returncode:
         why = proc.stderr.strip()
         if args[0] == "netem" and "unknown" in why:
             why += " (this kernel has no netem, CONFIG_NET_SCH_NETEM: --rate alone works with tbf)"
-        raise SimHostsError(f"simhosts: 'tc qdisc replace dev {device} root {' '.join(args)}' in {namespace} failed: "
-                            f"{why}")
+        raise SimHostsError(
+            f"simhosts: 'tc qdisc replace dev {device} root {' '.join(args)}' in {namespace} failed: {why}"
+        )
 
 
 def backend(choice: str = "auto"):
@@ -258,8 +269,15 @@ def unavailable(choice: str = "auto") -> str:
 # ------------------------------------------------------------------------------------- up / down
 
 
-def up(name: str, n_hosts: int = 2, slots: int = 1, gpus_per_host: int = 0, choice: str = "auto",
-       rate: str | None = None, delay: str | None = None) -> SimCluster:
+def up(
+    name: str,
+    n_hosts: int = 2,
+    slots: int = 1,
+    gpus_per_host: int = 0,
+    choice: str = "auto",
+    rate: str | None = None,
+    delay: str | None = None,
+) -> SimCluster:
     """Create the namespaces, the bridge, the hostfile, the hosts file and the ssh shim.
 
     ``rate`` (e.g. ``1gbit``) and ``delay`` (e.g. ``0.2ms``) shape each host's link in both directions: the
@@ -275,9 +293,15 @@ def up(name: str, n_hosts: int = 2, slots: int = 1, gpus_per_host: int = 0, choi
     prefix = f"hvdsim-{name}"
     if any(p.name.startswith(prefix + "-") for p in NETNS_DIR.glob("*")) if NETNS_DIR.is_dir() else False:
         raise SimHostsError(f"simhosts: cluster {name!r} exists already (run 'down {name}' first)")
-    hosts = tuple(SimHost(f"simhost{i}", f"{prefix}-h{i}", f"{SUBNET}.{i + 1}",
-                          ",".join(str(g) for g in range(i * gpus_per_host, (i + 1) * gpus_per_host)))
-                  for i in range(n_hosts))
+    hosts = tuple(
+        SimHost(
+            f"simhost{i}",
+            f"{prefix}-h{i}",
+            f"{SUBNET}.{i + 1}",
+            ",".join(str(g) for g in range(i * gpus_per_host, (i + 1) * gpus_per_host)),
+        )
+        for i in range(n_hosts)
+    )
     cluster = SimCluster(name, str(STATE_ROOT / name), hosts, f"{prefix}-login", f"{prefix}-sw", slots)
     created: list[str] = []
     try:
@@ -301,14 +325,17 @@ def up(name: str, n_hosts: int = 2, slots: int = 1, gpus_per_host: int = 0, choi
     state = Path(cluster.state_dir)
     (state / "bin").mkdir(parents=True, exist_ok=True)
     (state / "hostfile").write_text("".join(f"{h.name} slots={slots}\n" for h in hosts))
-    (state / "hosts").write_text(f"127.0.0.1 localhost\n{SUBNET}.254 {LOGIN}\n"
-                                 + "".join(f"{h.address} {h.name}\n" for h in hosts))
+    (state / "hosts").write_text(
+        f"127.0.0.1 localhost\n{SUBNET}.254 {LOGIN}\n" + "".join(f"{h.address} {h.name}\n" for h in hosts)
+    )
     root = Path(__file__).resolve().parent.parent
     shim = state / "bin" / "ssh"
-    shim.write_text("#!/bin/sh\n# ssh to a simulated host (hvd_ngp.testing.simhosts)\n"
-                    f"exec {shlex.quote(sys.executable)} -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); "
-                    "from hvd_ngp.testing.simhosts import ssh_main; ssh_main(sys.argv[1:])' "
-                    f"{shlex.quote(str(root))} {shlex.quote(name)} \"$@\"\n")
+    shim.write_text(
+        "#!/bin/sh\n# ssh to a simulated host (hvd_ngp.testing.simhosts)\n"
+        f"exec {shlex.quote(sys.executable)} -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); "
+        "from hvd_ngp.testing.simhosts import ssh_main; ssh_main(sys.argv[1:])' "
+        f'{shlex.quote(str(root))} {shlex.quote(name)} "$@"\n'
+    )
     shim.chmod(0o755)
     cluster.save()
     return cluster
@@ -332,8 +359,15 @@ def _remove_stale_test_clusters(choice: str = "auto") -> None:
 
 
 @contextmanager
-def simulated(n_hosts: int = 2, slots: int = 1, gpus_per_host: int = 0, name: str | None = None,
-              choice: str = "auto", rate: str | None = None, delay: str | None = None) -> Iterator[SimCluster]:
+def simulated(
+    n_hosts: int = 2,
+    slots: int = 1,
+    gpus_per_host: int = 0,
+    name: str | None = None,
+    choice: str = "auto",
+    rate: str | None = None,
+    delay: str | None = None,
+) -> Iterator[SimCluster]:
     """``with simulated(2) as cluster:`` ... (always torn down)."""
     _remove_stale_test_clusters(choice)
     name = name or f"t{os.getpid()}"
@@ -415,8 +449,11 @@ def run_on_login(name: str, command: Sequence[str]) -> None:
         # Some container images pin Open MPI to local-only launching; mpirun then refuses the second
         # host ("All nodes which are allocated for this job are already filled"). Hosts here are reached
         # through the ssh shim, which is Open MPI's rsh launcher.
-        print("simhosts: OMPI_MCA_plm=isolated in the environment: using plm=rsh (the ssh shim) for this run",
-              file=sys.stderr, flush=True)
+        print(
+            "simhosts: OMPI_MCA_plm=isolated in the environment: using plm=rsh (the ssh shim) for this run",
+            file=sys.stderr,
+            flush=True,
+        )
         env["OMPI_MCA_plm"] = "rsh"
     os.execvpe(command[0], list(command), env)
 
@@ -431,10 +468,13 @@ def probe() -> None:
     # on the rank's device: on GPUs this allreduce goes through NCCL
     total = float(dist.allreduce(torch.tensor([rt.rank + 1.0], device=rt.device), "sum", name="probe")[0])
     ok = total == rt.size * (rt.size + 1) / 2
-    print(f"PROBE rank {rt.rank}/{rt.size} local {rt.local_rank}/{rt.local_size} cross_size {rt.cross_size} "
-          f"host {socket.gethostname()} controller {rt.controller} device {rt.device} "
-          f"NCCL_HOSTID={os.environ.get('NCCL_HOSTID', '')} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} "
-          f"allreduce {'ok' if ok else f'WRONG ({total})'}", flush=True)
+    print(
+        f"PROBE rank {rt.rank}/{rt.size} local {rt.local_rank}/{rt.local_size} cross_size {rt.cross_size} "
+        f"host {socket.gethostname()} controller {rt.controller} device {rt.device} "
+        f"NCCL_HOSTID={os.environ.get('NCCL_HOSTID', '')} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')} "
+        f"allreduce {'ok' if ok else f'WRONG ({total})'}",
+        flush=True,
+    )
     dist.barrier()
     if not ok:
         raise SimHostsError(f"probe: allreduce of ranks 1..{rt.size} gave {total}")
@@ -448,14 +488,16 @@ def main(argv: list[str] | None = None) -> int:
     command: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, command = argv[:i], argv[i + 1:]
+        argv, command = argv[:i], argv[i + 1 :]
     p = argparse.ArgumentParser(prog="python -m hvd_ngp.simhosts", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="action", required=True)
     u = sub.add_parser("up", help="create simulated hosts")
     u.add_argument("--name", default="sim")
     u.add_argument("--hosts", type=int, default=2)
     u.add_argument("--slots", type=int, default=1, help="slots per host in the hostfile")
-    u.add_argument("--gpus-per-host", type=int, default=0, help="give host i GPUs [i*k, (i+1)*k) via CUDA_VISIBLE_DEVICES")
+    u.add_argument(
+        "--gpus-per-host", type=int, default=0, help="give host i GPUs [i*k, (i+1)*k) via CUDA_VISIBLE_DEVICES"
+    )
     u.add_argument("--backend", choices=("auto", "ip", "pyroute2"), default="auto")
     u.add_argument("--rate", default=None, help="each host link's rate in both directions, e.g. 1gbit (tc netem)")
     u.add_argument("--delay", default=None, help="each host link's one-way delay, e.g. 0.2ms (host to host: twice)")
@@ -470,8 +512,10 @@ def main(argv: list[str] | None = None) -> int:
     if opts.action == "up":
         cluster = up(opts.name, opts.hosts, opts.slots, opts.gpus_per_host, opts.backend, opts.rate, opts.delay)
         shaped = f"; links {opts.rate or 'unlimited'}, delay {opts.delay or '0'}" if opts.rate or opts.delay else ""
-        print(f"simulated hosts {', '.join(h.name for h in cluster.hosts)} ({backend(opts.backend).name}); "
-              f"hostfile {cluster.hostfile}; interface {IFACE}{shaped}")
+        print(
+            f"simulated hosts {', '.join(h.name for h in cluster.hosts)} ({backend(opts.backend).name}); "
+            f"hostfile {cluster.hostfile}; interface {IFACE}{shaped}"
+        )
     elif opts.action == "run":
         if not command:
             raise SimHostsError("simhosts run: give the command after '--'")

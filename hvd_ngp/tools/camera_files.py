@@ -53,8 +53,9 @@ def _instant_ngp_pose(e: dict, path: Path, where: str) -> np.ndarray:
     return np.concatenate([quaternion_to_matrix(q), t[:, None]], axis=1)
 
 
-def load_camera_path(path: str | Path, scene_size: tuple[int, int], scale: float, offset: list[float],
-                     n_frames: int) -> CameraPath:
+def load_camera_path(
+    path: str | Path, scene_size: tuple[int, int], scale: float, offset: list[float], n_frames: int
+) -> CameraPath:
     """Read a camera-path file, told apart by its keys:
 
     - nerfstudio's ``camera_path.json`` (``camera_path``: one entry per frame, ``camera_to_world`` a flattened
@@ -79,24 +80,40 @@ def load_camera_path(path: str | Path, scene_size: tuple[int, int], scale: float
         size = (int(_field(data, "render_width", path)), int(_field(data, "render_height", path)))
         if min(size) < 1:
             raise CameraPathError(f"{path}: render_width and render_height must be positive, got {list(size)}")
-        c2w, fov = _poses(entries, "camera_path", path, lambda e, where: nerf_to_ngp(
-            _numbers(_field(e, "camera_to_world", path, where), (4, 4), path, f"{where}camera_to_world"),
-            scale, np.asarray(offset)))
+        c2w, fov = _poses(
+            entries,
+            "camera_path",
+            path,
+            lambda e, where: nerf_to_ngp(
+                _numbers(_field(e, "camera_to_world", path, where), (4, 4), path, f"{where}camera_to_world"),
+                scale,
+                np.asarray(offset),
+            ),
+        )
         fps = data.get("fps")
-        return CameraPath(torch.tensor(np.stack(c2w), dtype=torch.float32), vertical_fov_intrinsics(np.array(fov), size),
-                          size, float(fps) if isinstance(fps, (int, float)) and fps > 0 else None, own_size=True)
+        return CameraPath(
+            torch.tensor(np.stack(c2w), dtype=torch.float32),
+            vertical_fov_intrinsics(np.array(fov), size),
+            size,
+            float(fps) if isinstance(fps, (int, float)) and fps > 0 else None,
+            own_size=True,
+        )
     if "path" in data:
         keys = data["path"]
         if not isinstance(keys, list) or not keys:
             raise CameraPathError(f"{path}: 'path' must be a non-empty list of keyframes")
         c2w, fov = _poses(keys, "path", path, lambda e, where: _instant_ngp_pose(e, path, where))
         mats, fovs = interpolate_keyframes(np.stack(c2w), np.array(fov), n_frames)
-        return CameraPath(torch.tensor(mats, dtype=torch.float32), vertical_fov_intrinsics(fovs, scene_size), scene_size)
+        return CameraPath(
+            torch.tensor(mats, dtype=torch.float32), vertical_fov_intrinsics(fovs, scene_size), scene_size
+        )
     if "frames" in data:
         try:
             frames = load_poses(path, scene_size)
         except SceneError as exc:
             raise CameraPathError(str(exc)) from None
         return CameraPath(frames.c2w, frames.intrinsics, frames.image_size(0), own_size=True)
-    raise CameraPathError(f"{path}: not a camera path: expected nerfstudio's 'camera_path', instant-ngp's 'path' "
-                          "(base_cam.json) or a transforms.json's 'frames'")
+    raise CameraPathError(
+        f"{path}: not a camera path: expected nerfstudio's 'camera_path', instant-ngp's 'path' "
+        "(base_cam.json) or a transforms.json's 'frames'"
+    )

@@ -38,7 +38,7 @@ def _default(action: argparse.Action) -> str:
         return ",".join(str(v) for v in value) if value else "-"
     text = str(value)
     if _HOME and _HOME != os.sep and text.startswith(_HOME):
-        text = "~" + text[len(_HOME):]
+        text = "~" + text[len(_HOME) :]
     return f"`{text}`" if "`" not in text else _cell(text)
 
 
@@ -77,8 +77,11 @@ def groups(parser: argparse.ArgumentParser) -> list[tuple[str, list[argparse.Act
     """(title, options) for every argparse group that has an option besides --help, in the parser's order."""
     out = []
     for group in parser._action_groups:
-        actions = [a for a in group._group_actions
-                   if a.option_strings and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
+        actions = [
+            a
+            for a in group._group_actions
+            if a.option_strings and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)
+        ]
         if actions:
             title = "general" if group.title in (None, "options", "optional arguments") else group.title
             out.append((title, actions))
@@ -93,8 +96,12 @@ def reference(parser: argparse.ArgumentParser | None = None) -> str:
         parser = build_parser()
     lines = []
     for title, actions in groups(parser):
-        lines += [f"### {title[0].upper() + title[1:]}", "",
-                  "| option | default | environment | meaning |", "|---|---|---|---|"]
+        lines += [
+            f"### {title[0].upper() + title[1:]}",
+            "",
+            "| option | default | environment | meaning |",
+            "|---|---|---|---|",
+        ]
         lines += [f"| {_option(a)} | {_default(a)} | {_env_var(parser, a)} | {_help(parser, a)} |" for a in actions]
         lines.append("")
     return "\n".join(lines)

@@ -56,8 +56,12 @@ def info(args) -> dict:
 
 
 def add_process_parser(sub) -> None:
-    q = sub.add_parser("process", help="photos or a video -> a posed transforms.json scene (COLMAP)",
-                       description=process_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    q = sub.add_parser(
+        "process",
+        help="photos or a video -> a posed transforms.json scene (COLMAP)",
+        description=process_doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     src = q.add_mutually_exclusive_group(required=True)
     src.add_argument("--images", type=Path, help="a folder of photos")
     src.add_argument("--video", type=Path, help="a video file (frames sampled at --fps)")
@@ -67,38 +71,77 @@ def add_process_parser(sub) -> None:
     q.add_argument("--colmap_size", type=int, default=640, help="long side of the images COLMAP sees")
     q.add_argument("--camera_model", default="OPENCV", help="COLMAP camera model (one camera for all frames)")
     q.add_argument("--matcher", choices=("auto", "exhaustive", "sequential"), default="auto")
-    q.add_argument("--min_registered", type=float, default=0.5,
-                   help="fail unless COLMAP registers at least this fraction of the frames")
+    q.add_argument(
+        "--min_registered",
+        type=float,
+        default=0.5,
+        help="fail unless COLMAP registers at least this fraction of the frames",
+    )
     q.add_argument("--threads", type=int, default=-1, help="COLMAP threads (-1: all cores)")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def run_process(args) -> int:
-    opt = Options(max_size=args.max_size, colmap_size=args.colmap_size, camera_model=args.camera_model, fps=args.fps,
-                  matcher=args.matcher, min_registered=args.min_registered, threads=args.threads, quiet=args.quiet)
+    opt = Options(
+        max_size=args.max_size,
+        colmap_size=args.colmap_size,
+        camera_model=args.camera_model,
+        fps=args.fps,
+        matcher=args.matcher,
+        min_registered=args.min_registered,
+        threads=args.threads,
+        quiet=args.quiet,
+    )
     data = process(args.out, images=args.images, video=args.video, opt=opt)
-    print(json.dumps({"out": str(args.out), "frames": len(data["frames"]), **data["colmap"],
-                      "aabb_scale": data["aabb_scale"], "camera_model": data["camera_model"]}))
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "frames": len(data["frames"]),
+                **data["colmap"],
+                "aabb_scale": data["aabb_scale"],
+                "camera_model": data["camera_model"],
+            }
+        )
+    )
     return 0
 
 
 def run_pack(args) -> int:
     if args.shards < 1:
         raise SceneError(f"--shards must be >= 1, got {args.shards}")
-    scene = load_scene(args.scene, scene_cache=args.scene_cache, builtin_seed=args.builtin_seed,
-                       train_split=args.train_split, test_split=args.test_split, holdout_every=args.holdout_every,
-                       downscale=args.downscale, sharpness_threshold=args.sharpness_threshold, lazy_train=True)
+    scene = load_scene(
+        args.scene,
+        scene_cache=args.scene_cache,
+        builtin_seed=args.builtin_seed,
+        train_split=args.train_split,
+        test_split=args.test_split,
+        holdout_every=args.holdout_every,
+        downscale=args.downscale,
+        sharpness_threshold=args.sharpness_threshold,
+        lazy_train=True,
+    )
     meta = pack_scene(scene, args.out, args.shards, args.holdout_every, args.downscale)
     size = sum(f.stat().st_size for f in Path(args.out).glob("*.u8"))
-    print(json.dumps({"out": str(args.out), "train": len(scene.train), "test": len(scene.test),
-                      "shards": {s: len(v["shards"]) for s, v in meta["splits"].items()}, "bytes": size}))
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "train": len(scene.train),
+                "test": len(scene.test),
+                "shards": {s: len(v["shards"]) for s, v in meta["splits"].items()},
+                "bytes": size,
+            }
+        )
+    )
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """``info SCENE [options]`` (the scene's summary as JSON on stdout), ``process``, ``pack``."""
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.data", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hvd_ngp.data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("info", help="summarise a scene as JSON")
     i.add_argument("scene", help="'builtin', a scene folder, or a transforms*.json file")
@@ -110,13 +153,22 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--scene_cache", default="~/.cache/hvd_ngp/scenes")
     i.add_argument("--builtin_seed", type=int, default=0)
     add_process_parser(sub)
-    k = sub.add_parser("pack", help="a scene -> decoded uint8 shards that every rank memory-maps",
-                       description=packed_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    k = sub.add_parser(
+        "pack",
+        help="a scene -> decoded uint8 shards that every rank memory-maps",
+        description=packed_doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     k.add_argument("scene", help="'builtin', a scene folder, or a transforms*.json file")
     k.add_argument("--out", type=Path, required=True, help="the packed scene folder to write")
     k.add_argument("--shards", type=int, default=8, help="shard files per split (e.g. the number of ranks)")
-    for name, kind, default in (("train_split", str, "train"), ("test_split", str, "test"), ("holdout_every", int, 0),
-                                ("downscale", int, 1), ("sharpness_threshold", float, 0.0)):
+    for name, kind, default in (
+        ("train_split", str, "train"),
+        ("test_split", str, "test"),
+        ("holdout_every", int, 0),
+        ("downscale", int, 1),
+        ("sharpness_threshold", float, 0.0),
+    ):
         k.add_argument(f"--{name}", type=kind, default=default)
     k.add_argument("--scene_cache", default="~/.cache/hvd_ngp/scenes")
     k.add_argument("--builtin_seed", type=int, default=0)

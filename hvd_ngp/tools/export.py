@@ -33,8 +33,10 @@ def need_trimesh() -> None:
         import mcubes  # noqa: F401
         import trimesh  # noqa: F401
     except ImportError as exc:
-        raise HvdNgpError(f"hvd-ngp-export needs trimesh and PyMCubes ({exc.name} is missing): "
-                          "pip install trimesh PyMCubes (and embreex for fast ray casting)") from None
+        raise HvdNgpError(
+            f"hvd-ngp-export needs trimesh and PyMCubes ({exc.name} is missing): "
+            "pip install trimesh PyMCubes (and embreex for fast ray casting)"
+        ) from None
 
 
 def parse_box(text: str | None) -> torch.Tensor | None:
@@ -60,8 +62,10 @@ def export_mesh(args, trained: Trained) -> dict:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     mesh.export(out)
-    dist.log(f"mesh: {len(mesh.vertices)} vertices, {len(mesh.faces)} faces (resolution {args.resolution}, "
-             f"threshold {args.threshold}) -> {out}")
+    dist.log(
+        f"mesh: {len(mesh.vertices)} vertices, {len(mesh.faces)} faces (resolution {args.resolution}, "
+        f"threshold {args.threshold}) -> {out}"
+    )
     return {"out": str(out), "vertices": len(mesh.vertices), "faces": len(mesh.faces)}
 
 
@@ -72,18 +76,24 @@ def export_pointcloud(args, trained: Trained) -> dict:
     frames = trained.scene.train
     if frames.images is None and frames.files is None:
         raise HvdNgpError(f"{args.snapshot}: the scene has no training cameras")
-    points, colours = point_cloud(trained.renderer(), frames, trained.background(args.background), args.opacity_cut,
-                                  args.max_points, progress=lambda v: tqdm(v, desc="views", unit="view", delay=2.0),
-                                  n_views=args.views)
+    points, colours = point_cloud(
+        trained.renderer(),
+        frames,
+        trained.background(args.background),
+        args.opacity_cut,
+        args.max_points,
+        progress=lambda v: tqdm(v, desc="views", unit="view", delay=2.0),
+        n_views=args.views,
+    )
     if len(points) == 0:
-        raise HvdNgpError(f"{args.snapshot}: no pixel of the training views is more opaque than "
-                          f"--opacity_cut {args.opacity_cut}")
+        raise HvdNgpError(
+            f"{args.snapshot}: no pixel of the training views is more opaque than --opacity_cut {args.opacity_cut}"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     trimesh.PointCloud(to_file_space(points, trained, args.space), colors=colours).export(out)
     n = len(frames) if args.views <= 0 else min(args.views, len(frames))
-    dist.log(f"point cloud: {len(points)} points from {n} training views (opacity > {args.opacity_cut}) "
-             f"-> {out}")
+    dist.log(f"point cloud: {len(points)} points from {n} training views (opacity > {args.opacity_cut}) -> {out}")
     return {"out": str(out), "points": len(points)}
 
 
@@ -110,8 +120,13 @@ def silhouette_iou(args, trained: Trained) -> dict:
     for i in tqdm(range(n), desc="views", unit="view", delay=2.0):
         mask = renderer.outputs(frames, i, bg)["opacity"].cpu().numpy() > MASK_OPACITY
         scores.append(iou(mesh_silhouette(mesh, frames, i), mask))
-    result = {"mesh": args.mesh or "extracted", "views": n, "iou_mean": float(np.mean(scores)),
-              "iou_min": float(np.min(scores)), "iou_per_view": [round(s, 4) for s in scores]}
+    result = {
+        "mesh": args.mesh or "extracted",
+        "views": n,
+        "iou_mean": float(np.mean(scores)),
+        "iou_min": float(np.min(scores)),
+        "iou_per_view": [round(s, 4) for s in scores],
+    }
     dist.log(f"mesh silhouette IoU over {n} test views: mean {result['iou_mean']:.4f}, min {result['iou_min']:.4f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
@@ -119,23 +134,33 @@ def silhouette_iou(args, trained: Trained) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="hvd-ngp-export", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="hvd-ngp-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="what", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("snapshot", help="snapshot written by the trainer (--save_snapshot)")
     common.add_argument("--scene", default=None, help="scene for the cameras (default: the training scene)")
     common.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    common.add_argument("--space", choices=("scene", "ngp"), default="scene",
-                        help="coordinates of the files: the scene file's world (default) or ngp space")
+    common.add_argument(
+        "--space",
+        choices=("scene", "ngp"),
+        default="scene",
+        help="coordinates of the files: the scene file's world (default) or ngp space",
+    )
     common.add_argument("--background", choices=("white", "black"), default=None)
     common.add_argument("--gpu_memory_gb", type=float, default=0.0)
     surface = argparse.ArgumentParser(add_help=False)
-    surface.add_argument("--resolution", type=int, default=DEFAULT_RESOLUTION,
-                         help="lattice points along the box's longest side")
+    surface.add_argument(
+        "--resolution", type=int, default=DEFAULT_RESOLUTION, help="lattice points along the box's longest side"
+    )
     surface.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, help="density of the surface")
-    surface.add_argument("--box", default=None, metavar="JSON",
-                         help="[[x0, y0, z0], [x1, y1, z1]] in ngp space (default: the occupied cells' bounds)")
+    surface.add_argument(
+        "--box",
+        default=None,
+        metavar="JSON",
+        help="[[x0, y0, z0], [x1, y1, z1]] in ngp space (default: the occupied cells' bounds)",
+    )
     m = sub.add_parser("mesh", parents=[common, surface], help="marching-cubes mesh with vertex colours")
     m.add_argument("--out", required=True, help="output file: .ply, .obj or .glb")
     c = sub.add_parser("pointcloud", parents=[common], help="coloured points at the training views' depth")
@@ -143,8 +168,11 @@ def main(argv: list[str] | None = None) -> dict:
     c.add_argument("--opacity_cut", type=float, default=DEFAULT_OPACITY_CUT)
     c.add_argument("--max_points", type=int, default=DEFAULT_MAX_POINTS)
     c.add_argument("--views", type=int, default=0, help="the first N training views (0: all)")
-    s = sub.add_parser("iou", parents=[common, surface],
-                       help="a mesh's silhouette IoU against the field's opacity mask on the test views")
+    s = sub.add_parser(
+        "iou",
+        parents=[common, surface],
+        help="a mesh's silhouette IoU against the field's opacity mask on the test views",
+    )
     s.add_argument("--mesh", default=None, help="mesh file (in --space coordinates; default: extract one here)")
     s.add_argument("--views", type=int, default=0, help="test views (0: all)")
     s.add_argument("--json", default=None, help="also write the scores here")

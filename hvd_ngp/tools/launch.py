@@ -26,11 +26,23 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..cluster.comm import CommSettings, DistributedBlock
-from ..config import BASE_CONFIG, parse_settings
 from ..cluster.preempt import EXIT_PREEMPTED, MARKER
+from ..cluster.topology import (
+    FABRICS,
+    Host,
+    HostList,
+    Placement,
+    hierarchical_allreduce,
+    mpi_as_fast_as_nccl,
+    nccl_presets,
+    parse_host_arg,
+    parse_hostfile,
+    passthrough_names,
+    place,
+    slurm_hosts,
+)
+from ..config import BASE_CONFIG, parse_settings
 from ..errors import ConfigError, run_cli
-from ..cluster.topology import (FABRICS, Host, HostList, Placement, hierarchical_allreduce, mpi_as_fast_as_nccl,
-                                nccl_presets, parse_host_arg, parse_hostfile, passthrough_names, place, slurm_hosts)
 
 TRAINER = "hvd_ngp.train"
 LAUNCHERS = ("horovodrun", "mpirun")
@@ -52,8 +64,10 @@ class LaunchPlan:
         return " ".join(prefix + [shlex.quote(a) for a in self.command])
 
     def describe(self) -> str:
-        lines = [f"# hvd_ngp launch: {self.placement.np} rank(s) on {self.placement.nodes} node(s) "
-                 f"[{self.placement.describe()}] from {self.placement.source}"]
+        lines = [
+            f"# hvd_ngp launch: {self.placement.np} rank(s) on {self.placement.nodes} node(s) "
+            f"[{self.placement.describe()}] from {self.placement.source}"
+        ]
         lines += [f"# {note}" for note in self.notes]
         lines.append("# environment added for every rank:" if self.env else "# environment: unchanged")
         lines += [f"{k}={v}" for k, v in sorted(self.env.items())]
@@ -65,29 +79,47 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hvd-ngp-launch",
         description="Build and run the horovodrun/mpirun command for hvd_ngp. Program arguments follow '--'.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     g = p.add_argument_group("where the ranks run")
     hosts = g.add_mutually_exclusive_group()
     hosts.add_argument("--hostfile", "-hostfile", metavar="FILE", help="lines 'host slots=N' (# comments allowed)")
     hosts.add_argument("-H", "--hosts", metavar="LIST", help="host:slots,host:slots,...")
     hosts.add_argument("--slurm", action="store_true", help="the hosts of the current SLURM allocation")
-    g.add_argument("-np", "--np", type=int, default=None,
-                   help="ranks (default: distributed.world_size of the config, else every slot; on one machine "
-                        "without hosts: the GPU count, or 1)")
+    g.add_argument(
+        "-np",
+        "--np",
+        type=int,
+        default=None,
+        help="ranks (default: distributed.world_size of the config, else every slot; on one machine "
+        "without hosts: the GPU count, or 1)",
+    )
     g.add_argument("--write-hostfile", metavar="PATH", help="also write the hosts as a hostfile (e.g. from --slurm)")
     g = p.add_argument_group("how they are started")
-    g.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun",
-                   help="horovodrun, or Open MPI's mpirun (bare-metal clusters, UCX on InfiniBand)")
-    g.add_argument("--controller", choices=CONTROLLERS, default="auto",
-                   help="Horovod controller (auto: MPI when hierarchical allreduce or Adasum needs it, "
-                        "else horovodrun's default)")
+    g.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="horovodrun",
+        help="horovodrun, or Open MPI's mpirun (bare-metal clusters, UCX on InfiniBand)",
+    )
+    g.add_argument(
+        "--controller",
+        choices=CONTROLLERS,
+        default="auto",
+        help="Horovod controller (auto: MPI when hierarchical allreduce or Adasum needs it, else horovodrun's default)",
+    )
     g.add_argument("--fabric", choices=FABRICS, default="auto", help="NCCL presets: ib (InfiniBand/RoCE) or eth (TCP)")
     g.add_argument("--iface", help="network interface for NCCL sockets and MPI/Gloo traffic, e.g. ib0 or eth1")
     g.add_argument("--ib-gid-index", type=int, default=None, help="NCCL_IB_GID_INDEX (RoCE: usually 3)")
     g.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra variable for every rank")
     g.add_argument("--ssh-port", type=int, default=None, help="ssh port of the hosts")
-    g.add_argument("--launcher-arg", action="append", default=[], metavar="ARG",
-                   help="argument passed to horovodrun/mpirun before the program (repeatable; use --launcher-arg=-x)")
+    g.add_argument(
+        "--launcher-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="argument passed to horovodrun/mpirun before the program (repeatable; use --launcher-arg=-x)",
+    )
     g.add_argument("--module", default=TRAINER, help="Python module the ranks run (python -m MODULE)")
     g.add_argument("--python", default=sys.executable, help="Python interpreter on the hosts")
     g.add_argument("--dry-run", action="store_true", help="print the command and environment instead of running it")
@@ -149,14 +181,17 @@ def find_executable(name: str, dry_run: bool) -> str:
     raise ConfigError(f"{name} not found ({hint})")
 
 
-def plan(opts: argparse.Namespace, environ: Mapping[str, str], program_args: Sequence[str],
-         comm: CommSettings | None) -> LaunchPlan:
+def plan(
+    opts: argparse.Namespace, environ: Mapping[str, str], program_args: Sequence[str], comm: CommSettings | None
+) -> LaunchPlan:
     """Everything ``main`` prints or runs; pure apart from name lookups (no process is started)."""
     block = comm.block if comm else DistributedBlock("(no config)")
     hosts = resolve_hosts(opts, environ, block.world_size)
     if opts.np is None and block.world_size and block.world_size > hosts.total_slots:
-        raise ConfigError(f"{block.source}: distributed.world_size is {block.world_size} but {hosts.source} "
-                          f"lists {hosts.total_slots} slot(s)")
+        raise ConfigError(
+            f"{block.source}: distributed.world_size is {block.world_size} but {hosts.source} "
+            f"lists {hosts.total_slots} slot(s)"
+        )
     placement = place(hosts, opts.np or block.world_size)
     notes: list[str] = []
 
@@ -165,9 +200,14 @@ def plan(opts: argparse.Namespace, environ: Mapping[str, str], program_args: Seq
         raise ConfigError("--launcher mpirun runs the MPI controller; use --launcher horovodrun for --controller gloo")
     mode = comm.hierarchical if comm else "auto"
     mpi_fast = mpi_as_fast_as_nccl(opts.launcher, opts.fabric, environ)
-    needs_mpi = [what for what, needed in (
-        ("hierarchical allreduce", mode == "on" or (mode == "auto" and placement.nodes > 1 and mpi_fast[0])),
-        ("Adasum", comm is not None and comm.reduce_op == "adasum" and placement.np > 1)) if needed]
+    needs_mpi = [
+        what
+        for what, needed in (
+            ("hierarchical allreduce", mode == "on" or (mode == "auto" and placement.nodes > 1 and mpi_fast[0])),
+            ("Adasum", comm is not None and comm.reduce_op == "adasum" and placement.np > 1),
+        )
+        if needed
+    ]
     if controller is None and needs_mpi:
         controller = "mpi"
         notes.append(f"controller: mpi ({' and '.join(needs_mpi)} {'needs' if len(needs_mpi) == 1 else 'need'} it)")
@@ -182,8 +222,10 @@ def plan(opts: argparse.Namespace, environ: Mapping[str, str], program_args: Seq
     how = f"{opts.launcher} -np {placement.np} on {placement.nodes} node(s)"
     block.check(placement.np, placement.nodes, controller, how)
     if block.master_addr and not same_host(block.master_addr, placement.root_host):
-        raise ConfigError(f"{block.source}: distributed.master_addr is {block.master_addr!r} but rank 0 runs on "
-                          f"{placement.root_host!r} (the first host of {placement.source})")
+        raise ConfigError(
+            f"{block.source}: distributed.master_addr is {block.master_addr!r} but rank 0 runs on "
+            f"{placement.root_host!r} (the first host of {placement.source})"
+        )
 
     env = nccl_presets(opts.fabric, opts.iface, opts.ib_gid_index)
     for key in sorted(env):
@@ -196,16 +238,30 @@ def plan(opts: argparse.Namespace, environ: Mapping[str, str], program_args: Seq
 
     program = [opts.python, "-m", opts.module, *program_args]
     if opts.launcher == "horovodrun":
-        command = [find_executable("horovodrun", opts.dry_run), "-np", str(placement.np), "-H",
-                   ",".join(f"{h}:{n}" for h, n in placement.ranks_per_host)]
+        command = [
+            find_executable("horovodrun", opts.dry_run),
+            "-np",
+            str(placement.np),
+            "-H",
+            ",".join(f"{h}:{n}" for h, n in placement.ranks_per_host),
+        ]
         command += [f"--{controller}"] if controller else []
         command += ["--network-interfaces", opts.iface] if opts.iface else []
         command += ["-p", str(opts.ssh_port)] if opts.ssh_port else []
     else:
         command = [find_executable("mpirun", opts.dry_run)]
         command += ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-        command += ["-np", str(placement.np), "-H", ",".join(f"{h}:{n}" for h, n in placement.ranks_per_host),
-                    "--bind-to", "none", "--map-by", "slot", "--tag-output"]
+        command += [
+            "-np",
+            str(placement.np),
+            "-H",
+            ",".join(f"{h}:{n}" for h, n in placement.ranks_per_host),
+            "--bind-to",
+            "none",
+            "--map-by",
+            "slot",
+            "--tag-output",
+        ]
         if opts.fabric == "eth":
             command += ["-mca", "pml", "ob1", "-mca", "btl", "tcp,self,vader"]
         if opts.iface:
@@ -223,7 +279,7 @@ def split_program_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     argv = list(argv)
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     return argv, []
 
 
@@ -243,8 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(launch.describe(), file=sys.stderr, flush=True)
     marker = Path(trainer.output.out_dir) / MARKER if trainer else None
-    return supervise(launch.command, {**os.environ, **launch.env}, marker,
-                     trainer.loop.stop_signals if trainer else ("USR1",))
+    return supervise(
+        launch.command, {**os.environ, **launch.env}, marker, trainer.loop.stop_signals if trainer else ("USR1",)
+    )
 
 
 # ------------------------------------------------------------------------------------ supervision
@@ -267,7 +324,7 @@ def _children() -> dict[int, list[int]]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         tree.setdefault(ppid, []).append(int(entry))
     return tree
 
@@ -326,8 +383,9 @@ def supervise(command: list[str], env: dict[str, str], marker: Path | None, stop
             what, targets = stop_targets(child.pid)
             name = rank_signal if (asks[0] == 1 and rank_signal) else ("TERM" if stop_names else got[3:])
             send = getattr(signal, f"SIG{name}")
-        print(f"hvd-ngp-launch: got {got}: {send.name} to {what} {[abs(t) for t in targets]}", file=sys.stderr,
-              flush=True)
+        print(
+            f"hvd-ngp-launch: got {got}: {send.name} to {what} {[abs(t) for t in targets]}", file=sys.stderr, flush=True
+        )
         for target in targets:
             try:
                 os.killpg(-target, send) if target < 0 else os.kill(target, send)
@@ -343,8 +401,12 @@ def supervise(command: list[str], env: dict[str, str], marker: Path | None, stop
     except OSError:
         stopped = False
     if stopped:
-        print(f"hvd-ngp-launch: training stopped on a signal with a checkpoint ({marker}); exit status "
-              f"{EXIT_PREEMPTED} (launcher status {rc})", file=sys.stderr, flush=True)
+        print(
+            f"hvd-ngp-launch: training stopped on a signal with a checkpoint ({marker}); exit status "
+            f"{EXIT_PREEMPTED} (launcher status {rc})",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_PREEMPTED
     return rc
 

@@ -31,7 +31,7 @@ def umeyama(src: np.ndarray, dst: np.ndarray) -> tuple[float, np.ndarray, np.nda
     if np.linalg.det(u) * np.linalg.det(vt) < 0:
         sign[2, 2] = -1
     rot = u @ sign @ vt
-    var = (xs ** 2).sum() / len(src)
+    var = (xs**2).sum() / len(src)
     s = float(np.trace(np.diag(d) @ sign) / var) if var > 0 else 1.0
     return s, rot, mu_d - s * rot @ mu_s
 
@@ -59,11 +59,14 @@ def pose_errors(est: np.ndarray, ref: np.ndarray) -> dict:
     centre_err = np.linalg.norm(centres - ref[:, :3, 3], axis=1) / size * 100
     rot_err = _angles(rot @ est[:, :3, :3], ref[:, :3, :3])
     fit_err = _angles(mean_rotation(est[:, :3, :3], ref[:, :3, :3]) @ est[:, :3, :3], ref[:, :3, :3])
-    return {"frames": int(len(est)), "scale": s,
-            "rotation_deg": {"median": float(np.median(rot_err)), "max": float(rot_err.max())},
-            "rotation_deg_orientation_fit": {"median": float(np.median(fit_err)), "max": float(fit_err.max())},
-            "centre_pct_of_scene": {"median": float(np.median(centre_err)), "max": float(centre_err.max())},
-            "scene_size": float(size)}
+    return {
+        "frames": int(len(est)),
+        "scale": s,
+        "rotation_deg": {"median": float(np.median(rot_err)), "max": float(rot_err.max())},
+        "rotation_deg_orientation_fit": {"median": float(np.median(fit_err)), "max": float(fit_err.max())},
+        "centre_pct_of_scene": {"median": float(np.median(centre_err)), "max": float(centre_err.max())},
+        "scene_size": float(size),
+    }
 
 
 def read_poses(path: Path) -> dict[str, np.ndarray]:
@@ -85,13 +88,20 @@ def compare_files(estimated: Path, reference: Path) -> dict:
     est, ref = read_poses(estimated), read_poses(reference)
     common = sorted(set(est) & set(ref))
     result = pose_errors(np.stack([est[k] for k in common]), np.stack([ref[k] for k in common]))
-    return {"estimated": str(estimated), "reference": str(reference),
-            "reference_frames_without_estimate": len(set(ref) - set(est)), **result}
+    return {
+        "estimated": str(estimated),
+        "reference": str(reference),
+        "reference_frames_without_estimate": len(set(ref) - set(est)),
+        **result,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.tools.pose_check", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hvd_ngp.tools.pose_check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("estimated", type=Path, help="transforms.json with the recovered poses")
     p.add_argument("reference", type=Path, help="transforms.json with the reference poses")
     args = p.parse_args(argv)

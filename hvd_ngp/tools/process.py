@@ -40,16 +40,16 @@ CAMERA_PARAMS = {
     "OPENCV_FISHEYE": ("fl_x", "fl_y", "cx", "cy", "k1", "k2", "k3", "k4"),
 }
 CAMERA_DISTANCE = 4.0  # mean camera distance from the centre in the output (NeRF units), as colmap2nerf
-NGP_SCALE = 0.33       # instant-ngp's default ``scale``: the output is meant to be read with it
+NGP_SCALE = 0.33  # instant-ngp's default ``scale``: the output is meant to be read with it
 
 
 @dataclass
 class Options:
-    max_size: int = 0          # long side of OUT/images (0: as captured)
-    colmap_size: int = 640     # long side of the images COLMAP sees
+    max_size: int = 0  # long side of OUT/images (0: as captured)
+    colmap_size: int = 640  # long side of the images COLMAP sees
     camera_model: str = "OPENCV"
     fps: float = 2.0
-    matcher: str = "auto"      # auto | exhaustive | sequential
+    matcher: str = "auto"  # auto | exhaustive | sequential
     min_registered: float = 0.5
     threads: int = -1
     quiet: bool = False
@@ -124,8 +124,14 @@ def write_frames(frames, names: list[str], out: Path, colmap_dir: Path, opt: Opt
             elif not cv2.imwrite(str(out / "images" / name), bgr):
                 raise SceneError(f"{out / 'images' / name}: cannot write the image")
             cv2.imwrite(str(colmap_dir / name), cv2.cvtColor(np.ascontiguousarray(small), cv2.COLOR_RGB2BGR))
-            records.append({"name": name, "size": (big.shape[1], big.shape[0]),
-                            "colmap_size": (small.shape[1], small.shape[0]), "sharpness": sharpness(small)})
+            records.append(
+                {
+                    "name": name,
+                    "size": (big.shape[1], big.shape[0]),
+                    "colmap_size": (small.shape[1], small.shape[0]),
+                    "sharpness": sharpness(small),
+                }
+            )
             bar.update(1)
     return records
 
@@ -145,8 +151,15 @@ def run_colmap(image_dir: Path, work: Path, names: list[str], opt: Options):
     extraction.use_gpu = False
     say = (lambda *a: None) if opt.quiet else (lambda msg: print(f"process: {msg}", file=sys.stderr, flush=True))
     say(f"COLMAP: features of {len(names)} images")
-    pycolmap.extract_features(db, image_dir, image_names=names, camera_mode=pycolmap.CameraMode.SINGLE,
-                              reader_options=reader, extraction_options=extraction, device=pycolmap.Device.cpu)
+    pycolmap.extract_features(
+        db,
+        image_dir,
+        image_names=names,
+        camera_mode=pycolmap.CameraMode.SINGLE,
+        reader_options=reader,
+        extraction_options=extraction,
+        device=pycolmap.Device.cpu,
+    )
     matching = pycolmap.FeatureMatchingOptions()
     matching.num_threads = opt.threads
     matching.use_gpu = False
@@ -160,11 +173,14 @@ def run_colmap(image_dir: Path, work: Path, names: list[str], opt: Options):
     mapping.num_threads = opt.threads
     (work / "sparse").mkdir(exist_ok=True)
     with _progress(len(names), "COLMAP mapping", opt.quiet) as bar:
-        recs = pycolmap.incremental_mapping(db, image_dir, work / "sparse", options=mapping,
-                                            next_image_callback=lambda: bar.update(1))
+        recs = pycolmap.incremental_mapping(
+            db, image_dir, work / "sparse", options=mapping, next_image_callback=lambda: bar.update(1)
+        )
     if not recs:
-        raise SceneError(f"{image_dir}: COLMAP registered none of the {len(names)} images (too little texture or "
-                         "overlap between them: {})".format(_listing(names)))
+        raise SceneError(
+            f"{image_dir}: COLMAP registered none of the {len(names)} images (too little texture or "
+            "overlap between them: {})".format(_listing(names))
+        )
     return max(recs.values(), key=lambda r: r.num_reg_images())
 
 
@@ -227,7 +243,7 @@ def normalise(c2w_cv: np.ndarray, points: np.ndarray) -> tuple[np.ndarray, np.nd
     out[:, :3, 3] = (s * (rot @ (centres - centre).T)).T
     aabb_scale = 1
     if len(points):
-        p = (s * (rot @ (points - centre).T)).T * NGP_SCALE       # ngp units around the cube centre
+        p = (s * (rot @ (points - centre).T)).T * NGP_SCALE  # ngp units around the cube centre
         reach = float(np.quantile(np.abs(p).max(1), 0.95))
         while aabb_scale < 128 and 0.5 * aabb_scale < reach:
             aabb_scale *= 2
@@ -240,19 +256,34 @@ def reconstruction_transforms(rec, records: list[dict], scale: float) -> dict:
     kept = [r for r in records if r["name"] in by_name]
     c2w_cv = []
     for r in kept:
-        m = np.asarray(by_name[r["name"]].cam_from_world().matrix() if callable(by_name[r["name"]].cam_from_world)
-                       else by_name[r["name"]].cam_from_world.matrix(), dtype=np.float64)
+        m = np.asarray(
+            by_name[r["name"]].cam_from_world().matrix()
+            if callable(by_name[r["name"]].cam_from_world)
+            else by_name[r["name"]].cam_from_world.matrix(),
+            dtype=np.float64,
+        )
         rot, t = m[:, :3], m[:, 3]
         c2w_cv.append(np.concatenate([rot.T, (-rot.T @ t)[:, None]], 1))
     points = np.array([p.xyz for p in rec.points3D.values()], dtype=np.float64).reshape(-1, 3)
     c2w, applied, aabb_scale = normalise(np.stack(c2w_cv), points)
     camera = next(iter(rec.cameras.values()))
     w, h = kept[0]["size"]
-    data = {**camera_fields(camera, scale), "w": w, "h": h, "aabb_scale": aabb_scale,
-            "applied_transform": np.round(applied, 9).tolist(),
-            "colmap": {"registered": len(kept), "images": len(records), "points": int(len(points))},
-            "frames": [{"file_path": f"images/{r['name']}", "sharpness": round(r["sharpness"], 3),
-                        "transform_matrix": np.round(m, 9).tolist()} for r, m in zip(kept, c2w)]}
+    data = {
+        **camera_fields(camera, scale),
+        "w": w,
+        "h": h,
+        "aabb_scale": aabb_scale,
+        "applied_transform": np.round(applied, 9).tolist(),
+        "colmap": {"registered": len(kept), "images": len(records), "points": int(len(points))},
+        "frames": [
+            {
+                "file_path": f"images/{r['name']}",
+                "sharpness": round(r["sharpness"], 3),
+                "transform_matrix": np.round(m, 9).tolist(),
+            }
+            for r, m in zip(kept, c2w)
+        ],
+    }
     return data
 
 
@@ -282,8 +313,10 @@ def process(out: Path, images: Path | None = None, video: Path | None = None, op
         registered = {img.name for img in rec.images.values() if img.has_pose}
         lost = [n for n in names if n not in registered]
         if len(registered) < max(3, math.ceil(opt.min_registered * len(names))):
-            raise SceneError(f"{source}: COLMAP registered only {len(registered)} of {len(names)} images (needs "
-                             f"{opt.min_registered:.0%}); not registered: {_listing(lost)}")
+            raise SceneError(
+                f"{source}: COLMAP registered only {len(registered)} of {len(names)} images (needs "
+                f"{opt.min_registered:.0%}); not registered: {_listing(lost)}"
+            )
         scale = records[0]["size"][0] / records[0]["colmap_size"][0]
         data = reconstruction_transforms(rec, records, scale)
     if lost and not opt.quiet:

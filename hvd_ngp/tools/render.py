@@ -35,8 +35,14 @@ DEFAULT_VIDEO_SIZE = 960
 def path_frames(path: CameraPath) -> Frames:
     """Frames (no images) for the cameras of ``path``."""
     n = path.c2w.shape[0]
-    return Frames(torch.zeros(n, 1, 1, 4, dtype=torch.uint8), path.c2w, path.intrinsics, torch.zeros(n, 6),
-                  torch.tensor([list(path.size)] * n), torch.zeros(n, dtype=torch.bool))
+    return Frames(
+        torch.zeros(n, 1, 1, 4, dtype=torch.uint8),
+        path.c2w,
+        path.intrinsics,
+        torch.zeros(n, 6),
+        torch.tensor([list(path.size)] * n),
+        torch.zeros(n, dtype=torch.bool),
+    )
 
 
 def training_camera(train: Frames) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -70,8 +76,7 @@ def render_video(args, trained: Trained, name: str, cams: CameraPath, outputs: t
     renderer = trained.renderer(args.inference)
     mine = range(rt.rank, n, rt.size)
     near, far = float("inf"), float("-inf")
-    for i in progress(mine, f"{name} frames" + (f" (rank 0 of {rt.size})" if rt.size > 1 else ""), "frame",
-                      rt.is_root):
+    for i in progress(mine, f"{name} frames" + (f" (rank 0 of {rt.size})" if rt.size > 1 else ""), "frame", rt.is_root):
         if outputs == ("rgb",):
             write_png(folder / f"frame_{i:04d}.png", to_uint8(renderer.view(frames, i, bg)))
             continue
@@ -97,9 +102,16 @@ def render_video(args, trained: Trained, name: str, cams: CameraPath, outputs: t
         if not np.isfinite(near) or not np.isfinite(far):
             near, far = 0.0, 1.0
         for i in mine:
-            write_png(folder / f"depth_{i:04d}.png", colorize_depth(np.load(folder / f"depth_{i:04d}.npy"),
-                                                                    np.load(folder / f"opacity_{i:04d}.npy"),
-                                                                    near, far, bg.tolist()))
+            write_png(
+                folder / f"depth_{i:04d}.png",
+                colorize_depth(
+                    np.load(folder / f"depth_{i:04d}.npy"),
+                    np.load(folder / f"opacity_{i:04d}.npy"),
+                    near,
+                    far,
+                    bg.tolist(),
+                ),
+            )
         result["depth_range"] = [near, far]
     dist.barrier()
     fps = args.fps or cams.fps or 30
@@ -110,54 +122,84 @@ def render_video(args, trained: Trained, name: str, cams: CameraPath, outputs: t
             path = out / (f"{name}.mp4" if o == "rgb" else f"{name}_{o}.mp4")
             write_mp4([folder / f"{stem}_{i:04d}.png" for i in range(n)], path, fps)
             videos[o] = str(path)
-        dist.log(f"video: {n} frames at {cams.size[0]}x{cams.size[1]}, {fps:g} fps -> "
-                 + ", ".join(videos.values()))
+        dist.log(f"video: {n} frames at {cams.size[0]}x{cams.size[1]}, {fps:g} fps -> " + ", ".join(videos.values()))
     result.update(video=videos.get("rgb"), videos=videos, frames=n, fps=fps, size=list(cams.size))
     return result
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="hvd-ngp-render", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="hvd-ngp-render", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--load_snapshot", required=True, help="snapshot written by the trainer (--save_snapshot)")
     p.add_argument("--scene", default=None, help="scene for the test views and cameras (default: the training scene)")
     p.add_argument("--out_dir", default="renders", help="output folder")
     p.add_argument("--split_views", type=int, default=-1, help="test views to render (-1: all, 0: none)")
     p.add_argument("--video", choices=("orbit", "spiral", "none"), default="orbit", help="camera path for the video")
-    p.add_argument("--camera_path", default=None, metavar="FILE",
-                   help="render this camera path instead of the orbit: nerfstudio's camera_path.json, instant-ngp's "
-                        "base_cam.json (keyframes, interpolated into --n_frames frames) or a transforms.json whose "
-                        "images may be absent (docs/look-at-your-result.md)")
-    p.add_argument("--outputs", default="rgb", metavar="LIST",
-                   help=f"comma-separated outputs of each video frame, among {', '.join(OUTPUTS)}: a PNG each (depth, "
-                        "normal and opacity also as .npy) and an mp4 per output")
+    p.add_argument(
+        "--camera_path",
+        default=None,
+        metavar="FILE",
+        help="render this camera path instead of the orbit: nerfstudio's camera_path.json, instant-ngp's "
+        "base_cam.json (keyframes, interpolated into --n_frames frames) or a transforms.json whose "
+        "images may be absent (docs/look-at-your-result.md)",
+    )
+    p.add_argument(
+        "--outputs",
+        default="rgb",
+        metavar="LIST",
+        help=f"comma-separated outputs of each video frame, among {', '.join(OUTPUTS)}: a PNG each (depth, "
+        "normal and opacity also as .npy) and an mp4 per output",
+    )
     p.add_argument("--n_frames", type=int, default=120, help="frames of an orbit or of an instant-ngp keyframe path")
     p.add_argument("--fps", type=float, default=None, help="video frame rate (default: the camera path's, else 30)")
-    p.add_argument("--video_size", type=int, default=None,
-                   help=f"longer side of video frames, in pixels (default: {DEFAULT_VIDEO_SIZE} for an orbit or "
-                        "keyframe path; a nerfstudio or transforms.json path keeps its own size)")
+    p.add_argument(
+        "--video_size",
+        type=int,
+        default=None,
+        help=f"longer side of video frames, in pixels (default: {DEFAULT_VIDEO_SIZE} for an orbit or "
+        "keyframe path; a nerfstudio or transforms.json path keeps its own size)",
+    )
     p.add_argument("--downscale", type=int, default=None, help="image downscale (default: as in training)")
     p.add_argument("--background", choices=tuple(BACKGROUNDS), default=None)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    p.add_argument("--marching", type=json_object, default=None, metavar="JSON",
-                   help="merge-patch over the snapshot's marching block for this render, e.g. "
-                        "'{\"eval_steps_per_diagonal\": 4096}' for a finer step along rays (keys: "
-                        f"{', '.join(RENDER_MARCHING_KEYS)}; the occupancy grid stays the trained one)")
-    p.add_argument("--gpu_memory_gb", type=float, default=0.0,
-                   help="GPU memory this process may use; renders are chunked to fit (0: the free memory)")
-    p.add_argument("--inference", choices=INFERENCE_PATHS, default="single_pass",
-                   help="the Triton renderer's inference path: single_pass (one network pass per sample, "
-                        "docs/inference.md) or two_pass (density pass, then the whole network on the kept samples)")
+    p.add_argument(
+        "--marching",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="merge-patch over the snapshot's marching block for this render, e.g. "
+        "'{\"eval_steps_per_diagonal\": 4096}' for a finer step along rays (keys: "
+        f"{', '.join(RENDER_MARCHING_KEYS)}; the occupancy grid stays the trained one)",
+    )
+    p.add_argument(
+        "--gpu_memory_gb",
+        type=float,
+        default=0.0,
+        help="GPU memory this process may use; renders are chunked to fit (0: the free memory)",
+    )
+    p.add_argument(
+        "--inference",
+        choices=INFERENCE_PATHS,
+        default="single_pass",
+        help="the Triton renderer's inference path: single_pass (one network pass per sample, "
+        "docs/inference.md) or two_pass (density pass, then the whole network on the kept samples)",
+    )
     args = p.parse_args(argv)
     try:
         outputs = parse_outputs(args.outputs)
     except ValueError as exc:
         raise ConfigError(f"--outputs {args.outputs}: {exc}") from None
-    if args.n_frames < 1 or (args.fps is not None and args.fps <= 0) or (args.video_size is not None and args.video_size < 2):
+    if (
+        args.n_frames < 1
+        or (args.fps is not None and args.fps <= 0)
+        or (args.video_size is not None and args.video_size < 2)
+    ):
         raise ConfigError("--n_frames must be >= 1, --fps > 0 and --video_size >= 2")
 
-    trained = load_trained(args.load_snapshot, args.device, args.scene, args.downscale, args.marching,
-                           args.gpu_memory_gb)
+    trained = load_trained(
+        args.load_snapshot, args.device, args.scene, args.downscale, args.marching, args.gpu_memory_gb
+    )
     scene, rt = trained.scene, dist.runtime()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -165,14 +207,33 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"snapshot": str(args.load_snapshot), "scene": scene.source, "marching": trained.marching}
     n_views = len(scene.test) if args.split_views < 0 else min(args.split_views, len(scene.test))
     if n_views:
-        ev = evaluate(trained.field, trained.grid, scene.test, trained.march.render_schedule,
-                      trained.march.early_termination, args.background or trained.cfg.get("eval_background", "white"),
-                      n_views, out / "test", n_views, writer="each_rank", fast=trained.fast, budget=trained.budget,
-                      protocol=trained.cfg.get("eval_protocol", "std"), inference=args.inference)
-        result.update(test_psnr=ev["psnr"], test_ssim=ev["ssim"], test_views=ev["views"],
-                      test_seconds_per_view=ev["seconds_per_view"], inference=args.inference if trained.fast else None)
-        dist.log(f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views, "
-                 f"{ev['seconds_per_view']:.3f} s per view -> {out / 'test'}")
+        ev = evaluate(
+            trained.field,
+            trained.grid,
+            scene.test,
+            trained.march.render_schedule,
+            trained.march.early_termination,
+            args.background or trained.cfg.get("eval_background", "white"),
+            n_views,
+            out / "test",
+            n_views,
+            writer="each_rank",
+            fast=trained.fast,
+            budget=trained.budget,
+            protocol=trained.cfg.get("eval_protocol", "std"),
+            inference=args.inference,
+        )
+        result.update(
+            test_psnr=ev["psnr"],
+            test_ssim=ev["ssim"],
+            test_views=ev["views"],
+            test_seconds_per_view=ev["seconds_per_view"],
+            inference=args.inference if trained.fast else None,
+        )
+        dist.log(
+            f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views, "
+            f"{ev['seconds_per_view']:.3f} s per view -> {out / 'test'}"
+        )
     if args.camera_path or args.video != "none":
         name, cams = dist.agree(lambda: video_path(args, trained), "reading the camera path")
         result.update(render_video(args, trained, name, cams, outputs, out))

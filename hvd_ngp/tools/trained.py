@@ -40,8 +40,10 @@ def render_marching(trained: dict, patch: dict | None, snapshot: str) -> dict:
         return trained
     bad = sorted(set(patch) - set(RENDER_MARCHING_KEYS))
     if bad:
-        raise ConfigError(f"--marching {', '.join(bad)}: a render of {snapshot} can change only "
-                          f"{', '.join(RENDER_MARCHING_KEYS)} (the occupancy grid is the trained one)")
+        raise ConfigError(
+            f"--marching {', '.join(bad)}: a render of {snapshot} can change only "
+            f"{', '.join(RENDER_MARCHING_KEYS)} (the occupancy grid is the trained one)"
+        )
     return merge_patch(trained, patch)
 
 
@@ -72,29 +74,55 @@ class Trained:
     def renderer(self, inference: str = "single_pass") -> ViewRenderer:
         """A ``ViewRenderer`` of the field in eval mode, within the memory budget (``inference``: its fast path)."""
         self.field.eval()
-        return ViewRenderer(self.field, self.grid, self.march.render_schedule, self.march.early_termination,
-                            self.fast, self.budget, inference=inference)
+        return ViewRenderer(
+            self.field,
+            self.grid,
+            self.march.render_schedule,
+            self.march.early_termination,
+            self.fast,
+            self.budget,
+            inference=inference,
+        )
 
 
-def load_trained(snapshot: str, device: str = "auto", scene: str | None = None, downscale: int | None = None,
-                 marching_patch: dict | None = None, gpu_memory_gb: float = 0.0) -> Trained:
+def load_trained(
+    snapshot: str,
+    device: str = "auto",
+    scene: str | None = None,
+    downscale: int | None = None,
+    marching_patch: dict | None = None,
+    gpu_memory_gb: float = 0.0,
+) -> Trained:
     """Collective (errors agreed by every rank): start the runtime on ``device``, read ``snapshot`` and its
     scene (``scene``: another one for the cameras and test views), and build the field and grid on the device.
     A model-parallel snapshot's regions are joined into one field (``PiecewiseField``)."""
     rt = dist.init(device)
-    budget = dist.agree(lambda: MemoryBudget.for_device(rt.device, gpu_memory_gb, ranks_on_device(
-        rt.local_rank, rt.local_size, torch.cuda.device_count() if rt.device.type == "cuda" else 0)),
-        "planning GPU memory")
+    budget = dist.agree(
+        lambda: MemoryBudget.for_device(
+            rt.device,
+            gpu_memory_gb,
+            ranks_on_device(rt.local_rank, rt.local_size, torch.cuda.device_count() if rt.device.type == "cuda" else 0),
+        ),
+        "planning GPU memory",
+    )
     state = dist.agree(lambda: read_snapshot(snapshot, "cpu"), "reading the snapshot")
     cfg = snapshot_config(state).get("args")
     if not isinstance(cfg, dict) or "model" not in cfg:
         raise SnapshotError(f"{snapshot}: the snapshot does not record its training configuration")
-    loaded = dist.agree(lambda: load_scene(scene or cfg["scene"], scene_cache=cfg["scene_cache"],
-                                           builtin_seed=cfg["builtin_seed"], train_split=cfg["train_split"],
-                                           test_split=cfg["test_split"], holdout_every=cfg["holdout_every"],
-                                           downscale=downscale or cfg["downscale"],
-                                           sharpness_threshold=cfg.get("sharpness_threshold", 0.0),
-                                           mask_mode=cfg.get("mask_mode", "alpha")), "loading the scene")
+    loaded = dist.agree(
+        lambda: load_scene(
+            scene or cfg["scene"],
+            scene_cache=cfg["scene_cache"],
+            builtin_seed=cfg["builtin_seed"],
+            train_split=cfg["train_split"],
+            test_split=cfg["test_split"],
+            holdout_every=cfg["holdout_every"],
+            downscale=downscale or cfg["downscale"],
+            sharpness_threshold=cfg.get("sharpness_threshold", 0.0),
+            mask_mode=cfg.get("mask_mode", "alpha"),
+        ),
+        "loading the scene",
+    )
     model = cfg["model"]
     # tiny-cuda-nn keeps its own parameter layout: a snapshot trained with it renders with it
     backend = "tcnn" if uses_tcnn_layout(state["model"]) else resolve_backend("auto", rt.device)
@@ -104,19 +132,32 @@ def load_trained(snapshot: str, device: str = "auto", scene: str | None = None, 
         field = NGPField(model, loaded.aabb, backend)
         restore_snapshot(state, field, grid, None, snapshot, averaged=True)
     else:  # model parallel: every region's file; each rank renders its views with all regions
-        field = dist.agree(lambda: load_regions(snapshot, state, layout, model, backend),
-                           "reading the region files of the snapshot")
+        field = dist.agree(
+            lambda: load_regions(snapshot, state, layout, model, backend), "reading the region files of the snapshot"
+        )
         try:
             grid.load_state_dict(state["grid"])
         except RuntimeError as exc:
-            raise SnapshotError(f"{snapshot}: the occupancy grid does not match the config: "
-                                f"{str(exc).splitlines()[0]}") from None
+            raise SnapshotError(
+                f"{snapshot}: the occupancy grid does not match the config: {str(exc).splitlines()[0]}"
+            ) from None
         dist.log(f"model-parallel snapshot: {layout['model_parallel']} regions ({field.partition.describe()})")
     marching = render_marching(model["marching"], marching_patch, snapshot)
-    march = Marching.from_config(marching, loaded.aabb_scale,
-                                 "--marching" if marching_patch else f"{snapshot}: the trained config")
-    return Trained(field.to(rt.device), grid.to(rt.device), loaded, march, marching, cfg, backend, budget, rt.device,
-                   int(state.get("step", 0)))
+    march = Marching.from_config(
+        marching, loaded.aabb_scale, "--marching" if marching_patch else f"{snapshot}: the trained config"
+    )
+    return Trained(
+        field.to(rt.device),
+        grid.to(rt.device),
+        loaded,
+        march,
+        marching,
+        cfg,
+        backend,
+        budget,
+        rt.device,
+        int(state.get("step", 0)),
+    )
 
 
 def load_regions(path: str, state: dict, layout: dict, model: dict, backend: str) -> PiecewiseField:
@@ -130,7 +171,9 @@ def load_regions(path: str, state: dict, layout: dict, model: dict, backend: str
         try:
             f.load_state_dict(part["model"])
         except RuntimeError as exc:
-            raise SnapshotError(f"{path}: region {region} does not match its config: {str(exc).splitlines()[0]}") from None
+            raise SnapshotError(
+                f"{path}: region {region} does not match its config: {str(exc).splitlines()[0]}"
+            ) from None
         load_average(f, part.get("ema") or {})
         fields.append(f)
     return PiecewiseField(fields, partition)

@@ -25,8 +25,10 @@ def write_mp4(frames: list[Path], path: Path, fps: float, crf: int = 18) -> None
     try:
         import av
     except ImportError:
-        raise HvdNgpError(f"{path}: writing H.264 video needs PyAV: pip install av "
-                          f"(the PNG frames are in {frames[0].parent if frames else path.parent})") from None
+        raise HvdNgpError(
+            f"{path}: writing H.264 video needs PyAV: pip install av "
+            f"(the PNG frames are in {frames[0].parent if frames else path.parent})"
+        ) from None
     image = cv2.imread(str(frames[0]))
     if image is None:
         raise HvdNgpError(f"{frames[0]}: cannot read this frame")

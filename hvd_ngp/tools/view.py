@@ -20,34 +20,52 @@ from .trained import load_trained
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="hvd-ngp-view", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="hvd-ngp-view", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("snapshot", help="snapshot (--save_snapshot) or checkpoint (ckpt-<step>.pt) to look at")
-    p.add_argument("--port", type=int, default=8080, help="TCP port (0 or a busy port: the next free one is used "
-                                                          "and printed)")
+    p.add_argument(
+        "--port", type=int, default=8080, help="TCP port (0 or a busy port: the next free one is used and printed)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--scene", default=None, help="scene for the cameras (default: the training scene)")
     p.add_argument("--downscale", type=int, default=None, help="image downscale (default: as in training)")
-    p.add_argument("--background", choices=tuple(BACKGROUNDS), default=None,
-                   help="background (default: the training run's --eval_background)")
+    p.add_argument(
+        "--background",
+        choices=tuple(BACKGROUNDS),
+        default=None,
+        help="background (default: the training run's --eval_background)",
+    )
     p.add_argument("--budget_ms", type=float, default=100.0, help="time budget of one frame while the camera moves")
     p.add_argument("--max_side", type=int, default=1920, help="longer side of a frame at most, in pixels")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    p.add_argument("--gpu_memory_gb", type=float, default=0.0,
-                   help="GPU memory this process may use; renders are chunked to fit (0: the free memory)")
+    p.add_argument(
+        "--gpu_memory_gb",
+        type=float,
+        default=0.0,
+        help="GPU memory this process may use; renders are chunked to fit (0: the free memory)",
+    )
     p.add_argument("--serve_s", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
     args = p.parse_args(argv)
     if not 0 <= args.port <= 65535 or args.budget_ms <= 0 or args.max_side < 32 or args.serve_s < 0:
-        raise ConfigError(f"hvd-ngp-view: --port must be 0-65535, --budget_ms > 0, --max_side >= 32 and "
-                          f"--serve_s >= 0, got {args.port}, {args.budget_ms:g}, {args.max_side}, {args.serve_s:g}")
+        raise ConfigError(
+            f"hvd-ngp-view: --port must be 0-65535, --budget_ms > 0, --max_side >= 32 and "
+            f"--serve_s >= 0, got {args.port}, {args.budget_ms:g}, {args.max_side}, {args.serve_s:g}"
+        )
 
     t = load_trained(args.snapshot, args.device, args.scene, args.downscale, None, args.gpu_memory_gb)
     t.field.eval()
     background = args.background or t.cfg.get("eval_background", "white")
-    model = ViewedModel(t.field, t.grid, t.march, t.scene, background,
-                        fast=t.fast, memory=t.budget)
-    viewer = Viewer(model, args.host, args.port, args.budget_ms / 1000, live=False, max_side=args.max_side,
-                    title=f"hvd_ngp: {Path(args.snapshot).name}")
+    model = ViewedModel(t.field, t.grid, t.march, t.scene, background, fast=t.fast, memory=t.budget)
+    viewer = Viewer(
+        model,
+        args.host,
+        args.port,
+        args.budget_ms / 1000,
+        live=False,
+        max_side=args.max_side,
+        title=f"hvd_ngp: {Path(args.snapshot).name}",
+    )
     viewer.status(f"**{Path(args.snapshot).name}**, step {t.step}  \nscene {t.scene.source}")
     print(viewer.describe(), flush=True)
     stop_at = time.monotonic() + args.serve_s if args.serve_s else None

@@ -60,8 +60,9 @@ class DrawAhead:
         self.used = 0
         self.redrawn = 0
 
-    def put(self, step: int, n_rays: int, sampler: RaySampler, bg_gen: torch.Generator,
-            draw: Callable[[int], Draw]) -> None:
+    def put(
+        self, step: int, n_rays: int, sampler: RaySampler, bg_gen: torch.Generator, draw: Callable[[int], Draw]
+    ) -> None:
         """Draw ``n_rays`` rays for ``step`` now (``draw(n_rays)``), remembering the generators' states."""
         self.rewind()
         states = (sampler.generator.get_state(), bg_gen.get_state())
@@ -73,8 +74,11 @@ class DrawAhead:
         ahead = self._ahead
         if ahead is None:
             return None
-        if (ahead.step, ahead.n_rays, ahead.version) == (step, n_rays, sampler.version) \
-                and ahead.sampler is sampler and ahead.bg_gen is bg_gen:
+        if (
+            (ahead.step, ahead.n_rays, ahead.version) == (step, n_rays, sampler.version)
+            and ahead.sampler is sampler
+            and ahead.bg_gen is bg_gen
+        ):
             self._ahead = None
             self.used += 1
             return ahead.draw

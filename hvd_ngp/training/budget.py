@@ -41,8 +41,9 @@ class RayBudget:
     and used once the copy has landed (a step or two later), so the host never waits for the GPU.
     """
 
-    def __init__(self, n_rays: int, target: int, max_rays: int, candidate_factor: float | None = None,
-                 fill: float = 0.95) -> None:
+    def __init__(
+        self, n_rays: int, target: int, max_rays: int, candidate_factor: float | None = None, fill: float = 0.95
+    ) -> None:
         """``candidate_factor``: marched samples per network sample that the fast renderer's buffers hold
         (``marching.candidate_factor``); None on the reference path, which has no fixed buffers.
         ``fill`` (``--sample_fill``, fast path): the ray count aims at ``fill * target`` samples; above 1
@@ -86,8 +87,12 @@ class RayBudget:
             return self.n_rays
         counts = res.counts
         if counts is None:
-            counts = torch.stack([torch.as_tensor(v, device=res.loss.device).float()
-                                  for v in (res.n_samples, res.n_candidates, res.n_valid)])
+            counts = torch.stack(
+                [
+                    torch.as_tensor(v, device=res.loss.device).float()
+                    for v in (res.n_samples, res.n_candidates, res.n_valid)
+                ]
+            )
         host, event = copy_to_host(counts)
         self._pending.append((event, host))
         while apply and self._pending and (self._pending[0][0] is None or self._pending[0][0].query()):

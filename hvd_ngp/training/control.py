@@ -53,8 +53,13 @@ class RunControl:
     """Every rank holds one (the same ``every``); rank 0 passes its ``source``, the others None.
     ``stop_pending``: this rank received a stop signal (``preempt.StopVote.local``)."""
 
-    def __init__(self, source: Watcher | None, stop_pending: Callable[[], bool] = lambda: False,
-                 every: int = EVERY_STEPS, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self,
+        source: Watcher | None,
+        stop_pending: Callable[[], bool] = lambda: False,
+        every: int = EVERY_STEPS,
+        poll_s: float = POLL_S,
+    ) -> None:
         if every < 1:
             raise ValueError(f"requests must be polled every >= 1 steps, got {every}")
         self.source, self.stop_pending, self.every, self.poll_s = source, stop_pending, every, poll_s

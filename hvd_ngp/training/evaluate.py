@@ -22,11 +22,11 @@ from ..data import Frames
 from ..data.sampler import image_pixels, image_rays
 from ..errors import OutputError, os_cause
 from ..model.field import NGPField
-from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudget, bytes_per_row
+from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
+from ..observe.progress import progress
 from ..render import StepSchedule, composite_background, max_lanes, render_image
 from ..render.occupancy import OccupancyGrid
-from ..observe.progress import progress
 from ..render.outputs import render_outputs
 from ..render.plan import plan_render, reference_chunk
 
@@ -40,9 +40,17 @@ class ViewRenderer:
     reused by every view (``fast``: the Triton kernels, through ``inference``: one of
     ``render.volume.INFERENCE_PATHS``)."""
 
-    def __init__(self, field: NGPField, grid: OccupancyGrid, schedule: StepSchedule, early_termination: float,
-                 fast: bool = False, budget: MemoryBudget | None = None, parallel=None,
-                 inference: str = "single_pass") -> None:
+    def __init__(
+        self,
+        field: NGPField,
+        grid: OccupancyGrid,
+        schedule: StepSchedule,
+        early_termination: float,
+        fast: bool = False,
+        budget: MemoryBudget | None = None,
+        parallel=None,
+        inference: str = "single_pass",
+    ) -> None:
         """``parallel``: a ``model_parallel.ModelParallel``; views then render through its segment exchange
         (the reference renderer, chunks agreed by all ranks: collective)."""
         self.field, self.grid, self.schedule, self.early_termination = field, grid, schedule, early_termination
@@ -52,8 +60,11 @@ class ViewRenderer:
         self.workspace = None
         if parallel is not None:
             self.fast = False
-            chunk = reference_chunk(budget.available() if budget is not None else None,
-                                    max_lanes(schedule, parallel.partition.aabb), self.row_bytes)
+            chunk = reference_chunk(
+                budget.available() if budget is not None else None,
+                max_lanes(schedule, parallel.partition.aabb),
+                self.row_bytes,
+            )
             self.chunk = int(dist.allreduce(torch.tensor([chunk]), "min", name="eval.chunk")[0])
             return
         if fast:
@@ -78,14 +89,29 @@ class ViewRenderer:
         o, d = image_rays(frames, index, background.device)
         field = self.field
         if self.parallel is not None:
-            rgb, _ = self.parallel.render_image(field, o, d, self.grid, self.schedule, background,
-                                                self.early_termination, self.chunk, step_offset)
+            rgb, _ = self.parallel.render_image(
+                field, o, d, self.grid, self.schedule, background, self.early_termination, self.chunk, step_offset
+            )
             w, h = frames.image_size(index)
             return rgb.clamp(0, 1).view(h, w, 3)
-        rgb, _ = render_image(field, field.density, o, d, field.aabb, self.grid, self.schedule,
-                              background, self.early_termination, fast=self.fast, budget=self.budget,
-                              workspace=self.workspace, row_bytes=self.row_bytes, step_offset=step_offset,
-                              between_chunks=preempt.interruption_point, inference=self.inference)
+        rgb, _ = render_image(
+            field,
+            field.density,
+            o,
+            d,
+            field.aabb,
+            self.grid,
+            self.schedule,
+            background,
+            self.early_termination,
+            fast=self.fast,
+            budget=self.budget,
+            workspace=self.workspace,
+            row_bytes=self.row_bytes,
+            step_offset=step_offset,
+            between_chunks=preempt.interruption_point,
+            inference=self.inference,
+        )
         w, h = frames.image_size(index)
         return rgb.clamp(0, 1).view(h, w, 3)
 
@@ -103,9 +129,21 @@ class ViewRenderer:
             available = self.budget.available() if self.budget is not None else None
             chunk = reference_chunk(available, max_lanes(self.schedule, field.aabb), self.row_bytes)
             chunk = max(1, chunk // 4) if normals else chunk
-        out = render_outputs(field, field.density, o, d, field.aabb, self.grid, self.schedule, self.early_termination,
-                             background, chunk, 0.5 * self.schedule.dt_min if normals else 0.0,
-                             fast=self.fast and not normals, workspace=self.workspace)
+        out = render_outputs(
+            field,
+            field.density,
+            o,
+            d,
+            field.aabb,
+            self.grid,
+            self.schedule,
+            self.early_termination,
+            background,
+            chunk,
+            0.5 * self.schedule.dt_min if normals else 0.0,
+            fast=self.fast and not normals,
+            workspace=self.workspace,
+        )
         w, h = frames.image_size(index)
         return {k: v.view(h, w, *v.shape[1:]) for k, v in out.items()}
 
@@ -145,16 +183,30 @@ def view_mse(img: Tensor, gt: Tensor, keep: Tensor | None) -> float:
     ``[H_max, W_max]`` bool (the frame's mask, padded; None, or a view masked out entirely: every pixel)."""
     err = ((img - gt) ** 2).mean(dim=-1)
     if keep is not None:
-        keep = keep[:img.shape[0], :img.shape[1]].to(err.device)
+        keep = keep[: img.shape[0], : img.shape[1]].to(err.device)
         if bool(keep.any()):
             return float(err[keep].mean())
     return float(err.mean())
 
 
-def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: StepSchedule, early_termination: float,
-             background: str, n_views: int = 0, save_dir: Path | None = None, n_save: int = 0,
-             writer: str = "root", fast: bool = False, protocol: str = "std", budget: MemoryBudget | None = None,
-             parallel=None, stops: preempt.StopSignals | None = None, inference: str = "single_pass") -> dict:
+def evaluate(
+    field: NGPField,
+    grid: OccupancyGrid,
+    frames: Frames,
+    schedule: StepSchedule,
+    early_termination: float,
+    background: str,
+    n_views: int = 0,
+    save_dir: Path | None = None,
+    n_save: int = 0,
+    writer: str = "root",
+    fast: bool = False,
+    protocol: str = "std",
+    budget: MemoryBudget | None = None,
+    parallel=None,
+    stops: preempt.StopSignals | None = None,
+    inference: str = "single_pass",
+) -> dict:
     """PSNR (mean over views; over each view's kept pixels, ``Frames.keep``) and SSIM (whole views) over the
     first ``n_views`` views (0: all) under ``protocol`` (see
     the module docstring; ``ngp`` ignores ``background``). Collective: every rank renders views
@@ -207,8 +259,11 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
                         keep.append((i, to_uint8(img)))
                         if writer == "each_rank" and save_dir is not None:
                             write_png(save_dir / f"test_{i:03d}.png", keep.pop()[1])
-        if stops is not None and float(dist.allreduce(torch.tensor([float(interrupted or stops.pending())]), "max",
-                                                      name="eval.stop")[0]) > 0:
+        if (
+            stops is not None
+            and float(dist.allreduce(torch.tensor([float(interrupted or stops.pending())]), "max", name="eval.stop")[0])
+            > 0
+        ):
             field.train(was_training)
             return {"psnr": float("nan"), "ssim": float("nan"), "views": 0, "stopped": True}
     field.train(was_training)
@@ -219,6 +274,10 @@ def evaluate(field: NGPField, grid: OccupancyGrid, frames: Frames, schedule: Ste
             for i, img in per_rank:
                 write_png(save_dir / f"test_{i:03d}.png", img)
     psnrs = [mse_to_psnr(float(m)) for m in scores[:, 0]]
-    return {"psnr": float(np.mean(psnrs)), "ssim": float(scores[:, 1].mean()), "views": n,
-            "seconds_per_view": float(scores[:, 2].mean()),
-            "psnr_per_view": [round(p, 3) for p in psnrs]}
+    return {
+        "psnr": float(np.mean(psnrs)),
+        "ssim": float(scores[:, 1].mean()),
+        "views": n,
+        "seconds_per_view": float(scores[:, 2].mean()),
+        "psnr_per_view": [round(p, 3) for p in psnrs],
+    }

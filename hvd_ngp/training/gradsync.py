@@ -58,10 +58,10 @@ class DelayedAveraging:
         named = [item if isinstance(item, tuple) else (f"parameter {i}", item) for i, item in enumerate(parameters)]
         late = [(n, p) for n, p in named if id(p) not in fresh_ids]
         now = [(n, p) for n, p in named if id(p) in fresh_ids and p.requires_grad]
-        self.now = FlatGradients(now, tail=guard.width if guard else 0, name="delayed.now") \
-            if now else None
-        self.grads = FlatGradients(late, tail=0 if self.now is not None else (guard.width if guard else 0),
-                                   name="delayed")
+        self.now = FlatGradients(now, tail=guard.width if guard else 0, name="delayed.now") if now else None
+        self.grads = FlatGradients(
+            late, tail=0 if self.now is not None else (guard.width if guard else 0), name="delayed"
+        )
         self.wire = [{dt: torch.zeros_like(b) for dt, b in self.grads.buffers.items()} for _ in range(2)]
         self.pending: int | None = None
         self._handle: dist.PendingAllreduce | None = None
@@ -90,15 +90,17 @@ class DelayedAveraging:
         mine = self.wire[slot]
         for dt, b in self.grads.buffers.items():
             mine[dt].copy_(b)
-        sent = dist.allreduce_buffers_start(list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine],
-                                            "avg")
+        sent = dist.allreduce_buffers_start(
+            list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine], "avg"
+        )
         # the previous step's average (it travelled while this step computed), if any
         skipped = self._apply(optimizer, guard) if self.pending is not None else False
         self._handle, self._slot, self.pending = sent, slot, step
         return skipped
 
-    def _finish_fresh(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, loss: Tensor,
-                      step: int) -> bool:
+    def _finish_fresh(
+        self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, loss: Tensor, step: int
+    ) -> bool:
         """``finish`` with fresh parameters: this step's fresh average (waited for, with the guard's flags) and the
         previous step's late average go into one optimizer step. A skipped step's late gradient is never applied."""
         self.now.check_views()
@@ -111,8 +113,9 @@ class DelayedAveraging:
         mine = self.wire[slot]
         for dt, b in self.grads.buffers.items():
             mine[dt].copy_(b)
-        sent = dist.allreduce_buffers_start(list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine],
-                                            "avg")
+        sent = dist.allreduce_buffers_start(
+            list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine], "avg"
+        )
         skipped = guard.should_skip(optimizer, step, grads=self.now) if guard is not None else False
         late = self.pending is not None and self._late_ok
         if late:
@@ -178,8 +181,12 @@ class DelayedAveraging:
         """The average not yet applied (identical on every rank; ``settle`` first)."""
         if self.pending is None:
             return {"mode": self.mode, "pending": -1}
-        return {"mode": self.mode, "pending": int(self.pending), "late_ok": self._late_ok,
-                "buffers": {_dtype_name(dt): t.detach().to("cpu").clone() for dt, t in self.wire[self._slot].items()}}
+        return {
+            "mode": self.mode,
+            "pending": int(self.pending),
+            "late_ok": self._late_ok,
+            "buffers": {_dtype_name(dt): t.detach().to("cpu").clone() for dt, t in self.wire[self._slot].items()},
+        }
 
     def restore(self, state: dict | None) -> str:
         """Collective: rank 0's checkpointed ``state`` (others: None) -> the average to apply at the next step.
@@ -189,12 +196,19 @@ class DelayedAveraging:
             self.now.attach()
         meta = None
         if dist.runtime().is_root:
-            meta = {"mode": (state or {}).get("mode"), "pending": int((state or {}).get("pending", -1)),
-                    "late_ok": bool((state or {}).get("late_ok", True))}
+            meta = {
+                "mode": (state or {}).get("mode"),
+                "pending": int((state or {}).get("pending", -1)),
+                "late_ok": bool((state or {}).get("late_ok", True)),
+            }
         meta = dist.broadcast_object(meta, name="gradsync.meta")
         self._handle, self.pending = None, None
         if meta["mode"] != self.mode or meta["pending"] < 0:
-            return "" if meta["mode"] in (None, self.mode) else f"taken with --grad_sync {meta['mode']}: no average in flight"
+            return (
+                ""
+                if meta["mode"] in (None, self.mode)
+                else f"taken with --grad_sync {meta['mode']}: no average in flight"
+            )
         slot = self.wire[self._slot]
         for dt, t in slot.items():
             if dist.runtime().is_root:
@@ -244,8 +258,11 @@ class PeriodicAveraging:
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 st = self.optimizer.state.get(p, {})
-                out += [st[k] for k in sorted(st) if isinstance(st[k], Tensor) and st[k].shape == p.shape
-                        and st[k].is_floating_point()]
+                out += [
+                    st[k]
+                    for k in sorted(st)
+                    if isinstance(st[k], Tensor) and st[k].shape == p.shape and st[k].is_floating_point()
+                ]
         if self.ema is not None:
             out += list(self.ema.average)
         return out
@@ -291,13 +308,15 @@ class PeriodicAveraging:
     def restore(self, state: dict | None) -> str:
         """Collective (nothing to broadcast: a checkpoint is a sync point, its state is the shared one)."""
         self.synced = True
-        taken = dist.broadcast_object((state or {}).get("mode") if dist.runtime().is_root else None,
-                                      name="gradsync.meta")
+        taken = dist.broadcast_object(
+            (state or {}).get("mode") if dist.runtime().is_root else None, name="gradsync.meta"
+        )
         return "" if taken in (None, self.mode) else f"taken with --grad_sync {taken}"
 
 
-def make_exchange(comm: CommSettings, field: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                  guard: NonFiniteGuard | None, ema=None) -> DelayedAveraging | PeriodicAveraging | None:
+def make_exchange(
+    comm: CommSettings, field: torch.nn.Module, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, ema=None
+) -> DelayedAveraging | PeriodicAveraging | None:
     """The exchange ``--grad_sync`` asks for; None for ``every`` (Horovod's DistributedOptimizer)."""
     if comm.grad_sync == "delayed":
         return DelayedAveraging(field.named_parameters(), guard)

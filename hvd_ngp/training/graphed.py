@@ -86,23 +86,40 @@ def ray_capacity(n_rays: int, current: int | None, max_rays: int, quantum: int =
     return max(min(math.ceil(n_rays * RAY_HEADROOM / quantum) * quantum, ceiling), n_rays)
 
 
-def eligibility(device: torch.device, fast_renderer: bool, precision: str, backward_passes: int, elastic: bool,
-                sparse_hash_updates: bool, scaled: bool = False, backend: str = "triton",
-                grad_sync: str = "every") -> str | None:
+def eligibility(
+    device: torch.device,
+    fast_renderer: bool,
+    precision: str,
+    backward_passes: int,
+    elastic: bool,
+    sparse_hash_updates: bool,
+    scaled: bool = False,
+    backend: str = "triton",
+    grad_sync: str = "every",
+) -> str | None:
     """None when the step can be graphed, else the reason it cannot (for the log and ``--cuda_graphs on``)."""
     reasons = [
         (device.type != "cuda", "the device is not a CUDA GPU"),
-        (not fast_renderer, "the step has no fixed-size renderer (the reference path: use --backend triton; "
-                            "or --model_parallel > 1)"),
-        (backend == "tcnn", "the tcnn backend (tiny-cuda-nn records events on its own streams, which a capture "
-                            "refuses: 'operation failed due to a previous error during capture' on an H200)"),
-        (precision == "fp16", "--precision fp16 needs a gradient scaler, which reads the device every step "
-                              "(use bf16 or fp32)"),
+        (
+            not fast_renderer,
+            "the step has no fixed-size renderer (the reference path: use --backend triton; or --model_parallel > 1)",
+        ),
+        (
+            backend == "tcnn",
+            "the tcnn backend (tiny-cuda-nn records events on its own streams, which a capture "
+            "refuses: 'operation failed due to a previous error during capture' on an H200)",
+        ),
+        (
+            precision == "fp16",
+            "--precision fp16 needs a gradient scaler, which reads the device every step (use bf16 or fp32)",
+        ),
         (backward_passes > 1, "gradient accumulation (backward_passes_per_step > 1)"),
         (elastic, "an elastic job (its world, and with it the optimizer, can change)"),
         (sparse_hash_updates, "sparse hash-table updates (optimizer.sparse_hash_updates)"),
-        (scaled and precision != "fp16", "a gradient scaler (--compression fp16 across ranks) reads the device "
-                                         "every step"),
+        (
+            scaled and precision != "fp16",
+            "a gradient scaler (--compression fp16 across ranks) reads the device every step",
+        ),
         (FAULTS_ENV in os.environ, f"test faults are armed ({FAULTS_ENV})"),
         (grad_sync != "every", f"--grad_sync {grad_sync} (the graphed step averages every step only)"),
     ]
@@ -170,10 +187,23 @@ class GraphedStep:
     given. ``renderer``: the fast renderer (its capacities are read at every call).
     """
 
-    def __init__(self, field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, march: Marching,
-                 loss_fn, renderer, grads: FlatGradients, guard: NonFiniteGuard | None, precision: str = "fp32",
-                 weight_gradient: bool = True, compression: str = "none", max_rays: int = 1 << 20,
-                 eager_steps: int = EAGER_STEPS, defer_verdict: bool = False) -> None:
+    def __init__(
+        self,
+        field: NGPField,
+        grid: OccupancyGrid,
+        optimizer: torch.optim.Optimizer,
+        march: Marching,
+        loss_fn,
+        renderer,
+        grads: FlatGradients,
+        guard: NonFiniteGuard | None,
+        precision: str = "fp32",
+        weight_gradient: bool = True,
+        compression: str = "none",
+        max_rays: int = 1 << 20,
+        eager_steps: int = EAGER_STEPS,
+        defer_verdict: bool = False,
+    ) -> None:
         if guard is not None and (grads.tail is None or grads.tail.numel() != guard.width):
             raise ValueError("the flat gradients need a tail of guard.width floats for the guard's flags")
         why_not = defer_verdict and why_not_deferred(optimizer, guard)
@@ -205,9 +235,20 @@ class GraphedStep:
         optimizer.register_load_state_dict_post_hook(self._after_load)
 
     @staticmethod
-    def build(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, march: Marching, loss_fn,
-              renderer, guard: NonFiniteGuard | None, precision: str, weight_gradient: bool, compression: str,
-              max_rays: int, defer_verdict: str = "auto") -> "GraphedStep":
+    def build(
+        field: NGPField,
+        grid: OccupancyGrid,
+        optimizer: torch.optim.Optimizer,
+        march: Marching,
+        loss_fn,
+        renderer,
+        guard: NonFiniteGuard | None,
+        precision: str,
+        weight_gradient: bool,
+        compression: str,
+        max_rays: int,
+        defer_verdict: str = "auto",
+    ) -> "GraphedStep":
         """The trainer's graphed step: flat gradients (a tail for the guard's flags) and the step, logged.
         ``defer_verdict`` (``--defer_verdict``): ``auto`` and ``on`` defer it where ``why_not_deferred``
         allows; ``on`` also says in the log why not."""
@@ -216,11 +257,26 @@ class GraphedStep:
         why_not = why_not_deferred(optimizer, guard) if wanted else None
         if why_not and defer_verdict == "on":
             dist.log(f"deferred verdict: off ({why_not})")
-        step = GraphedStep(field, grid, optimizer, march, loss_fn, renderer, grads, guard, precision, weight_gradient,
-                           compression, max_rays, defer_verdict=wanted and why_not is None)
+        step = GraphedStep(
+            field,
+            grid,
+            optimizer,
+            march,
+            loss_fn,
+            renderer,
+            grads,
+            guard,
+            precision,
+            weight_gradient,
+            compression,
+            max_rays,
+            defer_verdict=wanted and why_not is None,
+        )
         verdict = "; the non-finite verdict read one step later" if step.defer_verdict else ""
-        dist.log(f"CUDA graphs: on (the step is captured after {step.eager_steps} eager steps; gradients in flat "
-                 f"buffers, {grads.describe()}{verdict})")
+        dist.log(
+            f"CUDA graphs: on (the step is captured after {step.eager_steps} eager steps; gradients in flat "
+            f"buffers, {grads.describe()}{verdict})"
+        )
         return step
 
     def _after_load(self, optimizer: torch.optim.Optimizer) -> None:
@@ -243,16 +299,22 @@ class GraphedStep:
     def _allocate(self, rows: int, weighted: bool) -> None:
         """Input buffers of ``rows`` rows (zeros: finite where parked)."""
         dev = self.device
-        self.inputs = {"origins": torch.zeros(rows, 3, device=dev), "directions": torch.ones(rows, 3, device=dev),
-                       "rgba": torch.zeros(rows, 4, device=dev), "background": torch.zeros(rows, 3, device=dev),
-                       "jitter": torch.zeros(rows, device=dev), "n": torch.zeros((), dtype=torch.int64, device=dev),
-                       "loss_scale": torch.ones((), device=dev), "rows": torch.arange(rows, device=dev)}
+        self.inputs = {
+            "origins": torch.zeros(rows, 3, device=dev),
+            "directions": torch.ones(rows, 3, device=dev),
+            "rgba": torch.zeros(rows, 4, device=dev),
+            "background": torch.zeros(rows, 3, device=dev),
+            "jitter": torch.zeros(rows, device=dev),
+            "n": torch.zeros((), dtype=torch.int64, device=dev),
+            "loss_scale": torch.ones((), device=dev),
+            "rows": torch.arange(rows, device=dev),
+        }
         if weighted:
             self.inputs["weight"] = torch.ones(rows, device=dev)
         lo, hi = self.field.aabb[0], self.field.aabb[1]
         # parked rows start beyond the box's far corner and look away from it: no sample, no gradient
         self.inputs["parked_origin"] = hi + (hi - lo)
-        self.inputs["parked_direction"] = torch.full((3,), 3 ** -0.5, device=dev)
+        self.inputs["parked_direction"] = torch.full((3,), 3**-0.5, device=dev)
         self._loss_scale = None
 
     def _load(self, rays: RayBatch, background: Tensor, jitter: Tensor, loss_scale: float) -> None:
@@ -283,20 +345,32 @@ class GraphedStep:
         target = composite_background(inp["rgba"], background)
         weight = inp.get("weight")
         autocast = self.precision in AUTOCAST
-        with torch.autocast("cuda", dtype=AUTOCAST.get(self.precision, torch.float32), enabled=autocast,
-                            cache_enabled=False):  # a cast cache would outlive the capture
-            out = self.renderer(field, field.density, origins, directions, field.aabb, self.grid,
-                                self.march.schedule, self.march.early_termination, inp["jitter"])
+        with torch.autocast(
+            "cuda", dtype=AUTOCAST.get(self.precision, torch.float32), enabled=autocast, cache_enabled=False
+        ):  # a cast cache would outlive the capture
+            out = self.renderer(
+                field,
+                field.density,
+                origins,
+                directions,
+                field.aabb,
+                self.grid,
+                self.march.schedule,
+                self.march.early_termination,
+                inp["jitter"],
+            )
         valid = out.valid & active
-        pred, per_channel, loss, trained = ray_losses(out.rgb, out.opacity, background, target, self.loss_fn, valid,
-                                                      weight, self.weight_gradient)
+        pred, per_channel, loss, trained = ray_losses(
+            out.rgb, out.opacity, background, target, self.loss_fn, valid, weight, self.weight_gradient
+        )
         (trained * inp["loss_scale"]).backward()
         mse = masked_mean((pred.detach() - target) ** 2, valid, weight)
         if self.guard is not None:  # loss or local gradients not finite (reduced with the gradients)
             total = torch.stack([b.float().sum() for b in self.grads.buffers.values()]).sum()
             self.grads.tail[0] = (~(torch.isfinite(loss.detach()) & torch.isfinite(total))).float()
-        stats = torch.stack([loss.detach().float(), mse.float(), out.n_samples.float(), out.n_candidates.float(),
-                             valid.sum().float()])
+        stats = torch.stack(
+            [loss.detach().float(), mse.float(), out.n_samples.float(), out.n_candidates.float(), valid.sum().float()]
+        )
         return stats, per_channel.detach().float().mean(dim=1), valid
 
     def _update(self) -> None:
@@ -323,9 +397,17 @@ class GraphedStep:
 
     # ----------------------------------------------------------------------------------- one step
 
-    def __call__(self, rays: RayBatch, background: Tensor, jitter: Tensor, step: int, loss_scale: float = 1.0,
-                 timer: StageTimer = NULL_TIMER, meanwhile: Callable[[], None] | None = None,
-                 after_forward: Callable[[], None] | None = None) -> StepResult:
+    def __call__(
+        self,
+        rays: RayBatch,
+        background: Tensor,
+        jitter: Tensor,
+        step: int,
+        loss_scale: float = 1.0,
+        timer: StageTimer = NULL_TIMER,
+        meanwhile: Callable[[], None] | None = None,
+        after_forward: Callable[[], None] | None = None,
+    ) -> StepResult:
         """One training step (``step``: 0-based) on ``rays`` (background ``[R, 3]``, jitter ``[R]``).
 
         ``meanwhile``: host work to do while the GPU runs graph A and the gradient allreduce is in flight,
@@ -336,8 +418,7 @@ class GraphedStep:
         n = len(rays)
         current = self.inputs["origins"].shape[0] if self.inputs else None
         rows = ray_capacity(n, current, self.max_rays, self.ray_quantum)
-        key = CaptureKey(rows, self.renderer.candidate_capacity, self.renderer.sample_capacity,
-                         rays.weight is not None)
+        key = CaptureKey(rows, self.renderer.candidate_capacity, self.renderer.sample_capacity, rays.weight is not None)
         if not self.inputs or self.inputs["origins"].shape[0] != rows or ("weight" in self.inputs) != key.weighted:
             self.graphs = None
             self._allocate(rows, key.weighted)
@@ -374,13 +455,23 @@ class GraphedStep:
             self._pending, skipped = (step + 1, flags, event), None
         timer.mark("optimizer")
         stats = stats.clone()  # the next replay overwrites the graph's outputs
-        return StepResult(stats[0], stats[1], stats[2], stats[3], stats[4], skipped, ray_loss[:n].clone(),
-                          valid[:n].clone(), counts=stats[2:5])
+        return StepResult(
+            stats[0],
+            stats[1],
+            stats[2],
+            stats[3],
+            stats[4],
+            skipped,
+            ray_loss[:n].clone(),
+            valid[:n].clone(),
+            counts=stats[2:5],
+        )
 
     def run(self, ctx: StepContext) -> StepResult:
         """The step interface (``step.TrainingStep``): ``self(...)`` with the context's inputs."""
-        return self(ctx.rays, ctx.background, ctx.jitter, ctx.step, ctx.loss_scale, ctx.timer, ctx.meanwhile,
-                    ctx.after_forward)
+        return self(
+            ctx.rays, ctx.background, ctx.jitter, ctx.step, ctx.loss_scale, ctx.timer, ctx.meanwhile, ctx.after_forward
+        )
 
     def budget_result(self, res: StepResult) -> StepResult:
         return res
@@ -410,8 +501,9 @@ class GraphedGridUpdate:
     without a graph (the CPU's parity test).
     """
 
-    def __init__(self, grid: OccupancyGrid, density_fn, step_size: float, seed: int, chunk: int = 1 << 18,
-                 capture: bool = True) -> None:
+    def __init__(
+        self, grid: OccupancyGrid, density_fn, step_size: float, seed: int, chunk: int = 1 << 18, capture: bool = True
+    ) -> None:
         self.grid, self.density_fn, self.step_size, self.seed, self.chunk = grid, density_fn, step_size, seed, chunk
         self.capture = capture
         self.draws = grid.random_draws(0, seed)  # fixed buffers, refilled at every update
@@ -422,8 +514,9 @@ class GraphedGridUpdate:
     @torch.no_grad()
     def _body(self) -> Tensor:
         uniform, u, offset = self.draws
-        return self.grid.evaluate(self.grid.pick(uniform, u), offset, self.density_fn, self.step_size, self.chunk,
-                                  share=rank_share())
+        return self.grid.evaluate(
+            self.grid.pick(uniform, u), offset, self.density_fn, self.step_size, self.chunk, share=rank_share()
+        )
 
     @torch.no_grad()
     def _capture(self) -> None:
@@ -452,11 +545,21 @@ def why_not_deferred(optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | N
     if guard is None:
         return "there is no non-finite guard (--nonfinite_limit 0): nothing to wait for"
     if not optimizer.defaults.get("fused"):
-        return "the optimizer is not torch's fused Adam (Adam block \"fused\"), which alone skips on the device"
+        return 'the optimizer is not torch\'s fused Adam (Adam block "fused"), which alone skips on the device'
     if any(group.get("sparse") for group in optimizer.param_groups):
         return "sparse hash-table updates run outside the fused Adam"
     return None
 
 
-__all__ = ["CaptureKey", "EAGER_STEPS", "GraphedGridUpdate", "GraphedStep", "eligibility", "portable_state",
-           "ray_capacity", "set_learning_rate", "use_graphs", "why_not_deferred"]
+__all__ = [
+    "CaptureKey",
+    "EAGER_STEPS",
+    "GraphedGridUpdate",
+    "GraphedStep",
+    "eligibility",
+    "portable_state",
+    "ray_capacity",
+    "set_learning_rate",
+    "use_graphs",
+    "why_not_deferred",
+]

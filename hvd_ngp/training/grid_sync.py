@@ -21,10 +21,19 @@ def max_over_ranks(fresh: Tensor) -> Tensor:
     return dist.allreduce_(fresh, "max", name="occupancy.update")
 
 
-def update_grid(grid: OccupancyGrid, density_fn: DensityFn, step_size: float, step: int, warmup_steps: int,
-                seed: int, box: Tensor | None = None, share: tuple[int, int] | None = None) -> None:
+def update_grid(
+    grid: OccupancyGrid,
+    density_fn: DensityFn,
+    step_size: float,
+    step: int,
+    warmup_steps: int,
+    seed: int,
+    box: Tensor | None = None,
+    share: tuple[int, int] | None = None,
+) -> None:
     """``OccupancyGrid.update`` on every rank at the same step (collective): this rank's ``share`` of the cells
     (None: ``rank_share``; model parallel: its part among its region's copies, with the region's ``box``), then
     the Max over all ranks."""
-    grid.update(density_fn, step_size, step, warmup_steps, seed, box=box, share=share or rank_share(),
-                reduce_max=max_over_ranks)
+    grid.update(
+        density_fn, step_size, step, warmup_steps, seed, box=box, share=share or rank_share(), reduce_max=max_over_ranks
+    )

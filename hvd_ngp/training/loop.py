@@ -52,8 +52,12 @@ class RunResult:
     stopped: str | None = None  # "SIGTERM on rank 1", ...: stopped early by a signal (exit EXIT_PREEMPTED)
 
 
-def train(tr: "Trainer", s: Settings, stop_after_eval: Callable[[int, float], bool] | None = None,
-          attach: Callable[["Trainer"], Watcher] | None = None) -> RunResult:
+def train(
+    tr: "Trainer",
+    s: Settings,
+    stop_after_eval: Callable[[int, float], bool] | None = None,
+    attach: Callable[["Trainer"], Watcher] | None = None,
+) -> RunResult:
     """The run loop of ``trainer.run`` after start-up (every rank), with the output folder prepared and locked
     (``stop_after_eval``, ``attach``: as for ``run``)."""
     loop = RunLoop(tr, s, stop_after_eval, attach)
@@ -70,19 +74,27 @@ class RunLoop:
     log interval), "curve" (test PSNR/SSIM against training time, with each evaluation's wall seconds),
     "total_samples" and "train_seconds" (training time before this process)."""
 
-    def __init__(self, tr: "Trainer", s: Settings, stop_after_eval: Callable[[int, float], bool] | None,
-                 attach: Callable[["Trainer"], Watcher] | None) -> None:
+    def __init__(
+        self,
+        tr: "Trainer",
+        s: Settings,
+        stop_after_eval: Callable[[int, float], bool] | None,
+        attach: Callable[["Trainer"], Watcher] | None,
+    ) -> None:
         self.tr, self.s, self.stop_after_eval = tr, s, stop_after_eval
         self.out_dir = Path(s.output.out_dir)
         # what checkpoints and snapshots record: the resolved options (the precision as the trainer resolved it)
-        self.config = {"args": {**s.flags, "precision": tr.precision},
-                       "trained_on": checkpoint.trained_on(s.model.blocks, tr.scene.digest())}
+        self.config = {
+            "args": {**s.flags, "precision": tr.precision},
+            "trained_on": checkpoint.trained_on(s.model.blocks, tr.scene.digest()),
+        }
         self.announce()
         progress = self.progress = tr.state.progress
         for key, empty in (("history", []), ("curve", []), ("total_samples", 0.0), ("train_seconds", 0.0)):
             progress.setdefault(key, empty)
-        self.monitor = elastic.startup_agree(lambda: Monitor(s.monitor, s.loop.n_steps, tr.start_step,
-                                                             memory=tr.meter), "starting the monitor")
+        self.monitor = elastic.startup_agree(
+            lambda: Monitor(s.monitor, s.loop.n_steps, tr.start_step, memory=tr.meter), "starting the monitor"
+        )
         self.clock = TrainClock(tr.rt.device, already=progress["train_seconds"])
         self.watchdog = Watchdog(s.loop.watchdog_s, tr.rt.rank).start()
         self.last_timed_ckpt = progress["train_seconds"]  # a shared clock reading: the same on every rank
@@ -97,14 +109,18 @@ class RunLoop:
 
     def announce(self) -> None:
         tr, loop, march, grid = self.tr, self.s.loop, self.tr.march, self.tr.grid
-        length = (f"{loop.n_steps} steps" + (f" (or {loop.time_budget_s:g} s)" if loop.time_budget_s else "")
-                  if loop.n_steps < UNLIMITED_STEPS else f"for {loop.time_budget_s:g} s")
-        dist.log(f"training {length}"
-                 + f", {self.s.step.target_samples} samples/step/rank, MLPs in {tr.precision}"
-                   f"{' (fused kernels)' if getattr(tr.field.density_mlp, 'train_fused', False) else ''}, "
-                   f"grid {grid.resolution}^3 x {grid.n_cascades}, "
-                   f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}"
-                   + (f", evaluations at dt {march.eval_schedule.dt_min:.5f}" if march.eval_schedule else ""))
+        length = (
+            f"{loop.n_steps} steps" + (f" (or {loop.time_budget_s:g} s)" if loop.time_budget_s else "")
+            if loop.n_steps < UNLIMITED_STEPS
+            else f"for {loop.time_budget_s:g} s"
+        )
+        dist.log(
+            f"training {length}" + f", {self.s.step.target_samples} samples/step/rank, MLPs in {tr.precision}"
+            f"{' (fused kernels)' if getattr(tr.field.density_mlp, 'train_fused', False) else ''}, "
+            f"grid {grid.resolution}^3 x {grid.n_cascades}, "
+            f"dt {march.schedule.dt_min:.5f}..{march.schedule.dt_max:.5f}, cone {march.schedule.cone_angle:.5f}"
+            + (f", evaluations at dt {march.eval_schedule.dt_min:.5f}" if march.eval_schedule else "")
+        )
 
     def paused(self):
         return paused(self.clock, self.watchdog, self.monitor)
@@ -139,11 +155,14 @@ class RunLoop:
     def stop_with_checkpoint(self, step: int, during: str = "") -> None:
         """Every rank agreed to stop (a signal, or the launcher gone): checkpoint, marker, then exit 75."""
         who = self.tr.stops.who()
-        dist.log(f"[step {step}] stop requested ({who}){during}: writing a checkpoint, then exiting with status "
-                 f"{preempt.EXIT_PREEMPTED} (resume with --resume auto)")
+        dist.log(
+            f"[step {step}] stop requested ({who}){during}: writing a checkpoint, then exiting with status "
+            f"{preempt.EXIT_PREEMPTED} (resume with --resume auto)"
+        )
         path = self.write_checkpoint(step)
-        dist.agree(lambda: preempt.write_marker(self.out_dir, step, self.s.loop.n_steps, who, path),
-                   "writing the stop marker")
+        dist.agree(
+            lambda: preempt.write_marker(self.out_dir, step, self.s.loop.n_steps, who, path), "writing the stop marker"
+        )
         self.stopped.append(who)
 
     def first_step(self) -> None:
@@ -162,15 +181,16 @@ class RunLoop:
             tr.on_settled = keep
         self.stats.started += clock.last_pause
         self.set_up = True
-        dist.log(f"[step {tr.state.step + 1}] first step {clock.last_pause:.1f} s, not counted in the training time "
-                 f"(kernel compilation and warm-up; compiled kernels are cached for later runs)")
+        dist.log(
+            f"[step {tr.state.step + 1}] first step {clock.last_pause:.1f} s, not counted in the training time "
+            f"(kernel compilation and warm-up; compiled kernels are cached for later runs)"
+        )
 
     def train_loop(self, commit: Callable[[], None] | None = None) -> None:
         """Steps from ``tr.state.step`` to the end; re-entered after an elastic reset."""
         tr, ts, loop = self.tr, self.tr.state, self.s.loop
         self.eval_at = sorted(t for t in self.s.eval.eval_at_s if t > self.progress["train_seconds"])
-        tr.budget_lr_factor = budget_lr_factor(self.progress["train_seconds"], loop.time_budget_s,
-                                               loop.budget_lr_decay)
+        tr.budget_lr_factor = budget_lr_factor(self.progress["train_seconds"], loop.time_budget_s, loop.budget_lr_decay)
         self.stats = self.monitor.new_interval()
 
         def add(res: StepResult, n_rays: int) -> None:  # each step once its verdict is known (Trainer.settle)
@@ -191,8 +211,9 @@ class RunLoop:
                     break
         tr.settle()
         if self.stats.steps and not self.stopped:  # the partial interval before a time-budget stop
-            self.progress["total_samples"] += self.monitor.end_interval(ts.step, self.stats, self.clock.seconds(),
-                                                                        tr.grid.occupancy_fraction())["samples"]
+            self.progress["total_samples"] += self.monitor.end_interval(
+                ts.step, self.stats, self.clock.seconds(), tr.grid.occupancy_fraction()
+            )["samples"]
 
     def between_steps(self, step: int, commit: Callable[[], None] | None) -> bool:
         """After ``step`` on every rank: the stop vote, the log interval, evaluations, checkpoints, the viewer,
@@ -233,11 +254,19 @@ class RunLoop:
             self.watcher.record(step, {"loss": r["loss"], "train_psnr": r["train_psnr"]})
         tr.end_interval(self.monitor.table)
         self.progress["total_samples"] += r["samples"]
-        self.progress["history"].append({
-            "step": step, "seconds": round(seconds, 3), "loss": r["loss"], "train_psnr": r["train_psnr"],
-            "samples_per_sec": r["samples_per_s"], "rays_per_step": r["rays_per_step"],
-            "step_time_spread": r["step_time_spread"], "gpu_util_spread": r["gpu_util_spread"],
-            **{k: r[k] for k in ("interval_s", "comm_fraction", "gpu_util", "energy_j")}})
+        self.progress["history"].append(
+            {
+                "step": step,
+                "seconds": round(seconds, 3),
+                "loss": r["loss"],
+                "train_psnr": r["train_psnr"],
+                "samples_per_sec": r["samples_per_s"],
+                "rays_per_step": r["rays_per_step"],
+                "step_time_spread": r["step_time_spread"],
+                "gpu_util_spread": r["gpu_util_spread"],
+                **{k: r[k] for k in ("interval_s", "comm_fraction", "gpu_util", "energy_j")},
+            }
+        )
         self.stats = self.monitor.new_interval()
 
     def due(self, step: int) -> tuple[bool, bool, bool]:
@@ -269,10 +298,19 @@ class RunLoop:
         if ev.get("stopped"):
             self.stop_with_checkpoint(step, " during an evaluation")
             return None
-        self.progress["curve"].append({"step": step, "seconds": round(seconds, 3), "psnr": ev["psnr"],
-                                       "ssim": ev["ssim"], "eval_seconds": round(clock.last_pause, 3)})
-        dist.log(f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
-                 f"views at {seconds:.1f} s (evaluation {clock.last_pause:.1f} s)")
+        self.progress["curve"].append(
+            {
+                "step": step,
+                "seconds": round(seconds, 3),
+                "psnr": ev["psnr"],
+                "ssim": ev["ssim"],
+                "eval_seconds": round(clock.last_pause, 3),
+            }
+        )
+        dist.log(
+            f"[step {step}] test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} "
+            f"views at {seconds:.1f} s (evaluation {clock.last_pause:.1f} s)"
+        )
         stop = self.stop_after_eval is not None and self.stop_after_eval(step, ev["psnr"])
         if self.watcher is not None:
             self.watcher.record(step, {"test_psnr": ev["psnr"]})
@@ -289,8 +327,10 @@ class RunLoop:
         step = tr.state.step
         if self.stopped:  # a stop signal: the checkpoint is written; no final evaluation, exit EXIT_PREEMPTED now
             tr.data.close()
-            dist.log(f"stopped at step {step} of {s.loop.n_steps} on a signal ({self.stopped[0]}); checkpoint in "
-                     f"{tr.ckpts.directory}; exit status {preempt.EXIT_PREEMPTED}")
+            dist.log(
+                f"stopped at step {step} of {s.loop.n_steps} on a signal ({self.stopped[0]}); checkpoint in "
+                f"{tr.ckpts.directory}; exit status {preempt.EXIT_PREEMPTED}"
+            )
             return RunResult(tr.field, tr.grid, step, {"steps": step, "stopped": self.stopped[0]}, self.stopped[0])
         train_seconds = progress["train_seconds"] = self.clock.seconds()
         if s.output.checkpointing and step not in [k for k, _ in tr.ckpts.existing()]:
@@ -306,38 +346,65 @@ class RunLoop:
         ev = tr.evaluate(save_dir=self.out_dir / "renders", n_save=s.eval.save_renders)
         if ev.get("stopped"):  # training is done, its final evaluation was cut short: a resume evaluates again
             self.stop_with_checkpoint(step, " during the final evaluation")
-            dist.log(f"stopped after step {step} of {s.loop.n_steps} on a signal ({self.stopped[0]}) before the "
-                     f"final evaluation ended; checkpoint in {tr.ckpts.directory}; exit status "
-                     f"{preempt.EXIT_PREEMPTED}")
+            dist.log(
+                f"stopped after step {step} of {s.loop.n_steps} on a signal ({self.stopped[0]}) before the "
+                f"final evaluation ended; checkpoint in {tr.ckpts.directory}; exit status "
+                f"{preempt.EXIT_PREEMPTED}"
+            )
             return RunResult(tr.field, tr.grid, step, {"steps": step, "stopped": self.stopped[0]}, self.stopped[0])
-        progress["curve"].append({"step": step, "seconds": round(train_seconds, 3), "psnr": ev["psnr"],
-                                  "ssim": ev["ssim"], "eval_seconds": round(time.perf_counter() - eval_started, 3)})
+        progress["curve"].append(
+            {
+                "step": step,
+                "seconds": round(train_seconds, 3),
+                "psnr": ev["psnr"],
+                "ssim": ev["ssim"],
+                "eval_seconds": round(time.perf_counter() - eval_started, 3),
+            }
+        )
         samples_per_sec = progress["total_samples"] / max(train_seconds, 1e-9)
-        dist.log(f"done: {step} steps in {train_seconds:.1f} s, {samples_per_sec / 1e6:.3f} M samples/s, "
-                 f"test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views")
+        dist.log(
+            f"done: {step} steps in {train_seconds:.1f} s, {samples_per_sec / 1e6:.3f} M samples/s, "
+            f"test PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views"
+        )
         if s.output.save_snapshot:
             checkpoint.save(tr.state, s.output.save_snapshot, self.config)
         metrics = self.metrics(step, train_seconds, samples_per_sec, ev)
         if dist.runtime().is_root:
-            write_metrics(metrics, [self.out_dir / "metrics.json"]
-                          + ([Path(s.output.metrics_json)] if s.output.metrics_json else []))
+            write_metrics(
+                metrics,
+                [self.out_dir / "metrics.json"] + ([Path(s.output.metrics_json)] if s.output.metrics_json else []),
+            )
         return RunResult(tr.field, tr.grid, step, metrics)
 
     def metrics(self, step: int, train_seconds: float, samples_per_sec: float, ev: dict) -> dict:
         """The run's metrics (``metrics.json``); collective with model parallelism (its summary)."""
         tr, rt = self.tr, dist.runtime()
-        metrics = {"world_size": rt.size, "steps": step, "train_seconds": round(train_seconds, 3),
-                   "samples_per_sec": samples_per_sec, "test_psnr": ev["psnr"], "test_ssim": ev["ssim"],
-                   "test_views": ev["views"], "psnr_per_view": ev.get("psnr_per_view", []),
-                   "curve": self.progress["curve"], "device": device_name(rt.device), "backend": tr.backend,
-                   "precision": tr.precision, "controller": rt.controller, "scene": tr.scene.source,
-                   "config": self.s.model.source,
-                   "nonfinite_skipped_steps": tr.guard.skipped if tr.guard else None,
-                   "history": self.progress["history"],
-                   "communication": self.s.runtime.comm.summary(os.environ, tr.lr_multiplier()),
-                   "data": tr.data.summary(),
-                   "memory": {"budget_gib": None if tr.memory.bytes is None else round(tr.memory.bytes / GIB, 3),
-                              "budget_source": tr.memory.source, "peak": tr.meter.summary()}}
+        metrics = {
+            "world_size": rt.size,
+            "steps": step,
+            "train_seconds": round(train_seconds, 3),
+            "samples_per_sec": samples_per_sec,
+            "test_psnr": ev["psnr"],
+            "test_ssim": ev["ssim"],
+            "test_views": ev["views"],
+            "psnr_per_view": ev.get("psnr_per_view", []),
+            "curve": self.progress["curve"],
+            "device": device_name(rt.device),
+            "backend": tr.backend,
+            "precision": tr.precision,
+            "controller": rt.controller,
+            "scene": tr.scene.source,
+            "config": self.s.model.source,
+            "nonfinite_skipped_steps": tr.guard.skipped if tr.guard else None,
+            "history": self.progress["history"],
+            "communication": self.s.runtime.comm.summary(os.environ, tr.lr_multiplier()),
+            "data": tr.data.summary(),
+            "memory": {
+                "budget_gib": None if tr.memory.bytes is None else round(tr.memory.bytes / GIB, 3),
+                "budget_source": tr.memory.source,
+                "peak": tr.meter.summary(),
+            },
+        }
         if tr.mp is not None:
             metrics["model_parallel"] = model_parallel_summary(tr)
         return metrics
@@ -355,14 +422,21 @@ def write_metrics(metrics: dict, paths: list[Path]) -> None:
 def model_parallel_summary(tr: "Trainer") -> dict:
     """Collective: the layout, every rank's parameter bytes and peak memory, and the interval reports."""
     g = tr.mp.groups
-    mine = {"hash_params": hash_parameters(tr.field), "param_bytes": sum(p.numel() * p.element_size()
-                                                                        for p in tr.field.parameters()),
-            "peak_memory": tr.meter.summary()}
+    mine = {
+        "hash_params": hash_parameters(tr.field),
+        "param_bytes": sum(p.numel() * p.element_size() for p in tr.field.parameters()),
+        "peak_memory": tr.meter.summary(),
+    }
     ranks = dist.allgather_object(mine, name="model_parallel.summary")
-    return {"model_parallel": g.model_parallel, "replicas": g.replicas, "partition": json.loads(tr.mp.partition.to_json()),
-            "hash_params_per_rank": [r["hash_params"] for r in ranks],
-            "param_bytes_per_rank": [r["param_bytes"] for r in ranks],
-            "peak_memory_per_rank": [r["peak_memory"] for r in ranks], "intervals": tr.mp_reports}
+    return {
+        "model_parallel": g.model_parallel,
+        "replicas": g.replicas,
+        "partition": json.loads(tr.mp.partition.to_json()),
+        "hash_params_per_rank": [r["hash_params"] for r in ranks],
+        "param_bytes_per_rank": [r["param_bytes"] for r in ranks],
+        "peak_memory_per_rank": [r["peak_memory"] for r in ranks],
+        "intervals": tr.mp_reports,
+    }
 
 
 @contextlib.contextmanager
@@ -402,7 +476,9 @@ def prepare_outputs(out: OutputSettings, n_steps: int, ckpt_dir: Path | None) ->
         lock.release()
         raise
     if lock.took_over:
-        dist.log(f"{lock.path}: took over the lock of a run that ended without releasing it (crashed or killed: "
-                 f"{describe_owner(lock.took_over)})")
+        dist.log(
+            f"{lock.path}: took over the lock of a run that ended without releasing it (crashed or killed: "
+            f"{describe_owner(lock.took_over)})"
+        )
     preempt.clear_marker(out_dir)  # a previous stop's marker: this run decides anew
     return lock

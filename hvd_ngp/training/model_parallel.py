@@ -48,18 +48,22 @@ def region_model(model: dict, k: int) -> dict:
     log2 = int(model["encoding"].get("log2_hashmap_size", 19))
     per_region = log2 - math.ceil(math.log2(k))
     if per_region < 1:
-        raise ConfigError(f"{source}: --model_parallel {k} is more regions than encoding.log2_hashmap_size {log2} "
-                          f"can be split into (each region would hold 2^{per_region} entries per level)")
+        raise ConfigError(
+            f"{source}: --model_parallel {k} is more regions than encoding.log2_hashmap_size {log2} "
+            f"can be split into (each region would hold 2^{per_region} entries per level)"
+        )
     out = copy.deepcopy(model)
     out["encoding"]["log2_hashmap_size"] = per_region
     return out
 
 
-def plan_partition(frames, aabb: Tensor, k: int, cells: int, near: float = 0.0,
-                   source: str = "--model_parallel") -> Partition:
+def plan_partition(
+    frames, aabb: Tensor, k: int, cells: int, near: float = 0.0, source: str = "--model_parallel"
+) -> Partition:
     """Rank 0 cuts the box by camera coverage (how many training cameras see each cell of a ``cells^3``
     lattice over ``aabb``: the rays, and so the samples, a region will carry); every rank receives rank
     0's partition (collective). ``frames``: the training ``Frames`` (c2w, intrinsics, sizes)."""
+
     def decide() -> str:
         u = (torch.arange(cells, dtype=torch.float32) + 0.5) / cells
         lattice = torch.stack(torch.meshgrid(u, u, u, indexing="ij"), dim=-1).view(-1, 3)
@@ -95,7 +99,9 @@ class ModelParallel:
 
     def __init__(self, groups: dist.Groups, partition: Partition) -> None:
         if partition.k != groups.model_parallel:
-            raise ConfigError(f"the partition has {partition.k} regions but --model_parallel is {groups.model_parallel}")
+            raise ConfigError(
+                f"the partition has {partition.k} regions but --model_parallel is {groups.model_parallel}"
+            )
         self.groups, self.partition = groups, partition
         self.region = groups.region
         self.box = partition.boxes[self.region]
@@ -104,17 +110,38 @@ class ModelParallel:
 
     # -------------------------------------------------------------------------------- rendering
 
-    def __call__(self, rgb_sigma_fn, sigma_fn, origins: Tensor, directions: Tensor, aabb: Tensor,
-                 grid: OccupancyGrid | None, schedule: StepSchedule, early_termination: float = 1e-4,
-                 jitter: Tensor | None = None, timer: StageTimer = NULL_TIMER) -> RenderResult:
+    def __call__(
+        self,
+        rgb_sigma_fn,
+        sigma_fn,
+        origins: Tensor,
+        directions: Tensor,
+        aabb: Tensor,
+        grid: OccupancyGrid | None,
+        schedule: StepSchedule,
+        early_termination: float = 1e-4,
+        jitter: Tensor | None = None,
+        timer: StageTimer = NULL_TIMER,
+    ) -> RenderResult:
         """Render this rank's segment of the replica's rays ``[R, 3]``, exchange, merge (differentiable):
         rgb ``[R, 3]``, opacity ``[R]``, depth ``[R]`` of the whole rays; the counts are this rank's.
         ``aabb`` (the region field's box) is not used: the partition holds the scene box."""
         device = origins.device
         partition = self.partition if self.partition.aabb.device == device else self.partition.to(device)
         self.partition = partition
-        seg = render_segment(rgb_sigma_fn, sigma_fn, origins, directions, partition, self.region, grid, schedule,
-                             early_termination, jitter, timer)
+        seg = render_segment(
+            rgb_sigma_fn,
+            sigma_fn,
+            origins,
+            directions,
+            partition,
+            self.region,
+            grid,
+            schedule,
+            early_termination,
+            jitter,
+            timer,
+        )
         R = origins.shape[0]
         meta = torch.zeros(1, SEGMENT_COLUMNS, device=device)
         meta[0, 0], meta[0, 1] = float(seg.n_samples), float(seg.n_candidates)  # exact below 2^24
@@ -137,9 +164,18 @@ class ModelParallel:
         self.step_samples = []
         return total
 
-    def render_image(self, field, origins: Tensor, directions: Tensor, grid: OccupancyGrid | None,
-                     schedule: StepSchedule, background: Tensor, early_termination: float, chunk: int,
-                     step_offset: float = 0.5) -> tuple[Tensor, Tensor]:
+    def render_image(
+        self,
+        field,
+        origins: Tensor,
+        directions: Tensor,
+        grid: OccupancyGrid | None,
+        schedule: StepSchedule,
+        background: Tensor,
+        early_termination: float,
+        chunk: int,
+        step_offset: float = 0.5,
+    ) -> tuple[Tensor, Tensor]:
         """``render.render_image`` through the exchange (collective in the replica group; every rank of the
         replica passes the same rays and ``chunk``): rgb on ``background`` ``[R, 3]``, depth ``[R]``."""
 
@@ -183,13 +219,18 @@ class ModelParallel:
         k = self.groups.model_parallel
         samples = table[:, COL["samples"]].reshape(-1, k).sum(axis=0) / max(steps, 1)  # per region per step
         spread = float((samples.max() - samples.min()) / max(samples.max(), 1e-9))
-        return {"exchange_bytes_per_step": [round(b) for b, _ in everyone],
-                "exchange_ms_per_step": [round(1e3 * t, 3) for _, t in everyone],
-                "samples_per_region": [round(float(v), 1) for v in samples], "region_work_spread": round(spread, 4)}
+        return {
+            "exchange_bytes_per_step": [round(b) for b, _ in everyone],
+            "exchange_ms_per_step": [round(1e3 * t, 3) for _, t in everyone],
+            "samples_per_region": [round(float(v), 1) for v in samples],
+            "region_work_spread": round(spread, 4),
+        }
 
     @staticmethod
     def describe_report(r: dict) -> str:
         ex_b, ex_t = r["exchange_bytes_per_step"], r["exchange_ms_per_step"]
-        return (f"model parallel: exchange {max(ex_b) / 1024:.1f} KiB/step, {max(ex_t):.2f} ms/step (slowest rank); "
-                f"samples/step per region [{', '.join(f'{v:.0f}' for v in r['samples_per_region'])}], "
-                f"spread {100 * r['region_work_spread']:.0f}%")
+        return (
+            f"model parallel: exchange {max(ex_b) / 1024:.1f} KiB/step, {max(ex_t):.2f} ms/step (slowest rank); "
+            f"samples/step per region [{', '.join(f'{v:.0f}' for v in r['samples_per_region'])}], "
+            f"spread {100 * r['region_work_spread']:.0f}%"
+        )

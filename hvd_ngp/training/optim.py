@@ -46,8 +46,10 @@ class OptimizerChain:
             block = block.get("nested", {})
         otype = block.get("otype") if isinstance(block, dict) else block
         if otype != "Adam":
-            raise ConfigError(f"{source}: optimizer otype {otype!r} is not implemented (the chain may hold "
-                              f"{', '.join(WRAPPERS)} around Adam)")
+            raise ConfigError(
+                f"{source}: optimizer otype {otype!r} is not implemented (the chain may hold "
+                f"{', '.join(WRAPPERS)} around Adam)"
+            )
         ema = found.get("Ema")
         if ema is not None and not 0.0 <= float(ema.get("decay", EMA_DEFAULT_DECAY)) < 1.0:
             raise ConfigError(f"{source}: optimizer Ema.decay must be in [0, 1), got {ema.get('decay')}")
@@ -109,7 +111,7 @@ class Adam(torch.optim.Adam):
         v.copy_(torch.where(touched, beta2 * v + (1 - beta2) * g * g, v))
         t.add_(touched.to(t.dtype))
         tc = t.clamp(min=1.0)
-        lr = group["lr"] * torch.sqrt(1 - beta2 ** tc) / (1 - beta1 ** tc)
+        lr = group["lr"] * torch.sqrt(1 - beta2**tc) / (1 - beta1**tc)
         p.sub_(torch.where(touched, lr * m / (v.sqrt() + group["eps"]), torch.zeros_like(p)))
 
 
@@ -134,7 +136,7 @@ class ParameterEma:
     def update(self) -> None:
         """After an optimizer step that every rank took."""
         self.count += 1
-        weight = (1.0 - self.decay) / (1.0 - self.decay ** self.count)
+        weight = (1.0 - self.decay) / (1.0 - self.decay**self.count)
         torch._foreach_lerp_(self.average, [p.detach().float() for p in self.params], weight)
 
     @contextmanager

@@ -24,7 +24,6 @@ from ..render import MarchLaunch, StepSchedule
 from ..render.occupancy import OccupancyGrid, n_cascades_for
 from .optim import Adam, OptimizerChain, exponential_decay
 
-
 DEFAULT_CANDIDATE_FACTOR = 4.0
 
 
@@ -38,7 +37,9 @@ class Marching:
     warmup_steps: int
     update_ramp: bool = False  # instant-ngp's cadence in the first steps (``update_due``)
     launch: MarchLaunch | None = None  # ``kernel_launch``: how the Triton march runs (None: its default)
-    eval_schedule: StepSchedule | None = None  # ``eval_steps_per_diagonal``: evaluations and renders (None: ``schedule``)
+    eval_schedule: StepSchedule | None = (
+        None  # ``eval_steps_per_diagonal``: evaluations and renders (None: ``schedule``)
+    )
     candidate_factor: float = DEFAULT_CANDIDATE_FACTOR  # marched samples per network sample the fast buffers hold
 
     @property
@@ -64,10 +65,12 @@ class Marching:
         if steps <= 0 or res <= 0:
             raise ConfigError(f"{source}: marching.steps_per_diagonal and grid_resolution must be positive")
         eval_steps = block.get("eval_steps_per_diagonal")
-        if eval_steps is not None and (not isinstance(eval_steps, int) or isinstance(eval_steps, bool)
-                                       or eval_steps <= 0):
-            raise ConfigError(f"{source}: marching.eval_steps_per_diagonal must be a positive integer or null, "
-                              f"got {eval_steps!r}")
+        if eval_steps is not None and (
+            not isinstance(eval_steps, int) or isinstance(eval_steps, bool) or eval_steps <= 0
+        ):
+            raise ConfigError(
+                f"{source}: marching.eval_steps_per_diagonal must be a positive integer or null, got {eval_steps!r}"
+            )
         cone = block.get("cone_angle", "auto")
         if cone == "auto":
             cone = 0.0 if scene_aabb_scale <= 1 else 1.0 / 256
@@ -94,17 +97,25 @@ class Marching:
             dt_max = dt_min * 2 ** (n_cascades_for(scene_aabb_scale) - 1) * max(n / res, 1.0)
             return StepSchedule(dt_min, dt_max, float(cone), int(block.get("max_steps", 4096)), near)
 
-        return Marching(rule(steps), early, interval, warmup, update == "ramp",
-                        march_launch(block.get("kernel_launch"), source),
-                        None if eval_steps in (None, steps) else rule(eval_steps), factor)
+        return Marching(
+            rule(steps),
+            early,
+            interval,
+            warmup,
+            update == "ramp",
+            march_launch(block.get("kernel_launch"), source),
+            None if eval_steps in (None, steps) else rule(eval_steps),
+            factor,
+        )
 
 
 def candidate_factor(block: dict, source: str) -> float:
     """``marching.candidate_factor`` (default 4): the fast renderer's marched-sample slots per network sample."""
     factor = float(block.get("candidate_factor", DEFAULT_CANDIDATE_FACTOR))
     if factor < 1:
-        raise ConfigError(f"{source}: marching.candidate_factor must be >= 1 (marched samples per network sample), "
-                          f"got {factor}")
+        raise ConfigError(
+            f"{source}: marching.candidate_factor must be >= 1 (marched samples per network sample), got {factor}"
+        )
     return factor
 
 
@@ -115,8 +126,9 @@ def march_launch(value, source: str) -> MarchLaunch | None:
         return None
     known = {"block", "segment", "warps"}
     if not isinstance(value, dict) or not set(value) <= known:
-        raise ConfigError(f"{source}: marching.kernel_launch must be an object with keys among "
-                          f"{sorted(known)}, got {value!r}")
+        raise ConfigError(
+            f"{source}: marching.kernel_launch must be an object with keys among {sorted(known)}, got {value!r}"
+        )
     try:
         return MarchLaunch(**value)
     except ValueError as e:
@@ -124,12 +136,18 @@ def march_launch(value, source: str) -> MarchLaunch | None:
 
 
 def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
-    return OccupancyGrid(scene.aabb, int(block["grid_resolution"]), n_cascades_for(scene.aabb_scale),
-                         float(block["threshold"]), float(block["decay"]))
+    return OccupancyGrid(
+        scene.aabb,
+        int(block["grid_resolution"]),
+        n_cascades_for(scene.aabb_scale),
+        float(block["threshold"]),
+        float(block["decay"]),
+    )
 
 
-def make_optimizer(field: NGPField, block: dict, source: str, capturable: bool = False
-                   ) -> tuple[torch.optim.Adam, callable]:
+def make_optimizer(
+    field: NGPField, block: dict, source: str, capturable: bool = False
+) -> tuple[torch.optim.Adam, callable]:
     """Adam (L2 ``l2_reg`` on the MLP weights, ``l2_reg_encoding`` on the hash table, default 0 as in
     instant-ngp; the hash table sparse with ``sparse_hash_updates``; torch's
     fused single-kernel implementation with ``"fused": true``, and by default (``"auto"``) for the graphed step)
@@ -140,7 +158,7 @@ def make_optimizer(field: NGPField, block: dict, source: str, capturable: bool =
     lr = float(adam.get("learning_rate", 1e-2))
     fused = adam.get("fused", "auto")
     if fused not in (True, False, "auto"):
-        raise ConfigError(f"{source}: optimizer Adam.fused must be true, false or \"auto\", got {fused!r}")
+        raise ConfigError(f'{source}: optimizer Adam.fused must be true, false or "auto", got {fused!r}')
     if fused == "auto":  # one H200, lego: graph B's GPU time 0.42 -> 0.16 ms per step (docs/BENCHMARKS.md)
         fused = capturable and all(p.is_cuda for p in field.parameters())
     sparse = bool(adam.get("sparse_hash_updates", False))
@@ -148,13 +166,21 @@ def make_optimizer(field: NGPField, block: dict, source: str, capturable: bool =
     if isinstance(l2_table, bool) or not isinstance(l2_table, (int, float)) or not 0.0 <= l2_table < 1.0:
         raise ConfigError(f"{source}: optimizer Adam.l2_reg_encoding must be a number in [0, 1), got {l2_table!r}")
     if l2_table and sparse:
-        raise ConfigError(f"{source}: optimizer Adam.l2_reg_encoding needs dense hash-table updates "
-                          f"(sparse_hash_updates false): the sparse rule leaves untouched entries alone")
+        raise ConfigError(
+            f"{source}: optimizer Adam.l2_reg_encoding needs dense hash-table updates "
+            f"(sparse_hash_updates false): the sparse rule leaves untouched entries alone"
+        )
     opt = Adam(
-        [{"params": field.encoding_parameters(), "weight_decay": float(l2_table), "sparse": sparse},
-         {"params": field.mlp_parameters(), "weight_decay": float(adam.get("l2_reg", 1e-6))}],
-        lr=lr, betas=(float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.99))),
-        eps=float(adam.get("epsilon", 1e-15)), capturable=capturable, **({"fused": True} if fused else {}))
+        [
+            {"params": field.encoding_parameters(), "weight_decay": float(l2_table), "sparse": sparse},
+            {"params": field.mlp_parameters(), "weight_decay": float(adam.get("l2_reg", 1e-6))},
+        ],
+        lr=lr,
+        betas=(float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.99))),
+        eps=float(adam.get("epsilon", 1e-15)),
+        capturable=capturable,
+        **({"fused": True} if fused else {}),
+    )
 
     def lr_at(step: int) -> float:
         return lr * exponential_decay(step, chain.decay)
@@ -173,7 +199,6 @@ def make_loss(block: dict, source: str):
     if otype == "L1":
         return lambda pred, target: (pred - target).abs()
     raise ConfigError(f"{source}: loss.otype {otype!r} is unknown (L2, Huber, L1)")
-
 
 
 def resolve_precision(precision: str, device: torch.device, backend: str, model_parallel: bool = False) -> str:
@@ -202,7 +227,6 @@ def make_scaler(precision: str, comm: CommSettings, device: torch.device, size: 
     return None
 
 
-
 BUDGET_LR_MILESTONES = (0.5, 0.75, 0.9)  # fractions of --time_budget_s (nerfacc's step schedule, on time)
 BUDGET_LR_GAMMA = 0.33
 
@@ -216,7 +240,6 @@ def budget_lr_factor(elapsed_s: float, budget_s: float, mode: str = "on") -> flo
     return BUDGET_LR_GAMMA ** sum(elapsed_s >= m * budget_s for m in BUDGET_LR_MILESTONES)
 
 
-
 def model_footprint(model: dict, target_samples: int, scene: Scene) -> TrainingFootprint:
     """Training's memory from the config alone, before anything is built (``observe.memory.check_fit``);
     ``model``: the config this rank builds (model parallel: one region's, ``model_parallel.region_model``)."""
@@ -226,11 +249,10 @@ def model_footprint(model: dict, target_samples: int, scene: Scene) -> TrainingF
     block = model["marching"]
     cells = int(block["grid_resolution"]) ** 3 * n_cascades_for(scene.aabb_scale)
     factor = candidate_factor(block, model["_source"])
-    return training_footprint(n_params, PARAMETER_COPIES, cells, int(factor * target_samples), target_samples,
-                              STEP_COSTS)
+    return training_footprint(
+        n_params, PARAMETER_COPIES, cells, int(factor * target_samples), target_samples, STEP_COSTS
+    )
 
 
 MLP_PARAMS_ALLOWANCE = 1 << 16  # the two MLPs hold about 10k parameters
 PARAMETER_COPIES = 5  # value, gradient, Adam's two moments, the average (Ema)
-
-

@@ -22,8 +22,8 @@ from ..data.sampler import RayBatch
 from ..model.field import NGPField
 from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render import render_rays
-from ..render.volume import composite_background, over_background
 from ..render.occupancy import OccupancyGrid
+from ..render.volume import composite_background, over_background
 from ..state.failures import NonFiniteGuard
 from .recipe import Marching
 
@@ -43,8 +43,16 @@ def masked_mean(values: Tensor, valid: Tensor | None, weight: Tensor | None = No
     return (values * w[:, None]).sum() / (count * values.shape[1]).clamp(min=1.0)
 
 
-def ray_losses(rgb: Tensor, opacity: Tensor, background: Tensor, target: Tensor, loss_fn, valid: Tensor | None,
-               weight: Tensor | None, weight_gradient: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def ray_losses(
+    rgb: Tensor,
+    opacity: Tensor,
+    background: Tensor,
+    target: Tensor,
+    loss_fn,
+    valid: Tensor | None,
+    weight: Tensor | None,
+    weight_gradient: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The step's loss terms from rendered ``rgb`` ``[R, 3]`` and ``opacity`` ``[R]`` over ``background``
     ``[R, 3]`` against ``target`` ``[R, 3]``: (pred ``[R, 3]``, per-channel loss ``[R, 3]``, the reported loss
     (weighted by ``weight``), the loss to back-propagate (the same tensor unless ``weight_gradient`` is off
@@ -79,11 +87,26 @@ class StepResult:
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Optimizer, rays: RayBatch,
-               background: Tensor, march: Marching, loss_fn, jitter: Tensor | None, precision: str = "fp32",
-               scaler: torch.amp.GradScaler | None = None, renderer: FastRenderer | None = None,
-               timer: StageTimer = NULL_TIMER, backward_passes: int = 1, guard: NonFiniteGuard | None = None,
-               step: int = 0, weight_gradient: bool = True, loss_scale: float = 1.0, exchange=None) -> StepResult:
+def train_step(
+    field: NGPField,
+    grid: OccupancyGrid,
+    optimizer: torch.optim.Optimizer,
+    rays: RayBatch,
+    background: Tensor,
+    march: Marching,
+    loss_fn,
+    jitter: Tensor | None,
+    precision: str = "fp32",
+    scaler: torch.amp.GradScaler | None = None,
+    renderer: FastRenderer | None = None,
+    timer: StageTimer = NULL_TIMER,
+    backward_passes: int = 1,
+    guard: NonFiniteGuard | None = None,
+    step: int = 0,
+    weight_gradient: bool = True,
+    loss_scale: float = 1.0,
+    exchange=None,
+) -> StepResult:
     """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
 
     ``rays.weight`` (importance weights of non-uniform sampling) always weight the reported loss and
@@ -117,12 +140,23 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
             continue
         part, share = slice(a, b), (b - a) / n
         with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
-            out = render(field, field.density, rays.origins[part], rays.directions[part], field.aabb, grid,
-                         march.schedule, march.early_termination, None if jitter is None else jitter[part], timer=timer)
+            out = render(
+                field,
+                field.density,
+                rays.origins[part],
+                rays.directions[part],
+                field.aabb,
+                grid,
+                march.schedule,
+                march.early_termination,
+                None if jitter is None else jitter[part],
+                timer=timer,
+            )
         valid = getattr(out, "valid", None)
         weight = None if rays.weight is None else rays.weight[part]
-        pred, per_channel, reported, backpropagated = ray_losses(out.rgb, out.opacity, background[part], target[part],
-                                                                 loss_fn, valid, weight, weight_gradient)
+        pred, per_channel, reported, backpropagated = ray_losses(
+            out.rgb, out.opacity, background[part], target[part], loss_fn, valid, weight, weight_gradient
+        )
         part_loss = faultpoints.poison_loss(reported, step) * share  # test hook
         trained = part_loss if backpropagated is reported else faultpoints.poison_loss(backpropagated, step) * share
         if loss_scale != 1.0:
@@ -160,15 +194,30 @@ def train_step(field: NGPField, grid: OccupancyGrid, optimizer: torch.optim.Opti
     return _result(loss, mse, n_samples, n_candidates, n_valid, skipped, ray_loss, valids)
 
 
-def _result(loss: Tensor, mse: Tensor, n_samples, n_candidates, n_valid, skipped: bool, ray_loss: list[Tensor],
-            valids: list[Tensor | None]) -> StepResult:
+def _result(
+    loss: Tensor,
+    mse: Tensor,
+    n_samples,
+    n_candidates,
+    n_valid,
+    skipped: bool,
+    ray_loss: list[Tensor],
+    valids: list[Tensor | None],
+) -> StepResult:
     """The step's result from its backward passes' per-ray losses ``[r_i]`` and valid masks (None: all)."""
-    all_valid = None if all(v is None for v in valids) else torch.cat(
-        [torch.ones(len(r), dtype=torch.bool, device=r.device) if v is None else v for r, v in zip(ray_loss, valids)])
-    return StepResult(loss, mse, n_samples, n_candidates, n_valid, skipped,
-                      torch.cat(ray_loss) if ray_loss else None, all_valid)
-
-
+    all_valid = (
+        None
+        if all(v is None for v in valids)
+        else torch.cat(
+            [
+                torch.ones(len(r), dtype=torch.bool, device=r.device) if v is None else v
+                for r, v in zip(ray_loss, valids)
+            ]
+        )
+    )
+    return StepResult(
+        loss, mse, n_samples, n_candidates, n_valid, skipped, torch.cat(ray_loss) if ray_loss else None, all_valid
+    )
 
 
 @dataclass
@@ -191,8 +240,7 @@ class StepContext:
 class TrainingStep(Protocol):
     """One training step on every rank (collective): render, loss, backward, gradient exchange, update."""
 
-    def run(self, ctx: StepContext) -> StepResult:
-        ...
+    def run(self, ctx: StepContext) -> StepResult: ...
 
     def budget_result(self, res: StepResult) -> StepResult:
         """What the ray budget learns from ``res`` (``RayBudget.update``)."""
@@ -219,9 +267,26 @@ class EagerStep:
     exchange: object = None
 
     def run(self, ctx: StepContext) -> StepResult:
-        return train_step(self.field, self.grid, self.optimizer, ctx.rays, ctx.background, self.march, self.loss_fn,
-                          ctx.jitter, self.precision, self.scaler, self.renderer, ctx.timer, self.backward_passes,
-                          self.guard, ctx.step + 1, self.weight_gradient, ctx.loss_scale, self.exchange)
+        return train_step(
+            self.field,
+            self.grid,
+            self.optimizer,
+            ctx.rays,
+            ctx.background,
+            self.march,
+            self.loss_fn,
+            ctx.jitter,
+            self.precision,
+            self.scaler,
+            self.renderer,
+            ctx.timer,
+            self.backward_passes,
+            self.guard,
+            ctx.step + 1,
+            self.weight_gradient,
+            ctx.loss_scale,
+            self.exchange,
+        )
 
     def budget_result(self, res: StepResult) -> StepResult:
         return res

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from dataclasses import dataclass, fields
-from dataclasses import field as dc_field
+from dataclasses import dataclass, field as dc_field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -43,8 +42,10 @@ from .step import StepContext, StepResult
 __all__ = ["RunResult", "Trainer", "as_settings", "run"]
 
 STEP_HINT = "lower --target_samples (or marching.candidate_factor), or raise --gpu_memory_gb"
-EVAL_HINT = ("evaluation chunks are planned from --gpu_memory_gb: when other processes share this GPU, set it to this "
-             "process's share")
+EVAL_HINT = (
+    "evaluation chunks are planned from --gpu_memory_gb: when other processes share this GPU, set it to this "
+    "process's share"
+)
 
 
 def as_settings(settings: Settings | argparse.Namespace) -> Settings:
@@ -91,13 +92,24 @@ class Trainer(Parts):
         snapshot) loaded into them."""
         s = as_settings(settings)
         parts = build_parts(s)
-        tr = Trainer(step_settings=s.step, eval_settings=s.eval, comm=s.runtime.comm,
-                     **{f.name: getattr(parts, f.name) for f in fields(Parts)})
+        tr = Trainer(
+            step_settings=s.step,
+            eval_settings=s.eval,
+            comm=s.runtime.comm,
+            **{f.name: getattr(parts, f.name) for f in fields(Parts)},
+        )
         tr.use_draw_ahead(s.step.draw_ahead)
         tr.use_grid_graph(s.step.graph_grid_update)
         out = s.output
-        resume(tr.state, out.resume or out.load_snapshot, tr.ckpts, tr.reseed, elastic=dist.elastic(),
-               expect=checkpoint.trained_on(s.model.blocks, tr.scene.digest()), allow_changes=out.allow_resume_changes)
+        resume(
+            tr.state,
+            out.resume or out.load_snapshot,
+            tr.ckpts,
+            tr.reseed,
+            elastic=dist.elastic(),
+            expect=checkpoint.trained_on(s.model.blocks, tr.scene.digest()),
+            allow_changes=out.allow_resume_changes,
+        )
         if "data" in tr.state.progress:  # epoch, balance, error map and resolution of the resumed run
             tr.data.load_state_dict(tr.state.progress["data"])
         return tr
@@ -129,8 +141,9 @@ class Trainer(Parts):
             if mode == "on":
                 dist.log(f"graphed grid update: off ({why_not})")
             return
-        self.grid_graph = GraphedGridUpdate(self.grid, self.field.density,
-                                            self.march.schedule.dt_min, self.step_settings.seed, capture=capture)
+        self.grid_graph = GraphedGridUpdate(
+            self.grid, self.field.density, self.march.schedule.dt_min, self.step_settings.seed, capture=capture
+        )
 
     def lr_multiplier(self) -> float:
         """The learning-rate rule (``--lr_scaling``) for the current world (an elastic one changes size)."""
@@ -190,8 +203,16 @@ class Trainer(Parts):
             update_grid(self.grid, self.field.density, self.march.schedule.dt_min, step, self.march.warmup_steps, seed)
         else:
             g = self.mp.groups
-            update_grid(self.grid, self.field.density, self.march.schedule.dt_min, step, self.march.warmup_steps, seed,
-                        box=self.mp.box, share=(g.replica, g.replicas))
+            update_grid(
+                self.grid,
+                self.field.density,
+                self.march.schedule.dt_min,
+                step,
+                self.march.warmup_steps,
+                seed,
+                box=self.mp.box,
+                share=(g.replica, g.replicas),
+            )
 
     def settle(self) -> None:
         """Finish the step whose verdict was deferred (``--defer_verdict``), if any: the guard's verdict (it may
@@ -227,8 +248,9 @@ class Trainer(Parts):
     def _draw_ahead(self, step: int) -> None:
         """During the graphed step before ``step``: settle the ray count, then draw ``step``'s batch."""
         self.budget.settle()
-        self.ahead.put(step, self.budget.n_rays * self.comm.backward_passes_per_step, self.sampler,
-                       self.generator, self._draw)
+        self.ahead.put(
+            step, self.budget.n_rays * self.comm.backward_passes_per_step, self.sampler, self.generator, self._draw
+        )
 
     def end_interval(self, table) -> None:
         """After the monitor's reduction (every rank): epoch, load balance and resolution for the next interval;
@@ -251,18 +273,35 @@ class Trainer(Parts):
         peak memory is recorded as the "eval" phase and the cached blocks are released afterwards."""
         ev = self.eval_settings
         consensus = self.exchange.consensus() if self.exchange is not None else contextlib.nullcontext()
-        with consensus, self.averaged_weights(), self.meter.phase("eval"), \
-                out_of_memory_as_error("evaluation", self.memory, EVAL_HINT):
-            return evaluate(self.field, self.grid, self.scene.test, self.march.render_schedule,
-                            self.march.early_termination,
-                            ev.eval_background, ev.n_eval_views if n_views is None else n_views,
-                            save_dir, n_save, fast=self.backend in FAST_RENDERER_BACKENDS and self.mp is None,
-                            protocol=ev.eval_protocol, budget=self.memory, parallel=self.mp,
-                            stops=self.stops.signals)
+        with (
+            consensus,
+            self.averaged_weights(),
+            self.meter.phase("eval"),
+            out_of_memory_as_error("evaluation", self.memory, EVAL_HINT),
+        ):
+            return evaluate(
+                self.field,
+                self.grid,
+                self.scene.test,
+                self.march.render_schedule,
+                self.march.early_termination,
+                ev.eval_background,
+                ev.n_eval_views if n_views is None else n_views,
+                save_dir,
+                n_save,
+                fast=self.backend in FAST_RENDERER_BACKENDS and self.mp is None,
+                protocol=ev.eval_protocol,
+                budget=self.memory,
+                parallel=self.mp,
+                stops=self.stops.signals,
+            )
 
 
-def run(settings: Settings | argparse.Namespace, stop_after_eval: Callable[[int, float], bool] | None = None,
-        attach: Callable[[Trainer], Watcher] | None = None) -> RunResult:
+def run(
+    settings: Settings | argparse.Namespace,
+    stop_after_eval: Callable[[int, float], bool] | None = None,
+    attach: Callable[[Trainer], Watcher] | None = None,
+) -> RunResult:
     """Train as ``settings`` say (every rank calls this); rank 0 prints and writes files.
 
     ``stop_after_eval(step, psnr)``: called after each evaluation during training; True ends training there (as
@@ -276,8 +315,9 @@ def run(settings: Settings | argparse.Namespace, stop_after_eval: Callable[[int,
     try:
         out = s.output
         ckpt_dir = tr.ckpts.directory if out.checkpointing or tr.stops.signals else None  # a stop always checkpoints
-        lock = elastic.startup_agree(lambda: prepare_outputs(out, s.loop.n_steps, ckpt_dir),
-                                     "preparing the output folders")
+        lock = elastic.startup_agree(
+            lambda: prepare_outputs(out, s.loop.n_steps, ckpt_dir), "preparing the output folders"
+        )
         return train(tr, s, stop_after_eval, attach)
     finally:
         tr.stops.uninstall()  # the default actions again (an in-process caller keeps its own handlers)

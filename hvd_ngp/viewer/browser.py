@@ -41,10 +41,24 @@ class HeadlessChromium:
             raise FileNotFoundError("no Chromium found (apt-get install chromium, or set HVD_NGP_CHROMIUM)")
         self.profile = tempfile.TemporaryDirectory(prefix="hvd_ngp_chromium_")
         self.proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-             "--disable-extensions", "--mute-audio", f"--window-size={width},{height}", "--remote-debugging-port=0",
-             f"--user-data-dir={self.profile.name}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            [
+                exe,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--no-first-run",
+                "--disable-extensions",
+                "--mute-audio",
+                f"--window-size={width},{height}",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={self.profile.name}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + start_timeout_s
         port = None
         stderr = self.proc.stderr
@@ -53,7 +67,7 @@ class HeadlessChromium:
             line = stderr.readline()
             if not line and self.proc.poll() is not None:
                 break
-            if (m := re.search(r"DevTools listening on ws://[^:]+:(\d+)/", line)):
+            if m := re.search(r"DevTools listening on ws://[^:]+:(\d+)/", line):
                 port = int(m.group(1))
         if port is None:
             self.close()

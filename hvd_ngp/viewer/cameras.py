@@ -33,9 +33,14 @@ def camera_frames(position, wxyz, fov_y: float, width: int, height: int) -> Fram
     ``fov_y`` radians, ``width`` x ``height`` pixels, principal point at the centre."""
     c2w = np.concatenate([quaternion_matrix(wxyz), np.asarray(position, dtype=np.float64).reshape(3, 1)], axis=1)
     f = 0.5 * height / math.tan(0.5 * fov_y)
-    return Frames(torch.zeros(1, 1, 1, 4, dtype=torch.uint8), torch.tensor(c2w, dtype=torch.float32)[None],
-                  torch.tensor([[f, f, 0.5 * width, 0.5 * height]], dtype=torch.float32), torch.zeros(1, 6),
-                  torch.tensor([[width, height]]), torch.zeros(1, dtype=torch.bool))
+    return Frames(
+        torch.zeros(1, 1, 1, 4, dtype=torch.uint8),
+        torch.tensor(c2w, dtype=torch.float32)[None],
+        torch.tensor([[f, f, 0.5 * width, 0.5 * height]], dtype=torch.float32),
+        torch.zeros(1, 6),
+        torch.tensor([[width, height]]),
+        torch.zeros(1, dtype=torch.bool),
+    )
 
 
 def vertical_fov(frames: Frames, index: int) -> float:

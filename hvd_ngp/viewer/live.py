@@ -29,13 +29,21 @@ class LiveViewer:
     """Serves ``tr``'s field on ``host:port``; see the module docstring."""
 
     def __init__(self, tr: "Trainer", host: str, port: int, budget_s: float, share: float) -> None:
-        model = ViewedModel(tr.field, tr.grid, tr.march, tr.scene, tr.eval_settings.eval_background,
-                            fast=tr.backend in FAST_RENDERER_BACKENDS and tr.mp is None, memory=tr.memory)
+        model = ViewedModel(
+            tr.field,
+            tr.grid,
+            tr.march,
+            tr.scene,
+            tr.eval_settings.eval_background,
+            fast=tr.backend in FAST_RENDERER_BACKENDS and tr.mp is None,
+            memory=tr.memory,
+        )
         self.lock = threading.Lock()
         self.paused, self.saves = False, 0
         self.step = tr.state.step
-        self.viewer = Viewer(model, host, port, budget_s, live=True, title="hvd_ngp training",
-                             on_pause=self._pause, on_save=self._save)
+        self.viewer = Viewer(
+            model, host, port, budget_s, live=True, title="hvd_ngp training", on_pause=self._pause, on_save=self._save
+        )
         self.throttle = FrameThrottle(share)
         self.grid_drawn = time.monotonic()
         self.frame_note = ""
@@ -101,4 +109,3 @@ class LiveViewer:
         if self.frame_note:
             parts.append(self.frame_note)
         self.viewer.status("  \n".join(parts))
-

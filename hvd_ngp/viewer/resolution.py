@@ -27,8 +27,10 @@ class AdaptiveResolution:
 
     def __post_init__(self) -> None:
         if self.budget_s <= 0 or not 0 < self.min_side <= self.max_side:
-            raise ValueError(f"frame budget must be > 0 and 0 < min_side <= max_side, got {self.budget_s}, "
-                             f"{self.min_side}, {self.max_side}")
+            raise ValueError(
+                f"frame budget must be > 0 and 0 < min_side <= max_side, got {self.budget_s}, "
+                f"{self.min_side}, {self.max_side}"
+            )
         self.side = min(max(self.side, self.min_side), self.max_side)
 
     def update(self, frame_s: float, limit: int | None = None) -> int:

@@ -27,7 +27,7 @@ from ..training.recipe import Marching
 from .cameras import camera_frames, look_from, matrix_quaternion, vertical_fov
 from .resolution import AdaptiveResolution, frame_size
 
-MAX_FRUSTUMS = 200       # training cameras drawn (evenly spaced through the list)
+MAX_FRUSTUMS = 200  # training cameras drawn (evenly spaced through the list)
 MAX_GRID_POINTS = 30000  # occupied cells drawn (a seeded subset)
 
 
@@ -63,9 +63,18 @@ class Viewer:
     a snapshot viewer (not ``live``) refines it once at the canvas size (at most ``max_side``).
     ``on_pause(bool)`` and ``on_save()``: the training buttons (none when not given)."""
 
-    def __init__(self, model: ViewedModel, host: str = "127.0.0.1", port: int = 8080, budget_s: float = 0.1,
-                 live: bool = False, max_side: int = 1920, title: str = "hvd_ngp",
-                 on_pause: Callable[[bool], None] | None = None, on_save: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        model: ViewedModel,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        budget_s: float = 0.1,
+        live: bool = False,
+        max_side: int = 1920,
+        title: str = "hvd_ngp",
+        on_pause: Callable[[bool], None] | None = None,
+        on_save: Callable[[], None] | None = None,
+    ) -> None:
         try:
             import viser
         except ImportError:
@@ -100,8 +109,10 @@ class Viewer:
 
     def describe(self) -> str:
         """A log line: where to point the browser, and the tunnel for a remote node."""
-        return (f"viewer: {self.url} (from another machine: ssh -L {self.port}:localhost:{self.port} "
-                f"{socket.gethostname()}, then http://localhost:{self.port})")
+        return (
+            f"viewer: {self.url} (from another machine: ssh -L {self.port}:localhost:{self.port} "
+            f"{socket.gethostname()}, then http://localhost:{self.port})"
+        )
 
     def _views(self):
         """The frames whose first view the browser starts from: the test split when it has one."""
@@ -120,8 +131,15 @@ class Viewer:
         lo, hi = self.model.scene.aabb.double().numpy()
         corners = np.array([[(hi if (i >> a) & 1 else lo)[a] for a in range(3)] for i in range(8)])
         edges = [(i, i | (1 << a)) for i in range(8) for a in range(3) if not (i >> a) & 1]
-        self.overlays["box"] = [self.server.scene.add_line_segments("/scene_box", np.stack([corners[[i, j]] for i, j in edges]),
-                                            colors=(230, 120, 30), thickness=2.0, thickness_units="screen")]
+        self.overlays["box"] = [
+            self.server.scene.add_line_segments(
+                "/scene_box",
+                np.stack([corners[[i, j]] for i, j in edges]),
+                colors=(230, 120, 30),
+                thickness=2.0,
+                thickness_units="screen",
+            )
+        ]
 
     def _add_cameras(self) -> None:
         train = self.model.scene.train
@@ -131,10 +149,18 @@ class Viewer:
         for k in np.unique(np.linspace(0, n - 1, min(n, MAX_FRUSTUMS)).round().astype(int)):
             c2w = train.c2w[k].double().numpy()
             w, h = train.image_size(int(k))
-            self.overlays["cameras"].append(self.server.scene.add_camera_frustum(f"/train_cameras/{k:05d}", fov=vertical_fov(train, int(k)),
-                                                 aspect=w / h, scale=size, thickness=size * 0.04,
-                                                 color=(40, 90, 200), wxyz=tuple(matrix_quaternion(c2w[:, :3])),
-                                                 position=tuple(c2w[:, 3])))
+            self.overlays["cameras"].append(
+                self.server.scene.add_camera_frustum(
+                    f"/train_cameras/{k:05d}",
+                    fov=vertical_fov(train, int(k)),
+                    aspect=w / h,
+                    scale=size,
+                    thickness=size * 0.04,
+                    color=(40, 90, 200),
+                    wxyz=tuple(matrix_quaternion(c2w[:, :3])),
+                    position=tuple(c2w[:, 3]),
+                )
+            )
 
     def update_grid(self) -> None:
         """The occupancy grid's occupied cells of the innermost cascade as points (a seeded subset)."""
@@ -145,9 +171,16 @@ class Viewer:
             cells = cells[pick.to(cells.device)]
         points = grid.cell_positions(cells, torch.full((cells.numel(), 3), 0.5, device=cells.device))
         cell = float(2 * grid.half0.max() / grid.resolution)
-        self.overlays["grid"] = [self.server.scene.add_point_cloud(
-            "/occupancy_grid", points.float().cpu().numpy(), colors=(120, 120, 120), point_size=cell * 0.5,
-            point_shape="square", visible=self.shown.get("grid", False))]
+        self.overlays["grid"] = [
+            self.server.scene.add_point_cloud(
+                "/occupancy_grid",
+                points.float().cpu().numpy(),
+                colors=(120, 120, 120),
+                point_size=cell * 0.5,
+                point_shape="square",
+                visible=self.shown.get("grid", False),
+            )
+        ]
 
     def _build_panel(self, on_pause, on_save) -> None:
         gui = self.server.gui
@@ -175,13 +208,24 @@ class Viewer:
         if self.live:
             empty = (np.zeros(0), np.zeros(0))
             self._plots = {
-                "loss": gui.add_uplot(empty, ({"label": "step"}, {"label": "loss", "stroke": "#c0392b"}),
-                                      title="training loss", aspect=2.0, scales={"y": {"distr": 3}}),
-                "psnr": gui.add_uplot((np.zeros(0),) * 3, ({"label": "step"},
-                                                          {"label": "train PSNR", "stroke": "#2471a3"},
-                                                          {"label": "test PSNR", "stroke": "#27ae60",
-                                                           "spanGaps": True, "points": {"show": True}}),
-                                      title="PSNR (dB)", aspect=2.0)}
+                "loss": gui.add_uplot(
+                    empty,
+                    ({"label": "step"}, {"label": "loss", "stroke": "#c0392b"}),
+                    title="training loss",
+                    aspect=2.0,
+                    scales={"y": {"distr": 3}},
+                ),
+                "psnr": gui.add_uplot(
+                    (np.zeros(0),) * 3,
+                    (
+                        {"label": "step"},
+                        {"label": "train PSNR", "stroke": "#2471a3"},
+                        {"label": "test PSNR", "stroke": "#27ae60", "spanGaps": True, "points": {"show": True}},
+                    ),
+                    title="PSNR (dB)",
+                    aspect=2.0,
+                ),
+            }
 
     def _set_visible(self, name: str, visible: bool) -> None:
         self.shown[name] = visible
@@ -210,8 +254,11 @@ class Viewer:
             plots["loss"].data = (loss[:, 0], loss[:, 1])
         steps = np.array(sorted(set(train) | set(test)), dtype=np.float64)
         if len(steps):
-            plots["psnr"].data = (steps, np.array([train.get(s, np.nan) for s in steps]),
-                                        np.array([test.get(s, np.nan) for s in steps]))
+            plots["psnr"].data = (
+                steps,
+                np.array([train.get(s, np.nan) for s in steps]),
+                np.array([test.get(s, np.nan) for s in steps]),
+            )
 
     def status(self, text: str) -> None:
         self._status.content = text
@@ -221,8 +268,9 @@ class Viewer:
     def renderer(self) -> ViewRenderer:
         if self._renderer is None:
             m = self.model
-            self._renderer = ViewRenderer(m.field, m.grid, m.march.render_schedule, m.march.early_termination,
-                                          m.fast, m.memory)
+            self._renderer = ViewRenderer(
+                m.field, m.grid, m.march.render_schedule, m.march.early_termination, m.fast, m.memory
+            )
         return self._renderer
 
     def clients(self) -> dict:
@@ -235,8 +283,13 @@ class Viewer:
             cam = client.camera
             if cam.image_height <= 0 or cam.image_width <= 0:
                 continue  # no camera message yet
-            key = (tuple(np.round(cam.position, 6)), tuple(np.round(cam.wxyz, 6)), round(float(cam.fov), 6),
-                   int(cam.image_width), int(cam.image_height))
+            key = (
+                tuple(np.round(cam.position, 6)),
+                tuple(np.round(cam.wxyz, 6)),
+                round(float(cam.fov), 6),
+                int(cam.image_width),
+                int(cam.image_height),
+            )
             last = self.frames.get(cid)
             canvas = max(key[3], key[4])
             if self.live or last is None or last.camera != key:
@@ -288,4 +341,3 @@ class Viewer:
 
     def close(self) -> None:
         self.server.stop()
-

@@ -42,19 +42,27 @@ class Encoding(nn.Module):
 class Network(nn.Module):
     def __init__(self, n_input_dims, n_output_dims, network_config, seed=1337):
         super().__init__()
-        CREATED.append({"kind": "Network", "n_input_dims": n_input_dims, "n_output_dims": n_output_dims,
-                        "config": dict(network_config)})
+        CREATED.append(
+            {
+                "kind": "Network",
+                "n_input_dims": n_input_dims,
+                "n_output_dims": n_output_dims,
+                "config": dict(network_config),
+            }
+        )
         assert network_config["output_activation"] == "None"
         dims = [n_input_dims] + [network_config["n_neurons"]] * network_config["n_hidden_layers"] + [n_output_dims]
         self.shapes = list(zip(dims[1:], dims[:-1]))
         g = torch.Generator().manual_seed(seed)
-        self.params = nn.Parameter(torch.cat([torch.randn(o * i, generator=g) * (2.0 / i) ** 0.5 for o, i in self.shapes]))
+        self.params = nn.Parameter(
+            torch.cat([torch.randn(o * i, generator=g) * (2.0 / i) ** 0.5 for o, i in self.shapes])
+        )
         self.n_output_dims = n_output_dims
 
     def forward(self, x):
         h, at = x.float(), 0
         for k, (o, i) in enumerate(self.shapes):
-            h = h @ self.params[at:at + o * i].view(o, i).t()
+            h = h @ self.params[at : at + o * i].view(o, i).t()
             at += o * i
             if k < len(self.shapes) - 1:
                 h = torch.relu(h)

@@ -47,9 +47,14 @@ class Setup:
         gen = torch.Generator().manual_seed(123)
         sampler = RaySampler(self.scene.train, 0, 1, 0, torch.device("cpu"), jitter=False)
         # step s: this rank's slice of a batch drawn for that step
-        self.rays = [sampler.rays_for_pixels(torch.randperm(n_pix, generator=gen)[:RAYS_PER_RANK * rt.size]
-                                             [rt.rank * RAYS_PER_RANK:(rt.rank + 1) * RAYS_PER_RANK])
-                     for _ in range(STEPS)]
+        self.rays = [
+            sampler.rays_for_pixels(
+                torch.randperm(n_pix, generator=gen)[: RAYS_PER_RANK * rt.size][
+                    rt.rank * RAYS_PER_RANK : (rt.rank + 1) * RAYS_PER_RANK
+                ]
+            )
+            for _ in range(STEPS)
+        ]
 
     def run(self, steps: int, compression: str = "none", backward_passes: int = 1, precision: str = "fp32"):
         """-> (model, gradients after the first step, scaler or None)."""
@@ -63,12 +68,22 @@ class Setup:
         first_grads = None
         for step in range(steps):
             rays = self.rays[step]
-            train_step(field, grid, opt, rays, torch.ones(3).expand(len(rays), 3), self.march, self.loss_fn, None,
-                       precision, scaler, backward_passes=backward_passes)
+            train_step(
+                field,
+                grid,
+                opt,
+                rays,
+                torch.ones(3).expand(len(rays), 3),
+                self.march,
+                self.loss_fn,
+                None,
+                precision,
+                scaler,
+                backward_passes=backward_passes,
+            )
             if first_grads is None:
                 first_grads = [p.grad.clone() for p in field.parameters()]
         return field, first_grads, scaler
-
 
 
 def assert_same_on_every_rank(field: torch.nn.Module, what: str) -> None:
@@ -93,7 +108,7 @@ def check_fp16_compression(setup: Setup) -> None:
     fp16, fp16_grads, scaler = setup.run(STEPS, compression="fp16")
     assert_same_on_every_rank(fp16, "fp16")
     if dist.runtime().size > 1:
-        assert scaler is not None and scaler.get_scale() == 2.0 ** 16, "a step overflowed and was skipped"
+        assert scaler is not None and scaler.get_scale() == 2.0**16, "a step overflowed and was skipped"
     names = [n for n, _ in ref.named_parameters()]
     # Each rank's gradient is rounded to half precision (2^-11 relative), summed and rounded again:
     # the error scales with the ranks' own magnitudes (their average may cancel), plus what the
@@ -101,11 +116,14 @@ def check_fp16_compression(setup: Setup) -> None:
     init, local = local_first_step(setup)
     magnitude = [dist.allreduce(g.abs(), "avg", name=f"check.mag.{i}") for i, g in enumerate(local)]
     flushed_plain = 0
-    for name, g16, g32, mag, p0, p16, p32 in zip(names, fp16_grads, ref_grads, magnitude, init, fp16.parameters(),
-                                                 ref.parameters()):
-        tol = 4 * 2.0 ** -11 * mag + 1e-12
+    for name, g16, g32, mag, p0, p16, p32 in zip(
+        names, fp16_grads, ref_grads, magnitude, init, fp16.parameters(), ref.parameters()
+    ):
+        tol = 4 * 2.0**-11 * mag + 1e-12
         err = (g16 - g32).abs()
-        assert bool((err <= tol).all()), f"grad {name}: {int((err > tol).sum())} values off, worst {float((err - tol).max()):.3g}"
+        assert bool((err <= tol).all()), (
+            f"grad {name}: {int((err > tol).sum())} values off, worst {float((err - tol).max()):.3g}"
+        )
         plain = g32.half().float()  # what compression without loss scaling would keep
         flushed_plain += int(((plain - g32).abs() > tol).sum())
         # the trajectories: within 1% of how far the uncompressed run moved (measured: at most 0.25%)
@@ -114,8 +132,10 @@ def check_fp16_compression(setup: Setup) -> None:
         assert apart <= 1e-2 * moved, f"param {name}: {apart:.3g} apart after moving {moved:.3g}"
     assert flushed_plain > 0, "the tolerance cannot tell scaled from unscaled fp16 compression"
     if dist.runtime().is_root:
-        print(f"CHECK fp16_compression OK ({STEPS} steps; plain fp16 would have lost {flushed_plain} gradient values)",
-              flush=True)
+        print(
+            f"CHECK fp16_compression OK ({STEPS} steps; plain fp16 would have lost {flushed_plain} gradient values)",
+            flush=True,
+        )
 
 
 def check_accumulation(setup: Setup) -> None:
@@ -125,11 +145,15 @@ def check_accumulation(setup: Setup) -> None:
     for (name, p), q, ga, gr in zip(acc.named_parameters(), ref.parameters(), acc_grads, ref_grads):
         torch.testing.assert_close(ga, gr, rtol=1e-4, atol=1e-9, msg=lambda m: f"grad {name}: {m}")
         sure = gr.abs() > 1e-8
-        torch.testing.assert_close(p.detach()[sure], q.detach()[sure], rtol=0, atol=1e-5,
-                                   msg=lambda m: f"param {name}: {m}")
+        torch.testing.assert_close(
+            p.detach()[sure], q.detach()[sure], rtol=0, atol=1e-5, msg=lambda m: f"param {name}: {m}"
+        )
     if dist.runtime().is_root:
-        print(f"CHECK accumulation OK (2 passes x {RAYS_PER_RANK // 2} rays == 1 pass x {RAYS_PER_RANK} rays, "
-              f"{STEPS} steps)", flush=True)
+        print(
+            f"CHECK accumulation OK (2 passes x {RAYS_PER_RANK // 2} rays == 1 pass x {RAYS_PER_RANK} rays, "
+            f"{STEPS} steps)",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -65,7 +65,6 @@ def backward(m: Tiny, poison: float = 1.0) -> torch.Tensor:
     return loss.detach()
 
 
-
 class CountCalls:
     """Counts Horovod allreduce submissions (``allreduce_async_``) while active."""
 
@@ -149,8 +148,11 @@ def check_exact(root: bool) -> None:
     n = dist.runtime().size
     assert_matches([p.grad for p in m.parameters()], [r * n for r in reference], names, "sum")
     if root:
-        print(f"CHECK exact OK ({len(names)} parameters, 2 collectives, {'bit-identical' if bitwise else 'close'} "
-              f"to per-tensor allreduce and DistributedOptimizer)", flush=True)
+        print(
+            f"CHECK exact OK ({len(names)} parameters, 2 collectives, {'bit-identical' if bitwise else 'close'} "
+            f"to per-tensor allreduce and DistributedOptimizer)",
+            flush=True,
+        )
 
 
 def check_fp16(root: bool) -> None:
@@ -170,8 +172,9 @@ def check_fp16(root: bool) -> None:
     bitwise = assert_matches(reduced, reference, names, "vs Compression.fp16 per tensor")
     bitwise &= assert_matches(reduced, distributed_optimizer_grads("fp16"), names, "vs DistributedOptimizer fp16")
     # the compression really happened: some float32 gradient lost bits against the uncompressed average
-    assert any(not torch.equal(r, p) for r, p, (_, q) in zip(reduced, plain, m.named_parameters())
-               if q.dtype == torch.float32), "fp16 compression changed nothing"
+    assert any(
+        not torch.equal(r, p) for r, p, (_, q) in zip(reduced, plain, m.named_parameters()) if q.dtype == torch.float32
+    ), "fp16 compression changed nothing"
     if root:
         print(f"CHECK fp16 OK ({'bit-identical' if bitwise else 'close'} to Compression.fp16)", flush=True)
 
@@ -200,8 +203,9 @@ def check_guard(root: bool) -> None:
         every = dist.allgather_object(verdicts, name=f"check.guard.{compression}")
         assert all(v == verdicts for v in every), every
     if root:
-        print("CHECK guard OK (NaN loss and stop request on one rank seen by all, folded into the gradients)",
-              flush=True)
+        print(
+            "CHECK guard OK (NaN loss and stop request on one rank seen by all, folded into the gradients)", flush=True
+        )
 
 
 def check_views(root: bool) -> None:
@@ -219,8 +223,9 @@ def check_views(root: bool) -> None:
             kept[compression] = False
     assert kept == {"none": True, "fp16": False}, kept
     if root:
-        print("CHECK views OK (DistributedOptimizer keeps them uncompressed, fp16 compression replaces them)",
-              flush=True)
+        print(
+            "CHECK views OK (DistributedOptimizer keeps them uncompressed, fp16 compression replaces them)", flush=True
+        )
 
 
 def check_start(root: bool) -> None:
@@ -238,8 +243,9 @@ def check_start(root: bool) -> None:
             for _ in range(20 * (1 + rank)):
                 torch.rand(256, 256, generator=gen) @ torch.rand(256, 256, generator=gen)
             pending.wait()
-        assert calls.names == ["flatgrad.float16", "flatgrad.float32" + (".fp16" if compression == "fp16" else "")], \
+        assert calls.names == ["flatgrad.float16", "flatgrad.float32" + (".fp16" if compression == "fp16" else "")], (
             calls.names
+        )
         flat_started.check_views()
         got = [p.grad for p in started.parameters()]
         want = [p.grad for p in waited.parameters()]
@@ -247,8 +253,10 @@ def check_start(root: bool) -> None:
         assert all(torch.equal(flat_started.buffers[dt], b) for dt, b in flat_waited.buffers.items()), compression
         assert_same_everywhere(got, f"start.{compression}")
     if root:
-        print("CHECK start OK (allreduce_start, work, wait: bit-identical to allreduce_, with and without fp16)",
-              flush=True)
+        print(
+            "CHECK start OK (allreduce_start, work, wait: bit-identical to allreduce_, with and without fp16)",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -57,8 +57,10 @@ class Setup(CommSetup):
         gen = torch.Generator().manual_seed(7)
         sampler = RaySampler(self.scene.train, 0, 1, 0, torch.device("cpu"), jitter=False)
         # every rank draws every rank's rays (the reference needs them all); rank r trains on rays[s][r]
-        self.rays = [[sampler.rays_for_pixels(torch.randperm(n_pix, generator=gen)[:RAYS]) for _ in range(rt.size)]
-                     for _ in range(STEPS + 1)]
+        self.rays = [
+            [sampler.rays_for_pixels(torch.randperm(n_pix, generator=gen)[:RAYS]) for _ in range(rt.size)]
+            for _ in range(STEPS + 1)
+        ]
 
     def field(self) -> NGPField:
         torch.manual_seed(0)
@@ -66,8 +68,18 @@ class Setup(CommSetup):
 
     def step(self, field, opt, rays, step: int, exchange=None):
         grid = make_grid(self.args.model["marching"], self.scene)  # all cells occupied: no update needed
-        return train_step(field, grid, opt, rays, torch.ones(len(rays), 3), self.march, self.loss_fn, None,
-                          step=step, exchange=exchange)
+        return train_step(
+            field,
+            grid,
+            opt,
+            rays,
+            torch.ones(len(rays), 3),
+            self.march,
+            self.loss_fn,
+            None,
+            step=step,
+            exchange=exchange,
+        )
 
     def local_gradient(self, params: list[torch.Tensor], rays) -> list[torch.Tensor]:
         """The gradient one rank's ``rays`` give at ``params`` (no update: learning rate 0)."""
@@ -100,26 +112,45 @@ def check_delayed(s: Setup, grid_only: bool = False) -> None:
         # grid_only the MLPs take step t's own average
         grads = [s.local_gradient(ref, s.rays[t][r]) for r in range(rt.size)] if t < STEPS else None
         current = None if grads is None else [sum(g[i] for g in grads) / rt.size for i in range(len(ref))]
-        ref = [p - LR * g if g is not None else p
-               for p, g in zip(ref, [(current[i] if current is not None else None) if fresh[i]
-                                     else (previous[i] if previous is not None else None) for i in range(len(ref))])]
+        ref = [
+            p - LR * g if g is not None else p
+            for p, g in zip(
+                ref,
+                [
+                    (current[i] if current is not None else None)
+                    if fresh[i]
+                    else (previous[i] if previous is not None else None)
+                    for i in range(len(ref))
+                ],
+            )
+        ]
         previous = current
         for i, (p, q) in enumerate(zip(field.parameters(), ref)):
-            torch.testing.assert_close(p.detach(), q, rtol=1e-5, atol=1e-7,
-                                       msg=lambda m: f"delayed, step {t + 1}, parameter {i}: {m}")
+            torch.testing.assert_close(
+                p.detach(), q, rtol=1e-5, atol=1e-7, msg=lambda m: f"delayed, step {t + 1}, parameter {i}: {m}"
+            )
         assert same_on_every_rank(list(field.parameters()), f"check.delayed.{t}"), f"ranks differ after step {t + 1}"
-        moved.append([max(float((p.detach() - q0).abs().max()) if fresh[i] == side else 0.0
-                          for i, (p, q0) in enumerate(zip(field.parameters(), s.field().parameters())))
-                      for side in (True, False)])
+        moved.append(
+            [
+                max(
+                    float((p.detach() - q0).abs().max()) if fresh[i] == side else 0.0
+                    for i, (p, q0) in enumerate(zip(field.parameters(), s.field().parameters()))
+                )
+                for side in (True, False)
+            ]
+        )
     late = [m[1] for m in moved]
     assert late[0] == 0.0 and all(m > 0 for m in late[1:]), f"largest late-parameter change per step: {late}"
     if grid_only:
         assert moved[0][0] > 0, "delayed_grid: the MLPs must move at step 1 (their average is not late)"
     name = "delayed_grid_reference" if grid_only else "delayed_reference"
     if rt.is_root:
-        print(f"CHECK {name} OK ({STEPS} steps + flush on {rt.size} ranks: step t+1 applies step t's "
-              f"average{' to the grid, the MLPs their own step' if grid_only else ''}; largest change from the "
-              f"start per step {['%.2e' % max(m) for m in moved]})", flush=True)
+        print(
+            f"CHECK {name} OK ({STEPS} steps + flush on {rt.size} ranks: step t+1 applies step t's "
+            f"average{' to the grid, the MLPs their own step' if grid_only else ''}; largest change from the "
+            f"start per step {['%.2e' % max(m) for m in moved]})",
+            flush=True,
+        )
 
 
 def check_periodic(s: Setup) -> None:
@@ -139,14 +170,33 @@ def check_periodic(s: Setup) -> None:
         torch.testing.assert_close(t, g.mean(dim=0), rtol=1e-5, atol=1e-8, msg=lambda m: f"sync, tensor {i}: {m}")
     assert same_on_every_rank(exchange.tensors(), "check.periodic.synced")
     if rt.is_root:
-        print(f"CHECK periodic_sync OK (H = 2: ranks {same} identical after steps 1-3; a sync averages "
-              f"{len(before)} tensors: parameters and Adam moments)", flush=True)
+        print(
+            f"CHECK periodic_sync OK (H = 2: ranks {same} identical after steps 1-3; a sync averages "
+            f"{len(before)} tensors: parameters and Adam moments)",
+            flush=True,
+        )
 
 
 def check_resume(cache: str, out: Path, mode: str, *more: str) -> None:
     rt = dist.runtime()
-    argv = ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", cache, "--device", "cpu", "--log_every", "4",
-            "--n_eval_views", "1", "--save_renders", "0", "--grad_sync", mode, *more]
+    argv = [
+        "--config",
+        str(CPU_CONFIG),
+        *TINY_ARGS,
+        "--scene_cache",
+        cache,
+        "--device",
+        "cpu",
+        "--log_every",
+        "4",
+        "--n_eval_views",
+        "1",
+        "--save_renders",
+        "0",
+        "--grad_sync",
+        mode,
+        *more,
+    ]
     straight = run(parse_args([*argv, "--out_dir", str(out / mode / "a"), "--n_steps", "8", "--ckpt_every", "4"]))
     a = digest([*straight.field.parameters(), *straight.grid.density[None]])
     ckpt = out / mode / "a" / "checkpoints" / "ckpt-00000004.pt"
@@ -156,8 +206,11 @@ def check_resume(cache: str, out: Path, mode: str, *more: str) -> None:
     assert all(x == y for x, y in every), f"{mode}: resumed parameters differ from the uninterrupted run: {every}"
     assert len({x for x, _ in every}) == 1, f"{mode}: ranks differ at the end: {every}"
     if rt.is_root:
-        print(f"CHECK exact_resume_{mode} OK (8 steps == 4 + resume + 4, identical on {rt.size} ranks; "
-              f"test PSNR {straight.metrics['test_psnr']:.2f} dB)", flush=True)
+        print(
+            f"CHECK exact_resume_{mode} OK (8 steps == 4 + resume + 4, identical on {rt.size} ranks; "
+            f"test PSNR {straight.metrics['test_psnr']:.2f} dB)",
+            flush=True,
+        )
 
 
 def main() -> None:

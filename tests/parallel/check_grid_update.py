@@ -28,15 +28,27 @@ def main() -> None:
     cache, out_dir = sys.argv[1:]
     runs = []
     for fixed in (False, True):
-        tr = Trainer.build(parse_args(tiny_cpu_args(Path(cache), Path(out_dir) / str(fixed), "--n_steps", "36",
-                                                    "--marching", '{"warmup_steps": 8, "update_interval": 4}')))
+        tr = Trainer.build(
+            parse_args(
+                tiny_cpu_args(
+                    Path(cache),
+                    Path(out_dir) / str(fixed),
+                    "--n_steps",
+                    "36",
+                    "--marching",
+                    '{"warmup_steps": 8, "update_interval": 4}',
+                )
+            )
+        )
         if fixed:
             tr.use_grid_graph("on", capture=False)
             assert tr.grid_graph is not None
         losses = [float(tr.step(i)[0].loss) for i in range(36)]
         runs.append((losses, digest([tr.grid.density, tr.grid.occupied])))
     every = dist.allgather_object(runs, name="check.grid_update")
-    assert all(eager == fixed for eager, fixed in every), "the fixed-buffer update trains differently from the eager one"
+    assert all(eager == fixed for eager, fixed in every), (
+        "the fixed-buffer update trains differently from the eager one"
+    )
     assert len({eager[1] for eager, _ in every}) == 1, "ranks hold different grids"
     rt = dist.runtime()
     if rt.is_root:

@@ -38,11 +38,11 @@ from hvd_ngp.training.step import masked_mean  # noqa: E402
 from hvd_ngp.training.trainer import run  # noqa: E402
 
 
-
 def close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     """Relative 1e-5 (of the reference's largest magnitude for values near zero)."""
-    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.detach().abs().max().clamp(min=1e-12)),
-                               msg=lambda m: f"{what}: {m}")  # noqa: B023
+    torch.testing.assert_close(
+        a, b, rtol=1e-5, atol=1e-5 * float(b.detach().abs().max().clamp(min=1e-12)), msg=lambda m: f"{what}: {m}"
+    )  # noqa: B023
 
 
 def check_exact(args, scene, k: int) -> None:
@@ -69,8 +69,9 @@ def check_exact(args, scene, k: int) -> None:
     out = mp(field, sigma_fn, rays.origins, rays.directions, field.aabb, grid, march.schedule, 0.0, jitter)
     field.zero_grad()
     loss_of(out.rgb, out.opacity, out.depth).backward()
-    grads = [dist.group_allreduce(p.grad, "replica", "sum", name=f"check.grad.{i}")
-             for i, p in enumerate(field.parameters())]
+    grads = [
+        dist.group_allreduce(p.grad, "replica", "sum", name=f"check.grad.{i}") for i, p in enumerate(field.parameters())
+    ]
     ref = render_rays(field, sigma_fn, rays.origins, rays.directions, field.aabb, grid, march.schedule, 0.0, jitter)
     field.zero_grad()
     loss_of(ref.rgb, ref.opacity, ref.depth).backward()
@@ -83,34 +84,41 @@ def check_exact(args, scene, k: int) -> None:
     assert sum(samples) == ref.n_samples, f"segments hold {samples} samples, the whole rays {ref.n_samples}"
     assert all(s > 0 for s in samples), f"a region rendered no samples: {samples}"
     if rt.is_root:
-        print(f"CHECK exact_render OK (K={k}, 512 rays, samples per region {samples} = {ref.n_samples})",
-              flush=True)
+        print(f"CHECK exact_render OK (K={k}, 512 rays, samples per region {samples} = {ref.n_samples})", flush=True)
 
     # Horovod's own allgather autograd (backward: allreduce-average over the set, then the local slice)
     import horovod.torch as hvd
 
     groups = dist.groups()
-    seg = render_segment(field, sigma_fn, rays.origins, rays.directions, mp.partition, groups.region, grid,
-                         march.schedule, 0.0, jitter)
+    seg = render_segment(
+        field, sigma_fn, rays.origins, rays.directions, mp.partition, groups.region, grid, march.schedule, 0.0, jitter
+    )
     parts = hvd.allgather(seg.values, process_set=groups.replica_set).view(k, 512, -1)
     rgb, opacity, depth = merge(parts, mp.partition.entry_order(rays.origins, rays.directions))
     field.zero_grad()
     loss_of(rgb, opacity, depth).backward()
-    theirs = [dist.group_allreduce(p.grad, "replica", "sum", name=f"check.hgrad.{i}")
-              for i, p in enumerate(field.parameters())]
+    theirs = [
+        dist.group_allreduce(p.grad, "replica", "sum", name=f"check.hgrad.{i}")
+        for i, p in enumerate(field.parameters())
+    ]
     for g, h in zip(grads, theirs):
         close(h, g, "gradient through hvd.allgather")
     if rt.is_root:
-        print("CHECK horovod_allgather_backward OK (averages over the set: equal when every rank takes the same loss)",
-              flush=True)
+        print(
+            "CHECK horovod_allgather_backward OK (averages over the set: equal when every rank takes the same loss)",
+            flush=True,
+        )
 
 
 def check_train(args) -> None:
     rt = dist.runtime()
     groups = dist.groups()
     result = run(args)
-    mine = {"region": groups.region, "params": digest(result.field.parameters()),
-            "grid": digest([result.grid.density, result.grid.occupied])}
+    mine = {
+        "region": groups.region,
+        "params": digest(result.field.parameters()),
+        "grid": digest([result.grid.density, result.grid.occupied]),
+    }
     every = dist.allgather_object(mine, name="check.digests")
     for r in every:
         same = [e for e in every if e["region"] == r["region"]]
@@ -119,8 +127,11 @@ def check_train(args) -> None:
     assert len({e["grid"] for e in every}) == 1, f"occupancy grids differ across ranks: {every}"
     if rt.is_root:
         m = json.loads((Path(args.out_dir) / "metrics.json").read_text())["model_parallel"]
-        print(f"CHECK replicas_agree OK ({result.step} steps, {groups.replicas} replicas x {groups.model_parallel} "
-              f"regions; hash params per rank {m['hash_params_per_rank']})", flush=True)
+        print(
+            f"CHECK replicas_agree OK ({result.step} steps, {groups.replicas} replicas x {groups.model_parallel} "
+            f"regions; hash params per rank {m['hash_params_per_rank']})",
+            flush=True,
+        )
         print(f"CHECK identical_grids OK (occupied {100 * result.grid.occupancy_fraction():.1f}%)", flush=True)
 
 
@@ -142,8 +153,19 @@ def check_resume(argv: list[str], out: Path) -> None:
 
 def main() -> None:
     mode, cache, out_dir, k = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
-    argv = ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", cache, "--device", "cpu", "--log_every", "12",
-            "--model_parallel", str(k)]
+    argv = [
+        "--config",
+        str(CPU_CONFIG),
+        *TINY_ARGS,
+        "--scene_cache",
+        cache,
+        "--device",
+        "cpu",
+        "--log_every",
+        "12",
+        "--model_parallel",
+        str(k),
+    ]
     dist.init("cpu", model_parallel=k)
     scene = load_scene("builtin", scene_cache=cache)
     if mode == "exact":

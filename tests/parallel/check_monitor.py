@@ -29,7 +29,14 @@ from fake_nvml import FakeNvml  # noqa: E402
 from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.cluster.commclock import COMM_CLOCK  # noqa: E402
 from hvd_ngp.observe.monitor import (  # noqa: E402
-    JSONL_FIELDS, RANK_FIELDS, Monitor, MonitorSettings, format_line, gather_rows, interval_record)
+    JSONL_FIELDS,
+    RANK_FIELDS,
+    Monitor,
+    MonitorSettings,
+    format_line,
+    gather_rows,
+    interval_record,
+)
 from hvd_ngp.observe.nvml import GpuSampler  # noqa: E402
 
 
@@ -38,9 +45,19 @@ def check_reduction() -> None:
     r, n = rt.rank, rt.size
     # rank r: util 90 - 10 r (the last rank is the minimum), samples 1000 (r + 1), its own GPU r
     row = {f: 0.0 for f in RANK_FIELDS}
-    row.update(steps=5, samples=1000 * (r + 1), seconds=1.0 + r, comm_seconds=0.1, loss_sum=0.1 * (r + 1),
-               gpu_util=90 - 10 * r, gpu_power=100 + r, gpu_energy=200 + r, gpu_id=r,
-               gpu_mem_used=math.nan if r == 0 else float(r << 30), gpu_mem_total=float(8 << 30))
+    row.update(
+        steps=5,
+        samples=1000 * (r + 1),
+        seconds=1.0 + r,
+        comm_seconds=0.1,
+        loss_sum=0.1 * (r + 1),
+        gpu_util=90 - 10 * r,
+        gpu_power=100 + r,
+        gpu_energy=200 + r,
+        gpu_id=r,
+        gpu_mem_used=math.nan if r == 0 else float(r << 30),
+        gpu_mem_total=float(8 << 30),
+    )
     calls = COMM_CLOCK.calls
     t = gather_rows(torch.tensor([row[f] for f in RANK_FIELDS], dtype=torch.float64))
     assert COMM_CLOCK.calls - calls == 1, f"{COMM_CLOCK.calls - calls} collectives, expected exactly one"
@@ -60,16 +77,25 @@ def check_reduction() -> None:
     # rank 0 measured no memory: the maximum is over the others
     assert rec["gpu_mem_used_gib_max"] == n - 1 and rec["gpu_mem_used_gib_max_rank"] == n - 1, rec
     if rt.is_root:
-        print(f"CHECK reduction OK (one collective, min GPU util {rec['gpu_util_min']:.0f}% on rank "
-              f"{rec['gpu_util_min_rank']})", flush=True)
+        print(
+            f"CHECK reduction OK (one collective, min GPU util {rec['gpu_util_min']:.0f}% on rank "
+            f"{rec['gpu_util_min_rank']})",
+            flush=True,
+        )
 
 
 def check_monitor(out_dir: Path) -> None:
     rt = dist.runtime()
     fake = FakeNvml(util=90 - 10 * rt.rank, power_w=300)
     shared_gpu = GpuSampler(torch.device("cuda", 0), period_s=0.05, nvml=fake)  # every rank on "GPU 0"
-    settings = MonitorSettings(jsonl=out_dir / "m.jsonl", tensorboard=None, progress=False, comm_timing=True,
-                               gpu_sample_period_s=0.05, append=False)
+    settings = MonitorSettings(
+        jsonl=out_dir / "m.jsonl",
+        tensorboard=None,
+        progress=False,
+        comm_timing=True,
+        gpu_sample_period_s=0.05,
+        append=False,
+    )
     monitor = Monitor(settings, total_steps=6, gpu=shared_gpu)
     stats = monitor.new_interval()
     for _ in range(6):
@@ -89,8 +115,9 @@ def check_monitor(out_dir: Path) -> None:
 
 def check_comm_share() -> None:
     rt = dist.runtime()
-    settings = MonitorSettings(jsonl=None, tensorboard=None, progress=False, comm_timing=True,
-                               gpu_sample_period_s=1.0, append=False)
+    settings = MonitorSettings(
+        jsonl=None, tensorboard=None, progress=False, comm_timing=True, gpu_sample_period_s=1.0, append=False
+    )
     monitor = Monitor(settings, total_steps=4)
     stats = monitor.new_interval()
     for _ in range(4):
@@ -104,8 +131,11 @@ def check_comm_share() -> None:
     assert rec["rank_samples_per_s_min_rank"] == rt.size - 1, rec  # the sleeper computes slowest
     assert rec["comm_fraction_max"] > 0.5 > rec["comm_fraction_min"], rec
     if rt.is_root:
-        print(f"CHECK comm_share OK (waiting ranks {100 * rec['comm_fraction_max']:.0f}%, "
-              f"straggler {100 * rec['comm_fraction_min']:.0f}%)", flush=True)
+        print(
+            f"CHECK comm_share OK (waiting ranks {100 * rec['comm_fraction_max']:.0f}%, "
+            f"straggler {100 * rec['comm_fraction_min']:.0f}%)",
+            flush=True,
+        )
 
 
 def main() -> None:

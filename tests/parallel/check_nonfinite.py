@@ -27,12 +27,27 @@ from hvd_ngp.training.trainer import run  # noqa: E402
 
 def main() -> None:
     cache, out_dir, expected, *extra = sys.argv[1:]
-    args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", cache, "--out_dir", out_dir,
-                       "--n_steps", "16", "--log_every", "8", "--device", "cpu", *extra])
+    args = parse_args(
+        [
+            "--config",
+            str(CPU_CONFIG),
+            *TINY_ARGS,
+            "--scene_cache",
+            cache,
+            "--out_dir",
+            out_dir,
+            "--n_steps",
+            "16",
+            "--log_every",
+            "8",
+            "--device",
+            "cpu",
+            *extra,
+        ]
+    )
     result = run(args)
     rt = dist.runtime()
-    mine = (result.metrics["nonfinite_skipped_steps"], digest(result.field.parameters()),
-            digest([result.grid.density]))
+    mine = (result.metrics["nonfinite_skipped_steps"], digest(result.field.parameters()), digest([result.grid.density]))
     every = dist.allgather_object(mine, name="check.nonfinite")
     assert all(e == every[0] for e in every), f"ranks disagree: {every}"
     assert every[0][0] == [int(expected)], f"skipped steps {every[0][0]}, expected [{expected}]"

@@ -65,39 +65,68 @@ def main() -> None:
 
     # 1. a setting that differs between the ranks' environments: refused before training, naming it and the ranks
     os.environ["HVD_NGP_N_STEPS"] = str(20 + rank)
-    refused("settings_differ", tiny_cpu_args(scene_cache, work / "differ", "--log_every", "2"),
-            "the ranks disagree on 1 settings", "--n_steps: 20 on rank(s) 0, 21 on rank(s) 1")
+    refused(
+        "settings_differ",
+        tiny_cpu_args(scene_cache, work / "differ", "--log_every", "2"),
+        "the ranks disagree on 1 settings",
+        "--n_steps: 20 on rank(s) 0, 21 on rank(s) 1",
+    )
     del os.environ["HVD_NGP_N_STEPS"]
 
     # 4. an output folder held by another run: refused naming its host, pid and start time
-    refused("output_folder_locked", args("unused", "--out_dir", str(locked)),
-            "this output folder is in use by another run", "host otherhost, pid 4242, started 2026-12-06 10:00:00 UTC")
+    refused(
+        "output_folder_locked",
+        args("unused", "--out_dir", str(locked)),
+        "this output folder is in use by another run",
+        "host otherhost, pid 4242, started 2026-12-06 10:00:00 UTC",
+    )
 
     # 7. an output file name the filesystem cannot hold: refused before training, with the true cause
-    refused("output_name_too_long", args("long", "--save_snapshot", str(work / ("x" * 300 + ".pt"))),
-            "x" * 300 + ".pt: cannot write the file of --save_snapshot: File name too long")
+    refused(
+        "output_name_too_long",
+        args("long", "--save_snapshot", str(work / ("x" * 300 + ".pt"))),
+        "x" * 300 + ".pt: cannot write the file of --save_snapshot: File name too long",
+    )
 
     # 6. impossible camera intrinsics, with the file and the key
     bad_fov = camera_scene(work / "fov", camera_angle_x=0)
-    refused("camera_angle_zero", args("fov_out", "--scene", str(bad_fov)),
-            f"{bad_fov / 'transforms.json'}: 'camera_angle_x' must be a field of view in radians inside (0, pi), got 0")
+    refused(
+        "camera_angle_zero",
+        args("fov_out", "--scene", str(bad_fov)),
+        f"{bad_fov / 'transforms.json'}: 'camera_angle_x' must be a field of view in radians inside (0, pi), got 0",
+    )
     bad_cx = camera_scene(work / "cx", camera_angle_x=0.7, frame={"cx": 50.0})
-    refused("principal_point_outside", args("cx_out", "--scene", str(bad_cx)),
-            f"{bad_cx / 'transforms.json'}: frames[0].'cx' = 50 puts the principal point outside the image")
+    refused(
+        "principal_point_outside",
+        args("cx_out", "--scene", str(bad_cx)),
+        f"{bad_cx / 'transforms.json'}: frames[0].'cx' = 50 puts the principal point outside the image",
+    )
 
     # 8. a plan that does not fit host memory (the smaller of MemAvailable and the cgroup's limit), on the CPU
-    refused("host_memory", args("mem", "--target_samples", str(1 << 40)), "of host memory per rank", "lower --target_samples")
+    refused(
+        "host_memory",
+        args("mem", "--target_samples", str(1 << 40)),
+        "of host memory per rank",
+        "lower --target_samples",
+    )
 
     # 5. a checkpoint trained on another scene (--downscale 2) and other marching settings: refused naming each
     # difference; with --allow_resume_changes an intended change resumes
     trained = args("resume", "--ckpt_every", "2")
     run(parse_args(trained))
-    refused("resume_mismatch", [*trained, "--resume", "auto", "--n_steps", "4", "--downscale", "2",
-                                "--marching", MARCHING_32],
-            "was trained on something else than this run", "scene: digest",
-            "marching.steps_per_diagonal: 64 in the checkpoint, 32 now", "--allow_resume_changes")
-    result = run(parse_args([*trained, "--resume", "auto", "--n_steps", "4", "--marching", MARCHING_32,
-                             "--allow_resume_changes"]))
+    refused(
+        "resume_mismatch",
+        [*trained, "--resume", "auto", "--n_steps", "4", "--downscale", "2", "--marching", MARCHING_32],
+        "was trained on something else than this run",
+        "scene: digest",
+        "marching.steps_per_diagonal: 64 in the checkpoint, 32 now",
+        "--allow_resume_changes",
+    )
+    result = run(
+        parse_args(
+            [*trained, "--resume", "auto", "--n_steps", "4", "--marching", MARCHING_32, "--allow_resume_changes"]
+        )
+    )
     assert result.step == 4, result.step
     print(f"[rank {rank}] CHECK resume_override OK", flush=True)
 

@@ -31,17 +31,20 @@ from hvd_ngp.training.trainer import RunResult, run  # noqa: E402
 SEED = 0
 
 
-
 def train(argv: list[str]) -> RunResult:
-    args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--device", "cpu", "--save_renders", "0",
-                       "--seed", str(SEED), *argv])
+    args = parse_args(
+        ["--config", str(CPU_CONFIG), *TINY_ARGS, "--device", "cpu", "--save_renders", "0", "--seed", str(SEED), *argv]
+    )
     return run(args)
 
 
 def assert_ranks_agree(result: RunResult, name: str) -> None:
     """Parameters, occupancy grid and every data decision identical on all ranks."""
-    mine = {"parameters": digest(result.field.parameters()), "grid": digest([result.grid.density]),
-            "data": json.dumps(result.metrics["data"], sort_keys=True)}
+    mine = {
+        "parameters": digest(result.field.parameters()),
+        "grid": digest([result.grid.density]),
+        "data": json.dumps(result.metrics["data"], sort_keys=True),
+    }
     every = dist.allgather_object(mine, name=f"check.{name}")
     for key in mine:
         assert all(e[key] == every[0][key] for e in every), f"{name}: {key} differs across ranks: {every}"
@@ -60,8 +63,19 @@ def check_modes(cache: str, out: str) -> None:
             assert data["error_map_updates"] == 4, data
         assert_ranks_agree(result, f"sampling_{sampling}")
     # a memory cap far below the decoded scene (64 x 80 x 80 x 4 bytes = 1.6 MB): images stream from disk
-    result = train([*common, "--preload", "auto", "--device_image_budget_gb", "0.0002", "--host_image_budget_gb",
-                    "0.0002", "--out_dir", f"{out}/stream"])
+    result = train(
+        [
+            *common,
+            "--preload",
+            "auto",
+            "--device_image_budget_gb",
+            "0.0002",
+            "--host_image_budget_gb",
+            "0.0002",
+            "--out_dir",
+            f"{out}/stream",
+        ]
+    )
     assert result.metrics["data"]["placement"] == "stream" and result.metrics["data"]["shard_by"] == "image"
     assert_ranks_agree(result, "streamed_under_memory_cap")
 
@@ -69,9 +83,26 @@ def check_modes(cache: str, out: str) -> None:
 def check_slow_rank(cache: str, out: str) -> None:
     shares, spreads = {}, {}
     for balance in ("off", "samples", "time"):
-        result = train(["--scene_cache", cache, "--balance", balance, "--target_samples", "8192",
-                        "--n_rays_init", "256", "--n_steps", "48", "--log_every", "8", "--n_eval_views", "1",
-                        "--out_dir", f"{out}/{balance}"])
+        result = train(
+            [
+                "--scene_cache",
+                cache,
+                "--balance",
+                balance,
+                "--target_samples",
+                "8192",
+                "--n_rays_init",
+                "256",
+                "--n_steps",
+                "48",
+                "--log_every",
+                "8",
+                "--n_eval_views",
+                "1",
+                "--out_dir",
+                f"{out}/{balance}",
+            ]
+        )
         assert_ranks_agree(result, f"slow_rank_balance_{balance}")
         data = result.metrics["data"]
         shares[balance] = data["sample_shares"]

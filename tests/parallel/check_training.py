@@ -26,9 +26,8 @@ from hvd_ngp.data import load_scene  # noqa: E402
 from hvd_ngp.data.sampler import RaySampler  # noqa: E402
 from hvd_ngp.model.field import NGPField  # noqa: E402
 from hvd_ngp.training.recipe import Marching, make_grid, make_loss, make_optimizer  # noqa: E402
-from hvd_ngp.training.trainer import run  # noqa: E402
 from hvd_ngp.training.step import train_step  # noqa: E402
-
+from hvd_ngp.training.trainer import run  # noqa: E402
 
 
 def check_step_equivalence(args, scene) -> None:
@@ -52,7 +51,7 @@ def check_step_equivalence(args, scene) -> None:
     # distributed: this rank's contiguous B/N slice
     field, grid, opt = build()
     opt = dist.distributed_optimizer(opt, field.named_parameters())
-    mine = sampler.rays_for_pixels(pixels[rt.rank * 96:(rt.rank + 1) * 96])
+    mine = sampler.rays_for_pixels(pixels[rt.rank * 96 : (rt.rank + 1) * 96])
     train_step(field, grid, opt, mine, white.expand(len(mine), 3), march, loss_fn, None)
     # reference: the whole batch in one process
     ref, ref_grid, ref_opt = build()
@@ -62,8 +61,9 @@ def check_step_equivalence(args, scene) -> None:
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=lambda m: f"grad {name}: {m}")
         # Adam's first step is lr * sign(g): compare where the sign is well defined
         sure = q.grad.abs() > 1e-6
-        torch.testing.assert_close(p.detach()[sure], q.detach()[sure], rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"param {name}: {m}")
+        torch.testing.assert_close(
+            p.detach()[sure], q.detach()[sure], rtol=1e-5, atol=1e-6, msg=lambda m: f"param {name}: {m}"
+        )
     if rt.is_root:
         print(f"CHECK step_equivalence OK ({rt.size} x {B // rt.size} rays == 1 x {B} rays)", flush=True)
 
@@ -97,8 +97,22 @@ def check_shards(args, scene) -> None:
 
 def main() -> None:
     cache, out_dir, *extra = sys.argv[1:]
-    argv = ["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", cache, "--out_dir", out_dir, "--n_steps", "40",
-            "--log_every", "20", "--device", "cpu", *extra]
+    argv = [
+        "--config",
+        str(CPU_CONFIG),
+        *TINY_ARGS,
+        "--scene_cache",
+        cache,
+        "--out_dir",
+        out_dir,
+        "--n_steps",
+        "40",
+        "--log_every",
+        "20",
+        "--device",
+        "cpu",
+        *extra,
+    ]
     args = parse_args(argv)
     dist.init("cpu")
     scene = load_scene("builtin", scene_cache=cache)

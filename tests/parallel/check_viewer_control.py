@@ -58,9 +58,28 @@ class ScriptedWatcher:
 
 def main() -> None:
     cache, out_dir, *extra = sys.argv[1:]
-    args = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS, "--scene_cache", cache, "--out_dir", out_dir,
-                       "--n_steps", "24", "--log_every", "8", "--device", "cpu", "--save_renders", "0",
-                       "--n_eval_views", "1", *extra])
+    args = parse_args(
+        [
+            "--config",
+            str(CPU_CONFIG),
+            *TINY_ARGS,
+            "--scene_cache",
+            cache,
+            "--out_dir",
+            out_dir,
+            "--n_steps",
+            "24",
+            "--log_every",
+            "8",
+            "--device",
+            "cpu",
+            "--save_renders",
+            "0",
+            "--n_eval_views",
+            "1",
+            *extra,
+        ]
+    )
     waits: list[tuple[int, float]] = []  # (step, seconds) of each wait on this rank
     steps: list[tuple[int, float]] = []  # (step, time) each step started
     real_wait, real_step = control.RunControl.wait, trainer.Trainer.step
@@ -80,16 +99,20 @@ def main() -> None:
     result = trainer.run(args, attach=lambda tr: watcher)
     rt = dist.runtime()
     assert result.step == 24, f"rank {rt.rank}: stopped at step {result.step}"
-    assert len(waits) == 1 and waits[0][0] == PAUSE_AFTER and waits[0][1] >= PAUSE_S * 0.9, \
+    assert len(waits) == 1 and waits[0][0] == PAUSE_AFTER and waits[0][1] >= PAUSE_S * 0.9, (
         f"rank {rt.rank}: waits (steps taken, seconds) {waits}"
+    )
     every = dist.allgather_object(waits, name="check.waits")
     if rt.is_root:
         assert watcher.idles > 0, "the viewer was not given time to draw while paused"
         found = CheckpointManager(Path(out_dir) / "checkpoints").existing()
         assert [s for s, _ in found] == [PAUSE_AFTER], f"checkpoints {found}"
         assert int(read_snapshot(found[0][1])["step"]) == PAUSE_AFTER
-        print(f"CHECK viewer_control OK (paused after step {PAUSE_AFTER} on all {rt.size} ranks: "
-              f"{[round(w[0][1], 2) for w in every]} s; one checkpoint at step {PAUSE_AFTER})", flush=True)
+        print(
+            f"CHECK viewer_control OK (paused after step {PAUSE_AFTER} on all {rt.size} ranks: "
+            f"{[round(w[0][1], 2) for w in every]} s; one checkpoint at step {PAUSE_AFTER})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

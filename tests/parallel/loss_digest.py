@@ -28,17 +28,39 @@ STEPS = 40
 
 def main() -> None:
     cache, out, *extra = sys.argv[1:]
-    tr = Trainer.build(parse_args(tiny_cpu_args(Path(cache), Path(out), "--n_steps", str(STEPS), "--seed", "7",
-                                                "--marching", '{"warmup_steps": 8, "update_interval": 4}', *extra)))
+    tr = Trainer.build(
+        parse_args(
+            tiny_cpu_args(
+                Path(cache),
+                Path(out),
+                "--n_steps",
+                str(STEPS),
+                "--seed",
+                "7",
+                "--marching",
+                '{"warmup_steps": 8, "update_interval": 4}',
+                *extra,
+            )
+        )
+    )
     losses = [float(tr.step(i)[0].loss) for i in range(STEPS)]
     psnr = tr.evaluate(n_views=1).get("psnr")
-    rows = dist.allgather_object((losses, tensor_digest([tr.grid.density, tr.grid.occupied]),
-                                  tensor_digest([p.detach() for p in tr.field.parameters()]), psnr),
-                                 name="loss_digest")
+    rows = dist.allgather_object(
+        (
+            losses,
+            tensor_digest([tr.grid.density, tr.grid.occupied]),
+            tensor_digest([p.detach() for p in tr.field.parameters()]),
+            psnr,
+        ),
+        name="loss_digest",
+    )
     if dist.runtime().is_root:
         for rank, (ls, grid, params, p) in enumerate(rows):
-            print(f"rank{rank} losses={[ls[i].hex() for i in (0, 9, 19, STEPS - 1)]} sum={sum(ls)!r} "
-                  f"grid={grid[:16]} params={params[:16]} psnr={p!r}", flush=True)
+            print(
+                f"rank{rank} losses={[ls[i].hex() for i in (0, 9, 19, STEPS - 1)]} sum={sum(ls)!r} "
+                f"grid={grid[:16]} params={params[:16]} psnr={p!r}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -85,8 +85,15 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
     if backend == "triton":
         from .hashgrid_triton import HashGridTriton
 
-        return HashGridTriton(spec, TABLE_DTYPES[table_dtype], vector_atomics=vector_atomics, merge_runs_below=merge,
-                              feature_major=feature_major, forward_launch=launches[0], backward_launch=launches[1])
+        return HashGridTriton(
+            spec,
+            TABLE_DTYPES[table_dtype],
+            vector_atomics=vector_atomics,
+            merge_runs_below=merge,
+            feature_major=feature_major,
+            forward_launch=launches[0],
+            backward_launch=launches[1],
+        )
     if backend == "tcnn":
         from .tcnn import TcnnEncoding
 
@@ -100,8 +107,7 @@ def make_position_encoding(block: dict, backend: str = "torch", source: str = "c
     return HashGridTorch(spec)
 
 
-def kernel_options(block: dict, source: str = "config"
-                   ) -> tuple[str, bool, int, bool, tuple[GridLaunch, GridLaunch]]:
+def kernel_options(block: dict, source: str = "config") -> tuple[str, bool, int, bool, tuple[GridLaunch, GridLaunch]]:
     """The Triton kernels' options of an ``encoding`` block (``KERNEL_OPTIONS``), validated and defaulted:
     (table_dtype, vector_atomics, merge_runs_below, feature_major, (forward launch, backward launch))."""
     table_dtype = block.get("table_dtype", "float32")
@@ -123,8 +129,9 @@ def kernel_options(block: dict, source: str = "config"
             launches.append(default)
             continue
         if not isinstance(value, dict) or not set(value) <= {"block", "warps"}:
-            raise ConfigError(f"{source}: encoding.{key} must be an object with keys among ['block', 'warps'], "
-                              f"got {value!r}")
+            raise ConfigError(
+                f"{source}: encoding.{key} must be an object with keys among ['block', 'warps'], got {value!r}"
+            )
         try:
             launches.append(GridLaunch(**{"block": default.block, "warps": default.warps, **value}))
         except ValueError as e:
@@ -164,6 +171,18 @@ def make_direction_encoding(block: dict, source: str = "config", backend: str = 
     return SphericalHarmonics(int(block.get("degree", 4)))
 
 
-__all__ = ["BACKENDS", "FAST_RENDERER_BACKENDS", "KERNEL_OPTIONS", "GridLaunch", "HashGridSpec", "HashGridTorch",
-           "SphericalHarmonics", "kernel_options", "make_direction_encoding", "make_position_encoding",
-           "model_for_backend", "resolve_backend", "scaled_to_extent"]
+__all__ = [
+    "BACKENDS",
+    "FAST_RENDERER_BACKENDS",
+    "KERNEL_OPTIONS",
+    "GridLaunch",
+    "HashGridSpec",
+    "HashGridTorch",
+    "SphericalHarmonics",
+    "kernel_options",
+    "make_direction_encoding",
+    "make_position_encoding",
+    "model_for_backend",
+    "resolve_backend",
+    "scaled_to_extent",
+]

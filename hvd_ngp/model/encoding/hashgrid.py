@@ -23,8 +23,14 @@ UINT32 = 0xFFFFFFFF
 
 
 #: encoding keys of the Triton backend, not of the grid
-KERNEL_OPTIONS = ("table_dtype", "vector_atomics", "merge_runs_below", "feature_major", "forward_launch",
-                  "backward_launch")
+KERNEL_OPTIONS = (
+    "table_dtype",
+    "vector_atomics",
+    "merge_runs_below",
+    "feature_major",
+    "forward_launch",
+    "backward_launch",
+)
 #: the Triton backward sums runs of consecutive points on one table row at levels of resolution <= this
 #: (``merge_runs_below``): 53.9 / 57.1 against 48.2 / 48.4 M samples/s late in lego training on one H100
 #: (docs/BENCHMARKS.md)
@@ -101,14 +107,18 @@ class HashGridSpec:
         for key in ("type", "interpolation"):
             value = block.pop(key, None)
             if value not in (None, "Hash", "Linear"):
-                raise ConfigError(f"{source}: encoding.{key}={value!r} is not supported (Hash grids, Linear interpolation)")
+                raise ConfigError(
+                    f"{source}: encoding.{key}={value!r} is not supported (Hash grids, Linear interpolation)"
+                )
         for key in KERNEL_OPTIONS:  # how the Triton kernels run, not the grid (make_position_encoding reads it)
             block.pop(key, None)
         desired = block.pop("desired_resolution", None)
         known = {"n_levels", "n_features_per_level", "log2_hashmap_size", "base_resolution", "per_level_scale"}
         unknown = set(block) - known
         if unknown:
-            raise ConfigError(f"{source}: unknown encoding key(s) {sorted(unknown)} (known: {sorted(known | {'desired_resolution'})})")
+            raise ConfigError(
+                f"{source}: unknown encoding key(s) {sorted(unknown)} (known: {sorted(known | {'desired_resolution'})})"
+            )
         try:
             spec = HashGridSpec(**block)
         except ConfigError as exc:
@@ -131,7 +141,7 @@ class HashGridSpec:
         for level in range(self.n_levels):
             scale = math.exp2(level * math.log2(self.per_level_scale)) * self.base_resolution - 1.0
             resolution = int(math.ceil(scale)) + 1
-            dense = resolution ** 3
+            dense = resolution**3
             size = max_params if dense > max_params else dense
             size = (size + 7) // 8 * 8
             hashed = dense > max_params
@@ -188,11 +198,11 @@ class HashGridTorch(nn.Module):
         Corner ``c`` sits at offset bit ``d`` of ``c`` along dim ``d``. Per-dimension terms are
         computed once and combined by broadcasting over the 2x2x2 corners (z, y, x order).
         """
-        pos = x.float()[:, None, :] * self.scales[None, :, None] + 0.5           # [N, L, 3]
+        pos = x.float()[:, None, :] * self.scales[None, :, None] + 0.5  # [N, L, 3]
         cell = torch.floor(pos)
         frac = pos - cell
         c = cell.long()
-        lo_hi = torch.arange(2, device=x.device)                                # corner offsets 0, 1
+        lo_hi = torch.arange(2, device=x.device)  # corner offsets 0, 1
         n, L = x.shape[0], self.spec.n_levels
         index = torch.empty(n, L, 2, 2, 2, dtype=torch.int64, device=x.device)
         hashed, dense = self.hashed_levels, self.dense_levels
@@ -210,7 +220,7 @@ class HashGridTorch(nn.Module):
             didx = pz[:, :, :, None, None] + py[:, :, None, :, None] + px[:, :, None, None, :]
             index[:, dense] = didx % self.sizes[dense][None, :, None, None, None]
         index = index.view(n, L, 8) + self.offsets[None, :, None]
-        wd = torch.stack([1.0 - frac, frac], dim=-1)                            # [N, L, 3, 2]
+        wd = torch.stack([1.0 - frac, frac], dim=-1)  # [N, L, 3, 2]
         w = wd[:, :, 2, :, None, None] * wd[:, :, 1, None, :, None] * wd[:, :, 0, None, None, :]
         return index, w.reshape(n, L, 8)
 
@@ -218,6 +228,7 @@ class HashGridTorch(nn.Module):
         n = x.shape[0]
         index, w = self.corner_indices_and_weights(x)
         L = self.spec.n_levels
-        feats = F.embedding_bag(index.view(n * L, 8), self.params, per_sample_weights=w.view(n * L, 8).to(self.params.dtype),
-                                mode="sum")                                     # [N*L, F]
+        feats = F.embedding_bag(
+            index.view(n * L, 8), self.params, per_sample_weights=w.view(n * L, 8).to(self.params.dtype), mode="sum"
+        )  # [N*L, F]
         return feats.view(n, L * self.spec.n_features_per_level)

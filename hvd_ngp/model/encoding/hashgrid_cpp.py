@@ -33,12 +33,19 @@ def load_extension(verbose: bool = False):
             from torch.utils.cpp_extension import load
 
             build_dir, source = _build_location()
-            _ext = load(name="hvd_ngp_hashgrid_cpu", sources=[source], extra_cflags=["-O3"], verbose=verbose,
-                        build_directory=build_dir)
+            _ext = load(
+                name="hvd_ngp_hashgrid_cpu",
+                sources=[source],
+                extra_cflags=["-O3"],
+                verbose=verbose,
+                build_directory=build_dir,
+            )
         except Exception as exc:  # compiler or ninja missing, headers mismatched...
-            raise BackendError(f"the C++ hash-grid kernel could not be built ({type(exc).__name__}: "
-                               f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}); it needs g++ and "
-                               "ninja (pip install ninja), or use --backend torch") from None
+            raise BackendError(
+                f"the C++ hash-grid kernel could not be built ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}); it needs g++ and "
+                "ninja (pip install ninja), or use --backend torch"
+            ) from None
     return _ext
 
 
@@ -46,7 +53,13 @@ def _build_location() -> tuple[str | None, str]:
     """(build folder, source path): a content-addressed copy inside this Python environment, or
     torch's default folder and the packaged source if the environment is read-only."""
     code = SOURCE.read_bytes()
-    folder = Path(sys.prefix) / "share" / "hvd_ngp" / "torch_extensions" / f"hashgrid_cpu-{hashlib.sha1(code).hexdigest()[:10]}"
+    folder = (
+        Path(sys.prefix)
+        / "share"
+        / "hvd_ngp"
+        / "torch_extensions"
+        / f"hashgrid_cpu-{hashlib.sha1(code).hexdigest()[:10]}"
+    )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         copy = folder / SOURCE.name
@@ -79,8 +92,9 @@ class _HashGridCppFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         enc = ctx.enc
         p = enc.params
-        g = _ext.backward(grad, x, p.shape[0], p.shape[1], enc.scales, enc.resolutions, enc.sizes, enc.offsets,
-                          enc.hashed_mask)
+        g = _ext.backward(
+            grad, x, p.shape[0], p.shape[1], enc.scales, enc.resolutions, enc.sizes, enc.offsets, enc.hashed_mask
+        )
         return None, g, None
 
 

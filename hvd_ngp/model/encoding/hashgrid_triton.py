@@ -100,8 +100,24 @@ def _point_cells(x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
 
 
 @triton.jit
-def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, out_row, out_col, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr,
-                  count_ptr, N, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr, BLOCK: tl.constexpr):
+def _hashgrid_fwd(
+    x_ptr,
+    table_ptr,
+    out_ptr,
+    out_row,
+    out_col,
+    scale_ptr,
+    res_ptr,
+    size_ptr,
+    offset_ptr,
+    hashed_ptr,
+    count_ptr,
+    N,
+    L: tl.constexpr,
+    F: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """out ``[N, L * F]`` (element ``(i, c)`` at ``out_ptr + i * out_row + c * out_col``) = the features of
     points x ``[N, 3]``; with a count, rows past it are written as zeros (``out`` may be uninitialised)."""
     n_all = N
@@ -115,7 +131,8 @@ def _hashgrid_fwd(x_ptr, table_ptr, out_ptr, out_row, out_col, scale_ptr, res_pt
             tl.store(out, tl.zeros((BLOCK, F), dtype=tl.float32), mask=(i < n_all)[:, None])
         return
     i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
-        x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
+        x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK
+    )
     acc = tl.zeros((BLOCK, F), dtype=tl.float32)
     for C in tl.static_range(8):
         row, w = _corner(cx, cy, cz, fx, fy, fz, C, res, size, hashed)
@@ -133,8 +150,12 @@ def _red_add_pair(ptr, a, b, m):
     The address goes in as a 64-bit integer: Triton (3.6) will not broadcast a pointer with floats."""
     return tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p red.global.add.v2.f32 [$1], {$3, $4}; mov.u32 $0, 0; }",
-        "=r,l,r,f,f", [ptr.to(tl.int64, bitcast=True), m.to(tl.int32), a, b], dtype=tl.int32, is_pure=False,
-        pack=1)
+        "=r,l,r,f,f",
+        [ptr.to(tl.int64, bitcast=True), m.to(tl.int32), a, b],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -148,8 +169,11 @@ def _pair_grads(grad_out_ptr, g_row, g_col, i, m, level):
 def _feature_grads(grad_out_ptr, g_row, g_col, i, m, level, F: tl.constexpr):
     """The output gradients of points ``i`` at ``level``: (feature index ``[F]``, ``[BLOCK, F]`` fp32)."""
     f = tl.arange(0, F)
-    g = tl.load(grad_out_ptr + i[:, None].to(tl.int64) * g_row + (level * F + f[None, :]).to(tl.int64) * g_col,
-                mask=m[:, None], other=0.0).to(tl.float32)
+    g = tl.load(
+        grad_out_ptr + i[:, None].to(tl.int64) * g_row + (level * F + f[None, :]).to(tl.int64) * g_col,
+        mask=m[:, None],
+        other=0.0,
+    ).to(tl.float32)
     return f, g
 
 
@@ -166,9 +190,27 @@ def _restart_sum2(fa, a0, a1, fb, b0, b1):
 
 
 @triton.jit
-def _hashgrid_bwd(x_ptr, grad_out_ptr, g_row, g_col, grad_table_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr,
-                  hashed_ptr, count_ptr, N, merge_res, L: tl.constexpr, F: tl.constexpr, HAS_COUNT: tl.constexpr,
-                  BLOCK: tl.constexpr, PAIRS: tl.constexpr, MERGE: tl.constexpr):
+def _hashgrid_bwd(
+    x_ptr,
+    grad_out_ptr,
+    g_row,
+    g_col,
+    grad_table_ptr,
+    scale_ptr,
+    res_ptr,
+    size_ptr,
+    offset_ptr,
+    hashed_ptr,
+    count_ptr,
+    N,
+    merge_res,
+    L: tl.constexpr,
+    F: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PAIRS: tl.constexpr,
+    MERGE: tl.constexpr,
+):
     """The table's gradient from the output's (``[N, L * F]``, element ``(i, c)`` at ``grad_out_ptr + i * g_row +
     c * g_col``). ``PAIRS`` (F == 2, sm_90+): both features of a corner in one vector atomic, else one per feature.
     ``MERGE``: at levels of resolution <= ``merge_res``, consecutive points whose corner falls on the same
@@ -177,11 +219,36 @@ def _hashgrid_bwd(x_ptr, grad_out_ptr, g_row, g_col, grad_table_ptr, scale_ptr, 
     if tl.program_id(0) * BLOCK >= N:
         return
     i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
-        x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK)
+        x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK
+    )
     if MERGE:
         if res <= merge_res:
-            _hashgrid_bwd_runs(x_ptr, grad_out_ptr, g_row, g_col, grad_table_ptr, i, m, level, cx, cy, cz, fx, fy, fz,
-                               res, size, offset, hashed, tl.load(scale_ptr + level), N, L, F, BLOCK, PAIRS)
+            _hashgrid_bwd_runs(
+                x_ptr,
+                grad_out_ptr,
+                g_row,
+                g_col,
+                grad_table_ptr,
+                i,
+                m,
+                level,
+                cx,
+                cy,
+                cz,
+                fx,
+                fy,
+                fz,
+                res,
+                size,
+                offset,
+                hashed,
+                tl.load(scale_ptr + level),
+                N,
+                L,
+                F,
+                BLOCK,
+                PAIRS,
+            )
             return
     if PAIRS:
         g0, g1 = _pair_grads(grad_out_ptr, g_row, g_col, i, m, level)
@@ -197,9 +264,32 @@ def _hashgrid_bwd(x_ptr, grad_out_ptr, g_row, g_col, grad_table_ptr, scale_ptr, 
 
 
 @triton.jit
-def _hashgrid_bwd_runs(x_ptr, grad_out_ptr, g_row, g_col, grad_table_ptr, i, m, level, cx, cy, cz, fx, fy, fz, res,
-                       size, offset, hashed, scale, N, L: tl.constexpr, F: tl.constexpr, BLOCK: tl.constexpr,
-                       PAIRS: tl.constexpr):
+def _hashgrid_bwd_runs(
+    x_ptr,
+    grad_out_ptr,
+    g_row,
+    g_col,
+    grad_table_ptr,
+    i,
+    m,
+    level,
+    cx,
+    cy,
+    cz,
+    fx,
+    fy,
+    fz,
+    res,
+    size,
+    offset,
+    hashed,
+    scale,
+    N,
+    L: tl.constexpr,
+    F: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PAIRS: tl.constexpr,
+):
     """The backward at a coarse level, where a ray's consecutive samples share cells: per corner, a run of
     consecutive points (within the block) on the same table row is summed in registers (a segmented scan)
     and its last point adds the run's sum with one atomic, instead of one atomic per point."""
@@ -227,8 +317,16 @@ def _hashgrid_bwd_runs(x_ptr, grad_out_ptr, g_row, g_col, grad_table_ptr, i, m, 
 
 
 #: the launches ``bench throughput --grid_launches`` times on a trained batch (each for forward and backward)
-CANDIDATE_LAUNCHES = (GridLaunch(128, 4), GridLaunch(64, 2), GridLaunch(128, 2), GridLaunch(256, 4),
-                      GridLaunch(256, 8), GridLaunch(512, 4), GridLaunch(512, 8), GridLaunch(32, 1))
+CANDIDATE_LAUNCHES = (
+    GridLaunch(128, 4),
+    GridLaunch(64, 2),
+    GridLaunch(128, 2),
+    GridLaunch(256, 4),
+    GridLaunch(256, 8),
+    GridLaunch(512, 4),
+    GridLaunch(512, 8),
+    GridLaunch(32, 1),
+)
 
 
 def vector_atomics_here(device: torch.device) -> bool:
@@ -249,9 +347,20 @@ class _HashGridTritonFunction(torch.autograd.Function):
         if n:
             count = x if n_rows is None else n_rows  # a placeholder pointer without a count (never read)
             block, warps = enc.forward_launch.block, enc.forward_launch.warps
-            _hashgrid_fwd[(triton.cdiv(n, block), L)](x, table, out, *out.stride(), *enc.level_tensors(), count, n,
-                                                      L=L, F=F, HAS_COUNT=n_rows is not None, BLOCK=block,
-                                                      num_warps=warps)
+            _hashgrid_fwd[(triton.cdiv(n, block), L)](
+                x,
+                table,
+                out,
+                *out.stride(),
+                *enc.level_tensors(),
+                count,
+                n,
+                L=L,
+                F=F,
+                HAS_COUNT=n_rows is not None,
+                BLOCK=block,
+                num_warps=warps,
+            )
         ctx.save_for_backward(x)
         ctx.enc, ctx.n_rows = enc, n_rows
         return out
@@ -265,10 +374,23 @@ class _HashGridTritonFunction(torch.autograd.Function):
         if n:
             pairs = F == 2 and enc.vector_atomics and vector_atomics_here(x.device)
             block, warps = enc.backward_launch.block, enc.backward_launch.warps
-            _hashgrid_bwd[(triton.cdiv(n, block), L)](x, grad, *grad.stride(), grad_table, *enc.level_tensors(),
-                                                      x if ctx.n_rows is None else ctx.n_rows, n, enc.merge_runs_below,
-                                                      L=L, F=F, HAS_COUNT=ctx.n_rows is not None, BLOCK=block,
-                                                      PAIRS=pairs, MERGE=enc.merge_runs_below > 0, num_warps=warps)
+            _hashgrid_bwd[(triton.cdiv(n, block), L)](
+                x,
+                grad,
+                *grad.stride(),
+                grad_table,
+                *enc.level_tensors(),
+                x if ctx.n_rows is None else ctx.n_rows,
+                n,
+                enc.merge_runs_below,
+                L=L,
+                F=F,
+                HAS_COUNT=ctx.n_rows is not None,
+                BLOCK=block,
+                PAIRS=pairs,
+                MERGE=enc.merge_runs_below > 0,
+                num_warps=warps,
+            )
         return None, grad_table.to(enc.params.dtype), None, None
 
 
@@ -293,10 +415,16 @@ class HashGridTriton(HashGridTorch):
 
     skips_rows = True  # forward takes n_rows (the field passes the count through)
 
-    def __init__(self, spec: HashGridSpec, table_dtype: torch.dtype = torch.float32,
-                 vector_atomics: bool = False, merge_runs_below: int = MERGE_RUNS_BELOW,
-                 feature_major: bool = FEATURE_MAJOR, forward_launch: GridLaunch = FORWARD_LAUNCH,
-                 backward_launch: GridLaunch = BACKWARD_LAUNCH) -> None:
+    def __init__(
+        self,
+        spec: HashGridSpec,
+        table_dtype: torch.dtype = torch.float32,
+        vector_atomics: bool = False,
+        merge_runs_below: int = MERGE_RUNS_BELOW,
+        feature_major: bool = FEATURE_MAJOR,
+        forward_launch: GridLaunch = FORWARD_LAUNCH,
+        backward_launch: GridLaunch = BACKWARD_LAUNCH,
+    ) -> None:
         super().__init__(spec)
         if spec.n_features_per_level & (spec.n_features_per_level - 1):
             raise ValueError("the Triton hash grid needs a power-of-two n_features_per_level")
@@ -312,8 +440,13 @@ class HashGridTriton(HashGridTorch):
         """scale f32, resolution i32, size i32, offset i32, hashed i32 — each ``[L]``, on the table's device."""
         dev = self.params.device
         if self._levels is None or self._levels[0].device != dev:
-            self._levels = (self.scales.float().to(dev), self.resolutions.int().to(dev), self.sizes.int().to(dev),
-                            self.offsets.int().to(dev), self.hashed_mask.int().to(dev))
+            self._levels = (
+                self.scales.float().to(dev),
+                self.resolutions.int().to(dev),
+                self.sizes.int().to(dev),
+                self.offsets.int().to(dev),
+                self.hashed_mask.int().to(dev),
+            )
         return self._levels
 
     def forward(self, x: Tensor, n_rows: Tensor | None = None) -> Tensor:

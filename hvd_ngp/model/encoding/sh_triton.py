@@ -21,8 +21,9 @@ BLOCK = 128
 
 
 @triton.jit
-def _sh_concat(d_ptr, geo_ptr, geo_row, geo_col, out_ptr, N, DEGREE: tl.constexpr, G: tl.constexpr,
-               BLOCK: tl.constexpr):
+def _sh_concat(
+    d_ptr, geo_ptr, geo_row, geo_col, out_ptr, N, DEGREE: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr
+):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     x = tl.load(d_ptr + i * 3, mask=m, other=0.0)
@@ -68,7 +69,7 @@ class _ShConcat(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return None, grad[:, ctx.width:], None
+        return None, grad[:, ctx.width :], None
 
 
 class SphericalHarmonicsTriton(SphericalHarmonics):

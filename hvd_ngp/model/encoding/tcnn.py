@@ -31,8 +31,10 @@ def import_tcnn() -> ModuleType:
     try:
         import tinycudann
     except Exception as exc:  # ImportError, or EnvironmentError when it finds no CUDA device
-        raise BackendError(f"--backend tcnn needs tiny-cuda-nn's PyTorch bindings ({type(exc).__name__}: {exc}); "
-                           f"install them on a CUDA node with: {INSTALL}") from None
+        raise BackendError(
+            f"--backend tcnn needs tiny-cuda-nn's PyTorch bindings ({type(exc).__name__}: {exc}); "
+            f"install them on a CUDA node with: {INSTALL}"
+        ) from None
     return tinycudann
 
 
@@ -50,9 +52,14 @@ def uses_tcnn_layout(model_state: dict) -> bool:
 
 
 def hashgrid_config(spec: HashGridSpec) -> dict:
-    return {"otype": "HashGrid", "n_levels": spec.n_levels, "n_features_per_level": spec.n_features_per_level,
-            "log2_hashmap_size": spec.log2_hashmap_size, "base_resolution": spec.base_resolution,
-            "per_level_scale": spec.per_level_scale}
+    return {
+        "otype": "HashGrid",
+        "n_levels": spec.n_levels,
+        "n_features_per_level": spec.n_features_per_level,
+        "log2_hashmap_size": spec.log2_hashmap_size,
+        "base_resolution": spec.base_resolution,
+        "per_level_scale": spec.per_level_scale,
+    }
 
 
 def network_config(block: dict, name: str, source: str) -> dict:
@@ -61,10 +68,17 @@ def network_config(block: dict, name: str, source: str) -> dict:
     otype = block.get("otype", "FullyFusedMLP")
     width = block.get("n_neurons", 64)
     if otype == "FullyFusedMLP" and width not in FULLY_FUSED_WIDTHS:
-        raise ConfigError(f"{source}: {name}.n_neurons {width} is not a FullyFusedMLP width "
-                          f"({', '.join(map(str, FULLY_FUSED_WIDTHS))}); use \"otype\": \"CutlassMLP\" for other widths")
-    return {"otype": "CutlassMLP" if otype == "MLP" else otype, "activation": block.get("activation", "ReLU"),
-            "output_activation": "None", "n_neurons": width, "n_hidden_layers": block.get("n_hidden_layers", 1)}
+        raise ConfigError(
+            f"{source}: {name}.n_neurons {width} is not a FullyFusedMLP width "
+            f'({", ".join(map(str, FULLY_FUSED_WIDTHS))}); use "otype": "CutlassMLP" for other widths'
+        )
+    return {
+        "otype": "CutlassMLP" if otype == "MLP" else otype,
+        "activation": block.get("activation", "ReLU"),
+        "output_activation": "None",
+        "n_neurons": width,
+        "n_hidden_layers": block.get("n_hidden_layers", 1),
+    }
 
 
 class TcnnEncoding(nn.Module):
@@ -89,4 +103,3 @@ class TcnnMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.tcnn(x)
-
