@@ -264,71 +264,41 @@ def build_model(
     return field, grid, march, optimizer, lr_at, loss_fn, ema
 
 
-def build_parts(s: Settings) -> Parts:
-    """Everything one rank's training needs, in the order every rank builds it (collective)."""
-    comm = s.runtime.comm
-    rt, backend = start_runtime(s)
+def build_state(s: Settings, rt, scene, data, mp, field, grid, optimizer, scaler, budget, ema) -> TrainState:
+    """The training state: model, optimizer, scaler, this rank's ray streams (a model-parallel rank draws its
+    replica's), the ray budget and the parameter average; the region layout under model parallelism."""
     groups = dist.groups()
-    scene = load_agreed_scene(s)
-    model_k = region_model(s.model.blocks, groups.model_parallel)  # this rank's model (one region's when K > 1)
-    memory, data = plan_memory(s, rt, scene, model_k)
-    mp = plan_model_parallel(s, scene, backend)
-    fast = backend in FAST_RENDERER_BACKENDS and mp is None
-    precision = resolve_precision(s.model.precision, rt.device, backend, mp is not None)
-    scaler = make_scaler(precision, comm, rt.device, rt.size)
-    chain = OptimizerChain.parse(model_k["optimizer"], s.model.source)
-    sparse = bool(chain.adam.get("sparse_hash_updates", False))
-    graphs = use_graphs(
-        s.step.cuda_graphs,
-        eligibility(
-            rt.device,
-            fast,
-            precision,
-            comm.backward_passes_per_step,
-            dist.elastic(),
-            sparse,
-            scaler is not None,
-            backend,
-            comm.grad_sync,
-        ),
-        rt.device,
-    )
-    field, grid, march, optimizer, lr_at, loss_fn, ema = build_model(
-        s, rt, scene, model_k, mp, backend, precision, graphs, chain
-    )
-    st = s.step
-    budget = RayBudget(
-        st.n_rays_init, st.target_samples, st.max_rays, march.candidate_factor if fast else None, st.sample_fill
-    )
-    renderer = mp
-    if fast:
-        from ..render.fast import FastRenderer
-
-        renderer = FastRenderer.following(budget, march.launch)  # its buffer sizes are the budget's
     stream_rank, stream_size = (groups.replica, groups.replicas) if mp is not None else (rt.rank, rt.size)
-    state = TrainState(
-        field,
-        grid,
-        optimizer,
-        scaler,
-        *make_rank_streams(scene.train, st.seed, stream_rank, stream_size, rt.device, new_sampler=data.new_sampler),
-        budget,
-        ema=ema,
+    streams = make_rank_streams(
+        scene.train, s.step.seed, stream_rank, stream_size, rt.device, new_sampler=data.new_sampler
     )
+    state = TrainState(field, grid, optimizer, scaler, *streams, budget, ema=ema)
     if mp is not None:
         state.layout = json.dumps({"model_parallel": groups.model_parallel, "partition": mp.partition.to_json()})
-    out = s.output
-    ckpts = CheckpointManager(out.checkpoint_dir, out.ckpt_every, out.ckpt_keep)
-    # stop signals (preempt): installed before the first collective of the resume, agreed in the loop
-    stops = preempt.install(s.loop.stop_signals, dist.elastic())
-    guard = (
-        NonFiniteGuard(s.loop.nonfinite_limit, stops.local if stops.signals else None)
-        if s.loop.nonfinite_limit
-        else None
-    )
-    exchange = make_exchange(comm, field, optimizer, guard, ema)
-    state.exchange = exchange
-    graphed = None  # made before the resume: its optimizer hooks keep a loaded state capturable
+    return state
+
+
+def build_steps(
+    s: Settings,
+    graphs: bool,
+    mp,
+    field,
+    grid,
+    optimizer,
+    march,
+    loss_fn,
+    renderer,
+    guard,
+    precision,
+    scaler,
+    data,
+    exchange,
+):
+    """(the eager step, the graphed step or None). The graphed step is made before the resume: its optimizer
+    hooks keep a loaded state capturable."""
+    comm, st = s.runtime.comm, s.step
+    weights = data.settings.importance_weights
+    graphed = None
     if graphs:
         graphed = GraphedStep.build(
             field,
@@ -339,7 +309,7 @@ def build_parts(s: Settings) -> Parts:
             renderer,
             guard,
             precision,
-            data.settings.importance_weights,
+            weights,
             comm.compression,
             st.max_rays,
             st.defer_verdict,
@@ -355,8 +325,55 @@ def build_parts(s: Settings) -> Parts:
         renderer,
         comm.backward_passes_per_step,
         guard,
-        data.settings.importance_weights,
+        weights,
         exchange,
+    )
+    return eager, graphed
+
+
+def build_parts(s: Settings) -> Parts:
+    """Everything one rank's training needs, in the order every rank builds it (collective)."""
+    comm = s.runtime.comm
+    rt, backend = start_runtime(s)
+    groups = dist.groups()
+    scene = load_agreed_scene(s)
+    model_k = region_model(s.model.blocks, groups.model_parallel)  # this rank's model (one region's when K > 1)
+    memory, data = plan_memory(s, rt, scene, model_k)
+    mp = plan_model_parallel(s, scene, backend)
+    fast = backend in FAST_RENDERER_BACKENDS and mp is None
+    precision = resolve_precision(s.model.precision, rt.device, backend, mp is not None)
+    scaler = make_scaler(precision, comm, rt.device, rt.size)
+    chain = OptimizerChain.parse(model_k["optimizer"], s.model.source)
+    sparse = bool(chain.adam.get("sparse_hash_updates", False))
+    passes, elastic, scaled = comm.backward_passes_per_step, dist.elastic(), scaler is not None
+    why_not = eligibility(rt.device, fast, precision, passes, elastic, sparse, scaled, backend, comm.grad_sync)
+    graphs = use_graphs(s.step.cuda_graphs, why_not, rt.device)
+    field, grid, march, optimizer, lr_at, loss_fn, ema = build_model(
+        s, rt, scene, model_k, mp, backend, precision, graphs, chain
+    )
+    st = s.step
+    budget = RayBudget(
+        st.n_rays_init, st.target_samples, st.max_rays, march.candidate_factor if fast else None, st.sample_fill
+    )
+    renderer = mp
+    if fast:
+        from ..render.fast import FastRenderer
+
+        renderer = FastRenderer.following(budget, march.launch)  # its buffer sizes are the budget's
+    state = build_state(s, rt, scene, data, mp, field, grid, optimizer, scaler, budget, ema)
+    out = s.output
+    ckpts = CheckpointManager(out.checkpoint_dir, out.ckpt_every, out.ckpt_keep)
+    # stop signals (preempt): installed before the first collective of the resume, agreed in the loop
+    stops = preempt.install(s.loop.stop_signals, dist.elastic())
+    guard = (
+        NonFiniteGuard(s.loop.nonfinite_limit, stops.local if stops.signals else None)
+        if s.loop.nonfinite_limit
+        else None
+    )
+    exchange = make_exchange(comm, field, optimizer, guard, ema)
+    state.exchange = exchange
+    eager, graphed = build_steps(
+        s, graphs, mp, field, grid, optimizer, march, loss_fn, renderer, guard, precision, scaler, data, exchange
     )
     return Parts(
         rt,

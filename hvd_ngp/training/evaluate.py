@@ -189,6 +189,29 @@ def view_mse(img: Tensor, gt: Tensor, keep: Tensor | None) -> float:
     return float(err.mean())
 
 
+def timed_view(renderer: ViewRenderer, frames: Frames, i: int, protocol: str, bg: Tensor) -> tuple[Tensor, float]:
+    """View ``i`` rendered under ``protocol`` ``[H, W, 3]`` and its wall time in seconds (device synchronised)."""
+    t0 = time.perf_counter()
+    img = renderer.view_ngp(frames, i) if protocol == "ngp" else renderer.view(frames, i, bg)
+    if img.is_cuda:
+        torch.cuda.synchronize(img.device)
+    return img, time.perf_counter() - t0
+
+
+def write_gathered(renders: list[tuple[int, np.ndarray]], save_dir: Path | None) -> None:
+    """Collective: every rank's (view index, uint8 image) renders gathered; rank 0 writes them to ``save_dir``."""
+    gathered = dist.allgather_object(renders, name="eval.images")
+    if dist.runtime().is_root and save_dir is not None:
+        for per_rank in gathered:
+            for i, img in per_rank:
+                write_png(save_dir / f"test_{i:03d}.png", img)
+
+
+def stop_voted(mine: bool) -> bool:
+    """Collective (one tiny allreduce): does any rank want to stop?"""
+    return float(dist.allreduce(torch.tensor([float(mine)]), "max", name="eval.stop")[0]) > 0
+
+
 def evaluate(
     field: NGPField,
     grid: OccupancyGrid,
@@ -207,10 +230,9 @@ def evaluate(
     stops: preempt.StopSignals | None = None,
     inference: str = "single_pass",
 ) -> dict:
-    """PSNR (mean over views; over each view's kept pixels, ``Frames.keep``) and SSIM (whole views) over the
-    first ``n_views`` views (0: all) under ``protocol`` (see
-    the module docstring; ``ngp`` ignores ``background``). Collective: every rank renders views
-    ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
+    """PSNR (mean over views; over each view's kept pixels, ``Frames.keep``) and SSIM (whole views) over the first
+    ``n_views`` views (0: all) under ``protocol`` (see the module docstring; ``ngp`` ignores ``background``).
+    Collective: every rank renders views ``rank, rank + size, ...``; per-view errors are summed with one allreduce.
 
     The first ``n_save`` renders go to ``save_dir`` as PNG: gathered and written by rank 0
     (``writer="root"``, the trainer's rule), or written by the rank that rendered them
@@ -242,11 +264,7 @@ def evaluate(
         if i < n and not interrupted:
             try:
                 with preempt.interruptible(stops if parallel is None else None):
-                    t0 = time.perf_counter()
-                    img = renderer.view_ngp(frames, i) if protocol == "ngp" else renderer.view(frames, i, bg)
-                    if img.is_cuda:
-                        torch.cuda.synchronize(img.device)
-                    seconds = time.perf_counter() - t0
+                    img, seconds = timed_view(renderer, frames, i, protocol, bg)
             except preempt.Interrupted:
                 interrupted = True
             else:
@@ -259,20 +277,13 @@ def evaluate(
                         keep.append((i, to_uint8(img)))
                         if writer == "each_rank" and save_dir is not None:
                             write_png(save_dir / f"test_{i:03d}.png", keep.pop()[1])
-        if (
-            stops is not None
-            and float(dist.allreduce(torch.tensor([float(interrupted or stops.pending())]), "max", name="eval.stop")[0])
-            > 0
-        ):
+        if stops is not None and stop_voted(interrupted or stops.pending()):
             field.train(was_training)
             return {"psnr": float("nan"), "ssim": float("nan"), "views": 0, "stopped": True}
     field.train(was_training)
     scores = dist.allreduce(scores, "sum", name="eval.scores")
-    gathered = dist.allgather_object(keep, name="eval.images") if n_save > 0 and writer == "root" else []
-    if rt.is_root and save_dir is not None:
-        for per_rank in gathered:
-            for i, img in per_rank:
-                write_png(save_dir / f"test_{i:03d}.png", img)
+    if n_save > 0 and writer == "root":
+        write_gathered(keep, save_dir)
     psnrs = [mse_to_psnr(float(m)) for m in scores[:, 0]]
     return {
         "psnr": float(np.mean(psnrs)),

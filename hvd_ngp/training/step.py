@@ -139,18 +139,10 @@ def train_step(
         if a == b:
             continue
         part, share = slice(a, b), (b - a) / n
+        o, d, jit = rays.origins[part], rays.directions[part], None if jitter is None else jitter[part]
         with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
             out = render(
-                field,
-                field.density,
-                rays.origins[part],
-                rays.directions[part],
-                field.aabb,
-                grid,
-                march.schedule,
-                march.early_termination,
-                None if jitter is None else jitter[part],
-                timer=timer,
+                field, field.density, o, d, field.aabb, grid, march.schedule, march.early_termination, jit, timer=timer
             )
         valid = getattr(out, "valid", None)
         weight = None if rays.weight is None else rays.weight[part]
@@ -173,6 +165,21 @@ def train_step(
         skipped = exchange.finish(optimizer, guard, loss, step)
         timer.mark("optimizer")
         return _result(loss, mse, n_samples, n_candidates, n_valid, skipped, ray_loss, valids)
+    skipped = optimizer_update(optimizer, guard, scaler, loss, step, timer)
+    return _result(loss, mse, n_samples, n_candidates, n_valid, skipped, ray_loss, valids)
+
+
+def optimizer_update(
+    optimizer: torch.optim.Optimizer,
+    guard: NonFiniteGuard | None,
+    scaler: torch.amp.GradScaler | None,
+    loss: Tensor,
+    step: int,
+    timer: StageTimer,
+) -> bool:
+    """After backward (``--grad_sync every``): wait for Horovod's gradient allreduce, let the guard decide, step
+    (Horovod's pattern with a scaler: synchronize, unscale, step without a second synchronisation). Returns
+    whether the step was skipped (identical on every rank)."""
     if guard is not None:
         guard.submit(loss)
     distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
@@ -191,7 +198,7 @@ def train_step(
         if scaler is not None:
             scaler.update()
     timer.mark("optimizer")
-    return _result(loss, mse, n_samples, n_candidates, n_valid, skipped, ray_loss, valids)
+    return skipped
 
 
 def _result(
