@@ -497,6 +497,7 @@ def test_throughput_bench_applies_triton_only_encoding_options_to_its_triton_bui
         points=64,
         repeat=1,
         no_compile=True,
+        inference_size=0,  # no inference rows (tests/test_infer.py covers them)
         extra=[*TINY_ARGS, "--encoding", kernel, "--scene_cache", str(scene_cache)],
     )
     model = trainer_args(opts, "torch").model
