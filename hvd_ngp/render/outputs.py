@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .occupancy import OccupancyGrid
 from .schedule import StepSchedule
-from .volume import RGBSigmaFn, SigmaFn, over_background, render_rays
+from .volume import DEFAULT_INFERENCE, RGBSigmaFn, SigmaFn, inference_path, over_background, render_rays
 
 OUTPUTS = ("rgb", "depth", "normal", "opacity")
 
@@ -46,20 +46,19 @@ def render_outputs(
     normal_step: float = 0.0,
     fast: bool = False,
     workspace=None,
+    inference: str = DEFAULT_INFERENCE,
 ) -> dict[str, Tensor]:
     """Rays ``[R, 3]`` rendered ``chunk`` at a time without gradients -> {"rgb" ``[R, 3]`` over ``background``,
     "opacity" ``[R]``, "depth" ``[R]`` (see the module docstring), and with ``normal_step`` > 0 "normal" ``[R, 3]``
     (unit, zero where nothing is hit; central differences ``normal_step`` apart)}. ``fast``: the Triton renderer
-    (``infer.render_rays_single_pass`` in ``workspace``) for rgb, opacity and depth; normals take the reference
+    (``inference``: ``volume.INFERENCE_PATHS``, in ``workspace``) for rgb, opacity and depth; normals take the reference
     renderer."""
     parts: dict[str, list[Tensor]] = {"rgb": [], "opacity": [], "depth": [], "normal": []}
     with torch.no_grad():
         for s in range(0, origins.shape[0], chunk):
             o, d = origins[s : s + chunk], directions[s : s + chunk]
             if fast and normal_step <= 0:
-                from .infer import render_rays_single_pass
-
-                rgb, opacity, depth = render_rays_single_pass(
+                rgb, opacity, depth = inference_path(inference)(
                     rgb_sigma_fn, sigma_fn, o, d, aabb, grid, schedule, early_termination, workspace
                 )
             else:

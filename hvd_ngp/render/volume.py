@@ -204,7 +204,7 @@ def render_image(
     row_bytes: int | None = None,
     step_offset: float = 0.5,
     between_chunks: Callable[[], None] | None = None,
-    inference: str = "single_pass",
+    inference: str = "two_pass",  # DEFAULT_INFERENCE
 ) -> tuple[Tensor, Tensor]:
     """Render rays in chunks without gradients: rgb on ``background`` ``[3]`` -> ``[R, 3]``, depth ``[R]``.
 
@@ -238,6 +238,9 @@ def render_image(
 
 #: the fast path's inference renderers (``render_image(inference=...)``, the render tool's ``--inference``)
 INFERENCE_PATHS = ("single_pass", "two_pass")
+#: the default: ``two_pass`` (measured on GPUs) until ``single_pass`` has been timed and checked against it on one
+#: (docs/inference.md gives the commands); ``single_pass`` is checked on the CPU (Triton's interpreter) only
+DEFAULT_INFERENCE = "two_pass"
 
 
 def inference_path(name: str) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:

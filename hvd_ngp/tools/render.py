@@ -22,7 +22,7 @@ from ..errors import ConfigError, run_cli
 from ..observe.progress import progress
 from ..render.camera_path import CameraPath, orbit
 from ..render.outputs import OUTPUTS, colorize_depth, colorize_normal, colorize_opacity, depth_range, parse_outputs
-from ..render.volume import INFERENCE_PATHS
+from ..render.volume import DEFAULT_INFERENCE, INFERENCE_PATHS
 from ..training.evaluate import BACKGROUNDS, evaluate, to_uint8, write_png
 from .camera_files import load_camera_path
 from .trained import RENDER_MARCHING_KEYS, Trained, load_trained
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--inference",
         choices=INFERENCE_PATHS,
-        default="single_pass",
+        default=DEFAULT_INFERENCE,
         help="the Triton renderer's inference path: single_pass (one network pass per sample, "
         "docs/inference.md) or two_pass (density pass, then the whole network on the kept samples)",
     )

@@ -17,6 +17,7 @@ from ..model.field import NGPField
 from ..observe.memory import MemoryBudget, ranks_on_device
 from ..render.occupancy import OccupancyGrid
 from ..render.regions import Partition, PiecewiseField
+from ..render.volume import DEFAULT_INFERENCE
 from ..state.checkpoint import (
     load_average,
     read_region,
@@ -71,7 +72,7 @@ class Trained:
         """The background ``[3]`` on the device: ``name``, else the one evaluations used."""
         return torch.tensor(BACKGROUNDS[name or self.cfg.get("eval_background", "white")], device=self.device)
 
-    def renderer(self, inference: str = "single_pass") -> ViewRenderer:
+    def renderer(self, inference: str = DEFAULT_INFERENCE) -> ViewRenderer:
         """A ``ViewRenderer`` of the field in eval mode, within the memory budget (``inference``: its fast path)."""
         self.field.eval()
         return ViewRenderer(

@@ -29,6 +29,7 @@ from ..render import StepSchedule, composite_background, max_lanes, render_image
 from ..render.occupancy import OccupancyGrid
 from ..render.outputs import render_outputs
 from ..render.plan import plan_render, reference_chunk
+from ..render.volume import DEFAULT_INFERENCE
 
 BACKGROUNDS = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
 NGP_SPP = 8  # instant-ngp's scripts/run.py
@@ -49,7 +50,7 @@ class ViewRenderer:
         fast: bool = False,
         budget: MemoryBudget | None = None,
         parallel=None,
-        inference: str = "single_pass",
+        inference: str = DEFAULT_INFERENCE,
     ) -> None:
         """``parallel``: a ``model_parallel.ModelParallel``; views then render through its segment exchange
         (the reference renderer, chunks agreed by all ranks: collective)."""
@@ -143,6 +144,7 @@ class ViewRenderer:
             0.5 * self.schedule.dt_min if normals else 0.0,
             fast=self.fast and not normals,
             workspace=self.workspace,
+            inference=self.inference,
         )
         w, h = frames.image_size(index)
         return {k: v.view(h, w, *v.shape[1:]) for k, v in out.items()}
@@ -228,7 +230,7 @@ def evaluate(
     budget: MemoryBudget | None = None,
     parallel=None,
     stops: preempt.StopSignals | None = None,
-    inference: str = "single_pass",
+    inference: str = DEFAULT_INFERENCE,
 ) -> dict:
     """PSNR (mean over views; over each view's kept pixels, ``Frames.keep``) and SSIM (whole views) over the first
     ``n_views`` views (0: all) under ``protocol`` (see the module docstring; ``ngp`` ignores ``background``).
