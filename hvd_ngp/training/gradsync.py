@@ -34,6 +34,7 @@ from torch import Tensor
 from ..cluster import dist
 from ..cluster.comm import CommSettings
 from ..cluster.flatgrad import FlatGradients
+from ..model.field import NGPField
 from ..state.failures import NonFiniteGuard
 
 
@@ -85,6 +86,7 @@ class DelayedAveraging:
             return self._finish_fresh(optimizer, guard, loss, step)
         self.grads.check_views()
         if guard is not None:
+            assert self.grads.tail is not None, "the guard's flags ride in the tail"
             guard.fold(loss, self.grads.tail)
         slot = 1 - self._slot if self.pending is not None else self._slot
         mine = self.wire[slot]
@@ -103,12 +105,15 @@ class DelayedAveraging:
     ) -> bool:
         """``finish`` with fresh parameters: this step's fresh average (waited for, with the guard's flags) and the
         previous step's late average go into one optimizer step. A skipped step's late gradient is never applied."""
-        self.now.check_views()
+        now = self.now
+        assert now is not None, "called with fresh parameters only"
+        now.check_views()
         self.grads.check_views()
         if guard is not None:
-            guard.fold(loss, self.now.tail)
+            assert now.tail is not None, "the guard's flags ride in the fresh buffers' tail"
+            guard.fold(loss, now.tail)
         # the small fresh average first, waited for, so that Horovod cannot fuse it with the grid's large one
-        self.now.allreduce_()
+        now.allreduce_()
         slot = 1 - self._slot if self.pending is not None else self._slot
         mine = self.wire[slot]
         for dt, b in self.grads.buffers.items():
@@ -116,7 +121,7 @@ class DelayedAveraging:
         sent = dist.allreduce_buffers_start(
             list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine], "avg"
         )
-        skipped = guard.should_skip(optimizer, step, grads=self.now) if guard is not None else False
+        skipped = guard.should_skip(optimizer, step, grads=now) if guard is not None else False
         late = self.pending is not None and self._late_ok
         if late:
             self._wait()
@@ -143,6 +148,7 @@ class DelayedAveraging:
             b.copy_(self.wire[self._slot][dt])
         skipped = False
         if guard is not None:
+            assert self.grads.tail is not None and self.pending is not None, "an average in flight, with its flags"
             guard.adopt(self.grads.tail)
             skipped = guard.should_skip(optimizer, self.pending, grads=self.grads)
         if not skipped:
@@ -194,7 +200,7 @@ class DelayedAveraging:
         self.grads.attach()  # Horovod's optimizer-state broadcast gives an empty state new ``p.grad`` tensors
         if self.now is not None:
             self.now.attach()
-        meta = None
+        meta: dict | None = None
         if dist.runtime().is_root:
             meta = {
                 "mode": (state or {}).get("mode"),
@@ -202,6 +208,7 @@ class DelayedAveraging:
                 "late_ok": bool((state or {}).get("late_ok", True)),
             }
         meta = dist.broadcast_object(meta, name="gradsync.meta")
+        assert meta is not None, "rank 0 broadcasts the checkpoint's gradient-sync state"
         self._handle, self.pending = None, None
         if meta["mode"] != self.mode or meta["pending"] < 0:
             return (
@@ -212,6 +219,7 @@ class DelayedAveraging:
         slot = self.wire[self._slot]
         for dt, t in slot.items():
             if dist.runtime().is_root:
+                assert state is not None, "rank 0 holds the checkpoint"
                 t.copy_(state["buffers"][_dtype_name(dt)])
             dist.broadcast_(t, name=f"gradsync.{_dtype_name(dt)}")
         self.pending, self._late_ok = meta["pending"], meta["late_ok"]
@@ -315,7 +323,7 @@ class PeriodicAveraging:
 
 
 def make_exchange(
-    comm: CommSettings, field: torch.nn.Module, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, ema=None
+    comm: CommSettings, field: NGPField, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, ema=None
 ) -> DelayedAveraging | PeriodicAveraging | None:
     """The exchange ``--grad_sync`` asks for; None for ``every`` (Horovod's DistributedOptimizer)."""
     if comm.grad_sync == "delayed":
