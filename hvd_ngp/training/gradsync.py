@@ -42,6 +42,15 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _step_without(flat: FlatGradients, optimizer: torch.optim.Optimizer) -> None:
+    """One optimizer step that leaves ``flat``'s parameters out (their ``p.grad`` None for it, then the views
+    back): the optimizer skips a parameter without a gradient."""
+    for _, p in flat.params:
+        p.grad = None
+    optimizer.step()
+    flat.attach()
+
+
 class DelayedAveraging:
     """One-step-delayed gradient averaging over the flat gradient buffers of ``parameters``.
 
@@ -124,28 +133,27 @@ class DelayedAveraging:
         skipped = guard.should_skip(optimizer, step, grads=now) if guard is not None else False
         late = self.pending is not None and self._late_ok
         if late:
-            self._wait()
-            for dt, b in self.grads.buffers.items():
-                b.copy_(self.wire[self._slot][dt])
+            self._land()
             if not skipped and not self.grads.all_finite():
                 late = False
         if not skipped:
             if late:
                 optimizer.step()
             else:  # the late parameters sit this update out (the first step, or after a skipped one)
-                for _, p in self.grads.params:
-                    p.grad = None
-                optimizer.step()
-                self.grads.attach()
+                _step_without(self.grads, optimizer)
         self._wait()
         self._handle, self._slot, self.pending, self._late_ok = sent, slot, step, not skipped
         return skipped
 
-    def _apply(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> bool:
-        """Wait for the pending average, put it in ``p.grad`` and step unless the guard skips it (-> skipped)."""
+    def _land(self) -> None:
+        """Wait for the pending average and put it in the gradient buffers (every late ``p.grad``)."""
         self._wait()
         for dt, b in self.grads.buffers.items():
             b.copy_(self.wire[self._slot][dt])
+
+    def _apply(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> bool:
+        """Wait for the pending average, put it in ``p.grad`` and step unless the guard skips it (-> skipped)."""
+        self._land()
         skipped = False
         if guard is not None:
             assert self.grads.tail is not None and self.pending is not None, "an average in flight, with its flags"
@@ -165,15 +173,10 @@ class DelayedAveraging:
         if self.pending is None:
             return False
         if self.now is not None:  # the late parameters' last average alone
-            self._wait()
-            for dt, b in self.grads.buffers.items():
-                b.copy_(self.wire[self._slot][dt])
+            self._land()
             applied, self.pending = self._late_ok and self.grads.all_finite(), None
             if applied:
-                for _, p in self.now.params:
-                    p.grad = None
-                optimizer.step()
-                self.now.attach()
+                _step_without(self.now, optimizer)
             return applied
         skipped = self._apply(optimizer, guard)
         self.pending = None
