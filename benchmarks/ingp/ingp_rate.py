@@ -7,6 +7,7 @@ compares with ``hvd_ngp.bench throughput``'s (samples through the network with g
 Usage (on the GPU machine, after the anchor is unpacked into ROOT; msgpack on PYTHONPATH):
     python3 ingp_rate.py ROOT TRAIN_JSON WARM WINDOW OUT.json
 """
+
 import gzip
 import json
 import os
@@ -26,8 +27,11 @@ def counters(tb) -> dict:
     tb.save_snapshot(path, False)
     raw = open(path, "rb").read()
     data = msgpack.unpackb(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw, raw=False, strict_map_key=False)
-    return {"step": int(tb.training_step), "rays_per_batch": int(find(data, "rays_per_batch")),
-            "measured_batch_size": int(find(data, "measured_batch_size"))}
+    return {
+        "step": int(tb.training_step),
+        "rays_per_batch": int(find(data, "rays_per_batch")),
+        "measured_batch_size": int(find(data, "measured_batch_size")),
+    }
 
 
 def find(tree, key: str):
@@ -55,12 +59,20 @@ while seconds < window:
 end = counters(tb)
 steps_per_s = (end["step"] - start["step"]) / seconds
 samples_per_step = (start["measured_batch_size"] + end["measured_batch_size"]) / 2
-result = {"start": start, "end": end, "window_s": round(seconds, 3), "steps_per_s": steps_per_s,
-          "samples_per_step": samples_per_step, "samples_per_sec": steps_per_s * samples_per_step,
-          "step_ms": 1e3 / steps_per_s}
-print(f"instant-ngp: {steps_per_s:.1f} steps/s, {samples_per_step:.0f} samples/step "
-      f"({start['measured_batch_size']} -> {end['measured_batch_size']}), "
-      f"{result['samples_per_sec'] / 1e6:.2f} M samples/s, {result['step_ms']:.3f} ms/step, "
-      f"rays/step {start['rays_per_batch']} -> {end['rays_per_batch']}, steps {start['step']} -> {end['step']}",
-      flush=True)
+result = {
+    "start": start,
+    "end": end,
+    "window_s": round(seconds, 3),
+    "steps_per_s": steps_per_s,
+    "samples_per_step": samples_per_step,
+    "samples_per_sec": steps_per_s * samples_per_step,
+    "step_ms": 1e3 / steps_per_s,
+}
+print(
+    f"instant-ngp: {steps_per_s:.1f} steps/s, {samples_per_step:.0f} samples/step "
+    f"({start['measured_batch_size']} -> {end['measured_batch_size']}), "
+    f"{result['samples_per_sec'] / 1e6:.2f} M samples/s, {result['step_ms']:.3f} ms/step, "
+    f"rays/step {start['rays_per_batch']} -> {end['rays_per_batch']}, steps {start['step']} -> {end['step']}",
+    flush=True,
+)
 json.dump(result, open(out, "w"), indent=1)

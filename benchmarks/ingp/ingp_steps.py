@@ -5,6 +5,7 @@ our way: test PSNR at each count with a white background and one ray per pixel c
 Usage (on the GPU machine, after run_ingp.sh has unpacked the anchor into ROOT once):
     python3 ingp_steps.py ROOT TRAIN_JSON TEST_JSON 6000,30000 OUT.json
 """
+
 import json
 import os
 import sys
@@ -16,13 +17,7 @@ root, train_json, test_json, counts, out = sys.argv[1], sys.argv[2], sys.argv[3]
 counts = sorted(int(c) for c in counts.split(","))
 sys.path.insert(0, os.path.join(root, "build"))
 import pyngp as ngp  # noqa: E402
-from ingp_testbed import training_testbed  # noqa: E402
-
-
-def to_srgb(linear: np.ndarray) -> np.ndarray:
-    """The sRGB transfer curve, [0, 1] -> [0, 1]."""
-    linear = np.clip(linear, 0.0, 1.0)
-    return np.where(linear <= 0.0031308, 12.92 * linear, 1.055 * np.power(linear, 1 / 2.4) - 0.055)
+from ingp_testbed import to_srgb, training_testbed  # noqa: E402
 
 
 def score(snapshot: str) -> tuple[float, int]:

@@ -1,6 +1,9 @@
 """The instant-ngp anchor's testbed set up for NeRF training as its base config trains, shared by the GPU
 scripts that drive it (``ingp_steps.py``, ``ingp_rate.py``; run as scripts, so this folder is on sys.path)."""
+
 import os
+
+import numpy as np
 
 
 def training_testbed(ngp, root: str, train_json: str):
@@ -14,3 +17,9 @@ def training_testbed(ngp, root: str, train_json: str):
         tb.nerf.training.train_mode = ngp.TrainMode.Nerf
     tb.shall_train = True
     return tb
+
+
+def to_srgb(linear: np.ndarray) -> np.ndarray:
+    """The sRGB transfer curve, [0, 1] -> [0, 1]."""
+    linear = np.clip(linear, 0.0, 1.0)
+    return np.where(linear <= 0.0031308, 12.92 * linear, 1.055 * np.power(linear, 1 / 2.4) - 0.055)
