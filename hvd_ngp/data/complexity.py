@@ -152,6 +152,7 @@ def scene_features(
     if not elastic:
         everyone = dist.allreduce(torch.tensor([0.0 if cached is None else 1.0]), "min", name="complexity.cached")
         if float(everyone[0]) == 1.0:
+            assert cached is not None  # the minimum over the ranks is 1: this rank read the cache too
             return cached, True
     rank, size = (0, 1) if elastic else (rt.rank, rt.size)
 

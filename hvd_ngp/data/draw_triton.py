@@ -17,6 +17,8 @@ one launch per batch:
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import torch
 import triton
 import triton.language as tl
@@ -136,6 +138,18 @@ def _draw_rays(
         tl.store(o_ptr + r * 3 + c, tl.load(c2w_ptr + base + c * 4 + 3, mask=m, other=0.0), mask=m)
 
 
+class DrawnRays(TypedDict):
+    """``draw_rays``' outputs: origins, directions ``[n, 3]``, rgba ``[n, 4]``, pixel, tile ``[n]`` int64,
+    weight ``[n]`` (None when the draw is unweighted)."""
+
+    origins: Tensor
+    directions: Tensor
+    rgba: Tensor
+    pixel: Tensor
+    tile: Tensor
+    weight: Tensor | None
+
+
 def search_steps(n: int) -> int:
     """Halvings that close a binary search's interval over ``n`` entries (at least one)."""
     return max(int(n).bit_length(), 1)
@@ -154,7 +168,7 @@ def draw_rays(
     width: Tensor,
     c2w: Tensor,
     intrinsics: Tensor,
-) -> dict[str, Tensor]:
+) -> DrawnRays:
     """One batch of ``n`` rays from its random numbers.
 
     u ``[n]`` float64 (the tile draw), pick ``[n, 2]`` (the pixel in the tile), offsets ``[n, 2]`` (sub-pixel;
@@ -162,10 +176,10 @@ def draw_rays(
     grid's ``image``, ``x0``, ``y0``, ``w``, ``h`` ``[T]``; weight ``[A]`` or None; images ``[N, H, W, 4]`` uint8
     or float16; pixel_offset, width ``[N(+1)]``; c2w ``[N, 3, 4]``; intrinsics ``[N, 4]`` (fx, fy, cx, cy).
     Index tensors int64, the rest float32, all contiguous (the sampler prepares them once).
-    -> origins, directions ``[n, 3]``, rgba ``[n, 4]``, pixel, tile ``[n]`` int64, weight ``[n]`` (or None).
+    -> ``DrawnRays``: origins, directions ``[n, 3]``, rgba ``[n, 4]``, pixel, tile ``[n]`` int64, weight ``[n]``.
     """
     n, dev = u.shape[0], u.device
-    out = {
+    out: DrawnRays = {
         "origins": torch.empty(n, 3, device=dev),
         "directions": torch.empty(n, 3, device=dev),
         "rgba": torch.empty(n, 4, device=dev),
@@ -218,4 +232,4 @@ def draw_rays(
     return out
 
 
-__all__ = ["draw_rays", "search_steps"]
+__all__ = ["DrawnRays", "draw_rays", "search_steps"]

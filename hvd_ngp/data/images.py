@@ -98,7 +98,8 @@ def stack_masks(masks: list[Path | None], sizes: list[tuple[int, int]], threads:
 
     def one(i: int) -> None:
         w, h = sizes[i]
-        keep[i, :h, :w] = True if masks[i] is None else torch.from_numpy(read_mask(masks[i], w, h))
+        mask = masks[i]
+        keep[i, :h, :w] = True if mask is None else torch.from_numpy(read_mask(mask, w, h))
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(sizes)))) as pool:
         list(pool.map(one, range(len(sizes))))

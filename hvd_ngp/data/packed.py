@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ class PackedFiles:
     sizes: list[tuple[int, int]]  # per frame: width, height
     paths: list[Path]  # the source image of each frame (messages, complexity cache keys)
     downscale: int = 1
-    _maps: dict = field(default_factory=dict, repr=False)
+    _maps: dict[int, np.memmap] = field(default_factory=dict, repr=False)
 
     def _map(self, shard: int) -> np.memmap:
         if shard not in self._maps:
@@ -78,7 +79,7 @@ def pack_scene(scene: Scene, out: str | os.PathLike, shards: int, holdout_every:
     one per frame). Returns the written ``packed.json`` object."""
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    meta = {
+    meta: dict[str, Any] = {  # packed.json
         "format": FORMAT,
         "source": scene.source,
         "holdout_every": holdout_every,
@@ -101,7 +102,11 @@ def pack_scene(scene: Scene, out: str | os.PathLike, shards: int, holdout_every:
             offset = 0
             with open(out / name, "wb") as f:
                 for i in range(s * n // k, (s + 1) * n // k):
-                    im = frames.images[i] if frames.images is not None else torch.from_numpy(frames.files.read(i))
+                    if frames.images is not None:
+                        im = frames.images[i]
+                    else:
+                        assert frames.files is not None  # Frames' invariant: without decoded images, its files
+                        im = torch.from_numpy(frames.files.read(i))
                     w, h = frames.image_size(i)
                     f.write(np.ascontiguousarray(im[:h, :w].numpy()).tobytes())
                     where.append([s, offset])
@@ -124,11 +129,11 @@ def pack_scene(scene: Scene, out: str | os.PathLike, shards: int, holdout_every:
 
 def _split_frames(root: Path, split: dict, downscale: int, load: bool, path: Path) -> Frames:
     try:
-        sizes = [tuple(int(v) for v in s) for s in split["sizes"]]
+        sizes = [(int(w), int(h)) for w, h in split["sizes"]]
         files = PackedFiles(
             root,
             list(split["shards"]),
-            [tuple(int(v) for v in f) for f in split["frames"]],
+            [(int(shard), int(offset)) for shard, offset in split["frames"]],
             sizes,
             [Path(n) for n in split["names"]],
             downscale,

@@ -444,8 +444,10 @@ class DataPipeline:
             notes.append(f"epoch {epoch}: new shards ({self.sampler.shard_size} pixels on this rank)")
         times = RankTimes.from_table(table, COL)
         if self.balancer.update(times):
+            spread = self.balancer.last_spread
+            assert spread is not None  # update() has just measured it
             notes.append(
-                f"rebalanced (step time spread {100 * self.balancer.last_spread:.0f}%): sample targets "
+                f"rebalanced (step time spread {100 * spread:.0f}%): sample targets "
                 f"per rank x [{self.balancer.describe()}]"
             )
         if self.resolution > 1:

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..errors import ConfigError, SceneError
 from ..observe.memory import GIB, host_memory_available
-from .scene import Frames
+from .scene import FrameFiles, Frames
 from .shards import image_bytes
 
 PLACEMENTS = ("auto", "device", "host", "stream")
@@ -97,13 +97,16 @@ def _pinned(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> Tensor:
 def decode_into(frames: Frames, ids: list[int], out: Tensor, pool: ThreadPoolExecutor) -> None:
     """Decode frames ``ids`` into ``out[k]`` (``[K, H, W, 4]`` uint8), checking each size against ``frames.sizes``."""
 
+    files = frames.files
+    assert files is not None  # only frames without decoded images are decoded here, and those have their files
+
     def one(k: int) -> None:
         i = ids[k]
-        im = frames.files.read(i)
+        im = files.read(i)
         w, h = (int(v) for v in frames.sizes[i].tolist())
         if im.shape[:2] != (h, w):
             raise SceneError(
-                f"{frames.files.paths[i]}: decoded to {im.shape[1]}x{im.shape[0]} but was "
+                f"{files.paths[i]}: decoded to {im.shape[1]}x{im.shape[0]} but was "
                 f"{w}x{h} when the scene was loaded (the file changed?)"
             )
         out[k].zero_()
@@ -173,6 +176,7 @@ class StreamedPixels:
         if frames.files is None:
             raise ConfigError("--preload stream needs image files to decode from")
         self.frames = frames
+        self.files: FrameFiles = frames.files
         self.chunk = max(1, int(chunk))
         pin = device.type == "cuda"
         shape = (self.chunk, frames.height, frames.width, 4)
@@ -252,7 +256,7 @@ class StreamedPixels:
         return self.buffers[self.active][self.slot_of[img], y, x].float() / 255.0
 
     def image(self, index: int) -> np.ndarray:
-        return self.frames.files.read(index)
+        return self.files.read(index)
 
     def close(self) -> None:
         self._drop_pending()

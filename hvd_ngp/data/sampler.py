@@ -31,7 +31,8 @@ of about forty small ones; the random numbers, and so the pixels and colours, ar
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -77,8 +78,9 @@ class PixelDraw:
     weight: Tensor | None
     rgba: Tensor
 
-    def _map(self, fn) -> "PixelDraw":
-        return PixelDraw(*(None if getattr(self, f.name) is None else fn(getattr(self, f.name)) for f in fields(self)))
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> "PixelDraw":
+        w = None if self.weight is None else fn(self.weight)
+        return PixelDraw(fn(self.img), fn(self.u), fn(self.v), fn(self.pixel), fn(self.tile), w, fn(self.rgba))
 
     def slice(self, n: int) -> "PixelDraw":
         return self._map(lambda t: t[:n])
@@ -368,6 +370,8 @@ class RaySampler:
         """``_draw`` + ``_rays`` in one kernel, from the same random numbers drawn in the same order."""
         from .draw_triton import draw_rays
 
+        assert isinstance(self.store, StackedPixels)  # _fused_reason: the fused draw reads the stacked images
+
         g, dev = self.generator, self.index_device
         u = torch.rand(n, generator=g, device=dev, dtype=torch.float64)
         pick = torch.rand((n, 2), generator=g, device=dev)
@@ -445,4 +449,5 @@ def image_rays(frames: Frames, index: int, device: torch.device) -> tuple[Tensor
 def image_pixels(frames: Frames, index: int) -> Tensor:
     """One image's RGBA pixels ``[H*W, 4]`` uint8 (without padding)."""
     w, h = frames.image_size(index)
+    assert frames.images is not None, "image_pixels reads a decoded split (the test split always is)"
     return frames.images[index, :h, :w].reshape(-1, 4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -31,7 +32,21 @@ class ImageFiles:
         )
 
 
-@dataclass
+class FrameFiles(Protocol):
+    """Where a split's frames are decoded from on demand: ``ImageFiles`` (one image file per frame) or
+    ``packed.PackedFiles`` (memory-mapped shards)."""
+
+    paths: list[Path]  # the source image of each frame (messages, cache keys)
+    downscale: int
+
+    def read(self, index: int) -> np.ndarray:
+        """Frame ``index`` -> ``[H, W, 4]`` uint8 RGBA."""
+        ...
+
+    def subset(self, index: list[int]) -> FrameFiles: ...
+
+
+@dataclass(init=False)
 class Frames:
     """One split's images and cameras.
 
@@ -42,8 +57,8 @@ class Frames:
     intrinsics: ``[N, 4]`` float32 fx, fy, cx, cy in pixels
     distortion: ``[N, 6]`` float32 k1, k2, k3, k4, p1, p2 (zeros: none; k1..k4 are the fisheye
                 polynomial for fisheye frames)
-    sizes:      ``[N, 2]`` int64 width, height of each image
-    fisheye:    ``[N]`` bool, equidistant fisheye projection instead of pinhole
+    sizes:      ``[N, 2]`` int64 width, height of each image (given None: every image's is ``images``' size)
+    fisheye:    ``[N]`` bool, equidistant fisheye projection instead of pinhole (given None: all False)
     keep:       ``[N, H, W]`` bool, True where a pixel counts (``--mask_mode exclude``: masked-out pixels are
                 never drawn for training nor scored); None: every pixel counts
     """
@@ -52,20 +67,35 @@ class Frames:
     c2w: Tensor
     intrinsics: Tensor
     distortion: Tensor
-    sizes: Tensor | None = None
-    fisheye: Tensor | None = None
-    names: list[str] = field(default_factory=list)
-    files: ImageFiles | None = None
-    keep: Tensor | None = None
+    sizes: Tensor
+    fisheye: Tensor
+    names: list[str]
+    files: FrameFiles | None
+    keep: Tensor | None
 
-    def __post_init__(self) -> None:
-        if self.images is None and (self.files is None or self.sizes is None):
+    def __init__(
+        self,
+        images: Tensor | None,
+        c2w: Tensor,
+        intrinsics: Tensor,
+        distortion: Tensor,
+        sizes: Tensor | None = None,
+        fisheye: Tensor | None = None,
+        names: list[str] | None = None,
+        files: FrameFiles | None = None,
+        keep: Tensor | None = None,
+    ) -> None:
+        if images is None and (files is None or sizes is None):
             raise ValueError("Frames without decoded images need their files and sizes")
-        n = int(self.c2w.shape[0])
-        if self.sizes is None:
-            self.sizes = torch.tensor([[self.images.shape[2], self.images.shape[1]]] * n, dtype=torch.int64).view(n, 2)
-        if self.fisheye is None:
-            self.fisheye = torch.zeros(n, dtype=torch.bool)
+        n = int(c2w.shape[0])
+        if sizes is None:
+            assert images is not None  # checked above: frames without images come with their sizes
+            sizes = torch.tensor([[images.shape[2], images.shape[1]]] * n, dtype=torch.int64).view(n, 2)
+        self.images, self.c2w, self.intrinsics, self.distortion = images, c2w, intrinsics, distortion
+        self.sizes = sizes
+        self.fisheye = torch.zeros(n, dtype=torch.bool) if fisheye is None else fisheye
+        self.names = [] if names is None else names
+        self.files, self.keep = files, keep
         counts = (self.sizes[:, 0] * self.sizes[:, 1]).cpu()
         self._offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])
         self.uniform_size = bool((self.sizes.cpu() == torch.tensor([self.width, self.height])).all())

@@ -161,7 +161,9 @@ def frame_line(path: Path, index: int) -> int | None:
         return None
     decoder, pos = json.JSONDecoder(), found.end()
     for i in range(index + 1):
-        pos = re.compile(r"[\s,]*").match(text, pos).end()
+        gap = re.compile(r"[\s,]*").match(text, pos)
+        assert gap is not None  # the pattern matches the empty string, so anywhere
+        pos = gap.end()
         if i == index:
             return text.count("\n", 0, pos) + 1
         try:
@@ -288,6 +290,7 @@ def camera_intrinsics(
         raise SceneError(f"{path}: no focal length: give 'fl_x' or 'camera_angle_x' (globally or per frame)")
     fx = fy if fx is None else fx
     fy = fx if fy is None else fy
+    assert fx is not None and fy is not None  # one was given (checked above) and the other copies it
     cx = file_w / 2 if cam.get("cx") is None else cam["cx"]
     cy = file_h / 2 if cam.get("cy") is None else cam["cy"]
     for key, value, size, axis in (("cx", cx, file_w, "width"), ("cy", cy, file_h, "height")):
