@@ -53,7 +53,9 @@ def _rendezvous(block: DistributedBlock) -> tuple[str, int]:
             with socket.socket() as s:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
-    return dist.broadcast_object((addr, port), name="bench.rendezvous")
+    addr, port = dist.broadcast_object((addr, port), name="bench.rendezvous")
+    assert addr is not None and port is not None  # rank 0 filled in both before it broadcast them
+    return addr, port
 
 
 def measure(gradients: dict[str, int], block: DistributedBlock, repeats: int = 20) -> list[dict]:
@@ -68,7 +70,7 @@ def measure(gradients: dict[str, int], block: DistributedBlock, repeats: int = 2
     import torch.distributed as tdist
 
     device = rt.device
-    largest = max(gradients, key=gradients.get)
+    largest = max(gradients, key=lambda name: gradients[name])
     total = sum(gradients.values())
     addr, port = _rendezvous(block)
     backend = "nccl" if device.type == "cuda" else "gloo"

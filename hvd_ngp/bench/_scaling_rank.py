@@ -64,10 +64,11 @@ def steady_step_seconds(history: list[dict]) -> float | None:
 def interval_mean(history: list[dict], key: str) -> float | None:
     """Time-weighted mean of a monitor field over the log intervals; None when any interval lacks it."""
     pairs = [(h.get(key), h.get("interval_s") or 0.0) for h in history]
+    known = [(v, s) for v, s in pairs if v is not None]
     seconds = sum(s for _, s in pairs)
-    if not pairs or seconds <= 0 or any(v is None for v, _ in pairs):
+    if not pairs or seconds <= 0 or len(known) < len(pairs):
         return None
-    return sum(v * s for v, s in pairs) / seconds
+    return sum(v * s for v, s in known) / seconds
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -112,7 +113,10 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(opts.out_dir)
     plan = [(seed, k) for seed in seeds for k in ks]
     left = opts.budget_s
-    runs, details, stopped, where = [], [], None, {}
+    runs: list[dict[str, Any]] = []  # the JSON's rows
+    details: list[dict[str, Any]] = []
+    stopped: str | None = None  # why the runs stopped early
+    where: dict[str, Any] = {}  # scene and device
     for i, (seed, k) in enumerate(plan):
         # what earlier runs left, split over the runs to come; at least half an even share (a run may overrun its
         # share by up to 8 steps: the trainer reads its clock every 8 steps)
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(EXIT_PREEMPTED)
     ones = [r["step_ms"] for r in runs if r["k"] == 1]
     per_pass = sum(ones) / len(ones) if ones else min(r["step_ms"] / r["k"] for r in runs)
-    result = {**where, "step_ms_per_backward_pass": per_pass, "runs": runs}
+    summary = {**where, "step_ms_per_backward_pass": per_pass, "runs": runs}
     rows = [
         {
             "K": r["k"],
@@ -210,14 +214,14 @@ def main(argv: list[str] | None = None) -> dict:
         for r, d in zip(runs, details)
     ]
     print(
-        f"{result['device']}, scene {result['scene']}; PSNR over {opts.n_eval_views or 'all'} test views every "
+        f"{summary['device']}, scene {summary['scene']}; PSNR over {opts.n_eval_views or 'all'} test views every "
         f"{opts.eval_every} / K steps; one pass {per_pass:.2f} ms"
     )
     print(table(rows, list(rows[0])))
-    write_json(opts.json or out / "batch.json", result)
+    write_json(opts.json or out / "batch.json", summary)
     write_json(opts.details_json or out / "details.json", {"options": vars(opts), "runs": details})
     if not math.isfinite(per_pass):
         raise ConfigError("no step time was measured")
     if stopped:
         raise SystemExit(EXIT_PREEMPTED)
-    return result
+    return summary

@@ -13,6 +13,7 @@ one more render: its host waits are the device's idle time while the host reads 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -56,11 +57,13 @@ def bench_inference(tr: Trainer, size: int, repeat: int, windows: list[Inference
     black = torch.zeros(3, device=dev)
     schedule, eps = tr.march.render_schedule, tr.march.early_termination
     was_training = tr.field.training
-    rows, images = [], {}
+    rows: list[dict[str, Any]] = []
+    images: dict[str, Tensor] = {}  # path name -> its render
     stages: dict[str, float] = {}
     with tr.averaged_weights(), torch.no_grad():
         tr.field.eval()
         view = ViewRenderer(tr.field, tr.grid, schedule, eps, fast=True, budget=tr.memory)
+        assert view.workspace is not None  # a fast renderer without model parallelism plans its workspace
         workspace, chunk = view.workspace, view.workspace.plan.rays
         network_rows = [0]
 

@@ -12,6 +12,7 @@ Milliseconds per call (mean over ``--repeat`` after warm-up, synchronised once a
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 
@@ -40,10 +41,11 @@ def bench_one(name: str, block: dict, n_in: int, n_out: int, opts: argparse.Name
     torch.manual_seed(0)
     backend = "triton" if triton_available(dev.type) else "torch"
     fused = make_mlp({**block, "fused": True}, n_in, n_out, name, backend=backend).to(dev)
+    assert isinstance(fused, torch.nn.Sequential)  # the torch and triton backends build one (FusedMLP is one)
     ref = torch.nn.Sequential(*fused)  # the same modules, computed by nn.Linear
     x = torch.randn(opts.points, n_in, device=dev, requires_grad=True)
     g = torch.randn(opts.points, n_out, device=dev)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, autocast, dot in VARIANTS:
         if dot is not None and not hasattr(fused, "reference"):
             continue  # no Triton here, or a shape the kernels do not take

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -295,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     modes = ["weak", "strong"] if opts.mode == "both" else [opts.mode]
     counts = rank_counts(opts.ranks, slots)
     plans = [(mode, n, per_rank_samples(mode, trainer.step.target_samples, n)) for mode in modes for n in counts]
-    results, done = [], {}
+    results: list[dict[str, Any]] = []
+    done: dict[tuple[int, int], dict[str, Any]] = {}  # (ranks, samples per rank) -> the run's result.json
     for mode, n, per_rank in plans:
         if (n, per_rank) in done:  # e.g. one rank: weak and strong are the same run
             results.append({**done[(n, per_rank)], "mode": mode})

@@ -33,7 +33,7 @@ import gc
 import re
 import time
 from collections import defaultdict
-from typing import Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -105,7 +105,7 @@ class ProfEvent(NamedTuple):
 def busy_share(intervals: Iterable[tuple[int, int]], start: int, end: int) -> float:
     """Length of the union of ``[s, e)`` intervals clipped to ``[start, end)``, over ``end - start``."""
     clipped = sorted((max(s, start), min(e, end)) for s, e in intervals if e > start and s < end)
-    busy, cur_s, cur_e = 0, None, None
+    busy, cur_s, cur_e = 0, 0, None  # cur_s is read only once cur_e is set (the interval being grown)
     for s, e in clipped:
         if cur_e is None or s > cur_e:
             busy += 0 if cur_e is None else cur_e - cur_s
@@ -180,7 +180,9 @@ def kernel_timeline(events: Iterable[ProfEvent], n_steps: int) -> dict:
     milliseconds below ``SHORT_KERNEL_US``, and the idle gaps of more than 20 us with the kernel after each (the
     places where the device waited for the host, not for the launch of the next kernel)."""
     kernels = sorted((e for e in events if e.activity == "kernel"), key=lambda e: e.start_ns)
-    timeline, idle_ns, long_gaps = [], 0, defaultdict(float)
+    timeline: list[list[Any]] = []  # [name, idle us, run us]
+    long_gaps: defaultdict[str, float] = defaultdict(float)  # kernel name -> us idle before it per step
+    idle_ns = 0
     end = None
     for e in kernels:
         gap = 0 if end is None else max(e.start_ns - end, 0)
@@ -465,7 +467,7 @@ def bench_march(tr: Trainer, repeat: int = 50) -> list[dict]:
 
     ref = march(used)
     total = int(ref.total)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for launch in dict.fromkeys((used, *CANDIDATE_LAUNCHES)):
         out = march(launch)
         if int(out.total) != total or not torch.equal(out.t[:total], ref.t[:total]):
@@ -510,6 +512,7 @@ def bench_grid(tr: Trainer, repeat: int = 50) -> list[dict]:
         positions=True,
         launch=tr.march.launch,
     )
+    assert packed.x is not None  # positions=True: the march wrote each sample's point
     x = tr.field.normalize(packed.x[: int(packed.total)]).detach().contiguous()
     x_net = x[: min(x.shape[0], int(tr.step_settings.target_samples))]
     grad = torch.randn(x_net.shape[0], enc.n_output_dims, device=dev, generator=torch.Generator(dev).manual_seed(1))
@@ -522,9 +525,11 @@ def bench_grid(tr: Trainer, repeat: int = 50) -> list[dict]:
     def forward_backward() -> Tensor:
         enc.params.grad = None
         enc(x_net).backward(grad)
+        assert enc.params.grad is not None  # backward() has just filled it
         return enc.params.grad
 
-    rows, ref = [], None
+    rows: list[dict[str, Any]] = []
+    ref: tuple[Tensor, Tensor] | None = None
     try:
         for launch in dict.fromkeys((enc.backward_launch, *CANDIDATE_LAUNCHES)):
             enc.forward_launch = enc.backward_launch = launch
@@ -574,7 +579,8 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
     g = torch.randn(opts.points, spec.n_output_dims, device=dev)
     impls: list[tuple[str, torch.nn.Module]] = [("torch eager", HashGridTorch(spec).to(dev))]
     if dev.type == "cuda" and not opts.no_compile:
-        impls.append(("torch.compile", torch.compile(HashGridTorch(spec).to(dev))))
+        # compiling a Module returns an OptimizedModule, a Module wrapping it (torch.compile types it a callable)
+        impls.append(("torch.compile", cast(torch.nn.Module, torch.compile(HashGridTorch(spec).to(dev)))))
     if dev.type == "cpu":
         from ..model.encoding import hashgrid_cpp
 
@@ -594,7 +600,7 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
         from ..model.encoding.tcnn import TcnnEncoding
 
         impls.append(("tiny-cuda-nn", TcnnEncoding(spec).to(dev)))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, enc in impls:
 
         def fwd():
