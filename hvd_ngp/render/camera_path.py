@@ -94,8 +94,8 @@ def matrix_to_quaternion(m: np.ndarray) -> np.ndarray:
         s = 2 * math.sqrt(max(1 + m[i, i] - m[j, j] - m[k, k], 1e-30))
         q = [0.0] * 4
         q[i], q[j], q[k], q[3] = s / 4, (m[j, i] + m[i, j]) / s, (m[k, i] + m[i, k]) / s, (m[k, j] - m[j, k]) / s
-    q = np.asarray(q)
-    return (q if q[3] >= 0 else -q) / np.linalg.norm(q)
+    quat = np.asarray(q)
+    return (quat if quat[3] >= 0 else -quat) / np.linalg.norm(quat)
 
 
 def slerp(q0: np.ndarray, q1: np.ndarray, t: float) -> np.ndarray:

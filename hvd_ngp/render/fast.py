@@ -161,6 +161,7 @@ class FastRenderer:
             launch=self.launch,
         )
         timer.mark("march")
+        assert packed.x is not None  # positions=True: the march wrote each sample's point
         with torch.no_grad():  # the march wrote the positions: slots >= total are unwritten, and not read below
             sigma0 = sigma_fn(packed.x, n_rows=packed.total)
             keep = count_until_opaque(sigma0, packed.dt, packed.start, packed.count, early_termination)

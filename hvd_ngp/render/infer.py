@@ -174,6 +174,7 @@ def render_rays_single_pass(
                 skip=skip[a:b],
             )
             timer.mark("march")
+            assert packed.x is not None  # positions=True: the march wrote each sample's point
             c, sigma = network_pass(rgb_sigma_fn, packed.x, d, packed.ray.long(), plan.rows)
             timer.mark("network")
             carried = log_t[ids].contiguous()

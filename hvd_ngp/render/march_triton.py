@@ -269,7 +269,7 @@ def host_values(t: Tensor) -> list:
     cached = getattr(t, "_hvd_ngp_host", None)
     if cached is None or cached[0] != t._version:
         cached = (t._version, t.tolist())
-        t._hvd_ngp_host = cached
+        setattr(t, "_hvd_ngp_host", cached)  # a cache on the tensor object, read back with getattr above
     return cached[1]
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence, cast
 
 import torch
 from torch import Tensor
@@ -235,6 +236,14 @@ def merge(parts: Tensor, order: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return total[:, :3], total[:, 3], total[:, 4]
 
 
+class RegionField(Protocol):
+    """What ``PiecewiseField`` calls on each region's field (``model.field.NGPField``)."""
+
+    def query_density(self, x: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+    def __call__(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
 class PiecewiseField(torch.nn.Module):
     """K region fields (each over its box of ``partition``) as one field over the scene box: every point
     goes to its owner's field (``Partition.owner``). The render tool renders a model-parallel snapshot
@@ -243,7 +252,9 @@ class PiecewiseField(torch.nn.Module):
     query_density: x ``[M, 3]`` -> (sigma ``[M]``, geo_feat ``[M, G]``); forward: x, d -> (rgb ``[M, 3]``, sigma ``[M]``)
     """
 
-    def __init__(self, fields: list[torch.nn.Module], partition: Partition) -> None:
+    aabb: Tensor  # [2, 3] buffer: the partition's box
+
+    def __init__(self, fields: Sequence[torch.nn.Module], partition: Partition) -> None:
         super().__init__()
         if len(fields) != partition.k:
             raise ValueError(f"{len(fields)} fields for {partition.k} regions")
@@ -251,12 +262,16 @@ class PiecewiseField(torch.nn.Module):
         self.partition = partition
         self.register_buffer("aabb", partition.aabb.float().clone())
 
-    def _dispatch(self, x: Tensor, call) -> tuple[Tensor, Tensor]:
+    def _dispatch(
+        self, x: Tensor, call: Callable[[RegionField, Tensor], tuple[Tensor, Tensor]]
+    ) -> tuple[Tensor, Tensor]:
         owner = self.partition.owner(x)
-        outs = [None] * len(self.fields)
+        outs: list[tuple[Tensor, tuple[Tensor, Tensor]]] = []  # per region: its rows of x, its field's outputs
         for k, f in enumerate(self.fields):
             sel = (owner == k).nonzero().squeeze(1)
-            outs[k] = (sel, call(f, sel))
+            # a region's field is an NGPField (render may not import model: RegionField names what is used of
+            # it); ModuleList hands its items back as plain Modules
+            outs.append((sel, call(cast(RegionField, f), sel)))
         first = next(out for _, out in outs)
         a = first[0].new_zeros((x.shape[0], *first[0].shape[1:]))
         b = first[1].new_zeros((x.shape[0], *first[1].shape[1:]))
