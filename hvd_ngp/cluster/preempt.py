@@ -36,12 +36,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
+from typing import Any, Callable
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): training has steps left; resume with --resume auto
 DEFAULT_SIGNALS = "TERM,INT,USR1"
 EVERY_STEPS = 8  # cadence of the stand-alone stop vote when no per-step collective carries the flag
 DUPLICATE_S = 2.0
 MARKER = "preempted.json"
+#: what ``signal.signal`` takes and gives back: a function, ``SIG_DFL`` / ``SIG_IGN`` (ints), None (not set by Python)
+SignalHandler = Callable[[int, FrameType | None], Any] | int | None
 
 
 def parse_signals(text: str) -> tuple[str, ...]:
@@ -97,7 +101,7 @@ class StopSignals:
         self.names, self.rank = names, rank
         self.received: str | None = None  # the first signal's name (SIGTERM, ...), on this rank
         self._first_at = 0.0
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, SignalHandler] = {}  # signal number -> the handler installed before ours
 
     def install(self) -> "StopSignals":
         if threading.current_thread() is not threading.main_thread():

@@ -7,6 +7,7 @@ scene's ``aabb`` and unit directions.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -101,6 +102,25 @@ def _call(module: nn.Module, x: Tensor, n_rows: Tensor | None) -> Tensor:
     if n_rows is not None and getattr(module, "skips_rows", False):
         return module(x, n_rows)
     return module(x)
+
+
+class RadianceField(Protocol):
+    """What renders and evaluations use of a trained field: ``NGPField``, or the render tool's
+    ``render.regions.PiecewiseField`` (a model-parallel snapshot's regions joined into one field).
+
+    ``field(x [M, 3], d [M, 3], n_rows=None)`` -> rgb ``[M, 3]``, sigma ``[M]``; ``density(x, n_rows=None)`` -> sigma
+    ``[M]``; ``aabb`` ``[2, 3]``; ``training``, ``eval()``, ``train(mode)``: ``nn.Module``'s."""
+
+    aabb: Tensor
+    training: bool
+
+    def __call__(self, x: Tensor, d: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+    def density(self, x: Tensor, n_rows: Tensor | None = None) -> Tensor: ...
+
+    def eval(self) -> RadianceField: ...
+
+    def train(self, mode: bool = True) -> RadianceField: ...
 
 
 class NGPField(nn.Module):

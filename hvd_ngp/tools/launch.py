@@ -150,7 +150,7 @@ def same_host(a: str, b: str) -> bool:
     if a.lower() == b.lower():
         return True
 
-    def addresses(name: str) -> set[str]:
+    def addresses(name: str) -> set[str | int]:  # an IP address is a str (typeshed allows other families' ints)
         try:
             return {info[4][0] for info in socket.getaddrinfo(name, None)}
         except socket.gaierror:

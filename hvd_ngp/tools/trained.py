@@ -13,7 +13,7 @@ from ..data import Scene, load_scene
 from ..errors import ConfigError, SnapshotError
 from ..model.encoding import FAST_RENDERER_BACKENDS, resolve_backend
 from ..model.encoding.tcnn import uses_tcnn_layout
-from ..model.field import NGPField
+from ..model.field import NGPField, RadianceField
 from ..observe.memory import MemoryBudget, ranks_on_device
 from ..render.occupancy import OccupancyGrid
 from ..render.regions import Partition, PiecewiseField
@@ -53,7 +53,7 @@ class Trained:
     """What a render of a snapshot needs. ``cfg``: the training arguments it records; ``backend``: the encoding
     backend it renders with (``fast``: with the Triton renderer)."""
 
-    field: torch.nn.Module
+    field: RadianceField  # an NGPField, or a model-parallel snapshot's regions joined (PiecewiseField)
     grid: OccupancyGrid
     scene: Scene
     march: Marching
@@ -129,6 +129,7 @@ def load_trained(
     backend = "tcnn" if uses_tcnn_layout(state["model"]) else resolve_backend("auto", rt.device)
     grid = make_grid(model["marching"], loaded)
     layout = snapshot_layout(state)
+    field: NGPField | PiecewiseField
     if layout is None:
         field = NGPField(model, loaded.aabb, backend)
         restore_snapshot(state, field, grid, None, snapshot, averaged=True)
