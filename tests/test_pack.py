@@ -67,6 +67,12 @@ def test_bad_packed_scenes_name_the_file(packed):
     with pytest.raises(SceneError, match=r"train_002.u8: truncated"):
         scene.train.files.read(len(scene.train) - 1)
     meta = json.loads((packed / "packed.json").read_text())
+    sizes = meta["splits"]["train"]["sizes"]
+    sizes[0] = [*sizes[0], 4]  # a size is (width, height)
+    (packed / "packed.json").write_text(json.dumps(meta))
+    with pytest.raises(SceneError, match=r"packed.json: malformed split \(ValueError"):
+        load_scene(packed)
+    sizes[0] = sizes[0][:2]
     meta["format"] = "other"
     (packed / "packed.json").write_text(json.dumps(meta))
     with pytest.raises(SceneError, match=r"packed.json: 'format' is 'other'"):
