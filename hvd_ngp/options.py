@@ -33,7 +33,7 @@ def options_from(cls: type[T], ns: argparse.Namespace, *, subset: bool = False) 
             f"{cls.__name__} does not match the parsed options: "
             f"fields without a value {missing or 'none'}, values without a field {extra or 'none'}"
         )
-    return cls(**{n: values[n] for n in names})  # type: ignore[call-arg]
+    return cls(**{n: values[n] for n in names})
 
 
 def option_dests(parser: argparse.ArgumentParser) -> set[str]:

@@ -556,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--backend", choices=("auto", "ip", "pyroute2"), default="auto")
     sub.add_parser("check", help="say whether simulated hosts can be made here")
     sub.add_parser("probe", help="under a launcher: print each rank's host and cross_size, check an allreduce")
-    opts = command_options(p.parse_args(argv), "action", ACTIONS)
+    opts: UpOptions | RunOptions | DownOptions | ActionOnly = command_options(p.parse_args(argv), "action", ACTIONS)
     if isinstance(opts, UpOptions):
         cluster = up(opts.name, opts.hosts, opts.slots, opts.gpus_per_host, opts.backend, opts.rate, opts.delay)
         shaped = f"; links {opts.rate or 'unlimited'}, delay {opts.delay or '0'}" if opts.rate or opts.delay else ""

@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         k.add_argument(f"--{name}", type=kind, default=default)
     k.add_argument("--scene_cache", default="~/.cache/hvd_ngp/scenes")
     k.add_argument("--builtin_seed", type=int, default=0)
-    opts = command_options(p.parse_args(argv), "command", COMMANDS)
+    opts: InfoOptions | ProcessOptions = command_options(p.parse_args(argv), "command", COMMANDS)
     if isinstance(opts, ProcessOptions):
         return run_process(opts)
     if isinstance(opts, PackOptions):
