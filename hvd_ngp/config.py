@@ -31,13 +31,14 @@ from typing import Any, Callable, NoReturn, Sequence
 
 import configargparse
 
-from .cluster.comm import CommSettings, add_options as add_comm_options
+from .cluster.comm import CommFlags, CommSettings, add_options as add_comm_options
 from .cluster.hvdtools import add_options as add_horovod_tool_options
 from .cluster.preempt import DEFAULT_SIGNALS, parse_signals
-from .data.pipeline import DataSettings
+from .data.pipeline import DataFlags, DataSettings
 from .errors import ConfigError, read_json_object
 from .observe.metrics import UNLIMITED_STEPS
-from .observe.monitor import MonitorSettings
+from .observe.monitor import MonitorFlags, MonitorSettings
+from .options import options_from
 from .settings import (
     EvalSettings,
     LoopSettings,
@@ -656,7 +657,7 @@ def validate(args: argparse.Namespace) -> Settings:
         )
     if args.n_rays_init > args.max_rays:
         raise ConfigError(f"--n_rays_init ({args.n_rays_init}) exceeds --max_rays ({args.max_rays})")
-    comm = CommSettings.from_args(args)  # the horovod group + the "distributed" block, validated
+    comm = CommSettings.from_flags(options_from(CommFlags, args, subset=True))  # + the "distributed" block
     if not 0 <= args.viewer <= 65535:
         raise ConfigError(f"--viewer must be a TCP port (1-65535, 0: off), got {args.viewer}")
     if args.viewer and comm.model_parallel > 1:
@@ -666,6 +667,6 @@ def validate(args: argparse.Namespace) -> Settings:
             f"--viewer_budget_ms must be > 0 and --viewer_share in (0, 1], got "
             f"{args.viewer_budget_ms:g} and {args.viewer_share:g}"
         )
-    return Settings.from_namespace(
-        args, n_steps, stop_signals, comm, DataSettings.from_args(args), MonitorSettings.from_args(args)
-    )
+    data = DataSettings.from_flags(options_from(DataFlags, args, subset=True))
+    monitor = MonitorSettings.from_flags(options_from(MonitorFlags, args, subset=True))
+    return Settings.from_namespace(args, n_steps, stop_signals, comm, data, monitor)

@@ -180,3 +180,118 @@ def test_no_function_in_training_is_over_the_limit():
     assert len(paths) > 5, "training/ not found: the check is broken"
     over = [f"{p.name}: {name} ({lines} lines)" for p in paths for name, lines in long_functions(p, MAX_FUNCTION_LINES)]
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines in hvd_ngp/training: " + "; ".join(over)
+
+
+#: the modules that may read a parsed Namespace (issue 47: parse once into frozen dataclasses, then no module
+#: past the parser reads a Namespace): the trainer's parser, the settings groups it fills, and the helper that
+#: turns a tool's Namespace into its options dataclass
+NAMESPACE_READERS = ("hvd_ngp/config.py", "hvd_ngp/settings.py", "hvd_ngp/options.py")
+PARSE_CALLS = {"parse_args", "parse_known_args", "parse_intermixed_args", "parse_known_intermixed_args"}
+
+
+def namespace_reads(source: str) -> list[tuple[int, str]]:
+    """(line, expression) of every read of a parsed Namespace in ``source``: an attribute of ``args``, or of a
+    name that the same function binds to a ``parse_args``-like call's result or declares ``argparse.Namespace``,
+    or of ``<obj>.args``; ``getattr``/``setattr``/``hasattr``/``vars`` of such a name count too, and so do
+    assignments to its attributes (a Namespace changed after parsing)."""
+    found: list[tuple[int, str]] = []
+
+    def is_namespace_annotation(node: ast.expr | None) -> bool:
+        text = ast.unparse(node) if node is not None else ""
+        return text in ("argparse.Namespace", "Namespace", "configargparse.Namespace")
+
+    def scope_nodes(scope: ast.AST):
+        """The nodes of ``scope`` outside the functions and classes nested in it."""
+        todo = list(ast.iter_child_nodes(scope))
+        while todo:
+            node = todo.pop()
+            yield node
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                todo.extend(ast.iter_child_nodes(node))
+
+    def visit(scope: ast.AST) -> None:
+        names = {"args"}
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            every = scope.args.posonlyargs + scope.args.args + scope.args.kwonlyargs
+            names |= {a.arg for a in every if is_namespace_annotation(a.annotation)}
+        nodes = list(scope_nodes(scope))
+        for node in nodes:
+            value, targets = None, []
+            if isinstance(node, ast.Assign):
+                value, targets = node.value, node.targets
+            elif isinstance(node, ast.AnnAssign):
+                value, targets = node.value, [node.target]
+                if isinstance(node.target, ast.Name) and is_namespace_annotation(node.annotation):
+                    names.add(node.target.id)
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in PARSE_CALLS:
+                for t in targets:
+                    first = t.elts[0] if isinstance(t, ast.Tuple) and t.elts else t
+                    if isinstance(first, ast.Name):
+                        names.add(first.id)
+        for node in nodes:
+            if isinstance(node, ast.Attribute) and (
+                (isinstance(node.value, ast.Name) and node.value.id in names)
+                or (isinstance(node.value, ast.Attribute) and node.value.attr == "args")  # self.args.<name>
+            ):
+                found.append((node.lineno, ast.unparse(node)))
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "setattr", "vars", "hasattr")
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id in names
+            ):
+                found.append((node.lineno, ast.unparse(node)))
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(node)
+
+    visit(ast.parse(source))
+    return sorted(set(found))
+
+
+def test_namespace_reads_are_found():
+    """Each way of reading a Namespace is caught; dataclass options built from one are not."""
+    source = (
+        "import argparse\n"
+        "def main(argv):\n"
+        "    args = parser.parse_args(argv)\n"
+        "    return args.scene\n"
+        "def tool(argv):\n"
+        "    ns, rest = parser.parse_known_args(argv)\n"
+        "    return getattr(ns, 'port'), vars(ns)\n"
+        "def check(flags: argparse.Namespace):\n"
+        "    flags.n_steps = 3\n"
+        "def clean(argv):\n"
+        "    opts = options_from(Options, parser.parse_args(argv))\n"
+        "    ns = Options(port=1)\n"
+        "    return opts.scene, ns.port\n"
+        "class Trained:\n"
+        "    def load(self):\n"
+        "        return self.args.model\n"
+    )
+    assert namespace_reads(source) == [
+        (4, "args.scene"),
+        (7, "getattr(ns, 'port')"),
+        (7, "vars(ns)"),
+        (9, "flags.n_steps"),
+        (16, "self.args.model"),
+    ]
+
+
+def test_no_namespace_is_read_past_the_parsers():
+    """Issue 47: zero ``args.<name>`` reads (and no read of any parsed Namespace) outside NAMESPACE_READERS."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert len(paths) > 100, "hvd_ngp not found: the check is broken"
+    allowed = {ROOT / name for name in NAMESPACE_READERS}
+    assert all(p.is_file() for p in allowed), "a NAMESPACE_READERS module moved: update the list"
+    reads = [
+        f"{p.relative_to(ROOT)}:{line}: {text}"
+        for p in paths
+        if p not in allowed
+        for line, text in namespace_reads(p.read_text())
+    ]
+    assert not reads, f"{len(reads)} Namespace read(s) past the parsers (parse into a frozen dataclass):\n" + "\n".join(
+        reads
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -475,32 +474,39 @@ def test_throughput_bench_applies_triton_only_encoding_options_to_its_triton_bui
     import torch
 
     from hvd_ngp.bench._scaling_rank import gradient_sizes
-    from hvd_ngp.bench.throughput import bench_mlp, bench_training, trainer_args
+    from hvd_ngp.bench.throughput import ThroughputOptions, bench_mlp, bench_training, trainer_settings
     from hvd_ngp.errors import ConfigError
     from hvd_ngp.model.field import NGPField
 
     kernel = json.dumps(
         {**json.loads(TINY_ENCODING), "table_dtype": "float16", "vector_atomics": True, "merge_runs_below": 300}
     )
-    opts = argparse.Namespace(
+    opts = ThroughputOptions(
         scene="builtin",
         config=None,
-        precision="auto",
+        backends="torch",
         device="cpu",
+        precision="auto",
         target_samples=1024,
         warmup_steps=1,
         steps=1,
         profile_steps=0,
         host_profile_steps=0,
         eval_views=0,
-        seed=0,
         points=64,
         repeat=1,
         no_compile=True,
+        march_launches=False,
+        grid_launches=False,
         inference_size=0,  # no inference rows (tests/test_infer.py covers them)
+        inference_repeat=1,
+        inference_windows="",
+        seed=0,
+        json="",
+        markdown="",
         extra=[*TINY_ARGS, "--encoding", kernel, "--scene_cache", str(scene_cache)],
     )
-    model = trainer_args(opts, "torch").model
+    model = trainer_settings(opts, "torch").model.blocks
     assert model["encoding"]["merge_runs_below"] == 300 and model["encoding"]["n_levels"] == 4
     with pytest.raises(ConfigError, match="needs the triton backend"):  # what a user's --backend torch still gets
         NGPField(model, torch.tensor([[0.0] * 3, [1.0] * 3]), "torch")

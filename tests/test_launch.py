@@ -12,11 +12,11 @@ from conftest import ROOT, horovodrun
 
 from hvd_ngp.config import BASE_CONFIG, build_parser as trainer_parser, parse_args
 from hvd_ngp.errors import ConfigError
-from hvd_ngp.tools.launch import build_parser, plan, split_program_args
+from hvd_ngp.tools.launch import parse_options, plan, split_program_args
 
 
 def make_plan(launcher_args: list[str], trainer_args: list[str] = (), environ: dict | None = None):
-    opts = build_parser().parse_args(launcher_args)
+    opts = parse_options(launcher_args)
     comm = parse_args(list(trainer_args), default_config=BASE_CONFIG).comm
     return plan(opts, environ or {}, list(trainer_args), comm)
 

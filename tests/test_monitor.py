@@ -265,7 +265,7 @@ def test_pause_leaves_evaluation_out_of_the_interval(tmp_path):
 
 def test_monitoring_options_parse_and_validate(tmp_path, monkeypatch):
     args = parse_args(["--config", str(CPU_CONFIG), "--out_dir", str(tmp_path), "--progress", "off"])
-    s = MonitorSettings.from_args(args)
+    s = args.monitor
     assert s.jsonl == tmp_path / "metrics.jsonl" and s.tensorboard is None and not s.progress and s.comm_timing
     args = parse_args(
         [
@@ -281,7 +281,7 @@ def test_monitoring_options_parse_and_validate(tmp_path, monkeypatch):
             "on",
         ]
     )
-    s = MonitorSettings.from_args(args)
+    s = args.monitor
     assert s.jsonl is None and not s.comm_timing and s.progress and args.timeline == "t.json"
     monkeypatch.setenv("HVD_NGP_STALL_CHECK_S", "5")
     assert parse_args(["--config", str(CPU_CONFIG)]).stall_check_s == 5

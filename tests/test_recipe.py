@@ -108,11 +108,10 @@ def centre_rays(frames: Frames, pixel: torch.Tensor) -> tuple[torch.Tensor, torc
 
 def test_training_rays_go_through_pixel_centres_unless_jitter_is_on():
     """Without --train_ray_jitter (the default) each drawn ray is its pixel's centre ray; with it, none is."""
-    from hvd_ngp.data.pipeline import DataSettings
 
     off = parse_args(["--config", str(CPU_CONFIG)])
     on = parse_args(["--config", str(CPU_CONFIG), "--train_ray_jitter", "on"])
-    assert not DataSettings.from_args(off).train_ray_jitter and DataSettings.from_args(on).train_ray_jitter
+    assert not off.data.train_ray_jitter and on.data.train_ray_jitter
     turn = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])  # two cameras, 90 degrees apart
     c2w = torch.stack(
         [

@@ -13,12 +13,14 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..cluster import dist
 from ..errors import run_cli
+from ..options import options_from
 
 
 def time_allreduce(n_bytes: int, repeats: int, name: str) -> tuple[float, float]:
@@ -35,12 +37,21 @@ def time_allreduce(n_bytes: int, repeats: int, name: str) -> tuple[float, float]
     return min(times), statistics.median(times)
 
 
+@dataclass(frozen=True)
+class LinksRankOptions:
+    """One rank's side of ``bench links``: where its result goes, what it times."""
+
+    result: str
+    sizes_mib: str
+    repeats: int
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench._links_rank")
     p.add_argument("--result", required=True)
     p.add_argument("--sizes_mib", default="1,4,16,64")
     p.add_argument("--repeats", type=int, default=5)
-    opts = p.parse_args(argv)
+    opts = options_from(LinksRankOptions, p.parse_args(argv))
     rt = dist.init("cpu", threads=1)
     rows = []
     for mib in [float(s) for s in opts.sizes_mib.split(",")]:

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..errors import run_cli
 from ..model.encoding import model_for_backend
 from ..model.field import NGPField
+from ..options import options_from
 from ..tools.launch import split_program_args
 from ..training.trainer import run
 from . import _collectives
@@ -71,9 +73,17 @@ def interval_mean(history: list[dict], key: str) -> float | None:
     return sum(v * s for v, s in known) / seconds
 
 
+@dataclass(frozen=True)
+class ScalingRankOptions:
+    """One rank's side of ``bench scaling``: where its result goes and how often the ceiling is timed."""
+
+    result: str
+    ceiling_repeats: int
+
+
 def main(argv: list[str] | None = None) -> int:
     own, trainer_argv = split_program_args(sys.argv[1:] if argv is None else argv)
-    opts = build_parser().parse_args(own)
+    opts = options_from(ScalingRankOptions, build_parser().parse_args(own))
     settings = parse_settings(trainer_argv, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
     comm, device = settings.runtime.comm, settings.runtime.device
     rt = dist.init(device, settings.runtime.threads, env=comm.init_env(os.environ, dist.wants_cuda(device)))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ import torch
 from ..cluster.preempt import EXIT_PREEMPTED
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..errors import ConfigError
+from ..options import options_from
 from ..training.trainer import run
 from .report import comma_list, table, write_json
 
@@ -89,8 +91,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@dataclass(frozen=True)
+class BatchOptions:
+    """The command line of ``python -m hvd_ngp.bench batch`` (``build_parser`` holds each option's help)."""
+
+    ks: str
+    seeds: str
+    psnr_targets: str
+    eval_every: int
+    n_eval_views: int
+    budget_s: float
+    max_steps: int
+    out_dir: str
+    json: str | None
+    details_json: str | None
+    extra: list[str]  # trainer flags
+
+
 def main(argv: list[str] | None = None) -> dict:
-    opts = build_parser().parse_args(argv)
+    opts = options_from(BatchOptions, build_parser().parse_args(argv))
     extra = [a for a in opts.extra if a != "--"]
     ks, seeds = _list(opts.ks, int, "ks"), _list(opts.seeds, int, "seeds")
     targets = sorted(_list(opts.psnr_targets, float, "psnr_targets"))
@@ -219,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(table(rows, list(rows[0])))
     write_json(opts.json or out / "batch.json", summary)
-    write_json(opts.details_json or out / "details.json", {"options": vars(opts), "runs": details})
+    write_json(opts.details_json or out / "details.json", {"options": asdict(opts), "runs": details})
     if not math.isfinite(per_pass):
         raise ConfigError("no step time was measured")
     if stopped:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..cluster import fabric_model as fm
 from ..errors import ConfigError
+from ..options import options_from
 from .report import comma_list, table, write_json
 
 PROJECTED = "PROJECTED by the alpha-beta model (docs/scaling.md), not measured"
@@ -168,8 +170,31 @@ def ttq_tables(
     return texts, rows
 
 
+@dataclass(frozen=True)
+class FabricOptions:
+    """The command line of ``python -m hvd_ngp.bench fabric`` (``build_parser`` holds each option's help)."""
+
+    step_ms: float | None
+    grad_mib: float | None
+    from_json: str | None
+    backend: str | None
+    mlp_kib: float | None
+    preset: str
+    node: str | None
+    nodes: int | None
+    gpus_per_node: int | None
+    ranks: str | None
+    modes: str | None
+    accumulate: int
+    period: int
+    steps_json: str | None
+    psnr: str | None
+    ttq_modes: str
+    json: str | None
+
+
 def main(argv: list[str] | None = None) -> dict:
-    opts = build_parser().parse_args(argv)
+    opts = options_from(FabricOptions, build_parser().parse_args(argv))
     if opts.from_json:
         if opts.step_ms is not None or opts.grad_mib is not None:
             raise ConfigError("give either --from_json or --step_ms/--grad_mib, not both")

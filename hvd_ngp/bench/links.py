@@ -18,10 +18,12 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..cluster import fabric_model as fm
 from ..errors import ConfigError
+from ..options import options_from
 from .report import append_markdown, table, write_json
 
 SIMHOSTS = [sys.executable, "-m", "hvd_ngp.simhosts"]
@@ -126,6 +128,21 @@ def compare(rows: list[dict], tolerance: float, alpha_s: dict[str, float] | None
     return rows
 
 
+@dataclass(frozen=True)
+class LinksOptions:
+    """The command line of ``python -m hvd_ngp.bench links`` (``main``'s parser holds each option's help)."""
+
+    hosts: str
+    rates: str
+    sizes_mib: str
+    controllers: str
+    repeats: int
+    tolerance: float
+    refit: bool
+    json: str
+    markdown: str
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m hvd_ngp.bench links", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -151,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--markdown", default="", help="append a dated 'emulated links' section here (e.g. docs/BENCHMARKS.md)"
     )
-    opts = p.parse_args(argv)
+    opts = options_from(LinksOptions, p.parse_args(argv))
     try:
         hosts = [int(h) for h in opts.hosts.split(",")]
         sizes = [float(s) for s in opts.sizes_mib.split(",")]

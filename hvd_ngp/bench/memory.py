@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import asdict, dataclass
 
 import torch
 
 from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..observe.memory import GIB, MemoryBudget, MemoryMeter, ranks_on_device
+from ..options import options_from
 from ..training.trainer import Trainer
 from .report import append_markdown, table, write_json
 
@@ -49,6 +51,20 @@ def evaluate_under(tr: Trainer, gb: float, n_views: int) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class MemoryOptions:
+    """The command line of ``python -m hvd_ngp.bench memory`` (``main``'s parser holds each option's help)."""
+
+    scene: str
+    device: str
+    n_steps: int
+    budgets: str
+    eval_views: int
+    json: str
+    markdown: str
+    extra: list[str]  # trainer flags
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(
         prog="python -m hvd_ngp.bench memory", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -61,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", default="runs/bench/memory.json")
     p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags")
-    opts = p.parse_args(argv)
+    opts = options_from(MemoryOptions, p.parse_args(argv))
     extra = [a for a in opts.extra if a != "--"]
     settings = parse_settings(
         ["--scene", opts.scene, "--device", opts.device, "--n_steps", str(opts.n_steps), *extra],
@@ -99,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
         ]
     )
     print(text)
-    result = {"device": device, "options": vars(opts), "train_seconds": train_s, "runs": runs}
+    result = {"device": device, "options": asdict(opts), "train_seconds": train_s, "runs": runs}
     if opts.json:
         write_json(opts.json, result)
     if opts.markdown:

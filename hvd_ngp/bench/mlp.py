@@ -12,6 +12,7 @@ Milliseconds per call (mean over ``--repeat`` after warm-up, synchronised once a
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..model.encoding import make_position_encoding
 from ..model.field import make_mlp
+from ..options import options_from
 from ..triton_support import triton_available
 from .report import append_markdown, table, write_json
 from .throughput import timed
@@ -36,7 +38,20 @@ VARIANTS = [
 ]
 
 
-def bench_one(name: str, block: dict, n_in: int, n_out: int, opts: argparse.Namespace, dev: torch.device) -> list[dict]:
+@dataclass(frozen=True)
+class MlpOptions:
+    """The command line of ``python -m hvd_ngp.bench mlp`` (``main``'s parser holds each option's help)."""
+
+    config: str | None
+    device: str
+    points: int
+    fill: float
+    repeat: int
+    json: str
+    markdown: str
+
+
+def bench_one(name: str, block: dict, n_in: int, n_out: int, opts: MlpOptions, dev: torch.device) -> list[dict]:
     """Forward and forward+backward ms of one MLP shape, per variant."""
     torch.manual_seed(0)
     backend = "triton" if triton_available(dev.type) else "torch"
@@ -86,7 +101,7 @@ def bench_one(name: str, block: dict, n_in: int, n_out: int, opts: argparse.Name
     return rows
 
 
-def bench_density_pass(model: dict, opts: argparse.Namespace, dev: torch.device) -> list[dict]:
+def bench_density_pass(model: dict, opts: MlpOptions, dev: torch.device) -> list[dict]:
     """Hash grid + density MLP without gradients on all rows, and with ``n_rows`` = fill x rows."""
     if not triton_available(dev.type):
         return []
@@ -125,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--json", default="runs/bench/mlp.json")
     p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
-    opts = p.parse_args(argv)
+    opts = options_from(MlpOptions, p.parse_args(argv))
     dev = dist.init(opts.device).device
     model = parse_settings(
         (["--config", opts.config] if opts.config else []) + ["--device", opts.device],
@@ -154,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     text = "\n\n".join(parts)
     print(text)
-    result = {"device": device, "options": vars(opts), "mlp": rows, "density_pass": density}
+    result = {"device": device, "options": asdict(opts), "mlp": rows, "density_pass": density}
     if opts.json:
         write_json(opts.json, result)
     if opts.markdown:

@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ..cluster import dist
-from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..data import load_scene
 from ..data.pipeline import STRATEGIES
 from ..data.pixels import GIB, human_bytes, image_bytes
 from ..errors import ConfigError
+from ..options import options_from
+from ..settings import Settings
 from ..training.trainer import run
 from .report import append_markdown, table, write_json
 
@@ -91,6 +95,26 @@ def percent(v: float | None) -> str:
     return f"{100 * v:.0f}%" if v is not None else "n/a"
 
 
+@dataclass(frozen=True)
+class SamplingOptions:
+    """The command line of ``python -m hvd_ngp.bench sampling`` (``main``'s parser holds each option's help)."""
+
+    scene: str
+    config: str | None
+    device: str
+    variants: str
+    time_budget_s: float
+    eval_points: int
+    log_every: int
+    target_psnr: float
+    warmup_steps: int | None
+    memory_cap_gb: float
+    out: str
+    json: str
+    markdown: str
+    extra: list[str]  # trainer flags (all variants)
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(
         prog="python -m hvd_ngp.bench sampling",
@@ -122,8 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", default="runs/bench/sampling.json")
     p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags (all variants)")
-    opts = p.parse_args(argv)
-    opts.extra = [a for a in opts.extra if a != "--"]
+    opts = options_from(SamplingOptions, p.parse_args(argv))
+    opts = replace(opts, extra=[a for a in opts.extra if a != "--"])
     names = [v.strip() for v in opts.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown or not names:
@@ -155,23 +179,24 @@ def main(argv: list[str] | None = None) -> dict:
         base = ["--config", opts.config, *base]
     default_config = BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG
 
-    def trainer_args(name: str, cap_gb: float = 0.0) -> argparse.Namespace:
+    def trainer_settings(name: str, cap_gb: float = 0.0, last: Sequence[str] = ()) -> Settings:
+        """The variant's trainer settings: the common flags, the variant's, the user's after '--', then ``last``."""
         flags = [*base, *VARIANTS[name], "--out_dir", str(Path(opts.out) / name)]
         if name == "streamed":
             flags += ["--device_image_budget_gb", f"{cap_gb:.9f}", "--host_image_budget_gb", f"{cap_gb:.9f}"]
-        return parse_args(flags + opts.extra, default_config=default_config)
+        return parse_settings([*flags, *opts.extra, *last], default_config=default_config)
 
     cap_gb, decoded = opts.memory_cap_gb, 0
     if "streamed" in names:
-        a = trainer_args("uniform")
+        sc = trainer_settings("uniform").scene
         frames = load_scene(
-            a.scene,
-            scene_cache=a.scene_cache,
-            builtin_seed=a.builtin_seed,
-            train_split=a.train_split,
-            test_split=a.test_split,
-            holdout_every=a.holdout_every,
-            downscale=a.downscale,
+            sc.scene,
+            scene_cache=sc.scene_cache,
+            builtin_seed=sc.builtin_seed,
+            train_split=sc.train_split,
+            test_split=sc.test_split,
+            holdout_every=sc.holdout_every,
+            downscale=sc.downscale,
             lazy_train=True,
         ).train
         decoded = image_bytes(frames.sizes, 4)
@@ -180,15 +205,14 @@ def main(argv: list[str] | None = None) -> dict:
     warmup = opts.warmup_steps if opts.warmup_steps is not None else (100 if opts.device == "cuda" else 0)
     if warmup > 0:  # Triton compiles its kernels on first use: keep that out of the first variant's budget
         dist.log(f"=== bench sampling: warm-up, {warmup} steps of {names[0]} (not reported) ===")
-        w = trainer_args(names[0], cap_gb)
-        w.n_steps, w.time_budget_s, w.eval_at_s, w.eval_at_steps, w.n_eval_views = warmup, 0.0, [], [], 1
-        w.out_dir, w.metrics_json = str(Path(opts.out) / "warmup"), None
-        run(w)
+        warm = ["--n_steps", str(warmup), "--time_budget_s", "0", "--eval_at_s", "", "--eval_at_steps", ""]
+        warm += ["--n_eval_views", "1", "--out_dir", str(Path(opts.out) / "warmup"), "--metrics_json", ""]
+        run(trainer_settings(names[0], cap_gb, warm))
 
     results = []
     for name in names:
         dist.log(f"=== bench sampling: {name} ===")
-        metrics = run(trainer_args(name, cap_gb)).metrics
+        metrics = run(trainer_settings(name, cap_gb)).metrics
         if name == "streamed" and metrics["data"]["placement"] != "stream":
             raise ConfigError(
                 f"the streamed variant placed the images on {metrics['data']['placement']}: "
@@ -246,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
         "target_psnr": target,
         "memory_cap_gb": cap_gb if "streamed" in names else None,
         "decoded_bytes": decoded,
-        "options": vars(opts),
+        "options": asdict(opts),
         "variants": results,
     }
     if rt.is_root:

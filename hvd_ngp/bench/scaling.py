@@ -28,6 +28,7 @@ import shlex
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ import torch
 from ..cluster.comm import describe_allreduce
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..errors import HvdNgpError
-from ..tools.launch import build_parser as launch_parser, plan, split_program_args
+from ..options import options_from
+from ..tools.launch import parse_options as launch_options, plan, split_program_args
 from .report import append_markdown, table, write_json
 
 WORKER = "hvd_ngp.bench._scaling_rank"
@@ -260,10 +262,32 @@ def render(rows: list[dict], results: list[dict], targets: list[float]) -> str:
     return out
 
 
+@dataclass(frozen=True)
+class ScalingOptions:
+    """``python -m hvd_ngp.bench scaling``'s own options (``build_parser`` holds their help); the trainer's flags
+    follow '--' and stay a list."""
+
+    ranks: str
+    mode: str
+    psnr_targets: str
+    ceiling_repeats: int
+    out_dir: str | None
+    json: str | None
+    markdown: str
+    timeout_s: float
+    note: str
+    hostfile: str | None
+    hosts: str | None
+    launcher: str
+    controller: str
+    fabric: str
+    iface: str | None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     own, trainer_args = split_program_args(argv)
-    opts = build_parser().parse_args(own)
+    opts = options_from(ScalingOptions, build_parser().parse_args(own))
     targets = [float(t) for t in opts.psnr_targets.split(",") if t]
     trainer = parse_settings(trainer_args, default_config=BASE_CONFIG if torch.cuda.is_available() else CPU_CONFIG)
     extra = (
@@ -292,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     slots = None
     if opts.hostfile or opts.hosts:
-        slots = plan(launch_parser().parse_args(launch_opts), os.environ, [], trainer.runtime.comm).placement.np
+        slots = plan(launch_options(launch_opts), os.environ, [], trainer.runtime.comm).placement.np
     modes = ["weak", "strong"] if opts.mode == "both" else [opts.mode]
     counts = rank_counts(opts.ranks, slots)
     plans = [(mode, n, per_rank_samples(mode, trainer.step.target_samples, n)) for mode in modes for n in counts]
@@ -318,9 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             "--target_samples",
             str(per_rank),
         ]
-        launch = plan(
-            launch_parser().parse_args(["-np", str(n), *launch_opts]), os.environ, program, trainer.runtime.comm
-        )
+        launch = plan(launch_options(["-np", str(n), *launch_opts]), os.environ, program, trainer.runtime.comm)
         print(
             f"scaling ({mode}): {n} rank(s), {per_rank} samples/rank/step: {launch.shell_line()}",
             file=sys.stderr,

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 
 from ..cluster import dist
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..data import load_scene, scene_format
 from ..data.pipeline import DataPipeline
+from ..options import options_from
 from ..settings import Settings
 from .report import append_markdown, table, write_json
 
@@ -42,6 +44,20 @@ def one_run(s: Settings, rt, n_rays: int) -> dict:
     return {k: max(w[i] for w in worst) for i, k in enumerate(("load_s", "pipeline_s", "first_batch_s", "total_s"))}
 
 
+@dataclass(frozen=True)
+class StartupOptions:
+    """The command line of ``python -m hvd_ngp.bench startup`` (``main``'s parser holds each option's help)."""
+
+    scenes: str
+    holdout_every: int
+    device: str
+    repeat: int
+    rays: int
+    json: str
+    markdown: str
+    extra: list[str]  # trainer flags
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m hvd_ngp.bench startup",
@@ -56,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="", help="write the results to this JSON file")
     p.add_argument("--markdown", default="", help="append a table to this markdown file")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="-- then trainer flags")
-    opts = p.parse_args(argv)
+    opts = options_from(StartupOptions, p.parse_args(argv))
     extra = opts.extra[1:] if opts.extra[:1] == ["--"] else opts.extra
     default_config = BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG
     rows = []

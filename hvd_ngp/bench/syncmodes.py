@@ -15,10 +15,12 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..cluster.comm import GRAD_SYNCS
 from ..errors import HvdNgpError
+from ..options import options_from
 from .report import comma_list, table, write_json
 
 
@@ -30,7 +32,22 @@ def _ints(text: str, what: str) -> list[int]:
     return comma_list(text, int, what, BenchError)
 
 
-def train_once(ranks: int, mode: str, seed: int, opts: argparse.Namespace, out: Path) -> dict:
+@dataclass(frozen=True)
+class SyncModesOptions:
+    """The command line of ``python -m hvd_ngp.bench syncmodes`` (``main``'s parser holds each option's help)."""
+
+    ranks: str
+    modes: str
+    seeds: str
+    sync_period: int
+    device: str
+    controller: str
+    out_dir: str
+    json: str | None
+    extra: list[str]  # trainer flags
+
+
+def train_once(ranks: int, mode: str, seed: int, opts: SyncModesOptions, out: Path) -> dict:
     """One launch -> {"psnr", "steps", "train_seconds"}; a failed run raises ``BenchError`` with its log's tail."""
     metrics = out / "metrics.json"
     launcher = Path(sys.executable).with_name("horovodrun")
@@ -88,8 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out_dir", default="runs/bench/syncmodes")
     p.add_argument("--json", default=None, help="summary JSON (default <out_dir>/syncmodes.json)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': trainer flags for every run")
-    opts = p.parse_args(argv)
-    opts.extra = [a for a in opts.extra if a != "--"]
+    opts = options_from(SyncModesOptions, p.parse_args(argv))
+    opts = replace(opts, extra=[a for a in opts.extra if a != "--"])
     ranks, seeds = _ints(opts.ranks, "ranks"), _ints(opts.seeds, "seeds")
     modes = [m.strip() for m in opts.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in GRAD_SYNCS]

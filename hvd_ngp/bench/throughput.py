@@ -33,17 +33,20 @@ import gc
 import re
 import time
 from collections import defaultdict
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, NamedTuple, cast
 
 import torch
 from torch import Tensor
 
 from ..cluster import dist
-from ..config import BASE_CONFIG, CPU_CONFIG, parse_args
+from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..model.encoding import BACKENDS, FAST_RENDERER_BACKENDS, model_for_backend, resolve_backend
 from ..model.encoding.hashgrid import MERGE_RUNS_BELOW, HashGridSpec, HashGridTorch
 from ..model.encoding.tcnn import tcnn_available
 from ..observe.profiling import StageTimer
+from ..options import options_from
+from ..settings import Settings
 from ..training.trainer import Trainer
 from ..triton_support import triton_available
 from .report import append_markdown, table, write_json
@@ -315,12 +318,42 @@ def host_profile(step: Callable[[int], object], n_steps: int, top: int = 15) -> 
     }
 
 
-def torch_profiler_steps(opts: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class ThroughputOptions:
+    """The command line of ``python -m hvd_ngp.bench throughput`` (``main``'s parser holds each option's help)."""
+
+    scene: str
+    config: str | None
+    backends: str
+    device: str
+    precision: str
+    target_samples: int
+    warmup_steps: int
+    steps: int
+    profile_steps: int
+    host_profile_steps: int
+    eval_views: int
+    points: int
+    repeat: int
+    no_compile: bool
+    march_launches: bool
+    grid_launches: bool
+    inference_size: int
+    inference_repeat: int
+    inference_windows: str
+    seed: int
+    json: str
+    markdown: str
+    extra: list[str]  # trainer flags
+
+
+def torch_profiler_steps(opts: ThroughputOptions) -> int:
     """Steps ``profile_steps`` runs: the profiled ones and the unmeasured first one (none when off)."""
     return opts.profile_steps + 1 if opts.profile_steps else 0
 
 
-def trainer_args(opts: argparse.Namespace, backend: str) -> argparse.Namespace:
+def trainer_settings(opts: ThroughputOptions, backend: str) -> Settings:
+    """The trainer's settings for one backend's run: the bench's options, then the trainer flags after '--'."""
     profiled = torch_profiler_steps(opts) + opts.host_profile_steps
     argv = [
         "--scene",
@@ -340,7 +373,7 @@ def trainer_args(opts: argparse.Namespace, backend: str) -> argparse.Namespace:
     ]
     if opts.config:
         argv = ["--config", opts.config, *argv]
-    return parse_args(argv + opts.extra, default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG)
+    return parse_settings(argv + opts.extra, default_config=BASE_CONFIG if opts.device != "cpu" else CPU_CONFIG)
 
 
 def gradient_bytes(field: torch.nn.Module) -> dict[str, int]:
@@ -354,15 +387,16 @@ def gradient_bytes(field: torch.nn.Module) -> dict[str, int]:
     return groups
 
 
-def bench_training(opts: argparse.Namespace, backend: str) -> dict:
+def bench_training(opts: ThroughputOptions, backend: str) -> dict:
     """End-to-end samples/s and the per-stage breakdown of one backend. The encoding's Triton-only kernel options
     (``-- --encoding '{"table_dtype": "float16"}'``) apply to the triton run; the others train without them."""
-    args = trainer_args(opts, backend)
-    dev = dist.init(args.device).device
-    args.model = model_for_backend(args.model, resolve_backend(backend, dev))  # auto: as Trainer.build resolves it
+    s = trainer_settings(opts, backend)
+    dev = dist.init(s.runtime.device).device
+    blocks = model_for_backend(s.model.blocks, resolve_backend(backend, dev))  # auto: as Trainer.build resolves it
+    s = replace(s, model=replace(s.model, blocks=blocks), flags={**s.flags, "model": blocks})
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    tr = Trainer.build(args)
+    tr = Trainer.build(s)
     t0 = time.perf_counter()
     for step in range(opts.warmup_steps):
         tr.step(step)
@@ -571,7 +605,7 @@ def points_along_rays(n: int, dev: torch.device, per_ray: int = 128, step: float
     return (origins + dirs * t).reshape(-1, 3)[:n].clamp(0.0, 1.0).to(dev)
 
 
-def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.device) -> list[dict]:
+def bench_hashgrid(opts: ThroughputOptions, spec: HashGridSpec, dev: torch.device) -> list[dict]:
     """Hash grid forward and forward+backward at ``opts.points`` points, per implementation: uniform
     random points, and points along rays (``points_along_rays``: the backward's case in training)."""
     x = torch.rand(opts.points, 3, device=dev)
@@ -625,7 +659,7 @@ def bench_hashgrid(opts: argparse.Namespace, spec: HashGridSpec, dev: torch.devi
     return rows
 
 
-def bench_mlp(opts: argparse.Namespace, model: dict, dev: torch.device) -> list[dict]:
+def bench_mlp(opts: ThroughputOptions, model: dict, dev: torch.device) -> list[dict]:
     """Density + colour MLPs forward+backward+Adam at ``opts.points`` samples (encoding excluded)."""
     from ..model.field import NGPField
 
@@ -775,8 +809,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", default="runs/bench/throughput.json")
     p.add_argument("--markdown", default="", help="also append a dated Markdown section to this file (default: none)")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="after '--': more trainer flags")
-    opts = p.parse_args(argv)
-    opts.extra = [a for a in opts.extra if a != "--"]
+    opts = options_from(ThroughputOptions, p.parse_args(argv))
+    opts = replace(opts, extra=[a for a in opts.extra if a != "--"])
     for name in ("profile_steps", "host_profile_steps", "inference_size"):
         if getattr(opts, name) < 0:
             p.error(f"--{name} must be >= 0, got {getattr(opts, name)}")
@@ -808,7 +842,7 @@ def main(argv: list[str] | None = None) -> dict:
     ref = next((r["samples_per_sec"] for r in training if r["backend"] == "torch"), None)
     for r in training:
         r["vs_torch"] = r["samples_per_sec"] / ref if ref else None
-    model = trainer_args(opts, "torch").model
+    model = trainer_settings(opts, "torch").model.blocks
     spec = HashGridSpec.from_config(model["encoding"])
     grid_rows = bench_hashgrid(opts, spec, dev)
     mlp_rows = bench_mlp(opts, model, dev)
@@ -931,7 +965,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(text)
     result = {
         "device": device,
-        "options": {k: v for k, v in vars(opts).items()},
+        "options": asdict(opts),
         "training": training,
         "hashgrid": grid_rows,
         "mlp": mlp_rows,

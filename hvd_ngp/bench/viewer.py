@@ -12,10 +12,12 @@ import argparse
 import json
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..cluster import dist
 from ..config import parse_settings
+from ..options import options_from
 from ..training.trainer import run
 from ..viewer.browser import HeadlessChromium
 from ..viewer.live import LiveViewer
@@ -27,6 +29,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class ViewerBenchOptions:
+    """The command line of ``python -m hvd_ngp.bench viewer`` (``main``'s parser holds each option's help)."""
+
+    json: str | None
+    window: str  # WIDTHxHEIGHT
+    trainer: list[str]  # trainer flags
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(
         prog="python -m hvd_ngp.bench viewer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -34,9 +45,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--window", default="1280x720", help="browser window WxH")
     p.add_argument("trainer", nargs=argparse.REMAINDER, help="trainer flags (after --)")
-    a = p.parse_args(argv)
-    flags = [f for f in a.trainer if f != "--"]
-    width, height = (int(v) for v in a.window.split("x"))
+    opts = options_from(ViewerBenchOptions, p.parse_args(argv))
+    flags = [f for f in opts.trainer if f != "--"]
+    width, height = (int(v) for v in opts.window.split("x"))
     rows = []
     for watched in (False, True):
         port = free_port()
@@ -95,6 +106,6 @@ def main(argv: list[str] | None = None) -> dict:
             f"of the time)"
         )
         print(json.dumps(out))
-        if a.json:
-            Path(a.json).write_text(json.dumps(out, indent=1))
+        if opts.json:
+            Path(opts.json).write_text(json.dumps(out, indent=1))
     return out

@@ -1,6 +1,6 @@
 """How ranks communicate: Horovod's knobs, the config's ``distributed`` block, the learning-rate rule.
 
-``CommSettings.from_args`` validates the ``horovod`` option group and the ``distributed`` JSON block
+``CommSettings.from_flags`` validates the ``horovod`` option group (``CommFlags``) and the ``distributed`` JSON block
 at parse time. ``init_env`` returns the variables Horovod and NCCL read inside ``hvd.init()``
 (``dist.init`` sets them first); ``check_runtime`` compares what the launcher and the runtime
 decided (ranks, nodes, controller) with what the config asked for and fails with an error that
@@ -276,6 +276,25 @@ def describe_allreduce(hierarchical: bool, use_cuda: bool) -> str:
 
 
 @dataclass(frozen=True)
+class CommFlags:
+    """The ``horovod`` option group as parsed (``add_options``), with the two other flags it is checked against:
+    the merged network blocks (``model``: the ``distributed`` block and ``_source``) and ``--precision``."""
+
+    fusion_threshold_mb: float | None
+    cycle_time_ms: float | None
+    compression: str
+    hierarchical_allreduce: str
+    backward_passes_per_step: int
+    reduce_op: str
+    model_parallel: int | None  # None: the distributed block's
+    lr_scaling: str
+    grad_sync: str
+    sync_period: int | None  # None: DEFAULT_SYNC_PERIOD under --grad_sync periodic
+    model: dict
+    precision: str
+
+
+@dataclass(frozen=True)
 class CommSettings:
     """The ``horovod`` option group merged with the ``distributed`` block."""
 
@@ -292,21 +311,22 @@ class CommSettings:
     sync_period: int = 1  # periodic: steps between parameter averages
 
     @staticmethod
-    def from_args(args: argparse.Namespace) -> "CommSettings":
-        source = args.model.get("_source", "config")
-        block = DistributedBlock.parse(args.model.get("distributed"), source)
+    def from_flags(flags: CommFlags) -> "CommSettings":
+        """Validate the flags against each other and the ``distributed`` block; raises ``ConfigError``."""
+        source = flags.model.get("_source", "config")
+        block = DistributedBlock.parse(flags.model.get("distributed"), source)
         for name in ("fusion_threshold_mb", "cycle_time_ms"):
-            value = getattr(args, name)
+            value = getattr(flags, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"--{name} must be >= 0, got {value}")
-        if args.backward_passes_per_step < 1:
-            raise ConfigError(f"--backward_passes_per_step must be >= 1, got {args.backward_passes_per_step}")
-        if args.reduce_op == "adasum" and args.precision == "fp16":
+        if flags.backward_passes_per_step < 1:
+            raise ConfigError(f"--backward_passes_per_step must be >= 1, got {flags.backward_passes_per_step}")
+        if flags.reduce_op == "adasum" and flags.precision == "fp16":
             raise ConfigError(
                 "--reduce_op adasum does not support --precision fp16 (Horovod's Adasum optimizer "
                 "has no loss-scaling path); use fp32 or bf16"
             )
-        hierarchical = args.hierarchical_allreduce
+        hierarchical = flags.hierarchical_allreduce
         from_block = ALLREDUCE_ALGORITHMS[block.allreduce_algorithm]
         if hierarchical == "auto":
             hierarchical = from_block
@@ -315,7 +335,7 @@ class CommSettings:
                 f"{source}: distributed.allreduce_algorithm is {block.allreduce_algorithm} but "
                 f"--hierarchical_allreduce is {hierarchical}; remove one"
             )
-        k = getattr(args, "model_parallel", None)
+        k = flags.model_parallel
         if k is None:
             k = block.model_parallel
         elif k < 1:
@@ -325,19 +345,19 @@ class CommSettings:
                 f"{source}: distributed.model_parallel is {block.model_parallel} but --model_parallel is "
                 f"{k}; remove one"
             )
-        if k > 1 and args.compression == "fp16":
+        if k > 1 and flags.compression == "fp16":
             raise ConfigError(
                 f"--model_parallel {k} with --compression fp16: the fp16 loss scaler decides overflows "
                 "per region group, so regions would skip different steps, and the segment exchange "
                 "stays fp32; use --compression none"
             )
-        if k > 1 and args.reduce_op == "adasum":
+        if k > 1 and flags.reduce_op == "adasum":
             raise ConfigError(
                 f"--model_parallel {k} with --reduce_op adasum: Adasum reduces over all ranks, not "
                 "within a region's process set; use --reduce_op average"
             )
-        mode = getattr(args, "grad_sync", "every")
-        period = getattr(args, "sync_period", None)
+        mode = flags.grad_sync
+        period = flags.sync_period
         if period is not None and mode != "periodic":
             raise ConfigError(f"--sync_period {period} needs --grad_sync periodic (it is {mode})")
         if period is not None and period < 1:
@@ -346,23 +366,23 @@ class CommSettings:
             refuse = [
                 (k > 1, f"--model_parallel {k} (regions average inside process sets every step)"),
                 (
-                    args.compression == "fp16",
+                    flags.compression == "fp16",
                     "--compression fp16 (its loss scaler decides on every step's reduced gradients)",
                 ),
-                (args.precision == "fp16", "--precision fp16 (its gradient scaler reads every step's gradients)"),
-                (args.reduce_op == "adasum", "--reduce_op adasum (Adasum combines gradients, not averages)"),
+                (flags.precision == "fp16", "--precision fp16 (its gradient scaler reads every step's gradients)"),
+                (flags.reduce_op == "adasum", "--reduce_op adasum (Adasum combines gradients, not averages)"),
             ]
             found = [why for bad, why in refuse if bad]
             if found:
                 raise ConfigError(f"--grad_sync {mode} cannot run with {found[0]}; use --grad_sync every")
         return CommSettings(
-            args.fusion_threshold_mb,
-            args.cycle_time_ms,
-            args.compression,
+            flags.fusion_threshold_mb,
+            flags.cycle_time_ms,
+            flags.compression,
             hierarchical,
-            args.backward_passes_per_step,
-            args.reduce_op,
-            args.lr_scaling,
+            flags.backward_passes_per_step,
+            flags.reduce_op,
+            flags.lr_scaling,
             block,
             k,
             mode,

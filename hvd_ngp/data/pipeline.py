@@ -32,6 +32,32 @@ STRATEGIES = ("uniform", "complexity", "error_map")
 
 
 @dataclass(frozen=True)
+class DataFlags:
+    """The ``data`` option group as parsed (``DataSettings.add_options`` declares each flag), not yet validated."""
+
+    sampling: str
+    train_ray_jitter: str  # on | off
+    fused_draw: str
+    sampling_floor: float
+    importance_weights: str  # on | off
+    complexity_weights: str  # "EDGES,LAPLACIAN"
+    error_map_interval: int
+    error_map_decay: float
+    tile_size: int
+    shard_by: str
+    epoch_passes: float
+    balance: str
+    balance_threshold: float
+    preload: str
+    image_dtype: str
+    device_image_budget_gb: float
+    host_image_budget_gb: float
+    num_workers: int
+    dynamic_resolution: int
+    dynamic_resolution_plateau: float
+
+
+@dataclass(frozen=True)
 class DataSettings:
     """The ``data`` option group, validated."""
 
@@ -58,7 +84,7 @@ class DataSettings:
 
     @staticmethod
     def add_options(p: argparse.ArgumentParser) -> None:
-        """Declare the data option group (validated by ``from_args``)."""
+        """Declare the data option group (parsed into ``DataFlags``, validated by ``from_flags``)."""
         g = p.add_argument_group("data: shards, sampling, load balance, image memory")
         g.add_argument(
             "--sampling",
@@ -195,63 +221,63 @@ class DataSettings:
         )
 
     @staticmethod
-    def from_args(args: argparse.Namespace) -> "DataSettings":
+    def from_flags(flags: DataFlags) -> "DataSettings":
         """Validate the options; raises ``ConfigError`` saying what was expected."""
-        if args.sampling not in STRATEGIES:
-            raise ConfigError(f"--sampling must be one of {', '.join(STRATEGIES)}, got {args.sampling!r}")
-        if not 0.0 < args.sampling_floor <= 1.0:
-            raise ConfigError(f"--sampling_floor must be in (0, 1], got {args.sampling_floor}")
+        if flags.sampling not in STRATEGIES:
+            raise ConfigError(f"--sampling must be one of {', '.join(STRATEGIES)}, got {flags.sampling!r}")
+        if not 0.0 < flags.sampling_floor <= 1.0:
+            raise ConfigError(f"--sampling_floor must be in (0, 1], got {flags.sampling_floor}")
         try:
-            weights = tuple(float(v) for v in str(args.complexity_weights).split(","))
+            weights = tuple(float(v) for v in str(flags.complexity_weights).split(","))
         except ValueError:
             weights = ()
         if len(weights) != 2 or min(weights) < 0 or sum(weights) <= 0:
             raise ConfigError(
-                f"--complexity_weights must be two numbers >= 0 (edges,laplacian), got {args.complexity_weights!r}"
+                f"--complexity_weights must be two numbers >= 0 (edges,laplacian), got {flags.complexity_weights!r}"
             )
         for name in ("error_map_interval", "num_workers"):
-            if getattr(args, name) <= 0:
-                raise ConfigError(f"--{name} must be positive, got {getattr(args, name)}")
-        if not 0.0 <= args.error_map_decay < 1.0:
-            raise ConfigError(f"--error_map_decay must be in [0, 1), got {args.error_map_decay}")
-        if args.tile_size < 0:
-            raise ConfigError(f"--tile_size must be >= 0 (0: automatic), got {args.tile_size}")
-        if args.epoch_passes <= 0:
-            raise ConfigError(f"--epoch_passes must be positive, got {args.epoch_passes}")
-        check_balance_options(args.balance, args.balance_threshold)
+            if getattr(flags, name) <= 0:
+                raise ConfigError(f"--{name} must be positive, got {getattr(flags, name)}")
+        if not 0.0 <= flags.error_map_decay < 1.0:
+            raise ConfigError(f"--error_map_decay must be in [0, 1), got {flags.error_map_decay}")
+        if flags.tile_size < 0:
+            raise ConfigError(f"--tile_size must be >= 0 (0: automatic), got {flags.tile_size}")
+        if flags.epoch_passes <= 0:
+            raise ConfigError(f"--epoch_passes must be positive, got {flags.epoch_passes}")
+        check_balance_options(flags.balance, flags.balance_threshold)
         for name in ("device_image_budget_gb", "host_image_budget_gb"):
-            if getattr(args, name) < 0:
-                raise ConfigError(f"--{name} must be >= 0 (0: automatic), got {getattr(args, name)}")
-        dyn = args.dynamic_resolution
+            if getattr(flags, name) < 0:
+                raise ConfigError(f"--{name} must be >= 0 (0: automatic), got {getattr(flags, name)}")
+        dyn = flags.dynamic_resolution
         if dyn < 0 or (dyn > 1 and dyn & (dyn - 1)):
             raise ConfigError(
                 f"--dynamic_resolution must be 0 (off) or a power of two (the starting downscale), got {dyn}"
             )
-        if args.tile_size and dyn > 1 and args.tile_size % dyn:
-            raise ConfigError(f"--dynamic_resolution {dyn} must divide --tile_size {args.tile_size}")
-        if not 0.0 <= args.dynamic_resolution_plateau < 1.0:
-            raise ConfigError(f"--dynamic_resolution_plateau must be in [0, 1), got {args.dynamic_resolution_plateau}")
+        if flags.tile_size and dyn > 1 and flags.tile_size % dyn:
+            raise ConfigError(f"--dynamic_resolution {dyn} must divide --tile_size {flags.tile_size}")
+        if not 0.0 <= flags.dynamic_resolution_plateau < 1.0:
+            raise ConfigError(f"--dynamic_resolution_plateau must be in [0, 1), got {flags.dynamic_resolution_plateau}")
         return DataSettings(
-            args.sampling,
-            float(args.sampling_floor),
-            args.importance_weights == "on",
+            flags.sampling,
+            float(flags.sampling_floor),
+            flags.importance_weights == "on",
             weights,
-            int(args.error_map_interval),
-            float(args.error_map_decay),
-            int(args.tile_size),
-            args.shard_by,
-            float(args.epoch_passes),
-            args.balance,
-            float(args.balance_threshold),
-            "device" if args.preload == "gpu" else args.preload,
-            args.image_dtype,
-            float(args.device_image_budget_gb),
-            float(args.host_image_budget_gb),
-            int(args.num_workers),
+            int(flags.error_map_interval),
+            float(flags.error_map_decay),
+            int(flags.tile_size),
+            flags.shard_by,
+            float(flags.epoch_passes),
+            flags.balance,
+            float(flags.balance_threshold),
+            "device" if flags.preload == "gpu" else flags.preload,
+            flags.image_dtype,
+            float(flags.device_image_budget_gb),
+            float(flags.host_image_budget_gb),
+            int(flags.num_workers),
             max(int(dyn), 1),
-            float(args.dynamic_resolution_plateau),
-            args.train_ray_jitter == "on",
-            args.fused_draw,
+            float(flags.dynamic_resolution_plateau),
+            flags.train_ray_jitter == "on",
+            flags.fused_draw,
         )
 
 

@@ -38,6 +38,7 @@ from .. import __version__
 from ..cluster import dist, nccl_net
 from ..errors import ConfigError, HvdNgpError
 from ..launcher_env import LOCAL_RANK_VARS, LOCAL_SIZE_VARS, RANK_VARS, SIZE_VARS, env_int, launcher_rank_label
+from ..options import options_from
 
 OVERRIDE_VAR = "HVD_NGP_DOCTOR_TEST_OVERRIDE"
 
@@ -460,25 +461,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@dataclass(frozen=True)
+class DoctorOptions:
+    """The doctor's command line (``build_parser`` holds each option's help)."""
+
+    device: str
+    bandwidth_mib: float
+    iterations: int
+    dump_topology: str | None  # {host} in it becomes the host name
+    json: str | None
+    strict: bool
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the doctor on this rank (every rank calls it); returns the exit status, the same on every rank."""
-    args = build_parser().parse_args(argv)
-    if args.bandwidth_mib <= 0 or args.iterations < 0:
+    opts = options_from(DoctorOptions, build_parser().parse_args(argv))
+    if opts.bandwidth_mib <= 0 or opts.iterations < 0:
         raise ConfigError("--bandwidth-mib must be positive and --iterations >= 0")
-    use_cuda = dist.wants_cuda(args.device)
-    plan = plan_topology_dump(args.dump_topology, use_cuda) if args.dump_topology else None
+    use_cuda = dist.wants_cuda(opts.device)
+    plan = plan_topology_dump(opts.dump_topology, use_cuda) if opts.dump_topology else None
     if use_cuda:  # NCCL's own report of its transport, read back after the GPU allreduce
         os.environ.update(nccl_net.capture_env(os.environ))
-    rt = dist.init(args.device)
+    rt = dist.init(opts.device)
     record = dist.agree(lambda: collect(rt.device), "describing the environment")
     records = dist.allgather_object(record, name="doctor.records")
-    findings = compare(records, args.strict)
+    findings = compare(records, opts.strict)
     if rt.is_root:
         # mpirun gives ranks a pseudo-terminal even when its own output goes to a file: colour only without one
         color = sys.stdout.isatty() and not dist.launched() and "NO_COLOR" not in os.environ
         print(render_table(records, findings, color), flush=True)
 
-    check = check_allreduce(rt.device, args.bandwidth_mib, args.iterations)
+    check = check_allreduce(rt.device, opts.bandwidth_mib, opts.iterations)
     check["topology"] = topology_result(plan)
     net = nccl_net.parse(nccl_net.read_capture())
     severity, text = nccl_net.verdict(net, nccl_net.ib_devices())
@@ -508,8 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     errors = [f for f in findings if f.severity == "error"]
     if rt.is_root:
         print(summary(records, checks, findings, rt.device, rt.controller), flush=True)
-        if args.json:
-            Path(args.json).write_text(
+        if opts.json:
+            Path(opts.json).write_text(
                 json.dumps(
                     {"records": records, "checks": checks, "ok": not errors, "findings": [asdict(f) for f in findings]},
                     indent=1,

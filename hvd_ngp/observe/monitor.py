@@ -290,6 +290,21 @@ def format_line(rec: dict[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
+class MonitorFlags:
+    """The monitoring option group as parsed (``MonitorSettings.add_options``), with the output flags it
+    depends on (where metrics.jsonl goes by default; a resumed run appends to it)."""
+
+    metrics_jsonl: str | None
+    tensorboard: str | None
+    progress: str  # auto | on | off
+    comm_timing: str  # on | off
+    gpu_sample_period_s: float
+    out_dir: str
+    load_snapshot: str | None
+    resume: str | None
+
+
+@dataclass(frozen=True)
 class MonitorSettings:
     """What to measure and where rank 0 writes it."""
 
@@ -302,7 +317,7 @@ class MonitorSettings:
 
     @staticmethod
     def add_options(p: argparse.ArgumentParser) -> None:
-        """Declare the monitoring option group (validated by ``from_args``)."""
+        """Declare the monitoring option group (parsed into ``MonitorFlags``, validated by ``from_flags``)."""
         g = p.add_argument_group("monitoring")
         g.add_argument(
             "--metrics_jsonl",
@@ -337,27 +352,27 @@ class MonitorSettings:
         )
 
     @staticmethod
-    def from_args(args: argparse.Namespace) -> "MonitorSettings":
+    def from_flags(flags: MonitorFlags) -> "MonitorSettings":
         """Validate the monitoring options (the same on every rank: call through ``dist.agree``)."""
-        if args.gpu_sample_period_s <= 0:
-            raise ConfigError(f"--gpu_sample_period_s must be positive, got {args.gpu_sample_period_s}")
-        if args.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        if flags.gpu_sample_period_s <= 0:
+            raise ConfigError(f"--gpu_sample_period_s must be positive, got {flags.gpu_sample_period_s}")
+        if flags.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError(
                 "--tensorboard needs the 'tensorboard' package: pip install tensorboard "
                 "(or pip install 'hvd_ngp[monitor]'); metrics.jsonl holds the same numbers"
             )
         has_tqdm = importlib.util.find_spec("tqdm") is not None
-        if args.progress == "on" and not has_tqdm:
+        if flags.progress == "on" and not has_tqdm:
             raise ConfigError("--progress on needs the 'tqdm' package: pip install tqdm")
-        progress = has_tqdm and (args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty()))
-        jsonl = args.metrics_jsonl if args.metrics_jsonl is not None else str(Path(args.out_dir) / "metrics.jsonl")
+        progress = has_tqdm and (flags.progress == "on" or (flags.progress == "auto" and sys.stderr.isatty()))
+        jsonl = flags.metrics_jsonl if flags.metrics_jsonl is not None else str(Path(flags.out_dir) / "metrics.jsonl")
         return MonitorSettings(
             jsonl=Path(jsonl) if jsonl and jsonl.lower() != "none" else None,
-            tensorboard=Path(args.tensorboard) if args.tensorboard else None,
+            tensorboard=Path(flags.tensorboard) if flags.tensorboard else None,
             progress=progress,
-            comm_timing=args.comm_timing == "on",
-            gpu_sample_period_s=args.gpu_sample_period_s,
-            append=bool(args.load_snapshot or args.resume),
+            comm_timing=flags.comm_timing == "on",
+            gpu_sample_period_s=flags.gpu_sample_period_s,
+            append=bool(flags.load_snapshot or flags.resume),
         )
 
 

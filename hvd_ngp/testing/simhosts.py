@@ -39,6 +39,7 @@ from typing import Iterator, Sequence
 
 from ..cluster.fabric_model import parse_rate_bps
 from ..errors import ConfigError, HvdNgpError, run_cli
+from ..options import command_options
 
 STATE_ROOT = Path(os.environ.get("HVD_NGP_SIMHOSTS_DIR", "/tmp/hvd_ngp_simhosts"))
 NETNS_DIR = Path("/var/run/netns")  # where both iproute2 and pyroute2 keep named namespaces
@@ -483,6 +484,53 @@ def probe() -> None:
 # ------------------------------------------------------------------------------------- CLI
 
 
+@dataclass(frozen=True)
+class UpOptions:
+    """``up``: the simulated hosts to create (``main``'s parser holds each option's help)."""
+
+    action: str
+    name: str
+    hosts: int
+    slots: int
+    gpus_per_host: int
+    backend: str
+    rate: str | None  # e.g. 1gbit
+    delay: str | None  # e.g. 0.2ms
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """``run NAME -- COMMAND``: the hosts whose login node runs the command."""
+
+    action: str
+    name: str
+
+
+@dataclass(frozen=True)
+class DownOptions:
+    """``down NAME``: the hosts to delete."""
+
+    action: str
+    name: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class ActionOnly:
+    """``check`` and ``probe``: no options."""
+
+    action: str
+
+
+ACTIONS: dict[str, type] = {
+    "up": UpOptions,
+    "run": RunOptions,
+    "down": DownOptions,
+    "check": ActionOnly,
+    "probe": ActionOnly,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command: list[str] = []
@@ -508,19 +556,19 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--backend", choices=("auto", "ip", "pyroute2"), default="auto")
     sub.add_parser("check", help="say whether simulated hosts can be made here")
     sub.add_parser("probe", help="under a launcher: print each rank's host and cross_size, check an allreduce")
-    opts = p.parse_args(argv)
-    if opts.action == "up":
+    opts: UpOptions | RunOptions | DownOptions | ActionOnly = command_options(p.parse_args(argv), "action", ACTIONS)
+    if isinstance(opts, UpOptions):
         cluster = up(opts.name, opts.hosts, opts.slots, opts.gpus_per_host, opts.backend, opts.rate, opts.delay)
         shaped = f"; links {opts.rate or 'unlimited'}, delay {opts.delay or '0'}" if opts.rate or opts.delay else ""
         print(
             f"simulated hosts {', '.join(h.name for h in cluster.hosts)} ({backend(opts.backend).name}); "
             f"hostfile {cluster.hostfile}; interface {IFACE}{shaped}"
         )
-    elif opts.action == "run":
+    elif isinstance(opts, RunOptions):
         if not command:
             raise SimHostsError("simhosts run: give the command after '--'")
         run_on_login(opts.name, command)
-    elif opts.action == "down":
+    elif isinstance(opts, DownOptions):
         down(opts.name, opts.backend)
     elif opts.action == "probe":
         probe()

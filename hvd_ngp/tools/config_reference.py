@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import ConfigError, run_cli
+from ..options import options_from
 
 #: where the generated tables go in a page (docs/configuration.md); the docs hook replaces this line
 MARKER = "<!-- config-reference: generated from hvd_ngp.config.build_parser -->"
@@ -112,28 +114,36 @@ def fill(page: str, parser: argparse.ArgumentParser | None = None) -> str:
     return page.replace(MARKER, reference(parser)) if MARKER in page else page
 
 
+@dataclass(frozen=True)
+class ReferenceOptions:
+    """The command line: where the reference goes (``out``) and which page it fills (``page``; '': none)."""
+
+    out: str
+    page: str
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m hvd_ngp.tools.config_reference", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="", help="write the Markdown here instead of printing it")
     p.add_argument("--page", default="", help="a page with the marker line: print (or --out) it filled in")
-    args = p.parse_args(argv)
-    if args.page:
+    opts = options_from(ReferenceOptions, p.parse_args(argv))
+    if opts.page:
         try:
-            with open(args.page, encoding="utf-8") as f:
+            with open(opts.page, encoding="utf-8") as f:
                 text = f.read()
         except OSError as exc:
-            raise ConfigError(f"{args.page}: cannot read the page ({exc.strerror})") from None
+            raise ConfigError(f"{opts.page}: cannot read the page ({exc.strerror})") from None
         if MARKER not in text:
-            raise ConfigError(f"{args.page}: no marker line {MARKER!r} to fill in")
+            raise ConfigError(f"{opts.page}: no marker line {MARKER!r} to fill in")
         text = fill(text)
     else:
         text = reference()
-    if args.out:
+    if opts.out:
         try:
-            with open(args.out, "w", encoding="utf-8") as f:
+            with open(opts.out, "w", encoding="utf-8") as f:
                 f.write(text)
         except OSError as exc:
-            raise ConfigError(f"{args.out}: cannot write the reference ({exc.strerror})") from None
+            raise ConfigError(f"{opts.out}: cannot write the reference ({exc.strerror})") from None
     else:
         print(text)
 

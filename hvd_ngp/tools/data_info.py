@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..data import BUILTIN, load_scene, scene_format
@@ -17,25 +18,70 @@ from ..data.images import decode_images
 from ..data.packed import __doc__ as packed_doc, pack_scene
 from ..data.transforms import camera_intrinsics, locate_transforms, scene_aabb
 from ..errors import SceneError, run_cli
+from ..options import command_options
 from .process import Options, __doc__ as process_doc, process
 
 
-def transforms_info(path, args) -> dict:
-    files = locate_transforms(path, args.train_split, args.test_split, args.holdout_every, args.sharpness_threshold)
+@dataclass(frozen=True)
+class InfoOptions:
+    """``info SCENE``: where the scene is and how the trainer would load it (``main``'s parser holds the help)."""
+
+    command: str
+    scene: str  # 'builtin', a scene folder or a transforms*.json file
+    train_split: str
+    test_split: str
+    holdout_every: int
+    downscale: int
+    sharpness_threshold: float
+    scene_cache: str
+    builtin_seed: int
+
+
+@dataclass(frozen=True)
+class PackOptions(InfoOptions):
+    """``pack SCENE --out DIR``: the scene as ``InfoOptions`` loads it, written as memory-mappable shards."""
+
+    out: Path
+    shards: int
+
+
+@dataclass(frozen=True)
+class ProcessOptions:
+    """``process --images DIR | --video FILE --out DIR``: COLMAP's knobs (``process.Options``) and the paths."""
+
+    command: str
+    images: Path | None
+    video: Path | None
+    out: Path
+    fps: float
+    max_size: int
+    colmap_size: int
+    camera_model: str
+    matcher: str
+    min_registered: float
+    threads: int
+    quiet: bool
+
+
+COMMANDS: dict[str, type] = {"info": InfoOptions, "process": ProcessOptions, "pack": PackOptions}
+
+
+def transforms_info(path: str | Path, opts: InfoOptions) -> dict:
+    files = locate_transforms(path, opts.train_split, opts.test_split, opts.holdout_every, opts.sharpness_threshold)
     tf = files.train
     aabb, aabb_scale = scene_aabb(tf.data, tf.path)
     frames = files.train_frames + files.test_frames
     if all(f.camera.get("w") and f.camera.get("h") for f in frames):
-        per_frame = [(int(f.camera["w"]) // args.downscale, int(f.camera["h"]) // args.downscale) for f in frames]
+        per_frame = [(int(f.camera["w"]) // opts.downscale, int(f.camera["h"]) // opts.downscale) for f in frames]
     else:
-        per_frame = [(im.shape[1], im.shape[0]) for im in decode_images([f.image_path for f in frames], args.downscale)]
+        per_frame = [(im.shape[1], im.shape[0]) for im in decode_images([f.image_path for f in frames], opts.downscale)]
     sizes = set(per_frame)
     missing = tf.missing + (files.test.missing if files.test is not None and files.test is not tf else 0)
-    focal = camera_intrinsics(frames[0].camera, *per_frame[0], args.downscale, tf.path)[0] if frames else None
+    focal = camera_intrinsics(frames[0].camera, *per_frame[0], opts.downscale, tf.path)[0] if frames else None
     return {
         "source": str(files.root),
         "format": "instant-ngp" if files.test is tf else "blender",
-        "splits": {args.train_split: len(files.train_frames), args.test_split: len(files.test_frames)},
+        "splits": {opts.train_split: len(files.train_frames), opts.test_split: len(files.test_frames)},
         "skipped_missing_images": missing,
         "skipped_sharpness": tf.blurry,
         "resolutions": [list(s) for s in sorted(sizes)],
@@ -47,12 +93,12 @@ def transforms_info(path, args) -> dict:
     }
 
 
-def info(args) -> dict:
-    path = ensure_builtin(args.scene_cache, args.builtin_seed) if args.scene == BUILTIN else args.scene
+def info(opts: InfoOptions) -> dict:
+    path = ensure_builtin(opts.scene_cache, opts.builtin_seed) if opts.scene == BUILTIN else opts.scene
     if scene_format(path) in ("llff", "packed"):
-        scene = load_scene(path, holdout_every=args.holdout_every, downscale=args.downscale)
+        scene = load_scene(path, holdout_every=opts.holdout_every, downscale=opts.downscale)
         return {**scene.summary(), "format": scene_format(path)}
-    return transforms_info(path, args)
+    return transforms_info(path, opts)
 
 
 def add_process_parser(sub) -> None:
@@ -81,22 +127,22 @@ def add_process_parser(sub) -> None:
     q.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def run_process(args) -> int:
+def run_process(opts: ProcessOptions) -> int:
     opt = Options(
-        max_size=args.max_size,
-        colmap_size=args.colmap_size,
-        camera_model=args.camera_model,
-        fps=args.fps,
-        matcher=args.matcher,
-        min_registered=args.min_registered,
-        threads=args.threads,
-        quiet=args.quiet,
+        max_size=opts.max_size,
+        colmap_size=opts.colmap_size,
+        camera_model=opts.camera_model,
+        fps=opts.fps,
+        matcher=opts.matcher,
+        min_registered=opts.min_registered,
+        threads=opts.threads,
+        quiet=opts.quiet,
     )
-    data = process(args.out, images=args.images, video=args.video, opt=opt)
+    data = process(opts.out, images=opts.images, video=opts.video, opt=opt)
     print(
         json.dumps(
             {
-                "out": str(args.out),
+                "out": str(opts.out),
                 "frames": len(data["frames"]),
                 **data["colmap"],
                 "aabb_scale": data["aabb_scale"],
@@ -107,26 +153,26 @@ def run_process(args) -> int:
     return 0
 
 
-def run_pack(args) -> int:
-    if args.shards < 1:
-        raise SceneError(f"--shards must be >= 1, got {args.shards}")
+def run_pack(opts: PackOptions) -> int:
+    if opts.shards < 1:
+        raise SceneError(f"--shards must be >= 1, got {opts.shards}")
     scene = load_scene(
-        args.scene,
-        scene_cache=args.scene_cache,
-        builtin_seed=args.builtin_seed,
-        train_split=args.train_split,
-        test_split=args.test_split,
-        holdout_every=args.holdout_every,
-        downscale=args.downscale,
-        sharpness_threshold=args.sharpness_threshold,
+        opts.scene,
+        scene_cache=opts.scene_cache,
+        builtin_seed=opts.builtin_seed,
+        train_split=opts.train_split,
+        test_split=opts.test_split,
+        holdout_every=opts.holdout_every,
+        downscale=opts.downscale,
+        sharpness_threshold=opts.sharpness_threshold,
         lazy_train=True,
     )
-    meta = pack_scene(scene, args.out, args.shards, args.holdout_every, args.downscale)
-    size = sum(f.stat().st_size for f in Path(args.out).glob("*.u8"))
+    meta = pack_scene(scene, opts.out, opts.shards, opts.holdout_every, opts.downscale)
+    size = sum(f.stat().st_size for f in Path(opts.out).glob("*.u8"))
     print(
         json.dumps(
             {
-                "out": str(args.out),
+                "out": str(opts.out),
                 "train": len(scene.train),
                 "test": len(scene.test),
                 "shards": {s: len(v["shards"]) for s, v in meta["splits"].items()},
@@ -172,12 +218,12 @@ def main(argv: list[str] | None = None) -> int:
         k.add_argument(f"--{name}", type=kind, default=default)
     k.add_argument("--scene_cache", default="~/.cache/hvd_ngp/scenes")
     k.add_argument("--builtin_seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.command == "process":
-        return run_process(args)
-    if args.command == "pack":
-        return run_pack(args)
-    print(json.dumps(info(args), indent=1))
+    opts: InfoOptions | ProcessOptions = command_options(p.parse_args(argv), "command", COMMANDS)
+    if isinstance(opts, ProcessOptions):
+        return run_process(opts)
+    if isinstance(opts, PackOptions):
+        return run_pack(opts)
+    print(json.dumps(info(opts), indent=1))
     return 0
 
 

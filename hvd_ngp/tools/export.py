@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +24,61 @@ from ..errors import ConfigError, HvdNgpError, run_cli
 from ..export.mesh import DEFAULT_RESOLUTION, DEFAULT_THRESHOLD, extract_mesh
 from ..export.pointcloud import DEFAULT_MAX_POINTS, DEFAULT_OPACITY_CUT, point_cloud
 from ..export.silhouette import MASK_OPACITY, iou, mesh_silhouette
+from ..options import command_options
 from .trained import Trained, load_trained
 
 MESH_SUFFIXES = (".ply", ".obj", ".glb")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """The options every ``hvd-ngp-export`` command takes (``main``'s parser holds their help)."""
+
+    what: str  # the command: mesh | pointcloud | iou
+    snapshot: str
+    scene: str | None
+    device: str
+    space: str  # scene | ngp: the coordinates of the files
+    background: str | None
+    gpu_memory_gb: float
+
+
+@dataclass(frozen=True)
+class SurfaceOptions(ExportOptions):
+    """A command that extracts the marching-cubes surface."""
+
+    resolution: int
+    threshold: float
+    box: str | None  # JSON [[x0, y0, z0], [x1, y1, z1]] in ngp space, checked by ``parse_box``
+
+
+@dataclass(frozen=True)
+class MeshOptions(SurfaceOptions):
+    """``hvd-ngp-export mesh``."""
+
+    out: str
+
+
+@dataclass(frozen=True)
+class PointCloudOptions(ExportOptions):
+    """``hvd-ngp-export pointcloud``."""
+
+    out: str
+    opacity_cut: float
+    max_points: int
+    views: int  # the first N training views (0: all)
+
+
+@dataclass(frozen=True)
+class IouOptions(SurfaceOptions):
+    """``hvd-ngp-export iou``."""
+
+    mesh: str | None
+    views: int  # test views (0: all)
+    json: str | None
+
+
+COMMANDS: dict[str, type[ExportOptions]] = {"mesh": MeshOptions, "pointcloud": PointCloudOptions, "iou": IouOptions}
 
 
 def need_trimesh() -> None:
@@ -56,80 +109,80 @@ def to_file_space(points: np.ndarray, trained: Trained, space: str) -> np.ndarra
     return points if space == "ngp" else ngp_to_nerf_points(points, s.scale, s.offset)
 
 
-def export_mesh(args, trained: Trained) -> dict:
-    mesh = extract_mesh(trained.field, trained.grid, args.resolution, args.threshold, parse_box(args.box))
-    mesh.vertices = to_file_space(np.asarray(mesh.vertices), trained, args.space)
-    out = Path(args.out)
+def export_mesh(opts: MeshOptions, trained: Trained) -> dict:
+    mesh = extract_mesh(trained.field, trained.grid, opts.resolution, opts.threshold, parse_box(opts.box))
+    mesh.vertices = to_file_space(np.asarray(mesh.vertices), trained, opts.space)
+    out = Path(opts.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     mesh.export(out)
     dist.log(
-        f"mesh: {len(mesh.vertices)} vertices, {len(mesh.faces)} faces (resolution {args.resolution}, "
-        f"threshold {args.threshold}) -> {out}"
+        f"mesh: {len(mesh.vertices)} vertices, {len(mesh.faces)} faces (resolution {opts.resolution}, "
+        f"threshold {opts.threshold}) -> {out}"
     )
     return {"out": str(out), "vertices": len(mesh.vertices), "faces": len(mesh.faces)}
 
 
-def export_pointcloud(args, trained: Trained) -> dict:
+def export_pointcloud(opts: PointCloudOptions, trained: Trained) -> dict:
     import trimesh
     from tqdm import tqdm
 
     frames = trained.scene.train
     if frames.images is None and frames.files is None:
-        raise HvdNgpError(f"{args.snapshot}: the scene has no training cameras")
+        raise HvdNgpError(f"{opts.snapshot}: the scene has no training cameras")
     points, colours = point_cloud(
         trained.renderer(),
         frames,
-        trained.background(args.background),
-        args.opacity_cut,
-        args.max_points,
+        trained.background(opts.background),
+        opts.opacity_cut,
+        opts.max_points,
         progress=lambda v: tqdm(v, desc="views", unit="view", delay=2.0),
-        n_views=args.views,
+        n_views=opts.views,
     )
     if len(points) == 0:
         raise HvdNgpError(
-            f"{args.snapshot}: no pixel of the training views is more opaque than --opacity_cut {args.opacity_cut}"
+            f"{opts.snapshot}: no pixel of the training views is more opaque than --opacity_cut {opts.opacity_cut}"
         )
-    out = Path(args.out)
+    out = Path(opts.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    trimesh.PointCloud(to_file_space(points, trained, args.space), colors=colours).export(out)
-    n = len(frames) if args.views <= 0 else min(args.views, len(frames))
-    dist.log(f"point cloud: {len(points)} points from {n} training views (opacity > {args.opacity_cut}) -> {out}")
+    trimesh.PointCloud(to_file_space(points, trained, opts.space), colors=colours).export(out)
+    n = len(frames) if opts.views <= 0 else min(opts.views, len(frames))
+    dist.log(f"point cloud: {len(points)} points from {n} training views (opacity > {opts.opacity_cut}) -> {out}")
     return {"out": str(out), "points": len(points)}
 
 
-def silhouette_iou(args, trained: Trained) -> dict:
+def silhouette_iou(opts: IouOptions, trained: Trained) -> dict:
     """IoU of the mesh's silhouette (ray-cast) and the field's opacity mask (> ``MASK_OPACITY``) per test view."""
     import trimesh
     from tqdm import tqdm
 
-    if args.mesh:
-        if not Path(args.mesh).is_file():
-            raise ConfigError(f"--mesh {args.mesh}: no such file")
-        mesh = trimesh.load(args.mesh, force="mesh", process=False)
+    if opts.mesh:
+        if not Path(opts.mesh).is_file():
+            raise ConfigError(f"--mesh {opts.mesh}: no such file")
+        mesh = trimesh.load(opts.mesh, force="mesh", process=False)
         assert isinstance(mesh, trimesh.Trimesh)  # force="mesh"
-        if args.space != "ngp":
+        if opts.space != "ngp":
             mesh.vertices = nerf_to_ngp_points(np.asarray(mesh.vertices), trained.scene.scale, trained.scene.offset)
     else:
-        mesh = extract_mesh(trained.field, trained.grid, args.resolution, args.threshold, parse_box(args.box))
+        mesh = extract_mesh(trained.field, trained.grid, opts.resolution, opts.threshold, parse_box(opts.box))
     frames = trained.scene.test
-    n = len(frames) if args.views <= 0 else min(args.views, len(frames))
+    n = len(frames) if opts.views <= 0 else min(opts.views, len(frames))
     if n == 0:
-        raise HvdNgpError(f"{args.snapshot}: the scene has no test views")
+        raise HvdNgpError(f"{opts.snapshot}: the scene has no test views")
     renderer, bg = trained.renderer(), trained.background()
     scores = []
     for i in tqdm(range(n), desc="views", unit="view", delay=2.0):
         mask = renderer.outputs(frames, i, bg)["opacity"].cpu().numpy() > MASK_OPACITY
         scores.append(iou(mesh_silhouette(mesh, frames, i), mask))
     result = {
-        "mesh": args.mesh or "extracted",
+        "mesh": opts.mesh or "extracted",
         "views": n,
         "iou_mean": float(np.mean(scores)),
         "iou_min": float(np.min(scores)),
         "iou_per_view": [round(s, 4) for s in scores],
     }
     dist.log(f"mesh silhouette IoU over {n} test views: mean {result['iou_mean']:.4f}, min {result['iou_min']:.4f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(result, indent=1))
     return result
 
 
@@ -176,18 +229,23 @@ def main(argv: list[str] | None = None) -> dict:
     s.add_argument("--mesh", default=None, help="mesh file (in --space coordinates; default: extract one here)")
     s.add_argument("--views", type=int, default=0, help="test views (0: all)")
     s.add_argument("--json", default=None, help="also write the scores here")
-    args = p.parse_args(argv)
-    if args.what == "mesh" and Path(args.out).suffix.lower() not in MESH_SUFFIXES:
-        raise ConfigError(f"--out {args.out}: a mesh is written as {', '.join(MESH_SUFFIXES)}")
-    if args.what == "pointcloud" and Path(args.out).suffix.lower() != ".ply":
-        raise ConfigError(f"--out {args.out}: a point cloud is written as .ply")
-    if args.what in ("mesh", "iou") and args.resolution < 8:
-        raise ConfigError(f"--resolution {args.resolution}: at least 8")
-    if args.what == "pointcloud" and not (0 <= args.opacity_cut < 1 and args.max_points > 0):
+    opts = command_options(p.parse_args(argv), "what", COMMANDS)
+    if isinstance(opts, MeshOptions) and Path(opts.out).suffix.lower() not in MESH_SUFFIXES:
+        raise ConfigError(f"--out {opts.out}: a mesh is written as {', '.join(MESH_SUFFIXES)}")
+    if isinstance(opts, PointCloudOptions) and Path(opts.out).suffix.lower() != ".ply":
+        raise ConfigError(f"--out {opts.out}: a point cloud is written as .ply")
+    if isinstance(opts, SurfaceOptions) and opts.resolution < 8:
+        raise ConfigError(f"--resolution {opts.resolution}: at least 8")
+    if isinstance(opts, PointCloudOptions) and not (0 <= opts.opacity_cut < 1 and opts.max_points > 0):
         raise ConfigError("--opacity_cut must be in [0, 1) and --max_points > 0")
     need_trimesh()
-    trained = load_trained(args.snapshot, args.device, args.scene, gpu_memory_gb=args.gpu_memory_gb)
-    return {"mesh": export_mesh, "pointcloud": export_pointcloud, "iou": silhouette_iou}[args.what](args, trained)
+    trained = load_trained(opts.snapshot, opts.device, opts.scene, gpu_memory_gb=opts.gpu_memory_gb)
+    if isinstance(opts, MeshOptions):
+        return export_mesh(opts, trained)
+    if isinstance(opts, PointCloudOptions):
+        return export_pointcloud(opts, trained)
+    assert isinstance(opts, IouOptions)  # COMMANDS has no other
+    return silhouette_iou(opts, trained)
 
 
 def cli(argv: list[str] | None = None) -> None:

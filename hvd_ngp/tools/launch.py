@@ -43,6 +43,7 @@ from ..cluster.topology import (
 )
 from ..config import BASE_CONFIG, parse_settings
 from ..errors import ConfigError, run_cli
+from ..options import options_from
 
 TRAINER = "hvd_ngp.train"
 LAUNCHERS = ("horovodrun", "mpirun")
@@ -73,6 +74,34 @@ class LaunchPlan:
         lines += [f"{k}={v}" for k, v in sorted(self.env.items())]
         lines += ["# command:", self.shell_line()]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The launcher's own command line (``build_parser`` holds each option's help); the program's arguments
+    follow ``--`` and are not in here."""
+
+    hostfile: str | None
+    hosts: str | None  # host:slots,host:slots,...
+    slurm: bool
+    np: int | None
+    write_hostfile: str | None
+    launcher: str
+    controller: str
+    fabric: str
+    iface: str | None
+    ib_gid_index: int | None
+    env: list[str]  # KEY=VALUE
+    ssh_port: int | None
+    launcher_arg: list[str]
+    module: str
+    python: str
+    dry_run: bool
+
+
+def parse_options(argv: Sequence[str]) -> LaunchOptions:
+    """The launcher's options (``argv`` without the program's arguments), parsed once."""
+    return options_from(LaunchOptions, build_parser().parse_args(list(argv)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,7 +164,7 @@ def local_hosts(np: int | None) -> HostList:
     return HostList((Host("localhost", np),), "this machine")
 
 
-def resolve_hosts(opts: argparse.Namespace, environ: Mapping[str, str], world_size: int | None) -> HostList:
+def resolve_hosts(opts: LaunchOptions, environ: Mapping[str, str], world_size: int | None) -> HostList:
     if opts.hostfile:
         return parse_hostfile(opts.hostfile)
     if opts.hosts:
@@ -182,7 +211,7 @@ def find_executable(name: str, dry_run: bool) -> str:
 
 
 def plan(
-    opts: argparse.Namespace, environ: Mapping[str, str], program_args: Sequence[str], comm: CommSettings | None
+    opts: LaunchOptions, environ: Mapping[str, str], program_args: Sequence[str], comm: CommSettings | None
 ) -> LaunchPlan:
     """Everything ``main`` prints or runs; pure apart from name lookups (no process is started)."""
     block = comm.block if comm else DistributedBlock("(no config)")
@@ -285,7 +314,7 @@ def split_program_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     own, program_args = split_program_args(sys.argv[1:] if argv is None else argv)
-    opts = build_parser().parse_args(own)
+    opts = parse_options(own)
     comm, trainer = None, None
     if opts.module == TRAINER:  # check the trainer's options here, before any rank starts
         trainer = parse_settings(program_args, default_config=BASE_CONFIG)

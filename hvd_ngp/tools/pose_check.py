@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import SceneError, read_json_object, run_cli
+from ..options import options_from
 
 
 def umeyama(src: np.ndarray, dst: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -96,6 +98,14 @@ def compare_files(estimated: Path, reference: Path) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class PoseCheckOptions:
+    """The two transforms.json files to compare."""
+
+    estimated: Path
+    reference: Path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m hvd_ngp.tools.pose_check",
@@ -104,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("estimated", type=Path, help="transforms.json with the recovered poses")
     p.add_argument("reference", type=Path, help="transforms.json with the reference poses")
-    args = p.parse_args(argv)
-    print(json.dumps(compare_files(args.estimated, args.reference), indent=1))
+    opts = options_from(PoseCheckOptions, p.parse_args(argv))
+    print(json.dumps(compare_files(opts.estimated, opts.reference), indent=1))
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from ..config import json_object
 from ..data import Frames
 from ..errors import ConfigError, run_cli
 from ..observe.progress import progress
+from ..options import options_from
 from ..render.camera_path import CameraPath, orbit
 from ..render.outputs import OUTPUTS, colorize_depth, colorize_normal, colorize_opacity, depth_range, parse_outputs
 from ..render.volume import DEFAULT_INFERENCE, INFERENCE_PATHS
@@ -30,6 +32,28 @@ from .video import write_mp4
 
 #: the longer side of an orbit's (or a keyframe path's) frames when --video_size is not given
 DEFAULT_VIDEO_SIZE = 960
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """The command line of ``hvd-ngp-render`` (``main``'s parser holds each option's help)."""
+
+    load_snapshot: str
+    scene: str | None
+    out_dir: str
+    split_views: int  # -1: all test views, 0: none
+    video: str  # orbit | spiral | none
+    camera_path: str | None
+    outputs: str  # comma-separated, checked by ``parse_outputs``
+    n_frames: int
+    fps: float | None
+    video_size: int | None
+    downscale: int | None
+    background: str | None
+    device: str
+    marching: dict | None  # merge-patch over the snapshot's marching block
+    gpu_memory_gb: float
+    inference: str
 
 
 def path_frames(path: CameraPath) -> Frames:
@@ -50,20 +74,22 @@ def training_camera(train: Frames) -> tuple[torch.Tensor, tuple[int, int]]:
     return train.intrinsics[0], train.image_size(0)
 
 
-def video_path(args, trained: Trained) -> tuple[str, CameraPath]:
+def video_path(opts: RenderOptions, trained: Trained) -> tuple[str, CameraPath]:
     """The video's name and cameras: the --camera_path file's, else an orbit or spiral."""
     scene = trained.scene
     intr, size = training_camera(scene.train)
-    if args.camera_path:
-        cams = load_camera_path(args.camera_path, size, scene.scale, scene.offset, args.n_frames)
-        max_side = args.video_size or (None if cams.own_size else DEFAULT_VIDEO_SIZE)
-        return Path(args.camera_path).stem, cams.scaled(max_side)
-    c2w = orbit(scene.train.c2w, scene.up, args.n_frames, args.video == "spiral")
-    cams = CameraPath(c2w, intr[None].expand(args.n_frames, 4).clone(), size)
-    return args.video, cams.scaled(args.video_size or DEFAULT_VIDEO_SIZE)
+    if opts.camera_path:
+        cams = load_camera_path(opts.camera_path, size, scene.scale, scene.offset, opts.n_frames)
+        max_side = opts.video_size or (None if cams.own_size else DEFAULT_VIDEO_SIZE)
+        return Path(opts.camera_path).stem, cams.scaled(max_side)
+    c2w = orbit(scene.train.c2w, scene.up, opts.n_frames, opts.video == "spiral")
+    cams = CameraPath(c2w, intr[None].expand(opts.n_frames, 4).clone(), size)
+    return opts.video, cams.scaled(opts.video_size or DEFAULT_VIDEO_SIZE)
 
 
-def render_video(args, trained: Trained, name: str, cams: CameraPath, outputs: tuple[str, ...], out: Path) -> dict:
+def render_video(
+    opts: RenderOptions, trained: Trained, name: str, cams: CameraPath, outputs: tuple[str, ...], out: Path
+) -> dict:
     """Every rank renders frames rank, rank + size, ... of ``cams`` (a progress bar on rank 0) and writes their
     ``outputs`` into ``out/<name>_frames`` (PNG, and .npy for depth, normal and opacity); rank 0 then writes one
     H.264 mp4 per output. Collective (the depth range is agreed: one colour scale for the whole video)."""
@@ -72,8 +98,8 @@ def render_video(args, trained: Trained, name: str, cams: CameraPath, outputs: t
     n = len(frames)
     folder = out / f"{name}_frames"
     folder.mkdir(parents=True, exist_ok=True)
-    bg = trained.background(args.background)
-    renderer = trained.renderer(args.inference)
+    bg = trained.background(opts.background)
+    renderer = trained.renderer(opts.inference)
     mine = range(rt.rank, n, rt.size)
     near, far = float("inf"), float("-inf")
     for i in progress(mine, f"{name} frames" + (f" (rank 0 of {rt.size})" if rt.size > 1 else ""), "frame", rt.is_root):
@@ -114,7 +140,7 @@ def render_video(args, trained: Trained, name: str, cams: CameraPath, outputs: t
             )
         result["depth_range"] = [near, far]
     dist.barrier()
-    fps = args.fps or cams.fps or 30
+    fps = opts.fps or cams.fps or 30
     videos = {}
     if rt.is_root:
         for o in outputs:
@@ -185,27 +211,27 @@ def main(argv: list[str] | None = None) -> dict:
         help="the Triton renderer's inference path: single_pass (one network pass per sample, "
         "docs/inference.md) or two_pass (density pass, then the whole network on the kept samples)",
     )
-    args = p.parse_args(argv)
+    opts = options_from(RenderOptions, p.parse_args(argv))
     try:
-        outputs = parse_outputs(args.outputs)
+        outputs = parse_outputs(opts.outputs)
     except ValueError as exc:
-        raise ConfigError(f"--outputs {args.outputs}: {exc}") from None
+        raise ConfigError(f"--outputs {opts.outputs}: {exc}") from None
     if (
-        args.n_frames < 1
-        or (args.fps is not None and args.fps <= 0)
-        or (args.video_size is not None and args.video_size < 2)
+        opts.n_frames < 1
+        or (opts.fps is not None and opts.fps <= 0)
+        or (opts.video_size is not None and opts.video_size < 2)
     ):
         raise ConfigError("--n_frames must be >= 1, --fps > 0 and --video_size >= 2")
 
     trained = load_trained(
-        args.load_snapshot, args.device, args.scene, args.downscale, args.marching, args.gpu_memory_gb
+        opts.load_snapshot, opts.device, opts.scene, opts.downscale, opts.marching, opts.gpu_memory_gb
     )
     scene, rt = trained.scene, dist.runtime()
-    out = Path(args.out_dir)
+    out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    result: dict = {"snapshot": str(args.load_snapshot), "scene": scene.source, "marching": trained.marching}
-    n_views = len(scene.test) if args.split_views < 0 else min(args.split_views, len(scene.test))
+    result: dict = {"snapshot": str(opts.load_snapshot), "scene": scene.source, "marching": trained.marching}
+    n_views = len(scene.test) if opts.split_views < 0 else min(opts.split_views, len(scene.test))
     if n_views:
         ev = evaluate(
             trained.field,
@@ -213,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
             scene.test,
             trained.march.render_schedule,
             trained.march.early_termination,
-            args.background or trained.cfg.get("eval_background", "white"),
+            opts.background or trained.cfg.get("eval_background", "white"),
             n_views,
             out / "test",
             n_views,
@@ -221,22 +247,22 @@ def main(argv: list[str] | None = None) -> dict:
             fast=trained.fast,
             budget=trained.budget,
             protocol=trained.cfg.get("eval_protocol", "std"),
-            inference=args.inference,
+            inference=opts.inference,
         )
         result.update(
             test_psnr=ev["psnr"],
             test_ssim=ev["ssim"],
             test_views=ev["views"],
             test_seconds_per_view=ev["seconds_per_view"],
-            inference=args.inference if trained.fast else None,
+            inference=opts.inference if trained.fast else None,
         )
         dist.log(
             f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views, "
             f"{ev['seconds_per_view']:.3f} s per view -> {out / 'test'}"
         )
-    if args.camera_path or args.video != "none":
-        name, cams = dist.agree(lambda: video_path(args, trained), "reading the camera path")
-        result.update(render_video(args, trained, name, cams, outputs, out))
+    if opts.camera_path or opts.video != "none":
+        name, cams = dist.agree(lambda: video_path(opts, trained), "reading the camera path")
+        result.update(render_video(opts, trained, name, cams, outputs, out))
     if rt.is_root:
         (out / "render.json").write_text(json.dumps(result, indent=1))
     return result

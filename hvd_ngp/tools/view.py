@@ -11,12 +11,31 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, run_cli
+from ..options import options_from
 from ..training.evaluate import BACKGROUNDS
 from ..viewer.server import ViewedModel, Viewer
 from .trained import load_trained
+
+
+@dataclass(frozen=True)
+class ViewOptions:
+    """The command line of ``hvd-ngp-view`` (``main``'s parser holds each option's help)."""
+
+    snapshot: str
+    port: int
+    host: str
+    scene: str | None
+    downscale: int | None
+    background: str | None
+    budget_ms: float
+    max_side: int
+    device: str
+    gpu_memory_gb: float
+    serve_s: float  # 0: until Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -46,29 +65,29 @@ def main(argv: list[str] | None = None) -> dict:
         help="GPU memory this process may use; renders are chunked to fit (0: the free memory)",
     )
     p.add_argument("--serve_s", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
-    args = p.parse_args(argv)
-    if not 0 <= args.port <= 65535 or args.budget_ms <= 0 or args.max_side < 32 or args.serve_s < 0:
+    opts = options_from(ViewOptions, p.parse_args(argv))
+    if not 0 <= opts.port <= 65535 or opts.budget_ms <= 0 or opts.max_side < 32 or opts.serve_s < 0:
         raise ConfigError(
             f"hvd-ngp-view: --port must be 0-65535, --budget_ms > 0, --max_side >= 32 and "
-            f"--serve_s >= 0, got {args.port}, {args.budget_ms:g}, {args.max_side}, {args.serve_s:g}"
+            f"--serve_s >= 0, got {opts.port}, {opts.budget_ms:g}, {opts.max_side}, {opts.serve_s:g}"
         )
 
-    t = load_trained(args.snapshot, args.device, args.scene, args.downscale, None, args.gpu_memory_gb)
+    t = load_trained(opts.snapshot, opts.device, opts.scene, opts.downscale, None, opts.gpu_memory_gb)
     t.field.eval()
-    background = args.background or t.cfg.get("eval_background", "white")
+    background = opts.background or t.cfg.get("eval_background", "white")
     model = ViewedModel(t.field, t.grid, t.march, t.scene, background, fast=t.fast, memory=t.budget)
     viewer = Viewer(
         model,
-        args.host,
-        args.port,
-        args.budget_ms / 1000,
+        opts.host,
+        opts.port,
+        opts.budget_ms / 1000,
         live=False,
-        max_side=args.max_side,
-        title=f"hvd_ngp: {Path(args.snapshot).name}",
+        max_side=opts.max_side,
+        title=f"hvd_ngp: {Path(opts.snapshot).name}",
     )
-    viewer.status(f"**{Path(args.snapshot).name}**, step {t.step}  \nscene {t.scene.source}")
+    viewer.status(f"**{Path(opts.snapshot).name}**, step {t.step}  \nscene {t.scene.source}")
     print(viewer.describe(), flush=True)
-    stop_at = time.monotonic() + args.serve_s if args.serve_s else None
+    stop_at = time.monotonic() + opts.serve_s if opts.serve_s else None
     try:
         while stop_at is None or time.monotonic() < stop_at:
             if not viewer.draw():

@@ -140,11 +140,11 @@ def kernel_options(block: dict, source: str = "config") -> tuple[str, bool, int,
 
 
 def model_for_backend(model: dict, backend: str) -> dict:
-    """``model`` (a merged config: ``args.model``) for a build on ``backend`` that a tool picks itself rather than
-    the user (the benchmarks' torch references and parameter counts beside the backend under test): on a
-    concrete backend other than triton, the encoding block less the Triton kernels' options (``KERNEL_OPTIONS``,
-    validated first), which do not change the grid; else ``model`` itself. The trainer does not call it: there
-    ``--backend torch`` with a float16 table stays make_position_encoding's error."""
+    """``model`` (the merged network blocks, ``ModelSettings.blocks``) for a build on ``backend`` that a tool
+    picks itself rather than the user (the benchmarks' torch references and parameter counts beside the backend
+    under test): on a concrete backend other than triton, the encoding block less the Triton kernels' options
+    (``KERNEL_OPTIONS``, validated first), which do not change the grid; else ``model`` itself. The trainer does
+    not call it: there ``--backend torch`` with a float16 table stays make_position_encoding's error."""
     block = model["encoding"]
     kernel_options(block, model.get("_source", "config"))
     if backend in ("triton", "auto") or not any(key in block for key in KERNEL_OPTIONS):
