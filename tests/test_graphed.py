@@ -21,7 +21,7 @@ from hvd_ngp.training.graphed import (
     set_learning_rate,
     use_graphs,
 )
-from hvd_ngp.training.step import StepInputs
+from hvd_ngp.training.step import StepContext, StepInputs
 from hvd_ngp.triton_support import triton_available
 
 
@@ -139,6 +139,26 @@ def test_eligibility_names_every_reason():
     assert "tcnn" in eligibility(cuda, True, "fp32", 1, False, False, backend="tcnn")
     both = eligibility(cpu, True, "fp32", 2, False, False)
     assert "CUDA" in both and "accumulation" in both
+
+
+def test_a_graphed_step_refuses_a_context_it_cannot_capture():
+    """The graphed step captures the fast renderer's fixed buffers, with no gradient scaler, accumulation or
+    --grad_sync exchange (``eligibility`` keeps the trainer from asking for them): a context with any of them
+    is a ValueError naming it, raised before any part is read (the capture-key test builds one that fits)."""
+    from types import SimpleNamespace
+
+    from hvd_ngp.training.model_parallel import ModelParallel
+
+    fits = StepContext(None, None, None, None, None, renderer=SimpleNamespace(candidate_capacity=1, sample_capacity=1))
+    for unfit, named in (
+        (replace(fits, renderer=None), "the fast renderer"),
+        (replace(fits, renderer=object.__new__(ModelParallel)), "the fast renderer"),  # only its type is read
+        (replace(fits, scaler=SimpleNamespace()), "cannot take a gradient scaler$"),
+        (replace(fits, backward_passes=2), "cannot take 2 backward passes$"),
+        (replace(fits, exchange=SimpleNamespace(), backward_passes=3), "3 backward passes or a --grad_sync exchange$"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            GraphedStep(unfit, grads=None)
 
 
 def test_cuda_graphs_option():

@@ -199,8 +199,17 @@ class GraphedStep:
         renderer, guard, optimizer = ctx.renderer, ctx.guard, ctx.optimizer
         if renderer is None or isinstance(renderer, ModelParallel):
             raise ValueError("a graphed step renders with the fast renderer (its buffers have fixed sizes)")
-        if ctx.scaler is not None or ctx.backward_passes != 1 or ctx.exchange is not None:
-            raise ValueError("a graphed step takes no gradient scaler, accumulation or --grad_sync exchange")
+        unfit = [
+            what
+            for bad, what in (
+                (ctx.scaler is not None, "a gradient scaler"),
+                (ctx.backward_passes != 1, f"{ctx.backward_passes} backward passes"),
+                (ctx.exchange is not None, "a --grad_sync exchange"),
+            )
+            if bad
+        ]
+        if unfit:  # eligibility() keeps the trainer from asking
+            raise ValueError(f"a graphed step cannot take {' or '.join(unfit)}")
         if guard is not None and (grads.tail is None or grads.tail.numel() != guard.width):
             raise ValueError("the flat gradients need a tail of guard.width floats for the guard's flags")
         why_not = defer_verdict and why_not_deferred(optimizer, guard)
