@@ -5,6 +5,7 @@ captured and replayed against --cuda_graphs off)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from hvd_ngp.training.graphed import (
     set_learning_rate,
     use_graphs,
 )
+from hvd_ngp.training.step import StepContext, StepInputs
 from hvd_ngp.triton_support import triton_available
 
 
@@ -51,7 +53,7 @@ def test_the_step_captures_again_exactly_when_its_capture_key_changes(scene_cach
     tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1")))
     renderer = SimpleNamespace(candidate_capacity=4096, sample_capacity=1024)
     grads = FlatGradients(tr.field.named_parameters(), tail=tr.guard.width if tr.guard else 0)
-    step = GraphedStep(tr.field, tr.grid, tr.optimizer, tr.march, tr.loss_fn, renderer, grads, tr.guard, eager_steps=1)
+    step = GraphedStep(replace(tr.step_context, renderer=renderer), grads, eager_steps=1)
     step.ray_quantum = 64
     rows = lambda: step.inputs["origins"].shape[0]  # noqa: E731
     step._forward_backward = lambda: (torch.zeros(5), torch.zeros(rows()), torch.zeros(rows(), dtype=torch.bool))
@@ -83,7 +85,7 @@ def test_the_step_captures_again_exactly_when_its_capture_key_changes(scene_cach
             torch.arange(n),
             weight=torch.ones(n) if weighted else None,
         )
-        res = step(rays, torch.zeros(3), torch.zeros(n), calls[0])
+        res = step.run(StepInputs(rays, torch.zeros(3), torch.zeros(n), calls[0]))
         assert len(res.ray_loss) == n
         calls[0] += 1
 
@@ -139,6 +141,26 @@ def test_eligibility_names_every_reason():
     assert "CUDA" in both and "accumulation" in both
 
 
+def test_a_graphed_step_refuses_a_context_it_cannot_capture():
+    """The graphed step captures the fast renderer's fixed buffers, with no gradient scaler, accumulation or
+    --grad_sync exchange (``eligibility`` keeps the trainer from asking for them): a context with any of them
+    is a ValueError naming it, raised before any part is read (the capture-key test builds one that fits)."""
+    from types import SimpleNamespace
+
+    from hvd_ngp.training.model_parallel import ModelParallel
+
+    fits = StepContext(None, None, None, None, None, renderer=SimpleNamespace(candidate_capacity=1, sample_capacity=1))
+    for unfit, named in (
+        (replace(fits, renderer=None), "the fast renderer"),
+        (replace(fits, renderer=object.__new__(ModelParallel)), "the fast renderer"),  # only its type is read
+        (replace(fits, scaler=SimpleNamespace()), "cannot take a gradient scaler$"),
+        (replace(fits, backward_passes=2), "cannot take 2 backward passes$"),
+        (replace(fits, exchange=SimpleNamespace(), backward_passes=3), "3 backward passes or a --grad_sync exchange$"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            GraphedStep(unfit, grads=None)
+
+
 def test_cuda_graphs_option():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert use_graphs("auto", None, cuda) and use_graphs("on", None, cuda)
@@ -172,20 +194,7 @@ def _graphed(tr, eager_steps: int = 10**9, defer_verdict: bool = False) -> Graph
     from hvd_ngp.cluster.flatgrad import FlatGradients
 
     grads = FlatGradients(tr.field.named_parameters(), tail=tr.guard.width if tr.guard else 0)
-    step = GraphedStep(
-        tr.field,
-        tr.grid,
-        tr.optimizer,
-        tr.march,
-        tr.loss_fn,
-        tr.renderer,
-        grads,
-        tr.guard,
-        tr.precision,
-        tr.data.settings.importance_weights,
-        eager_steps=eager_steps,
-        defer_verdict=defer_verdict,
-    )
+    step = GraphedStep(tr.step_context, grads, eager_steps=eager_steps, defer_verdict=defer_verdict)
     step.ray_quantum = 64  # the interpreter marches every row: keep the padding small
     return step
 
@@ -193,8 +202,6 @@ def _graphed(tr, eager_steps: int = 10**9, defer_verdict: bool = False) -> Graph
 def test_the_interpreter_blocks_cut_no_training_ray(scene_cache, tmp_path):
     """conftest.INTERPRETER_ARGS changes the march's cap and launch alone, and the tiny model's training rays stay
     under the cap."""
-    from dataclasses import replace
-
     from hvd_ngp.config import parse_args
     from hvd_ngp.render.volume import max_lanes
     from hvd_ngp.training.trainer import Trainer
@@ -351,8 +358,6 @@ def _poisoned_run(
     """The tiny model (fused Adam) through the graphed step's body for ``steps`` steps, the target colours of
     the steps in ``poisoned`` NaN: (trainer, losses, what ``on_settled`` saw, the guard's skips after each
     step). ``started``: each step's index is appended to it before the step runs."""
-    from dataclasses import replace
-
     from hvd_ngp.config import parse_args
     from hvd_ngp.training.trainer import Trainer
 
@@ -445,20 +450,7 @@ def test_the_verdict_is_deferred_by_default_wherever_it_can_be(
         )
     )
     capsys.readouterr()
-    step = GraphedStep.build(
-        tr.field,
-        tr.grid,
-        tr.optimizer,
-        tr.march,
-        tr.loss_fn,
-        tr.renderer,
-        tr.guard,
-        tr.precision,
-        True,
-        "none",
-        1 << 12,
-        defer_verdict=flag,
-    )
+    step = GraphedStep.build(tr.step_context, "none", 1 << 12, defer_verdict=flag)
     assert step.defer_verdict is deferred
     assert ("deferred verdict: off (" in capsys.readouterr().err) is said
 
@@ -525,12 +517,14 @@ def test_allreduce_is_in_flight_while_meanwhile_runs(scene_cache, tmp_path, monk
     tr = Trainer.build(
         parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton", *INTERPRETER_ARGS))
     )
-    tr.guard = NonFiniteGuard(3, stop_requested=stop_requested)
+    tr.step_context = replace(tr.step_context, guard=NonFiniteGuard(3, stop_requested=stop_requested))
     tr.graphed = _graphed(tr)
     draw = tr._draw(tr.budget.n_rays)
     monkeypatch.setattr(dist, "_hvd", OrderedHorovod(events))
     monkeypatch.setattr(dist, "_runtime", dist.Runtime(0, 2, 0, 2, 1, torch.device("cpu"), "gloo"))
-    res = tr.graphed(draw.rays, draw.background, draw.jitter, 0, meanwhile=lambda: events.append("meanwhile"))
+    res = tr.graphed.run(
+        StepInputs(draw.rays, draw.background, draw.jitter, 0, meanwhile=lambda: events.append("meanwhile"))
+    )
     names = [f"flatgrad.{str(dt).removeprefix('torch.')}" for dt in tr.graphed.grads.buffers]
     assert events == ["stop flag", *(f"submit {n}" for n in names), "meanwhile", *(f"wait {n}" for n in names)]
     assert not res.skipped and tr.guard.stop_agreed is False

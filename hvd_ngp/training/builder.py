@@ -12,6 +12,7 @@ import json
 import os
 import socket
 from dataclasses import dataclass, replace
+from typing import Callable, cast
 
 import torch
 
@@ -40,12 +41,12 @@ from ..state.checkpoint import CheckpointManager
 from ..state.failures import NonFiniteGuard
 from ..state.trainstate import TrainState, make_rank_streams
 from .budget import RayBudget
-from .gradsync import DelayedAveraging, PeriodicAveraging, make_exchange
+from .gradsync import Exchange, make_exchange
 from .graphed import GraphedStep, eligibility, use_graphs
 from .model_parallel import ModelParallel, hash_parameters, plan_partition, region_model
 from .optim import OptimizerChain, make_ema
 from .recipe import Marching, make_grid, make_loss, make_optimizer, make_scaler, model_footprint, resolve_precision
-from .step import EagerStep, ModelParallelStep
+from .step import EagerStep, ModelParallelStep, Renderer, StepContext
 
 
 def device_name(device: torch.device) -> str:
@@ -54,32 +55,59 @@ def device_name(device: torch.device) -> str:
 
 @dataclass
 class Parts:
-    """What ``build_parts`` made (``training.trainer.Trainer`` holds it)."""
+    """What ``build_parts`` made (``training.trainer.Trainer`` holds it). The parts every step reads (field,
+    grid, marching, optimizer, renderer, guard, exchange, precision) are the step context's, read through it."""
 
     rt: dist.Runtime
     backend: str
-    precision: str  # resolved: fp32 | fp16 | bf16 (``recipe.resolve_precision``)
     scene: Scene
-    field: NGPField
-    grid: OccupancyGrid
-    march: Marching
-    optimizer: torch.optim.Optimizer
-    lr_at: object
-    loss_fn: object
-    scaler: torch.amp.GradScaler | None
-    renderer: object  # the fast renderer, the model-parallel exchange, or None (the reference)
+    lr_at: Callable[[int], float]  # the learning rate of a step (0-based), before the multipliers
     budget: RayBudget
     state: TrainState  # what a checkpoint saves
     ckpts: CheckpointManager
-    guard: NonFiniteGuard | None
     data: DataPipeline  # placement, sampling strategy, balance; its sampler is ``state.sampler``
     memory: MemoryBudget  # what this process may hold on its device (--gpu_memory_gb)
     meter: MemoryMeter  # peak torch memory of the training step and of evaluation
     stops: preempt.StopVote  # agreed stop on signals
+    step_context: StepContext  # what every step reads; built once, the same for the eager and the graphed step
     eager: EagerStep  # the eager step (model parallel: ``ModelParallelStep``); ``graphed`` replaces it when set
     graphed: GraphedStep | None  # the step as CUDA graphs (--cuda_graphs), else ``eager``
     mp: ModelParallel | None  # --model_parallel K > 1: this rank's region and the segment exchange
-    exchange: DelayedAveraging | PeriodicAveraging | None  # --grad_sync delayed | periodic; None: every step
+
+    @property
+    def field(self) -> NGPField:
+        return self.step_context.field
+
+    @property
+    def grid(self) -> OccupancyGrid:
+        return self.step_context.grid
+
+    @property
+    def march(self) -> Marching:
+        return self.step_context.march
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.step_context.optimizer
+
+    @property
+    def renderer(self) -> Renderer | None:
+        """The fast renderer, the model-parallel exchange, or None (the reference)."""
+        return self.step_context.renderer
+
+    @property
+    def guard(self) -> NonFiniteGuard | None:
+        return self.step_context.guard
+
+    @property
+    def exchange(self) -> Exchange | None:
+        """``--grad_sync delayed | periodic``; None: every step."""
+        return self.step_context.exchange
+
+    @property
+    def precision(self) -> str:
+        """Resolved: fp32 | fp16 | bf16 (``recipe.resolve_precision``)."""
+        return self.step_context.precision
 
 
 def start_runtime(s: Settings) -> tuple[dist.Runtime, str]:
@@ -278,56 +306,13 @@ def build_state(s: Settings, rt, scene, data, mp, field, grid, optimizer, scaler
     return state
 
 
-def build_steps(
-    s: Settings,
-    graphs: bool,
-    mp,
-    field,
-    grid,
-    optimizer,
-    march,
-    loss_fn,
-    renderer,
-    guard,
-    precision,
-    scaler,
-    data,
-    exchange,
-):
-    """(the eager step, the graphed step or None). The graphed step is made before the resume: its optimizer
-    hooks keep a loaded state capturable."""
-    comm, st = s.runtime.comm, s.step
-    weights = data.settings.importance_weights
-    graphed = None
-    if graphs:
-        graphed = GraphedStep.build(
-            field,
-            grid,
-            optimizer,
-            march,
-            loss_fn,
-            renderer,
-            guard,
-            precision,
-            weights,
-            comm.compression,
-            st.max_rays,
-            st.defer_verdict,
-        )
-    eager = (EagerStep if mp is None else ModelParallelStep)(
-        field,
-        grid,
-        optimizer,
-        march,
-        loss_fn,
-        precision,
-        scaler,
-        renderer,
-        comm.backward_passes_per_step,
-        guard,
-        weights,
-        exchange,
+def build_steps(s: Settings, graphs: bool, ctx: StepContext) -> tuple[EagerStep, GraphedStep | None]:
+    """(the eager step, the graphed step or None), both from the one context. The graphed step is made before
+    the resume: its optimizer hooks keep a loaded state capturable."""
+    graphed = (
+        GraphedStep.build(ctx, s.runtime.comm.compression, s.step.max_rays, s.step.defer_verdict) if graphs else None
     )
+    eager = ModelParallelStep(ctx) if isinstance(ctx.renderer, ModelParallel) else EagerStep(ctx)
     return eager, graphed
 
 
@@ -355,11 +340,12 @@ def build_parts(s: Settings) -> Parts:
     budget = RayBudget(
         st.n_rays_init, st.target_samples, st.max_rays, march.candidate_factor if fast else None, st.sample_fill
     )
-    renderer = mp
+    renderer: Renderer | None = mp
     if fast:
-        from ..render.fast import FastRenderer
+        from ..render.fast import Capacities, FastRenderer
 
-        renderer = FastRenderer.following(budget, march.launch)  # its buffer sizes are the budget's
+        # its buffer sizes are the budget's (made with a candidate factor on the fast path: both are ints)
+        renderer = FastRenderer.following(cast(Capacities, budget), march.launch)
     state = build_state(s, rt, scene, data, mp, field, grid, optimizer, scaler, budget, ema)
     out = s.output
     ckpts = CheckpointManager(out.checkpoint_dir, out.ckpt_every, out.ckpt_keep)
@@ -372,35 +358,23 @@ def build_parts(s: Settings) -> Parts:
     )
     exchange = make_exchange(comm, field, optimizer, guard, ema)
     state.exchange = exchange
-    eager, graphed = build_steps(
-        s, graphs, mp, field, grid, optimizer, march, loss_fn, renderer, guard, precision, scaler, data, exchange
-    )
-    return Parts(
-        rt,
-        backend,
-        precision,
-        scene,
+    ctx = StepContext(
         field,
         grid,
-        march,
         optimizer,
-        lr_at,
+        march,
         loss_fn,
-        scaler,
-        renderer,
-        budget,
-        state,
-        ckpts,
-        guard,
-        data,
-        memory,
-        MemoryMeter(rt.device),
-        stops,
-        eager,
-        graphed,
-        mp,
-        exchange,
+        precision=precision,
+        scaler=scaler,
+        renderer=renderer,
+        guard=guard,
+        backward_passes=comm.backward_passes_per_step,
+        weight_gradient=data.settings.importance_weights,
+        exchange=exchange,
     )
+    eager, graphed = build_steps(s, graphs, ctx)
+    meter = MemoryMeter(rt.device)
+    return Parts(rt, backend, scene, lr_at, budget, state, ckpts, data, memory, meter, stops, ctx, eager, graphed, mp)
 
 
 #: options that may differ between ranks: where each rank writes or caches (an MPMD launch gives each its own),

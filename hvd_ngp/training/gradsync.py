@@ -325,9 +325,13 @@ class PeriodicAveraging:
         return "" if taken in (None, self.mode) else f"taken with --grad_sync {taken}"
 
 
+#: the ``--grad_sync`` modes that take the gradient exchange off Horovod's DistributedOptimizer
+Exchange = DelayedAveraging | PeriodicAveraging
+
+
 def make_exchange(
     comm: CommSettings, field: NGPField, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, ema=None
-) -> DelayedAveraging | PeriodicAveraging | None:
+) -> Exchange | None:
     """The exchange ``--grad_sync`` asks for; None for ``every`` (Horovod's DistributedOptimizer)."""
     if comm.grad_sync == "delayed":
         return DelayedAveraging(field.named_parameters(), guard)
@@ -340,4 +344,4 @@ def make_exchange(
     return None
 
 
-__all__ = ["DelayedAveraging", "PeriodicAveraging", "make_exchange"]
+__all__ = ["DelayedAveraging", "Exchange", "PeriodicAveraging", "make_exchange"]

@@ -47,15 +47,13 @@ from ..cluster.flatgrad import FlatGradients
 from ..data.sampler import RayBatch
 from ..errors import ConfigError
 from ..faultpoints import ENV as FAULTS_ENV
-from ..model.field import NGPField
-from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render.occupancy import OccupancyGrid
 from ..render.volume import composite_background
 from ..state.failures import NonFiniteGuard
 from .budget import copy_to_host
 from .grid_sync import max_over_ranks, rank_share
-from .recipe import Marching
-from .step import AUTOCAST, StepContext, StepResult, masked_mean, ray_losses
+from .model_parallel import ModelParallel
+from .step import AUTOCAST, StepContext, StepInputs, StepResult, masked_mean, ray_losses
 
 #: steps run eagerly (same code, no capture) before the first capture
 EAGER_STEPS = 16
@@ -180,40 +178,46 @@ def warm_up(body: Callable[[], object], device: torch.device) -> None:
 
 
 class GraphedStep:
-    """``step.train_step`` as two CUDA graphs per ``CaptureKey`` (see the module docstring).
+    """``step.train_step`` as two CUDA graphs per ``CaptureKey`` (see the module docstring); the step interface
+    (``step.TrainingStep``).
 
-    ``optimizer``: Adam built with ``capturable=True`` and not wrapped by Horovod; ``grads``: the flat
-    gradient buffers of ``field``'s parameters, with a tail of ``guard.width`` floats when a guard is
-    given. ``renderer``: the fast renderer (its capacities are read at every call).
+    ``ctx``: the step's context, with Adam built with ``capturable=True`` and not wrapped by Horovod, the fast
+    renderer (its capacities are read at every call), no gradient scaler, accumulation or exchange
+    (``eligibility``). ``grads``: the flat gradient buffers of the field's parameters, with a tail of
+    ``guard.width`` floats when the context has a guard.
     """
 
     def __init__(
         self,
-        field: NGPField,
-        grid: OccupancyGrid,
-        optimizer: torch.optim.Optimizer,
-        march: Marching,
-        loss_fn,
-        renderer,
+        ctx: StepContext,
         grads: FlatGradients,
-        guard: NonFiniteGuard | None,
-        precision: str = "fp32",
-        weight_gradient: bool = True,
         compression: str = "none",
         max_rays: int = 1 << 20,
         eager_steps: int = EAGER_STEPS,
         defer_verdict: bool = False,
     ) -> None:
+        renderer, guard, optimizer = ctx.renderer, ctx.guard, ctx.optimizer
+        if renderer is None or isinstance(renderer, ModelParallel):
+            raise ValueError("a graphed step renders with the fast renderer (its buffers have fixed sizes)")
+        unfit = [
+            what
+            for bad, what in (
+                (ctx.scaler is not None, "a gradient scaler"),
+                (ctx.backward_passes != 1, f"{ctx.backward_passes} backward passes"),
+                (ctx.exchange is not None, "a --grad_sync exchange"),
+            )
+            if bad
+        ]
+        if unfit:  # eligibility() keeps the trainer from asking
+            raise ValueError(f"a graphed step cannot take {' or '.join(unfit)}")
         if guard is not None and (grads.tail is None or grads.tail.numel() != guard.width):
             raise ValueError("the flat gradients need a tail of guard.width floats for the guard's flags")
         why_not = defer_verdict and why_not_deferred(optimizer, guard)
         if why_not:
             raise ValueError(f"the guard's verdict cannot be deferred: {why_not}")
-        self.field, self.grid, self.optimizer, self.march = field, grid, optimizer, march
-        self.loss_fn, self.renderer, self.grads, self.guard = loss_fn, renderer, grads, guard
-        self.precision, self.weight_gradient, self.compression = precision, weight_gradient, compression
+        self.ctx, self.renderer, self.grads, self.compression = ctx, renderer, grads, compression
         self.max_rays, self.eager_steps, self.ray_quantum = max_rays, eager_steps, RAY_QUANTUM
-        self.device = field.aabb.device
+        self.device = ctx.field.aabb.device
         for group in optimizer.param_groups:  # capturable Adam reads its learning rate from the device
             if not isinstance(group["lr"], Tensor):
                 group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
@@ -222,56 +226,32 @@ class GraphedStep:
         self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
         self.inputs: dict[str, Tensor] = {}
         self.outputs: tuple[Tensor, Tensor, Tensor] | None = None
-        self._loss_scale = None
+        self._loss_scale: float | None = None
         # --defer_verdict: graph B skips a non-finite step itself (fused Adam leaves the parameters, moments
         # and step counts as they were where found_inf is 1); the host reads the verdict in ``settle``
         self.defer_verdict = defer_verdict
         self._pending: tuple[int, Tensor, torch.cuda.Event | None] | None = None
         if defer_verdict:
             self._found = torch.zeros((), device=self.device)
-            optimizer.found_inf = self._found  # read by every fused Adam step, the captured one included
+            # read by every fused Adam step, the captured one included (how torch's GradScaler hands it over)
+            optimizer.found_inf = self._found  # type: ignore[attr-defined]  # torch reads it with getattr
         self.lr = [group["lr"] for group in optimizer.param_groups]
         optimizer.register_state_dict_post_hook(portable_state)
         optimizer.register_load_state_dict_post_hook(self._after_load)
 
     @staticmethod
-    def build(
-        field: NGPField,
-        grid: OccupancyGrid,
-        optimizer: torch.optim.Optimizer,
-        march: Marching,
-        loss_fn,
-        renderer,
-        guard: NonFiniteGuard | None,
-        precision: str,
-        weight_gradient: bool,
-        compression: str,
-        max_rays: int,
-        defer_verdict: str = "auto",
-    ) -> "GraphedStep":
+    def build(ctx: StepContext, compression: str, max_rays: int, defer_verdict: str = "auto") -> "GraphedStep":
         """The trainer's graphed step: flat gradients (a tail for the guard's flags) and the step, logged.
+        ``compression``: of the flat gradients' allreduce; ``max_rays``: the ray budget's ceiling (input rows);
         ``defer_verdict`` (``--defer_verdict``): ``auto`` and ``on`` defer it where ``why_not_deferred``
         allows; ``on`` also says in the log why not."""
-        grads = FlatGradients(field.named_parameters(), tail=guard.width if guard else 0)
+        guard = ctx.guard
+        grads = FlatGradients(ctx.field.named_parameters(), tail=guard.width if guard else 0)
         wanted = defer_verdict in ("auto", "on")
-        why_not = why_not_deferred(optimizer, guard) if wanted else None
+        why_not = why_not_deferred(ctx.optimizer, guard) if wanted else None
         if why_not and defer_verdict == "on":
             dist.log(f"deferred verdict: off ({why_not})")
-        step = GraphedStep(
-            field,
-            grid,
-            optimizer,
-            march,
-            loss_fn,
-            renderer,
-            grads,
-            guard,
-            precision,
-            weight_gradient,
-            compression,
-            max_rays,
-            defer_verdict=wanted and why_not is None,
-        )
+        step = GraphedStep(ctx, grads, compression, max_rays, defer_verdict=wanted and why_not is None)
         verdict = "; the non-finite verdict read one step later" if step.defer_verdict else ""
         dist.log(
             f"CUDA graphs: on (the step is captured after {step.eager_steps} eager steps; gradients in flat "
@@ -311,7 +291,7 @@ class GraphedStep:
         }
         if weighted:
             self.inputs["weight"] = torch.ones(rows, device=dev)
-        lo, hi = self.field.aabb[0], self.field.aabb[1]
+        lo, hi = self.ctx.field.aabb[0], self.ctx.field.aabb[1]
         # parked rows start beyond the box's far corner and look away from it: no sample, no gradient
         self.inputs["parked_origin"] = hi + (hi - lo)
         self.inputs["parked_direction"] = torch.full((3,), 3**-0.5, device=dev)
@@ -336,7 +316,8 @@ class GraphedStep:
     def _forward_backward(self) -> tuple[Tensor, Tensor, Tensor]:
         """Graph A's body: -> (stats ``[5]`` = loss, mse, samples, candidates, valid rays; ray loss ``[rows]``;
         valid ``[rows]``). No host synchronisation and no collective."""
-        inp, field = self.inputs, self.field
+        inp, ctx, tail = self.inputs, self.ctx, self.grads.tail
+        field, march = ctx.field, ctx.march
         self.grads.zero_()
         active = inp["rows"] < inp["n"]
         origins = torch.where(active[:, None], inp["origins"], inp["parked_origin"])
@@ -344,9 +325,9 @@ class GraphedStep:
         background = inp["background"]
         target = composite_background(inp["rgba"], background)
         weight = inp.get("weight")
-        autocast = self.precision in AUTOCAST
+        autocast = ctx.precision in AUTOCAST
         with torch.autocast(
-            "cuda", dtype=AUTOCAST.get(self.precision, torch.float32), enabled=autocast, cache_enabled=False
+            "cuda", dtype=AUTOCAST.get(ctx.precision, torch.float32), enabled=autocast, cache_enabled=False
         ):  # a cast cache would outlive the capture
             out = self.renderer(
                 field,
@@ -354,20 +335,21 @@ class GraphedStep:
                 origins,
                 directions,
                 field.aabb,
-                self.grid,
-                self.march.schedule,
-                self.march.early_termination,
+                ctx.grid,
+                march.schedule,
+                march.early_termination,
                 inp["jitter"],
             )
         valid = out.valid & active
         pred, per_channel, loss, trained = ray_losses(
-            out.rgb, out.opacity, background, target, self.loss_fn, valid, weight, self.weight_gradient
+            out.rgb, out.opacity, background, target, ctx.loss_fn, valid, weight, ctx.weight_gradient
         )
         (trained * inp["loss_scale"]).backward()
         mse = masked_mean((pred.detach() - target) ** 2, valid, weight)
-        if self.guard is not None:  # loss or local gradients not finite (reduced with the gradients)
+        if ctx.guard is not None:  # loss or local gradients not finite (reduced with the gradients)
+            assert tail is not None, "a guard's flags ride in the tail (__init__)"
             total = torch.stack([b.float().sum() for b in self.grads.buffers.values()]).sum()
-            self.grads.tail[0] = (~(torch.isfinite(loss.detach()) & torch.isfinite(total))).float()
+            tail[0] = (~(torch.isfinite(loss.detach()) & torch.isfinite(total))).float()
         stats = torch.stack(
             [loss.detach().float(), mse.float(), out.n_samples.float(), out.n_candidates.float(), valid.sum().float()]
         )
@@ -377,8 +359,9 @@ class GraphedStep:
         """Graph B's body: the optimizer step (with a deferred verdict, skipped on the device where the reduced
         loss flag is set)."""
         if self.defer_verdict:
+            assert self.grads.tail is not None, "a deferred verdict needs a guard, whose flags ride in the tail"
             self._found.copy_(self.grads.tail[0] > 0)
-        self.optimizer.step()
+        self.ctx.optimizer.step()
 
     def _capture(self, key: CaptureKey) -> None:
         """Capture graphs A (forward and backward) and B (optimizer step) for ``key``; the inputs hold this
@@ -397,24 +380,13 @@ class GraphedStep:
 
     # ----------------------------------------------------------------------------------- one step
 
-    def __call__(
-        self,
-        rays: RayBatch,
-        background: Tensor,
-        jitter: Tensor,
-        step: int,
-        loss_scale: float = 1.0,
-        timer: StageTimer = NULL_TIMER,
-        meanwhile: Callable[[], None] | None = None,
-        after_forward: Callable[[], None] | None = None,
-    ) -> StepResult:
-        """One training step (``step``: 0-based) on ``rays`` (background ``[R, 3]``, jitter ``[R]``).
-
-        ``meanwhile``: host work to do while the GPU runs graph A and the gradient allreduce is in flight,
-        before the step waits for them (the trainer draws the next step's rays: ``--draw_ahead``); it must
-        not touch the parameters or their gradients. ``after_forward``: host work right after graph A is
-        launched, before the allreduce (the trainer settles the step before, ``settle``). With a deferred
-        verdict the result's ``skipped`` is None: ``settle`` decides it, at the next step or when asked."""
+    def _launch(self, inputs: StepInputs) -> tuple[Tensor, Tensor, Tensor, torch.cuda.CUDAGraph | None]:
+        """``inputs`` copied into the input buffers (new ones, and a new capture, where the key changed), then
+        graph A replayed (captured first where needed) or, in the first ``eager_steps`` steps, its body run:
+        -> (stats ``[5]``, ray loss ``[rows]``, valid ``[rows]``, graph B or None: run ``_update`` eagerly)."""
+        rays, jitter = inputs.rays, inputs.jitter
+        if jitter is None:
+            raise ValueError("a graphed step marches with jitter: StepInputs.jitter is None")
         n = len(rays)
         current = self.inputs["origins"].shape[0] if self.inputs else None
         rows = ray_capacity(n, current, self.max_rays, self.ray_quantum)
@@ -422,36 +394,51 @@ class GraphedStep:
         if not self.inputs or self.inputs["origins"].shape[0] != rows or ("weight" in self.inputs) != key.weighted:
             self.graphs = None
             self._allocate(rows, key.weighted)
-        self._load(rays, background.expand(n, 3), jitter, loss_scale)
-        timer.mark("sampling")
-        eager = step < self.eager_steps
-        if eager:
+        self._load(rays, inputs.background.expand(n, 3), jitter, inputs.loss_scale)
+        inputs.timer.mark("sampling")
+        if inputs.step < self.eager_steps:
             stats, ray_loss, valid = self._forward_backward()
-        else:
-            if self.graphs is None or key != self.key:
-                self._capture(key)
-            self.graphs[0].replay()
-            stats, ray_loss, valid = self.outputs
-        timer.mark("graph: forward and backward" if not eager else "backward")
-        if after_forward is not None:
-            after_forward()
-        if self.guard is not None and self.guard.carries_stop:
+            inputs.timer.mark("backward")
+            return stats, ray_loss, valid, None
+        if self.graphs is None or key != self.key:
+            self._capture(key)
+        assert self.graphs is not None and self.outputs is not None, "_capture sets both"
+        self.graphs[0].replay()
+        inputs.timer.mark("graph: forward and backward")
+        return (*self.outputs, self.graphs[1])
+
+    def run(self, inputs: StepInputs) -> StepResult:
+        """One training step (``inputs.step``: 0-based) on ``inputs.rays`` (background ``[R, 3]``, jitter ``[R]``).
+
+        ``inputs.meanwhile``: host work to do while the GPU runs graph A and the gradient allreduce is in flight,
+        before the step waits for them (the trainer draws the next step's rays: ``--draw_ahead``); it must
+        not touch the parameters or their gradients. ``inputs.after_forward``: host work right after graph A is
+        launched, before the allreduce (the trainer settles the step before, ``settle``). With a deferred
+        verdict the result's ``skipped`` is None: ``settle`` decides it, at the next step or when asked."""
+        n, step, timer, guard, tail = len(inputs.rays), inputs.step, inputs.timer, self.ctx.guard, self.grads.tail
+        stats, ray_loss, valid, update = self._launch(inputs)
+        if inputs.after_forward is not None:
+            inputs.after_forward()
+        if guard is not None and guard.carries_stop:
+            assert tail is not None, "a guard's flags ride in the tail (__init__)"
             # before the allreduce: the stop flag travels with it (graph A zeroed the tail: a kernel only for a stop)
-            self.guard.fold_stop(self.grads.tail, zeroed=True)
+            guard.fold_stop(tail, zeroed=True)
         pending = self.grads.allreduce_start(compression=self.compression)  # no call at size 1
-        if meanwhile is not None:
-            meanwhile()
+        if inputs.meanwhile is not None:
+            inputs.meanwhile()
             timer.mark("sampling ahead")
         pending.wait()
         timer.mark("allreduce")
-        skipped = False
-        if self.guard is not None and not self.defer_verdict:
-            self.guard.adopt(self.grads.tail)
-            skipped = self.guard.should_skip(self.optimizer, step + 1, check_gradients=False)
+        skipped: bool | None = False
+        if guard is not None and not self.defer_verdict:
+            assert tail is not None, "a guard's flags ride in the tail (__init__)"
+            guard.adopt(tail)
+            skipped = guard.should_skip(self.ctx.optimizer, step + 1, check_gradients=False)
         if not skipped:  # a deferred verdict: no host read, graph B skips a non-finite step on the device
-            self._update() if eager else self.graphs[1].replay()
+            self._update() if update is None else update.replay()
         if self.defer_verdict:  # the flags go to the host meanwhile; settle() hands them to the guard
-            flags, event = copy_to_host(self.grads.tail)
+            assert tail is not None, "a deferred verdict needs a guard, whose flags ride in the tail"
+            flags, event = copy_to_host(tail)
             self._pending, skipped = (step + 1, flags, event), None
         timer.mark("optimizer")
         stats = stats.clone()  # the next replay overwrites the graph's outputs
@@ -467,12 +454,6 @@ class GraphedStep:
             counts=stats[2:5],
         )
 
-    def run(self, ctx: StepContext) -> StepResult:
-        """The step interface (``step.TrainingStep``): ``self(...)`` with the context's inputs."""
-        return self(
-            ctx.rays, ctx.background, ctx.jitter, ctx.step, ctx.loss_scale, ctx.timer, ctx.meanwhile, ctx.after_forward
-        )
-
     def budget_result(self, res: StepResult) -> StepResult:
         return res
 
@@ -485,7 +466,8 @@ class GraphedStep:
         self._pending = None
         if event is not None:
             event.synchronize()
-        return self.guard.decide(flags.tolist(), step)
+        assert self.ctx.guard is not None, "a deferred verdict needs a guard (why_not_deferred)"
+        return self.ctx.guard.decide(flags.tolist(), step)
 
 
 class GraphedGridUpdate:
@@ -536,6 +518,7 @@ class GraphedGridUpdate:
             return
         if self.graph is None:
             self._capture()
+        assert self.graph is not None and self.fresh is not None, "_capture sets both"
         self.graph.replay()
         self.grid.merge(self.fresh, max_over_ranks)
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from ..cluster.comm import CommSettings
 from ..data import Scene
@@ -147,7 +149,7 @@ def make_grid(block: dict, scene: Scene) -> OccupancyGrid:
 
 def make_optimizer(
     field: NGPField, block: dict, source: str, capturable: bool = False
-) -> tuple[torch.optim.Adam, callable]:
+) -> tuple[torch.optim.Adam, Callable[[int], float]]:
     """Adam (L2 ``l2_reg`` on the MLP weights, ``l2_reg_encoding`` on the hash table, default 0 as in
     instant-ngp; the hash table sparse with ``sparse_hash_updates``; torch's
     fused single-kernel implementation with ``"fused": true``, and by default (``"auto"``) for the graphed step)
@@ -188,7 +190,11 @@ def make_optimizer(
     return opt, lr_at
 
 
-def make_loss(block: dict, source: str):
+#: an element-wise loss ``(pred [R, 3], target [R, 3]) -> [R, 3]``
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def make_loss(block: dict, source: str) -> LossFn:
     """The ``loss`` block -> an element-wise loss ``(pred, target) -> [R, 3]`` (reduced by ``masked_mean``)."""
     otype = block.get("otype", "L2")
     if otype == "L2":

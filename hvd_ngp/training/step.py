@@ -1,18 +1,19 @@
-"""One training step as a function of (rays, field, grid, optimizer): render, loss, backward, allreduce, update.
+"""One training step: render, loss, backward, gradient exchange, optimizer update.
 
-``train_step`` is what every rank calls every step; ``StepResult`` is what it returns;
-``masked_mean`` reduces per-ray losses ``[R, C]`` without a host sync.
-
-The step interface: ``TrainingStep.run(ctx: StepContext) -> StepResult``, implemented by ``EagerStep``
-(``train_step`` with the reference or fast renderer), ``ModelParallelStep`` (the same with the
-segment-exchanging renderer; its samples come from the exchange) and ``graphed.GraphedStep`` (two
-CUDA graphs). ``Trainer.step`` draws the rays and calls whichever was built.
+The step interface: a ``TrainingStep`` is built once from a ``StepContext`` (what every step reads and no
+step changes: field, grid, optimizer, marching, loss, precision, scaler, renderer, guard, gradient
+accumulation, importance weights in the gradient, the ``--grad_sync`` exchange) and its ``run(StepInputs)``
+(rays, background, jitter, step number, loss scale, timer) returns a ``StepResult``. ``EagerStep`` runs
+``train_step(ctx, inputs)`` with the reference or the fast renderer, ``ModelParallelStep`` the same with the
+segment-exchanging renderer (its samples come from the exchange), ``graphed.GraphedStep`` the same step as two
+CUDA graphs. ``Trainer.step`` draws the rays and calls whichever was built. ``masked_mean`` reduces per-ray
+losses ``[R, C]`` without a host sync.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, ContextManager, Protocol, TypeAlias, cast
 
 import torch
 from torch import Tensor
@@ -25,7 +26,9 @@ from ..render import render_rays
 from ..render.occupancy import OccupancyGrid
 from ..render.volume import composite_background, over_background
 from ..state.failures import NonFiniteGuard
-from .recipe import Marching
+from .gradsync import Exchange
+from .model_parallel import ModelParallel
+from .recipe import LossFn, Marching
 
 if TYPE_CHECKING:  # the fast renderer needs Triton: imported only when selected
     from ..render.fast import FastRenderer
@@ -86,74 +89,115 @@ class StepResult:
 
 AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
+#: what renders a step's rays besides the reference ``render.render_rays`` (None): the fast GPU renderer or the
+#: model-parallel segment exchange (both called with ``render_rays``'s arguments)
+Renderer: TypeAlias = "FastRenderer | ModelParallel"
 
-def train_step(
-    field: NGPField,
-    grid: OccupancyGrid,
-    optimizer: torch.optim.Optimizer,
-    rays: RayBatch,
-    background: Tensor,
-    march: Marching,
-    loss_fn,
-    jitter: Tensor | None,
-    precision: str = "fp32",
-    scaler: torch.amp.GradScaler | None = None,
-    renderer: FastRenderer | None = None,
-    timer: StageTimer = NULL_TIMER,
-    backward_passes: int = 1,
-    guard: NonFiniteGuard | None = None,
-    step: int = 0,
-    weight_gradient: bool = True,
-    loss_scale: float = 1.0,
-    exchange=None,
-) -> StepResult:
-    """Render ``rays``, compare with their pixels on ``background`` ``[R, 3]``, and take one optimizer step.
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a training step reads that does not change from step to step, built once (``builder.build_parts``)
+    and handed to every step implementation; the objects it names change (parameters, optimizer state), the
+    references do not.
+
+    ``loss_fn``: element-wise ``(pred [R, 3], target [R, 3]) -> [R, 3]``; ``precision``: the MLPs' autocast
+    (fp32 | fp16 | bf16); ``scaler``: fp16 autocast or fp16 compression; ``renderer``: None for the reference;
+    ``guard``: every rank skips a non-finite step; ``backward_passes`` > 1: gradient accumulation;
+    ``weight_gradient``: importance weights in the gradient; ``exchange``: ``--grad_sync delayed|periodic``
+    (None: Horovod's DistributedOptimizer, or none, averages every step)."""
+
+    field: NGPField
+    grid: OccupancyGrid
+    optimizer: torch.optim.Optimizer
+    march: Marching
+    loss_fn: LossFn
+    precision: str = "fp32"
+    scaler: torch.amp.GradScaler | None = None
+    renderer: Renderer | None = None
+    guard: NonFiniteGuard | None = None
+    backward_passes: int = 1
+    weight_gradient: bool = True
+    exchange: Exchange | None = None
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What changes every step: ``rays`` ``[R]``, ``background`` ``[R, 3]`` (or ``[1, 3]`` expanded), marching
+    ``jitter`` ``[R]`` (None: none), ``step`` (0-based), the rank's ``loss_scale`` (``data.balance``), the stage
+    ``timer``; for a graphed step ``meanwhile`` (host work while the GPU runs, ``--draw_ahead``) and
+    ``after_forward`` (settling the previous step's deferred verdict)."""
+
+    rays: RayBatch
+    background: Tensor
+    jitter: Tensor | None
+    step: int = 0
+    loss_scale: float = 1.0
+    timer: StageTimer = NULL_TIMER
+    meanwhile: Callable[[], None] | None = None
+    after_forward: Callable[[], None] | None = None
+
+
+def train_step(ctx: StepContext, inputs: StepInputs) -> StepResult:
+    """Render ``inputs.rays``, compare with their pixels on ``inputs.background``, and take one optimizer step.
 
     ``rays.weight`` (importance weights of non-uniform sampling) always weight the reported loss and
-    MSE; they weight the gradient when ``weight_gradient``. ``loss_scale`` multiplies the loss that is
-    back-propagated (a rank's share of the step's rays, see ``data.balance``).
+    MSE; they weight the gradient when ``ctx.weight_gradient``. ``inputs.loss_scale`` multiplies the loss
+    that is back-propagated (a rank's share of the step's rays, see ``data.balance``).
 
-    ``renderer``: the fast GPU renderer, or None for the reference (``render.render_rays``).
-    ``backward_passes`` > 1 splits the rays into that many chunks with one backward pass each
+    ``ctx.backward_passes`` > 1 splits the rays into that many chunks with one backward pass each
     (gradient accumulation, Horovod's ``backward_passes_per_step``); each chunk's loss is weighted
     by its share of the rays, so on the reference path the summed gradient is the whole batch's.
     Every rank calls this every step, even with no samples: the gradient allreduce (started in
-    backward, waited for by ``optimizer.synchronize()``) must see every rank. With a gradient scaler (fp16 autocast or fp16 compression), Horovod's
-    pattern: synchronize (allreduce), unscale, then step without a second synchronisation. With a
-    ``guard``, every rank skips the optimizer step when the loss or the reduced gradients are
-    non-finite on any rank (``step``: the 1-based step number, for messages and test faults).
-    ``exchange`` (``training.gradsync``, ``--grad_sync delayed|periodic``): it zeroes the gradients and, after
-    backward, decides how they meet and takes the optimizer step (the optimizer is then not Horovod's).
+    backward, waited for by ``optimizer.synchronize()``) must see every rank. With a gradient scaler (fp16
+    autocast or fp16 compression), Horovod's pattern: synchronize (allreduce), unscale, then step without a
+    second synchronisation. With a guard, every rank skips the optimizer step when the loss or the reduced
+    gradients are non-finite on any rank (messages and test faults name the 1-based step). An ``exchange``
+    zeroes the gradients and, after backward, decides how they meet and takes the optimizer step (the
+    optimizer is then not Horovod's).
     """
+    rays, background, jitter, timer = inputs.rays, inputs.background, inputs.jitter, inputs.timer
+    field, march, exchange, step = ctx.field, ctx.march, ctx.exchange, inputs.step + 1
     device_type = rays.origins.device.type
-    render = renderer or render_rays
+    render = ctx.renderer or render_rays
     target = composite_background(rays.rgba, background)
     n = len(rays)
-    bounds = [round(i * n / backward_passes) for i in range(backward_passes + 1)]
+    bounds = [round(i * n / ctx.backward_passes) for i in range(ctx.backward_passes + 1)]
     loss = mse = torch.zeros((), device=rays.origins.device)
-    n_samples = n_candidates = n_valid = 0
+    n_samples: int | Tensor = 0
+    n_candidates: int | Tensor = 0
+    n_valid: int | Tensor = 0
     ray_loss: list[Tensor] = []
     valids: list[Tensor | None] = []
-    optimizer.zero_grad() if exchange is None else exchange.zero_grad()
+    ctx.optimizer.zero_grad() if exchange is None else exchange.zero_grad()
+    autocast = AUTOCAST.get(ctx.precision, torch.float32)
     for a, b in zip(bounds[:-1], bounds[1:]):
         if a == b:
             continue
         part, share = slice(a, b), (b - a) / n
         o, d, jit = rays.origins[part], rays.directions[part], None if jitter is None else jitter[part]
-        with torch.autocast(device_type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
+        with torch.autocast(device_type, dtype=autocast, enabled=ctx.precision in AUTOCAST):
             out = render(
-                field, field.density, o, d, field.aabb, grid, march.schedule, march.early_termination, jit, timer=timer
+                field,
+                field.density,
+                o,
+                d,
+                field.aabb,
+                ctx.grid,
+                march.schedule,
+                march.early_termination,
+                jit,
+                timer=timer,
             )
         valid = getattr(out, "valid", None)
         weight = None if rays.weight is None else rays.weight[part]
         pred, per_channel, reported, backpropagated = ray_losses(
-            out.rgb, out.opacity, background[part], target[part], loss_fn, valid, weight, weight_gradient
+            out.rgb, out.opacity, background[part], target[part], ctx.loss_fn, valid, weight, ctx.weight_gradient
         )
         part_loss = faultpoints.poison_loss(reported, step) * share  # test hook
         trained = part_loss if backpropagated is reported else faultpoints.poison_loss(backpropagated, step) * share
-        if loss_scale != 1.0:
-            trained = trained * loss_scale
-        (trained if scaler is None else scaler.scale(trained)).backward()
+        if inputs.loss_scale != 1.0:
+            trained = trained * inputs.loss_scale
+        (trained if ctx.scaler is None else ctx.scaler.scale(trained)).backward()
         loss = loss + part_loss.detach()
         mse = mse + masked_mean((pred.detach() - target[part]) ** 2, valid, weight) * share
         n_samples, n_candidates = n_samples + out.n_samples, n_candidates + out.n_candidates
@@ -162,11 +206,19 @@ def train_step(
         valids.append(valid)
     timer.mark("backward")
     if exchange is not None:
-        skipped = exchange.finish(optimizer, guard, loss, step)
+        skipped = exchange.finish(ctx.optimizer, ctx.guard, loss, step)
         timer.mark("optimizer")
         return _result(loss, mse, n_samples, n_candidates, n_valid, skipped, ray_loss, valids)
-    skipped = optimizer_update(optimizer, guard, scaler, loss, step, timer)
+    skipped = optimizer_update(ctx.optimizer, ctx.guard, ctx.scaler, loss, step, timer)
     return _result(loss, mse, n_samples, n_candidates, n_valid, skipped, ray_loss, valids)
+
+
+class HorovodOptimizer(Protocol):
+    """What ``optimizer_update`` uses of Horovod's DistributedOptimizer beyond a torch optimizer's methods."""
+
+    def synchronize(self) -> None: ...
+
+    def skip_synchronize(self) -> ContextManager[None]: ...
 
 
 def optimizer_update(
@@ -184,14 +236,15 @@ def optimizer_update(
         guard.submit(loss)
     distributed = hasattr(optimizer, "synchronize")  # Horovod DistributedOptimizer
     if distributed:
-        optimizer.synchronize()  # waits for the gradient allreduce started during backward
+        horovod = cast(HorovodOptimizer, optimizer)  # what has synchronize is Horovod's, which has both
+        horovod.synchronize()  # waits for the gradient allreduce started during backward
         timer.mark("allreduce")
     skipped = guard is not None and guard.should_skip(optimizer, step, check_gradients=scaler is None)
     if not skipped:
         if scaler is not None:
             scaler.unscale_(optimizer)
         if distributed:
-            with optimizer.skip_synchronize():
+            with horovod.skip_synchronize():
                 optimizer.step() if scaler is None else scaler.step(optimizer)
         else:
             optimizer.step() if scaler is None else scaler.step(optimizer)
@@ -227,83 +280,37 @@ def _result(
     )
 
 
-@dataclass
-class StepContext:
-    """One step's inputs: ``rays`` ``[R]``, ``background`` ``[R, 3]`` (or ``[1, 3]`` expanded), marching
-    ``jitter`` ``[R]``, ``step`` (0-based), the rank's ``loss_scale`` (``data.balance``), the stage ``timer``;
-    for a graphed step ``meanwhile`` (host work while the GPU runs, ``--draw_ahead``) and ``after_forward``
-    (settling the previous step's deferred verdict)."""
-
-    rays: RayBatch
-    background: Tensor
-    jitter: Tensor | None
-    step: int
-    loss_scale: float = 1.0
-    timer: StageTimer = NULL_TIMER
-    meanwhile: Callable[[], None] | None = None
-    after_forward: Callable[[], None] | None = None
-
-
 class TrainingStep(Protocol):
-    """One training step on every rank (collective): render, loss, backward, gradient exchange, update."""
+    """One training step on every rank (collective): render, loss, backward, gradient exchange, update. Built
+    from a ``StepContext``; ``run`` takes what changes per step."""
 
-    def run(self, ctx: StepContext) -> StepResult: ...
+    def run(self, inputs: StepInputs) -> StepResult: ...
 
     def budget_result(self, res: StepResult) -> StepResult:
         """What the ray budget learns from ``res`` (``RayBudget.update``)."""
         ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class EagerStep:
-    """``train_step`` with the parts it was built with (``renderer``: the fast renderer, or None for the
-    reference); ``backward_passes``: gradient accumulation; ``weight_gradient``: importance weights in the
-    gradient; ``exchange``: ``--grad_sync delayed|periodic``."""
+    """``train_step`` with its context (the reference or the fast renderer)."""
 
-    field: NGPField
-    grid: OccupancyGrid
-    optimizer: torch.optim.Optimizer
-    march: Marching
-    loss_fn: object
-    precision: str
-    scaler: torch.amp.GradScaler | None
-    renderer: object
-    backward_passes: int
-    guard: NonFiniteGuard | None
-    weight_gradient: bool
-    exchange: object = None
+    ctx: StepContext
 
-    def run(self, ctx: StepContext) -> StepResult:
-        return train_step(
-            self.field,
-            self.grid,
-            self.optimizer,
-            ctx.rays,
-            ctx.background,
-            self.march,
-            self.loss_fn,
-            ctx.jitter,
-            self.precision,
-            self.scaler,
-            self.renderer,
-            ctx.timer,
-            self.backward_passes,
-            self.guard,
-            ctx.step + 1,
-            self.weight_gradient,
-            ctx.loss_scale,
-            self.exchange,
-        )
+    def run(self, inputs: StepInputs) -> StepResult:
+        return train_step(self.ctx, inputs)
 
     def budget_result(self, res: StepResult) -> StepResult:
         return res
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelParallelStep(EagerStep):
-    """The eager step with the segment-exchanging renderer (``renderer``: a ``ModelParallel``). The replica's
+    """The eager step with the segment-exchanging renderer (``ctx.renderer``: a ``ModelParallel``). The replica's
     K ranks adapt to the same ray count, so they keep drawing the same rays: the budget learns the
     replica's samples from the exchange."""
 
     def budget_result(self, res: StepResult) -> StepResult:
-        return replace(res, n_samples=self.renderer.take_step_samples(), counts=None)
+        mp = self.ctx.renderer
+        assert isinstance(mp, ModelParallel), "a model-parallel step renders with the segment exchange"
+        return replace(res, n_samples=mp.take_step_samples(), counts=None)

@@ -37,7 +37,7 @@ from .graphed import GraphedGridUpdate, set_learning_rate
 from .grid_sync import update_grid
 from .loop import RunResult, prepare_outputs, train
 from .model_parallel import ModelParallel
-from .step import StepContext, StepResult
+from .step import StepInputs, StepResult, TrainingStep
 
 __all__ = ["RunResult", "Trainer", "as_settings", "run"]
 
@@ -175,16 +175,21 @@ class Trainer(Parts):
         draw = draw or self._draw(n_rays)
         rays = draw.rays
         timer.mark("sampling")
-        ctx = StepContext(rays, draw.background, draw.jitter, step, self.data.loss_scale, timer)
+        graphed = self.graphed
+        stepper: TrainingStep = graphed if graphed is not None else self.eager
+        inputs = StepInputs(
+            rays,
+            draw.background,
+            draw.jitter,
+            step,
+            self.data.loss_scale,
+            timer,
+            meanwhile=None if graphed is None or self.ahead is None else (lambda: self._draw_ahead(step + 1)),
+            after_forward=self.settle if graphed is not None and graphed.defer_verdict else None,
+        )
         with out_of_memory_as_error(f"training step (step {step + 1})", self.memory, STEP_HINT):
-            if self.graphed is not None:
-                ctx.meanwhile = None if self.ahead is None else (lambda: self._draw_ahead(step + 1))
-                ctx.after_forward = self.settle if self.graphed.defer_verdict else None
-                res = self.graphed.run(ctx)
-            else:
-                res = self.eager.run(ctx)
+            res = stepper.run(inputs)
         faultpoints.slow_down(step + 1, res.n_samples)  # test hook, like faultpoints.at_step
-        stepper = self.graphed if self.graphed is not None else self.eager
         # drawing ahead: the count changes where it draws
         self.budget.update(stepper.budget_result(res), apply=self.ahead is None or self.mp is not None)
         if res.skipped is None:  # decided during the next step (its graph A launched) or by settle()
@@ -222,6 +227,7 @@ class Trainer(Parts):
         if self._unsettled is not None:
             step, res, rays, n_rays = self._unsettled
             self._unsettled = None
+            assert self.graphed is not None, "only a graphed step defers its verdict"
             res.skipped = self.graphed.settle()
             self._finish(step, res, rays, n_rays)
 
@@ -248,6 +254,7 @@ class Trainer(Parts):
     def _draw_ahead(self, step: int) -> None:
         """During the graphed step before ``step``: settle the ray count, then draw ``step``'s batch."""
         self.budget.settle()
+        assert self.ahead is not None, "called as the graphed step's meanwhile only when drawing ahead"
         self.ahead.put(
             step, self.budget.n_rays * self.comm.backward_passes_per_step, self.sampler, self.generator, self._draw
         )

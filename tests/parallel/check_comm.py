@@ -28,7 +28,7 @@ from hvd_ngp.data import load_scene  # noqa: E402
 from hvd_ngp.data.sampler import RaySampler  # noqa: E402
 from hvd_ngp.model.field import NGPField  # noqa: E402
 from hvd_ngp.training.recipe import Marching, make_grid, make_loss, make_optimizer, make_scaler  # noqa: E402
-from hvd_ngp.training.step import train_step  # noqa: E402
+from hvd_ngp.training.step import StepContext, StepInputs, train_step  # noqa: E402
 
 RAYS_PER_RANK = 96
 STEPS = 3
@@ -66,21 +66,12 @@ class Setup:
         comm = parse_args(["--compression", compression]).comm
         scaler = make_scaler(precision, comm, torch.device("cpu"), dist.runtime().size)
         first_grads = None
+        ctx = StepContext(
+            field, grid, opt, self.march, self.loss_fn, precision, scaler, backward_passes=backward_passes
+        )
         for step in range(steps):
             rays = self.rays[step]
-            train_step(
-                field,
-                grid,
-                opt,
-                rays,
-                torch.ones(3).expand(len(rays), 3),
-                self.march,
-                self.loss_fn,
-                None,
-                precision,
-                scaler,
-                backward_passes=backward_passes,
-            )
+            train_step(ctx, StepInputs(rays, torch.ones(3).expand(len(rays), 3), None))
             if first_grads is None:
                 first_grads = [p.grad.clone() for p in field.parameters()]
         return field, first_grads, scaler
@@ -99,7 +90,8 @@ def local_first_step(setup: Setup) -> tuple[list[torch.Tensor], list[torch.Tenso
     grid = make_grid(setup.args.model["marching"], setup.scene)
     opt, _ = make_optimizer(field, setup.args.model["optimizer"], "test")
     rays = setup.rays[0]
-    train_step(field, grid, opt, rays, torch.ones(3).expand(len(rays), 3), setup.march, setup.loss_fn, None)
+    ctx = StepContext(field, grid, opt, setup.march, setup.loss_fn)
+    train_step(ctx, StepInputs(rays, torch.ones(3).expand(len(rays), 3), None))
     return init, [p.grad.clone() for p in field.parameters()]
 
 

@@ -34,7 +34,7 @@ from hvd_ngp.data.sampler import RaySampler  # noqa: E402
 from hvd_ngp.model.field import NGPField  # noqa: E402
 from hvd_ngp.training.gradsync import DelayedAveraging, PeriodicAveraging  # noqa: E402
 from hvd_ngp.training.recipe import make_grid, make_optimizer  # noqa: E402
-from hvd_ngp.training.step import train_step  # noqa: E402
+from hvd_ngp.training.step import StepContext, StepInputs, train_step  # noqa: E402
 from hvd_ngp.training.trainer import run  # noqa: E402
 
 RAYS = 64
@@ -67,19 +67,10 @@ class Setup(CommSetup):
         return NGPField(self.args.model, self.scene.aabb, "torch")
 
     def step(self, field, opt, rays, step: int, exchange=None):
+        """Step number ``step`` (1-based, as the exchange counts them)."""
         grid = make_grid(self.args.model["marching"], self.scene)  # all cells occupied: no update needed
-        return train_step(
-            field,
-            grid,
-            opt,
-            rays,
-            torch.ones(len(rays), 3),
-            self.march,
-            self.loss_fn,
-            None,
-            step=step,
-            exchange=exchange,
-        )
+        ctx = StepContext(field, grid, opt, self.march, self.loss_fn, exchange=exchange)
+        return train_step(ctx, StepInputs(rays, torch.ones(len(rays), 3), None, step=step - 1))
 
     def local_gradient(self, params: list[torch.Tensor], rays) -> list[torch.Tensor]:
         """The gradient one rank's ``rays`` give at ``params`` (no update: learning rate 0)."""

@@ -26,7 +26,7 @@ from hvd_ngp.data import load_scene  # noqa: E402
 from hvd_ngp.data.sampler import RaySampler  # noqa: E402
 from hvd_ngp.model.field import NGPField  # noqa: E402
 from hvd_ngp.training.recipe import Marching, make_grid, make_loss, make_optimizer  # noqa: E402
-from hvd_ngp.training.step import train_step  # noqa: E402
+from hvd_ngp.training.step import StepContext, StepInputs, train_step  # noqa: E402
 from hvd_ngp.training.trainer import run  # noqa: E402
 
 
@@ -52,11 +52,11 @@ def check_step_equivalence(args, scene) -> None:
     field, grid, opt = build()
     opt = dist.distributed_optimizer(opt, field.named_parameters())
     mine = sampler.rays_for_pixels(pixels[rt.rank * 96 : (rt.rank + 1) * 96])
-    train_step(field, grid, opt, mine, white.expand(len(mine), 3), march, loss_fn, None)
+    train_step(StepContext(field, grid, opt, march, loss_fn), StepInputs(mine, white.expand(len(mine), 3), None))
     # reference: the whole batch in one process
     ref, ref_grid, ref_opt = build()
     full = sampler.rays_for_pixels(pixels)
-    train_step(ref, ref_grid, ref_opt, full, white.expand(len(full), 3), march, loss_fn, None)
+    train_step(StepContext(ref, ref_grid, ref_opt, march, loss_fn), StepInputs(full, white.expand(len(full), 3), None))
     for (name, p), q in zip(field.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=lambda m: f"grad {name}: {m}")
         # Adam's first step is lr * sign(g): compare where the sign is well defined
