@@ -21,7 +21,7 @@ from ..cluster import dist, preempt
 from ..data import Frames
 from ..data.sampler import image_pixels, image_rays
 from ..errors import OutputError, os_cause
-from ..model.field import NGPField
+from ..model.field import RadianceField
 from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudget, bytes_per_row
 from ..observe.metrics import linear_to_srgb, mse_to_psnr, srgb_to_linear, ssim
 from ..observe.progress import progress
@@ -43,7 +43,7 @@ class ViewRenderer:
 
     def __init__(
         self,
-        field: NGPField,
+        field: RadianceField,
         grid: OccupancyGrid,
         schedule: StepSchedule,
         early_termination: float,
@@ -215,7 +215,7 @@ def stop_voted(mine: bool) -> bool:
 
 
 def evaluate(
-    field: NGPField,
+    field: RadianceField,
     grid: OccupancyGrid,
     frames: Frames,
     schedule: StepSchedule,

@@ -19,7 +19,7 @@ import torch
 
 from ..data import Scene
 from ..errors import HvdNgpError
-from ..model.field import NGPField
+from ..model.field import RadianceField
 from ..observe.memory import MemoryBudget
 from ..render.occupancy import OccupancyGrid
 from ..training.evaluate import BACKGROUNDS, ViewRenderer, to_uint8
@@ -36,7 +36,7 @@ class ViewedModel:
     """What the viewer draws: a field with its occupancy grid and marching settings, and the scene it learnt
     (cameras, box, up direction). ``fast``: render with the Triton kernels; ``memory``: the render budget."""
 
-    field: NGPField
+    field: RadianceField
     grid: OccupancyGrid
     march: Marching
     scene: Scene
