@@ -83,7 +83,8 @@ class RayBudget:
         and applied once landed (``apply``), or only by the next ``settle`` (``apply=False``: the ray count
         then changes only where the caller settles, as drawing rays ahead needs)."""
         if not isinstance(res.n_samples, Tensor):
-            self._adapt(res.n_samples, res.n_candidates, res.n_valid)
+            # the host path: the counts are ints (float keeps their value), as ``settle`` hands floats over
+            self._adapt(float(res.n_samples), float(res.n_candidates), float(res.n_valid))
             return self.n_rays
         counts = res.counts
         if counts is None:

@@ -10,7 +10,9 @@ is composited on black in linear light (``lin(c) * alpha``); both clipped to [0,
 
 from __future__ import annotations
 
+import operator
 import time
+from functools import reduce
 from pathlib import Path
 
 import numpy as np
@@ -153,7 +155,9 @@ class ViewRenderer:
         """The ``ngp`` protocol's render of one view ``[H, W, 3]``: ``spp`` renders on black with step offsets
         ``(k + 0.5) / spp``, averaged in linear light, back to sRGB (spp 1: ``view`` on black)."""
         black = torch.zeros(3, device=self.field.aabb.device)
-        linear = sum(srgb_to_linear(self.view(frames, index, black, (k + 0.5) / spp)) for k in range(spp))
+        linear = reduce(
+            operator.add, (srgb_to_linear(self.view(frames, index, black, (k + 0.5) / spp)) for k in range(spp))
+        )
         return linear_to_srgb(linear / spp).clamp(0, 1)
 
 

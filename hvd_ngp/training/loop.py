@@ -24,7 +24,7 @@ from ..errors import ConfigError, OutputError, os_cause
 from ..model.field import NGPField
 from ..observe.clock import TrainClock
 from ..observe.memory import GIB
-from ..observe.metrics import UNLIMITED_STEPS
+from ..observe.metrics import UNLIMITED_STEPS, IntervalStats
 from ..observe.monitor import Monitor
 from ..render.occupancy import OccupancyGrid
 from ..settings import OutputSettings, Settings
@@ -33,7 +33,7 @@ from ..state.failures import Watchdog
 from ..state.outputs import OutputLock, check_output_files, describe_owner
 from .builder import device_name
 from .control import RunControl, Watcher
-from .model_parallel import hash_parameters
+from .model_parallel import ModelParallel, hash_parameters
 from .recipe import budget_lr_factor
 from .step import StepResult
 
@@ -105,7 +105,8 @@ class RunLoop:
         self.stopped: list[str] = []  # set when a stop signal was agreed (preempt)
         self.set_up = False  # this process's first step taken (outside the training clock: see first_step)
         self.eval_at: list[float] = []  # evaluation times (training seconds) still ahead
-        self.stats = None  # the monitor's current interval
+        # the monitor's current interval: ``train_loop`` starts it (``monitor.new_interval``) before any step
+        self.stats = IntervalStats()
 
     def announce(self) -> None:
         tr, loop, march, grid = self.tr, self.s.loop, self.tr.march, self.tr.grid
@@ -138,7 +139,9 @@ class RunLoop:
     def obey(self, step: int) -> None:
         """The viewer's requests, agreed by every rank after ``step`` (collective when due): a save writes a
         checkpoint; a pause holds every rank (off the training clock) until rank 0 resumes."""
-        asked = self.control.poll(step)
+        control = self.control
+        assert control is not None, "between_steps obeys only where a viewer is attached (a RunControl)"
+        asked = control.poll(step)
         while asked is not None:
             if asked.save:
                 self.write_checkpoint(step)
@@ -147,7 +150,7 @@ class RunLoop:
                 return
             dist.log(f"[step {step}] paused from the viewer")
             with self.paused():
-                asked = self.control.wait()
+                asked = control.wait()
             self.stats.started += self.clock.last_pause
             if not asked.pause:
                 dist.log(f"[step {step}] resumed after {self.clock.last_pause:.1f} s")
@@ -406,7 +409,7 @@ class RunLoop:
             },
         }
         if tr.mp is not None:
-            metrics["model_parallel"] = model_parallel_summary(tr)
+            metrics["model_parallel"] = model_parallel_summary(tr, tr.mp)
         return metrics
 
 
@@ -419,9 +422,10 @@ def write_metrics(metrics: dict, paths: list[Path]) -> None:
             raise OutputError(f"{path}: cannot write the metrics: {os_cause(exc)}") from None
 
 
-def model_parallel_summary(tr: "Trainer") -> dict:
-    """Collective: the layout, every rank's parameter bytes and peak memory, and the interval reports."""
-    g = tr.mp.groups
+def model_parallel_summary(tr: "Trainer", mp: ModelParallel) -> dict:
+    """Collective: the layout (``mp``: the trainer's), every rank's parameter bytes and peak memory, and the
+    interval reports."""
+    g = mp.groups
     mine = {
         "hash_params": hash_parameters(tr.field),
         "param_bytes": sum(p.numel() * p.element_size() for p in tr.field.parameters()),
@@ -431,7 +435,7 @@ def model_parallel_summary(tr: "Trainer") -> dict:
     return {
         "model_parallel": g.model_parallel,
         "replicas": g.replicas,
-        "partition": json.loads(tr.mp.partition.to_json()),
+        "partition": json.loads(mp.partition.to_json()),
         "hash_params_per_rank": [r["hash_params"] for r in ranks],
         "param_bytes_per_rank": [r["param_bytes"] for r in ranks],
         "peak_memory_per_rank": [r["peak_memory"] for r in ranks],

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..cluster import dist
 from ..errors import ConfigError
+from ..model.field import NGPField
 from ..observe.metrics import COL
 from ..observe.profiling import NULL_TIMER, StageTimer
 from ..render.occupancy import OccupancyGrid, camera_coverage
@@ -72,10 +73,12 @@ def plan_partition(
         return split_space(aabb, k, work.float().view(cells, cells, cells), cells, source).to_json()
 
     text = dist.agree(lambda: decide() if dist.runtime().is_root else None, "splitting the scene into regions")
-    return Partition.from_json(dist.broadcast_object(text, name="model_parallel.partition"))
+    text = dist.broadcast_object(text, name="model_parallel.partition")
+    assert text is not None, "every rank holds rank 0's partition after the broadcast, and rank 0 decided one"
+    return Partition.from_json(text)
 
 
-def hash_parameters(field: torch.nn.Module) -> int:
+def hash_parameters(field: NGPField) -> int:
     return sum(p.numel() for p in field.encoding_parameters())
 
 

@@ -126,7 +126,7 @@ class ParameterEma:
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]], decay: float) -> None:
         self.names = [n for n, _ in named_params]
-        self.params = [p for _, p in named_params]
+        self.params: list[Tensor] = [p for _, p in named_params]
         self.decay = float(decay)
         self.average = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
         self.count = 0
