@@ -83,7 +83,8 @@ class RayBudget:
         and applied once landed (``apply``), or only by the next ``settle`` (``apply=False``: the ray count
         then changes only where the caller settles, as drawing rays ahead needs)."""
         if not isinstance(res.n_samples, Tensor):
-            # the host path: the counts are ints (float keeps their value), as ``settle`` hands floats over
+            # counted on the host (the reference and model-parallel renderers): ints, exact as floats, the type
+            # ``settle`` hands over too
             self._adapt(float(res.n_samples), float(res.n_candidates), float(res.n_valid))
             return self.n_rays
         counts = res.counts
