@@ -95,7 +95,7 @@ def _run(scene_cache, out_dir, steps: int, *, ahead: bool, redraw_all: bool = Fa
         "random",
         *INTERPRETER_ARGS,
     )
-    tr.graphed = _graphed(tr)
+    tr.training_step = _graphed(tr)
     tr.use_draw_ahead("auto" if ahead else "off")
     if redraw_all:  # every batch drawn ahead is un-drawn and drawn again at its step
         take = tr.ahead.take

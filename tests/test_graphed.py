@@ -293,7 +293,7 @@ def test_step_body_equals_train_step(train_step_reference, scene_cache, tmp_path
 
     tr = _step_trainer(scene_cache, tmp_path)
     assert tr.graphed is None  # auto on a CPU: eager
-    tr.graphed = _graphed(tr)
+    tr.training_step = _graphed(tr)
     # rows past each step's rays hold real camera rays through the object: unless parked, they march
     tr.graphed._allocate(128, False)
     o, d = image_rays(tr.scene.train, 0, torch.device("cpu"))
@@ -317,7 +317,7 @@ def test_step_body_follows_train_step_across_a_change_of_buffer_sizes(train_step
     """The renderer's buffers halve after step 2 (the graphed step re-allocates its inputs; on a GPU it
     captures again): losses and sample counts stay those of train_step."""
     tr = _step_trainer(scene_cache, tmp_path)
-    tr.graphed = _graphed(tr)
+    tr.training_step = _graphed(tr)
     ref, got = train_step_reference[0], _steps(tr, 0, STEPS)
     for (l0, _, counts0, _, _, _, n0), (l1, _, counts1, _, _, _, n1) in zip(ref, got, strict=True):
         assert counts0 == counts1 and n0 == n1 and l1 == pytest.approx(l0, rel=1e-5)
@@ -332,7 +332,7 @@ def test_non_finite_step_is_skipped_from_the_device_flag(scene_cache, tmp_path):
     tr = Trainer.build(
         parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "2", "--backend", "triton", *INTERPRETER_ARGS))
     )
-    tr.graphed = _graphed(tr)
+    tr.training_step = _graphed(tr)
     with torch.no_grad():
         tr.field.mlp_parameters()[0][0, 0] = math.nan
     before = [p.detach().clone() for p in tr.field.parameters()]
@@ -378,7 +378,7 @@ def _poisoned_run(
             )
         )
     )
-    tr.graphed = _graphed(tr, defer_verdict=defer)
+    tr.training_step = _graphed(tr, defer_verdict=defer)
     draw, step_now = tr._draw, [0]
 
     def poisoning_draw(n):
@@ -518,7 +518,7 @@ def test_allreduce_is_in_flight_while_meanwhile_runs(scene_cache, tmp_path, monk
         parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--backend", "triton", *INTERPRETER_ARGS))
     )
     tr.step_context = replace(tr.step_context, guard=NonFiniteGuard(3, stop_requested=stop_requested))
-    tr.graphed = _graphed(tr)
+    tr.training_step = _graphed(tr)
     draw = tr._draw(tr.budget.n_rays)
     monkeypatch.setattr(dist, "_hvd", OrderedHorovod(events))
     monkeypatch.setattr(dist, "_runtime", dist.Runtime(0, 2, 0, 2, 1, torch.device("cpu"), "gloo"))
@@ -548,7 +548,7 @@ def test_checkpoints_of_a_graphed_optimizer_load_anywhere(scene_cache, tmp_path)
         for i in range(2)
     ]
     graphed = _graphed(trs[1])
-    trs[1].graphed = graphed
+    trs[1].training_step = graphed
     trs[1].step(0)
     lr = [g["lr"] for g in trs[1].optimizer.param_groups]
     state = trs[1].optimizer.state_dict()

@@ -46,7 +46,7 @@ from .graphed import GraphedStep, eligibility, use_graphs
 from .model_parallel import ModelParallel, hash_parameters, plan_partition, region_model
 from .optim import OptimizerChain, make_ema
 from .recipe import Marching, make_grid, make_loss, make_optimizer, make_scaler, model_footprint, resolve_precision
-from .step import EagerStep, ModelParallelStep, Renderer, StepContext
+from .step import EagerStep, ModelParallelStep, Renderer, StepContext, TrainingStep
 
 
 def device_name(device: torch.device) -> str:
@@ -70,8 +70,7 @@ class Parts:
     meter: MemoryMeter  # peak torch memory of the training step and of evaluation
     stops: preempt.StopVote  # agreed stop on signals
     step_context: StepContext  # what every step reads; built once, the same for the eager and the graphed step
-    eager: EagerStep  # the eager step (model parallel: ``ModelParallelStep``); ``graphed`` replaces it when set
-    graphed: GraphedStep | None  # the step as CUDA graphs (--cuda_graphs), else ``eager``
+    training_step: TrainingStep  # the one step this rank runs: eager, model-parallel or graphed (``build_step``)
     mp: ModelParallel | None  # --model_parallel K > 1: this rank's region and the segment exchange
 
     @property
@@ -306,14 +305,13 @@ def build_state(s: Settings, rt, scene, data, mp, field, grid, optimizer, scaler
     return state
 
 
-def build_steps(s: Settings, graphs: bool, ctx: StepContext) -> tuple[EagerStep, GraphedStep | None]:
-    """(the eager step, the graphed step or None), both from the one context. The graphed step is made before
-    the resume: its optimizer hooks keep a loaded state capturable."""
-    graphed = (
-        GraphedStep.build(ctx, s.runtime.comm.compression, s.step.max_rays, s.step.defer_verdict) if graphs else None
-    )
-    eager = ModelParallelStep(ctx) if isinstance(ctx.renderer, ModelParallel) else EagerStep(ctx)
-    return eager, graphed
+def build_step(s: Settings, graphs: bool, ctx: StepContext) -> TrainingStep:
+    """The step from the one context: graphed (``graphs``: --cuda_graphs), else model-parallel (the renderer
+    exchanges segments), else eager. The graphed step is made before the resume: its optimizer hooks keep a
+    loaded state capturable."""
+    if graphs:
+        return GraphedStep.build(ctx, s.runtime.comm.compression, s.step.max_rays, s.step.defer_verdict)
+    return ModelParallelStep(ctx) if isinstance(ctx.renderer, ModelParallel) else EagerStep(ctx)
 
 
 def build_parts(s: Settings) -> Parts:
@@ -372,9 +370,9 @@ def build_parts(s: Settings) -> Parts:
         weight_gradient=data.settings.importance_weights,
         exchange=exchange,
     )
-    eager, graphed = build_steps(s, graphs, ctx)
+    training_step = build_step(s, graphs, ctx)
     meter = MemoryMeter(rt.device)
-    return Parts(rt, backend, scene, lr_at, budget, state, ckpts, data, memory, meter, stops, ctx, eager, graphed, mp)
+    return Parts(rt, backend, scene, lr_at, budget, state, ckpts, data, memory, meter, stops, ctx, training_step, mp)
 
 
 #: options that may differ between ranks: where each rank writes or caches (an MPMD launch gives each its own),

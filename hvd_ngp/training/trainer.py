@@ -33,11 +33,11 @@ from .ahead import Draw, DrawAhead
 from .builder import Parts, build_parts
 from .control import Watcher
 from .evaluate import BACKGROUNDS, evaluate
-from .graphed import GraphedGridUpdate, set_learning_rate
+from .graphed import GraphedGridUpdate, GraphedStep, set_learning_rate
 from .grid_sync import update_grid
 from .loop import RunResult, prepare_outputs, train
 from .model_parallel import ModelParallel
-from .step import StepInputs, StepResult, TrainingStep
+from .step import StepInputs, StepResult
 
 __all__ = ["RunResult", "Trainer", "as_settings", "run"]
 
@@ -85,6 +85,12 @@ class Trainer(Parts):
     @property
     def start_step(self) -> int:
         return self.state.step
+
+    @property
+    def graphed(self) -> GraphedStep | None:
+        """The training step where it is the graphed one (drawing ahead, the grid graph and a deferred verdict
+        need it), else None."""
+        return self.training_step if isinstance(self.training_step, GraphedStep) else None
 
     @staticmethod
     def build(settings: Settings | argparse.Namespace) -> "Trainer":
@@ -176,7 +182,6 @@ class Trainer(Parts):
         rays = draw.rays
         timer.mark("sampling")
         graphed = self.graphed
-        stepper: TrainingStep = graphed if graphed is not None else self.eager
         inputs = StepInputs(
             rays,
             draw.background,
@@ -188,10 +193,10 @@ class Trainer(Parts):
             after_forward=self.settle if graphed is not None and graphed.defer_verdict else None,
         )
         with out_of_memory_as_error(f"training step (step {step + 1})", self.memory, STEP_HINT):
-            res = stepper.run(inputs)
+            res = self.training_step.run(inputs)
         faultpoints.slow_down(step + 1, res.n_samples)  # test hook, like faultpoints.at_step
         # drawing ahead: the count changes where it draws
-        self.budget.update(stepper.budget_result(res), apply=self.ahead is None or self.mp is not None)
+        self.budget.update(self.training_step.budget_result(res), apply=self.ahead is None or self.mp is not None)
         if res.skipped is None:  # decided during the next step (its graph A launched) or by settle()
             self._unsettled = (step, res, rays, n_rays)
         else:
@@ -227,8 +232,9 @@ class Trainer(Parts):
         if self._unsettled is not None:
             step, res, rays, n_rays = self._unsettled
             self._unsettled = None
-            assert self.graphed is not None, "only a graphed step defers its verdict"
-            res.skipped = self.graphed.settle()
+            graphed = self.graphed
+            assert graphed is not None, "only a graphed step defers its verdict"
+            res.skipped = graphed.settle()
             self._finish(step, res, rays, n_rays)
 
     def _finish(self, step: int, res: StepResult, rays: RayBatch, n_rays: int) -> None:
