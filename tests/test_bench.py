@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -44,6 +45,8 @@ def bench(*args: str, timeout: float = 120, interpreter: bool = True) -> subproc
 
 def test_dispatch():
     assert "scaling" in available() and not any(n.startswith("_") for n in available())
+    for name in available():  # each one the dispatcher offers can run (python -m hvd_ngp.bench NAME)
+        assert callable(getattr(importlib.import_module(f"hvd_ngp.bench.{name}"), "main", None)), name
     proc = bench("nope")
     assert proc.returncode == 2 and "usage: python -m hvd_ngp.bench {" in proc.stderr and "scaling" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -9,11 +9,14 @@ from pathlib import Path
 
 from ..errors import run_cli
 
+HELPERS = ("report", "inference")  # modules other benchmarks use; no ``main`` of their own
+
 
 def available() -> list[str]:
+    """The benchmarks: the package's modules, less the private ones (ranks' scripts) and the helpers."""
     here = Path(__file__).parent
     return sorted(
-        m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_") and m.name != "report"
+        m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_") and m.name not in HELPERS
     )
 
 
