@@ -21,7 +21,7 @@ STEPS=(
   "gpu-tests|GPU: the GPU test files, one pytest each, HVD_NGP_REQUIRE_GPU=1 (HVD_NGP_TESTS: other files)"
   "throughput|GPU: bench throughput late in training (2000 warm-up steps), triton (and tcnn when importable); beside .stage/old when carried; HVD_NGP_ROUNDS (2)"
   "quality-vs-time|GPU: test PSNR against training seconds: HVD_NGP_SCENE (lego | fox | a path), HVD_NGP_SECONDS (60), evaluations at HVD_NGP_EVAL_S (15,30), seeds HVD_NGP_SEEDS (1337)"
-  "against-instant-ngp|GPU: instant-ngp itself (the anchor) on the same machine: HVD_NGP_WHAT = lego (time budgets HVD_NGP_BUDGETS, 15,30,60) | fox | rate (samples/s) | steps (PSNR at HVD_NGP_STEPS, 6000,30000); ours beside it from quality-vs-time in the same OUT"
+  "against-instant-ngp|GPU: instant-ngp itself (the anchor) on the same machine: HVD_NGP_WHAT = lego (time budgets HVD_NGP_BUDGETS, 15,30,60) | fox | render (seconds per test view and PSNR, ours by both inference paths on a snapshot trained HVD_NGP_SECONDS, HVD_NGP_SCENE lego or fox) | rate (samples/s) | steps (PSNR at HVD_NGP_STEPS, 6000,30000); ours beside it from quality-vs-time in the same OUT"
   "memory|GPU: lego 2000 steps under an 8 GiB memory budget and without one; bench memory (evaluation under budgets 0, 16, 8 GiB)"
   "scaling|GPUs: bench scaling on 1, 2, 4, 8 ranks (as the GPUs allow), weak and strong, time to 33/34/35 dB; Horovod from .whl_hvd"
   "batch|GPU: bench batch: steps to 33 and 35 dB at K backward passes per step (K ranks' step on one device)"
@@ -63,7 +63,8 @@ snapshot() {  # the snapshot inference and export read: HVD_NGP_SNAP, else HVD_N
   snap=${HVD_NGP_SNAP:-$S/snap_$(basename "${HVD_NGP_SCENE:-lego}")_${HVD_NGP_SECONDS:-60}s.pt}
   [[ -f $snap ]] && return
   local scene; scene=$(scene_of "${HVD_NGP_SCENE:-lego}") || exit $?
-  train --scene "$scene" --time_budget_s "${HVD_NGP_SECONDS:-60}" --n_eval_views 1 --out_dir "$out/snapshot_run" \
+  # shellcheck disable=SC2046
+  train --scene "$scene" $(holdout "${HVD_NGP_SCENE:-lego}") --time_budget_s "${HVD_NGP_SECONDS:-60}" --n_eval_views 1 --out_dir "$out/snapshot_run" \
     --save_snapshot "$snap" >"$out/snapshot_run.log" 2>&1 || { tail -5 "$out/snapshot_run.log"; die "training the snapshot failed" 1; }
 }
 png_stage() {  # instant-ngp reads PNG: lego's WebP stage written back as PNG in $S/lego_png
@@ -76,6 +77,15 @@ for split in ("train", "test"):
         if not (dst / split / f"{f.stem}.png").exists():
             cv2.imwrite(str(dst / split / f"{f.stem}.png"), cv2.imread(str(f), cv2.IMREAD_UNCHANGED))
     (dst / f"transforms_{split}.json").write_text((src / f"transforms_{split}.json").read_text())
+PY
+}
+fox_split() {  # instant-ngp's fox splits as --holdout_every 8 draws them: $S/fox/transforms_ingp_{train,test}.json
+  "$PY" - "$S/fox" <<'PY'
+import json, os, sys
+root = sys.argv[1]; tf = json.load(open(f"{root}/transforms.json"))
+frames = [f for f in tf["frames"] if os.path.isfile(os.path.join(root, f["file_path"]))]  # some photos are absent
+for name, keep in (("train", lambda i: i % 8 != 0), ("test", lambda i: i % 8 == 0)):  # as --holdout_every 8
+    json.dump({**tf, "frames": [f for i, f in enumerate(frames) if keep(i)]}, open(f"{root}/transforms_ingp_{name}.json", "w"))
 PY
 }
 ingp_env() {  # the anchor unpacked once into $root; its CUDA libraries on the path
@@ -189,16 +199,30 @@ PY
         tables ingp "$out" ingp_lego "$out/ingp_lego_raw.json" "$out/quality_lego.json" ;;
       fox)
         scene_of fox >/dev/null || exit 3
-        "$PY" - "$S/fox" <<'PY'
-import json, os, sys
-root = sys.argv[1]; tf = json.load(open(f"{root}/transforms.json"))
-frames = [f for f in tf["frames"] if os.path.isfile(os.path.join(root, f["file_path"]))]  # some photos are absent
-for name, keep in (("train", lambda i: i % 8 != 0), ("test", lambda i: i % 8 == 0)):  # as --holdout_every 8
-    json.dump({**tf, "frames": [f for i, f in enumerate(frames) if keep(i)]}, open(f"{root}/transforms_ingp_{name}.json", "w"))
-PY
+        fox_split
         bash "$S/ingp/run_ingp.sh" "$S/fox/transforms_ingp_train.json" "$S/fox/transforms_ingp_test.json" \
           "${HVD_NGP_BUDGETS:-15,30,60}" "$out/ingp_fox_raw.json" 2>&1 | grep --line-buffered -E "budget|dB|rror"
         tables ingp "$out" ingp_fox "$out/ingp_fox_raw.json" "$out/quality_fox.json" ;;
+      render)  # render time of the test views: ours (both inference paths) on a snapshot trained as long as instant-ngp
+        name=${HVD_NGP_SCENE:-lego}
+        case $name in
+          lego) scene_of lego >/dev/null || exit 3; png_stage; train_json=$S/lego_png/transforms_train.json; test_json=$S/lego_png/transforms_test.json ;;
+          fox) scene_of fox >/dev/null || exit 3; fox_split; train_json=$S/fox/transforms_ingp_train.json; test_json=$S/fox/transforms_ingp_test.json ;;
+          *) die "against-instant-ngp render: HVD_NGP_SCENE is lego or fox, not '$name'" ;;
+        esac
+        snapshot
+        files=()
+        for path in two_pass single_pass; do  # one view first: the render's kernels compile outside the timed run
+          for views in 1 -1; do
+            "$PY" -m hvd_ngp.render --load_snapshot "$snap" --split_views "$views" --video none --inference "$path" \
+              --out_dir "/tmp/render_$path" >"$out/render_$path.log" 2>&1 || { tail -5 "$out/render_$path.log"; die "render ($path) failed" 1; }
+          done
+          cp "/tmp/render_$path/render.json" "$out/render_$path.json" && files+=("$out/render_$path.json")
+        done
+        repo=$PWD
+        (cd "$root" && timeout 300 /opt/torch/.venv/bin/python3 "$repo/$HERE/ingp/ingp_render.py" "$root" "$train_json" "$test_json" \
+          "${HVD_NGP_SECONDS:-60}" "$out/ingp_render.json" 2>&1 | tr "\r" "\n" | grep --line-buffered -E "^\{|rror")
+        tables renders "$out" "render_$name" "$out/ingp_render.json" "${files[@]}" ;;
       rate)  # samples per second in steady state: 20 s warm, 20 s timed (its own counters)
         scene_of lego >/dev/null || exit 3
         png_stage; repo=$PWD
@@ -212,7 +236,7 @@ PY
           "$S/lego_png/transforms_test.json" "${HVD_NGP_STEPS:-6000,30000}" "$out/ingp_steps.json" 2>&1 | tr "\r" "\n" \
           | grep --line-buffered -E "^step|rror")
         tables fields "$out" ingp_steps "$out/ingp_steps.json" ;;
-      *) die "against-instant-ngp: HVD_NGP_WHAT is lego, fox, rate or steps, not '$what'" ;;
+      *) die "against-instant-ngp: HVD_NGP_WHAT is lego, fox, render, rate or steps, not '$what'" ;;
     esac
     ;;
   memory)

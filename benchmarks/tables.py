@@ -4,6 +4,8 @@
     python benchmarks/tables.py throughput OUT NAME FILE...    bench throughput JSONs (one tag per file name)
     python benchmarks/tables.py pytest OUT NAME LOG...         pytest logs: passed / failed / skipped per file
     python benchmarks/tables.py ingp OUT NAME FILE [OURS]      instant-ngp's budgets (run_ingp.sh's JSON), ours beside
+    python benchmarks/tables.py renders OUT NAME INGP OURS...  render time per test view: instant-ngp's (ingp_render.py)
+                                                               and ours (hvd-ngp-render's render.json, one per path)
     python benchmarks/tables.py fields OUT NAME FILE...        the scalar fields of JSON files, one row each
     python benchmarks/tables.py rows OUT NAME FILE KEY         the list FILE[KEY], one row per entry (objects flattened)
 
@@ -83,6 +85,24 @@ def ingp(path: Path, ours: Path | None) -> list[dict]:
     return rows
 
 
+def renders(anchor: Path, ours: list[Path]) -> tuple[list[dict], dict]:
+    """One row per renderer: PSNR and seconds per test view, instant-ngp's (``ingp_render.py``'s JSON) first, then
+    ours (the render tool's ``render.json``, one per inference path); summary: each of ours as a multiple of
+    instant-ngp's time and its PSNR difference."""
+    a = json.loads(anchor.read_text())
+    rows = [{"renderer": "instant-ngp", "views": a["views"], "psnr": a["psnr_white_1spp"],
+             "s/view": a["seconds_per_view"], "x instant-ngp": 1.0}]
+    for f in ours:
+        r = json.loads(f.read_text())
+        rows.append({"renderer": f"hvd_ngp {r.get('inference') or f.stem}", "views": r["test_views"],
+                     "psnr": round(r["test_psnr"], 3), "s/view": round(r["test_seconds_per_view"], 4),
+                     "x instant-ngp": round(r["test_seconds_per_view"] / a["seconds_per_view"], 2)})
+    summary = {row["renderer"]: {"x_instant_ngp": row["x instant-ngp"],
+                                 "psnr_minus_instant_ngp": round(row["psnr"] - a["psnr_white_1spp"], 3)}
+               for row in rows[1:]}
+    return rows, summary
+
+
 def fields(files: list[Path]) -> list[dict]:
     """The top-level numbers, strings and booleans of each JSON file (lists and objects left out)."""
     return [{"file": f.stem, **{k: v for k, v in json.loads(f.read_text()).items()
@@ -115,16 +135,18 @@ def main(argv: list[str]) -> int:
         rows = pytest_logs([Path(f) for f in rest])
     elif kind == "ingp":
         rows = ingp(Path(rest[0]), Path(rest[1]) if len(rest) > 1 else None)
+    elif kind == "renders":
+        rows, summary = renders(Path(rest[0]), [Path(f) for f in rest[1:]])
     elif kind == "fields":
         rows = fields([Path(f) for f in rest])
     elif kind == "rows":
         rows = rows_of(Path(rest[0]), rest[1])
     else:
-        print(f"tables.py: unknown table {kind!r} (runs, throughput, pytest, ingp, fields, rows)", file=sys.stderr)
+        print(f"tables.py: unknown table {kind!r} (runs, throughput, pytest, ingp, renders, fields, rows)", file=sys.stderr)
         return 2
     columns = list(dict.fromkeys(k for r in rows for k in r))
     print(f"{name}:\n{table(rows, columns) if rows else '(no results)'}")
-    if summary:
+    if summary and kind == "throughput":
         for key, value in summary.items():
             print(f"  {key}: {value['median_M_samples_per_s']} M samples/s (median of {value['rounds']})")
     write_json(out / f"{name}.json", {"step": name, "rows": rows, **({"summary": summary} if summary else {})})
