@@ -21,7 +21,7 @@ STEPS=(
   "gpu-tests|GPU: the GPU test files, one pytest each, HVD_NGP_REQUIRE_GPU=1 (HVD_NGP_TESTS: other files)"
   "throughput|GPU: bench throughput late in training (2000 warm-up steps), triton (and tcnn when importable); beside .stage/old when carried; HVD_NGP_ROUNDS (2)"
   "quality-vs-time|GPU: test PSNR against training seconds: HVD_NGP_SCENE (lego | fox | a path), HVD_NGP_SECONDS (60), evaluations at HVD_NGP_EVAL_S (15,30), seeds HVD_NGP_SEEDS (1337)"
-  "against-instant-ngp|GPU: instant-ngp itself (the anchor) on the same machine: HVD_NGP_WHAT = lego (time budgets HVD_NGP_BUDGETS, 15,30,60) | fox | render (seconds per test view and PSNR, ours by both inference paths on a snapshot trained HVD_NGP_SECONDS, HVD_NGP_SCENE lego or fox) | rate (samples/s) | steps (PSNR at HVD_NGP_STEPS, 6000,30000); ours beside it from quality-vs-time in the same OUT"
+  "against-instant-ngp|GPU: instant-ngp itself (the anchor) on the same machine: HVD_NGP_WHAT = lego (time budgets HVD_NGP_BUDGETS, 15,30,60) | fox | render (seconds per test view and PSNR, ours by both inference paths on a snapshot trained HVD_NGP_SECONDS, HVD_NGP_SCENE lego, lego20 or fox) | rate (samples/s) | steps (PSNR at HVD_NGP_STEPS, 6000,30000); ours beside it from quality-vs-time in the same OUT"
   "memory|GPU: lego 2000 steps under an 8 GiB memory budget and without one; bench memory (evaluation under budgets 0, 16, 8 GiB)"
   "scaling|GPUs: bench scaling on 1, 2, 4, 8 ranks (as the GPUs allow), weak and strong, time to 33/34/35 dB; Horovod from .whl_hvd"
   "batch|GPU: bench batch: steps to 33 and 35 dB at K backward passes per step (K ranks' step on one device)"
@@ -52,6 +52,10 @@ scene_of() {  # NAME -> the scene argument: lego and fox from the stage (checked
       train=$(count "$S/lego/train"); test=$(count "$S/lego/test")
       ((train == 100 && test == 200)) || die "lego is not staged in $S (train $train of 100, test $test of 200): carry .stage/lego (train, test_a, transforms_*.json in one call, test_b in the next) and run the stage step" 3
       echo "$S/lego" ;;
+    lego20) local train test  # lego's 100 training views and every 10th test view: one call carries it (37 MB)
+      train=$(count "$S/lego20/train"); test=$(count "$S/lego20/test")
+      ((train == 100 && test == 20)) || die "lego20 is not staged in $S (train $train of 100, test $test of 20): carry .stage/lego20 and run the stage step" 3
+      echo "$S/lego20" ;;
     fox) [[ -f $S/fox/transforms.json ]] || die "fox is not staged in $S: carry .stage/fox and run the stage step" 3
       echo "$S/fox" ;;
     *) echo "$1" ;;
@@ -67,10 +71,10 @@ snapshot() {  # the snapshot inference and export read: HVD_NGP_SNAP, else HVD_N
   train --scene "$scene" $(holdout "${HVD_NGP_SCENE:-lego}") --time_budget_s "${HVD_NGP_SECONDS:-60}" --n_eval_views 1 --out_dir "$out/snapshot_run" \
     --save_snapshot "$snap" >"$out/snapshot_run.log" 2>&1 || { tail -5 "$out/snapshot_run.log"; die "training the snapshot failed" 1; }
 }
-png_stage() {  # instant-ngp reads PNG: lego's WebP stage written back as PNG in $S/lego_png
-  "$PY" - "$S" <<'PY'
+png_stage() {  # instant-ngp reads PNG: lego's (or $1's: lego20) WebP stage written back as PNG in $S/<name>_png
+  "$PY" - "$S" "${1:-lego}" <<'PY'
 import pathlib, sys, cv2
-src, dst = pathlib.Path(sys.argv[1], "lego"), pathlib.Path(sys.argv[1], "lego_png")
+src, dst = pathlib.Path(sys.argv[1], sys.argv[2]), pathlib.Path(sys.argv[1], f"{sys.argv[2]}_png")
 for split in ("train", "test"):
     (dst / split).mkdir(parents=True, exist_ok=True)
     for f in (src / split).glob("*.webp"):
@@ -117,6 +121,19 @@ for split, parts in (("train", ("train",)), ("test", ("test_a", "test_b"))):
             img[img[..., 3] == 0, :3] = 0  # lossless WebP: pixels with alpha 0 zeroed (composited away anyway)
             cv2.imwrite(f"{dst}/{part}/{name[:-4]}.webp", img, [cv2.IMWRITE_WEBP_QUALITY, 101])
     shutil.copy(f"{src}/transforms_{split}.json", f"{dst}/transforms_{split}.json")
+# lego20: the 100 training views and every 10th test view (r_0, r_10, ...), small enough for one call
+import json
+shutil.rmtree(".stage/lego20", ignore_errors=True)
+shutil.copytree(f"{dst}/train", ".stage/lego20/train")
+shutil.copy(f"{dst}/transforms_train.json", ".stage/lego20/transforms_train.json")
+test = json.load(open(f"{dst}/transforms_test.json"))
+test["frames"] = [f for f in test["frames"] if int(f["file_path"].rsplit("_", 1)[1]) % 10 == 0]
+os.makedirs(".stage/lego20/test")
+for f in test["frames"]:
+    name = os.path.basename(f["file_path"]) + ".webp"
+    part = next(p for p in ("test_a", "test_b") if os.path.exists(f"{dst}/{p}/{name}"))
+    shutil.copy(f"{dst}/{part}/{name}", f".stage/lego20/test/{name}")
+json.dump(test, open(".stage/lego20/transforms_test.json", "w"), indent=1)
 PY
     rm -rf .stage/fox .stage/ingp && cp -r "$src/data/fox" .stage/fox && cp -r "$src/anchors/instant-ngp" .stage/ingp
     dl() { local dir=$1; shift; mkdir -p "$dir" && "$PY" -m pip download -q --no-deps --only-binary=:all: \
@@ -140,7 +157,7 @@ PY
     mkdir -p "$S/lego/test" /tmp/site
     [[ -d .stage/lego/train ]] && cp -r .stage/lego/train .stage/lego/transforms_*.json "$S/lego/"
     for part in test_a test_b; do [[ -d .stage/lego/$part ]] && cp .stage/lego/$part/* "$S/lego/test/"; done
-    for d in fox ingp old; do [[ -d .stage/$d ]] && rm -rf "${S:?}/$d" && cp -r ".stage/$d" "$S/"; done
+    for d in lego20 fox ingp old; do [[ -d .stage/$d ]] && rm -rf "${S:?}/$d" && cp -r ".stage/$d" "$S/"; done
     for w in .whl .whl_tcnn .whl_hvd .whl_look .whl_av; do
       ls $w/*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site $w/*.whl
     done
@@ -206,9 +223,10 @@ PY
       render)  # render time of the test views: ours (both inference paths) on a snapshot trained as long as instant-ngp
         name=${HVD_NGP_SCENE:-lego}
         case $name in
-          lego) scene_of lego >/dev/null || exit 3; png_stage; train_json=$S/lego_png/transforms_train.json; test_json=$S/lego_png/transforms_test.json ;;
+          lego|lego20) scene_of "$name" >/dev/null || exit 3; png_stage "$name"
+            train_json=$S/${name}_png/transforms_train.json; test_json=$S/${name}_png/transforms_test.json ;;
           fox) scene_of fox >/dev/null || exit 3; fox_split; train_json=$S/fox/transforms_ingp_train.json; test_json=$S/fox/transforms_ingp_test.json ;;
-          *) die "against-instant-ngp render: HVD_NGP_SCENE is lego or fox, not '$name'" ;;
+          *) die "against-instant-ngp render: HVD_NGP_SCENE is lego, lego20 or fox, not '$name'" ;;
         esac
         snapshot
         files=()
