@@ -19,7 +19,7 @@ import numpy as np
 root, train_json, test_json, seconds, out = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
 sys.path.insert(0, os.path.join(root, "build"))
 import pyngp as ngp  # noqa: E402
-from ingp_testbed import to_srgb, training_testbed  # noqa: E402
+from ingp_testbed import scoring_testbed, to_srgb, training_testbed  # noqa: E402
 
 tb = training_testbed(ngp, root, train_json)
 trained = 0.0
@@ -32,15 +32,7 @@ tb.save_snapshot(snapshot, False)
 steps = tb.training_step
 del tb
 
-tb = ngp.Testbed()
-tb.root_dir = root
-tb.load_snapshot(snapshot)
-tb.background_color = [1.0, 1.0, 1.0, 1.0]
-tb.snap_to_pixel_centers = True
-tb.nerf.render_min_transmittance = 1e-4
-tb.shall_train = False
-tb.load_training_data(test_json)
-tb.render_with_lens_distortion = True
+tb = scoring_testbed(ngp, root, snapshot, test_json)
 psnrs, render_s = [], []
 for k in range(tb.nerf.training.dataset.n_images):
     w, h = tb.nerf.training.dataset.metadata[k].resolution

@@ -17,19 +17,12 @@ root, train_json, test_json, counts, out = sys.argv[1], sys.argv[2], sys.argv[3]
 counts = sorted(int(c) for c in counts.split(","))
 sys.path.insert(0, os.path.join(root, "build"))
 import pyngp as ngp  # noqa: E402
-from ingp_testbed import to_srgb, training_testbed  # noqa: E402
+from ingp_testbed import scoring_testbed, to_srgb, training_testbed  # noqa: E402
 
 
 def score(snapshot: str) -> tuple[float, int]:
     """Mean PSNR over the test views: white background, one ray per pixel centre, sRGB, both images clipped."""
-    tb = ngp.Testbed()
-    tb.root_dir = root
-    tb.load_snapshot(snapshot)
-    tb.background_color = [1.0, 1.0, 1.0, 1.0]
-    tb.snap_to_pixel_centers = True
-    tb.nerf.render_min_transmittance = 1e-4
-    tb.shall_train = False
-    tb.load_training_data(test_json)
+    tb = scoring_testbed(ngp, root, snapshot, test_json)
     psnrs = []
     for k in range(tb.nerf.training.dataset.n_images):
         w, h = tb.nerf.training.dataset.metadata[k].resolution

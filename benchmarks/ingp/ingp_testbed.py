@@ -1,5 +1,5 @@
 """The instant-ngp anchor's testbed set up for NeRF training as its base config trains, shared by the GPU
-scripts that drive it (``ingp_steps.py``, ``ingp_rate.py``; run as scripts, so this folder is on sys.path)."""
+scripts that drive it (``ingp_steps.py``, ``ingp_rate.py``, ``ingp_render.py``; run as scripts, so this folder is on sys.path)."""
 
 import os
 
@@ -16,6 +16,21 @@ def training_testbed(ngp, root: str, train_json: str):
     if hasattr(ngp, "TrainMode"):
         tb.nerf.training.train_mode = ngp.TrainMode.Nerf
     tb.shall_train = True
+    return tb
+
+
+def scoring_testbed(ngp, root: str, snapshot: str, test_json: str):
+    """A ``pyngp`` testbed with ``snapshot`` loaded and ``test_json``'s views, set to render as hvd_ngp's evaluations
+    score: white background, one ray per pixel centre, lens distortion applied, training off."""
+    tb = ngp.Testbed()
+    tb.root_dir = root
+    tb.load_snapshot(snapshot)
+    tb.background_color = [1.0, 1.0, 1.0, 1.0]
+    tb.snap_to_pixel_centers = True
+    tb.nerf.render_min_transmittance = 1e-4
+    tb.shall_train = False
+    tb.load_training_data(test_json)
+    tb.render_with_lens_distortion = True
     return tb
 
 
