@@ -107,7 +107,10 @@ class DelayedAveraging:
         self.wire = [{dt: torch.zeros_like(b) for dt, b in self.grads.buffers.items()} for _ in range(2)]
         # the fp16 wire: the float16 buffers on the wire and the scale of each slot (0-d, on the device)
         self.half = (
-            [{dt: torch.zeros(b.numel(), dtype=torch.float16, device=b.device) for dt, b in w.items()} for w in self.wire]
+            [
+                {dt: torch.zeros(b.numel(), dtype=torch.float16, device=b.device) for dt, b in w.items()}
+                for w in self.wire
+            ]
             if wire == "fp16"
             else None
         )
