@@ -171,7 +171,8 @@ class DelayedAveraging:
             guard.fold(loss, now.tail[: self._flags])
         if self.half is not None:  # this rank's max |late gradient|, averaged with the fresh gradient
             assert now.tail is not None, "the fp16 wire's bound rides in the fresh buffers' tail"
-            peak = torch.stack([b.abs().max().float() for b in self.grads.buffers.values()]).max()
+            peak = torch.stack([torch.linalg.vector_norm(b, float("inf")).float() for b in self.grads.buffers.values()])
+            peak = peak.max()  # max |g| without a copy of the buffer (NaN and inf stay non-finite)
             now.tail.narrow(0, self._flags, 1).copy_(peak.reshape(1))
         # the small fresh average first, waited for, so that Horovod cannot fuse it with the grid's large one
         now.allreduce_()
