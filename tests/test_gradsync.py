@@ -95,6 +95,11 @@ def test_one_rank(scene_cache, tmp_path):
     assert half[1] != half[0] and half[1] != late[1], "step 1 must move the MLPs (their average is not late)"
     assert tr.exchange.pending == 4 and tr.exchange.flush(tr.optimizer, tr.guard)
     assert tensor_digest(tr.field.encoding_parameters()) != grid[0], "the flush must apply the grid's last average"
+    # the fp16 wire runs at size 1 too (encoded and decoded, no exchange): step 1 moves the MLPs alone, as fp32's;
+    # from step 2 the grid takes the fp16-rounded gradient
+    tr, wire = _train(scene_cache, tmp_path / "w", 3, "--grad_sync", "delayed_grid", "--compression", "fp16")
+    assert tr.exchange.half is not None, "--compression fp16 with delayed_grid is the fp16 wire"
+    assert wire[1] == half[1] and wire[2] != half[2], "the grid's step-1 gradient must travel on the fp16 wire"
 
 
 @pytest.mark.parallel
