@@ -518,3 +518,33 @@ def test_throughput_bench_applies_triton_only_encoding_options_to_its_triton_bui
     assert sum(gradient_sizes(model).values()) > 0
     run = bench_training(opts, "torch")
     assert run["backend"] == "torch" and run["samples_per_sec"] > 0
+
+
+def test_syncmodes_runs_delayed_grid_fp16_as_its_two_flags(tmp_path, monkeypatch):
+    """``bench syncmodes --modes delayed_grid+fp16`` launches the trainer with ``--grad_sync delayed_grid
+    --compression fp16`` (the launch is faked: it records the command and writes the metrics); unknown modes fail."""
+    from hvd_ngp.bench import syncmodes
+
+    launched = []
+
+    def fake_run(cmd, **_):
+        launched.append(cmd)
+        out = cmd[cmd.index("--metrics_json") + 1]
+        psnr = 20.0 if "--compression" in cmd else 21.0
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w") as fh:
+            json.dump({"test_psnr": psnr, "steps": 3, "train_seconds": 0.1}, fh)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(syncmodes.subprocess, "run", fake_run)
+    result = syncmodes.main(["--modes", "every,delayed_grid+fp16", "--seeds", "1", "--out_dir", str(tmp_path)])
+    every, wire = launched
+    assert "--compression" not in every and every[every.index("--grad_sync") + 1] == "every"
+    assert wire[wire.index("--grad_sync") + 1 : wire.index("--grad_sync") + 4] == [
+        "delayed_grid",
+        "--compression",
+        "fp16",
+    ]
+    assert [r["mode"] for r in result["runs"]] == ["every", "delayed_grid+fp16"]
+    with pytest.raises(syncmodes.BenchError, match=r"unknown \['delayed\+fp16'\].*delayed_grid\+fp16"):
+        syncmodes.main(["--modes", "delayed+fp16", "--out_dir", str(tmp_path)])

@@ -56,6 +56,13 @@ def test_modes():
     assert delayed["exposed_comm_ms"] == pytest.approx(max(0.0, flat["comm_ms"] - 3.3))
     hidden = fm.exposed_comm_ms(10.0, S, 16, f, fm.Mode.parse("delayed+fp16"))
     assert hidden["exposed_comm_ms"] == 0.0 and hidden["efficiency"] == 1.0
+    # delayed_grid+fp16 as the trainer runs it: the MLPs' part + 3 tail floats waited for in fp32, the grid's in fp16
+    mlp = fm.DEFAULT_MLP_BYTES
+    wire = fm.exposed_comm_ms(3.3, S, 16, f, fm.Mode.parse("delayed_grid+fp16"), mlp)
+    waited = fm.flat_allreduce_s(16, mlp + 12, f) * 1e3
+    late = fm.flat_allreduce_s(16, (S - mlp) / 2, f) * 1e3
+    assert wire["comm_ms"] == pytest.approx(waited + late)
+    assert wire["exposed_comm_ms"] == pytest.approx(waited + max(0.0, late - 3.3))
     with pytest.raises(ConfigError, match="unknown mode part 'magic'"):
         fm.Mode.parse("flat+magic")
 

@@ -23,7 +23,7 @@ from ..options import options_from
 from .report import comma_list, table, write_json
 
 PROJECTED = "PROJECTED by the alpha-beta model (docs/scaling.md), not measured"
-DEFAULT_MODES = "flat,hierarchical,hierarchical-rdma,fp16,accum{k},delayed,delayed_grid,periodic{h},delayed+fp16"
+DEFAULT_MODES = "flat,hierarchical,hierarchical-rdma,fp16,accum{k},delayed,delayed_grid,periodic{h},delayed_grid+fp16"
 
 
 def read_json(path: str) -> dict:
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     ttq = p.add_argument_group("time to quality")
     ttq.add_argument("--steps_json", metavar="FILE", help="steps-to-PSNR per K measured on one GPU")
     ttq.add_argument("--psnr", default=None, help="the steps_to_psnr key (default: every key in the file)")
-    ttq.add_argument("--ttq_modes", default="flat,delayed+fp16", help="modes for the time-to-quality table")
+    ttq.add_argument("--ttq_modes", default="flat,delayed_grid+fp16", help="modes for the time-to-quality table")
     p.add_argument("--json", default=None, metavar="FILE", help="write the rows here")
     return p
 

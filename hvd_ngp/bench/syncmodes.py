@@ -5,7 +5,8 @@
 For each rank count, mode and seed: one ``horovodrun -np N -H localhost:N`` training run (the same trainer
 flags, steps and samples per rank for every mode), its final test PSNR. Prints a table (PSNR per seed, the
 mean, and the mean's difference from ``every`` at the same rank count) and writes JSON. On the CPU by
-default (``--device cpu``, the built-in scene); ``--controller`` picks Gloo or MPI.
+default (``--device cpu``, the built-in scene); ``--controller`` picks Gloo or MPI. The mode ``delayed_grid+fp16``
+is ``--grad_sync delayed_grid --compression fp16`` (the late grid gradient on the fp16 wire).
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ from .report import comma_list, table, write_json
 
 class BenchError(HvdNgpError):
     """A training run of the benchmark failed."""
+
+
+#: benchmark modes beyond ``--grad_sync``'s own names -> their trainer flags
+COMBINED_MODES = {"delayed_grid+fp16": ["--grad_sync", "delayed_grid", "--compression", "fp16"]}
+MODES = (*GRAD_SYNCS, *COMBINED_MODES)
+
+
+def mode_flags(mode: str) -> list[str]:
+    """The trainer flags of a benchmark mode (``every``, ..., ``delayed_grid+fp16``)."""
+    return COMBINED_MODES.get(mode, ["--grad_sync", mode])
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -63,8 +74,7 @@ def train_once(ranks: int, mode: str, seed: int, opts: SyncModesOptions, out: Pa
         "hvd_ngp.train",
         "--device",
         opts.device,
-        "--grad_sync",
-        mode,
+        *mode_flags(mode),
         "--seed",
         str(seed),
         "--out_dir",
@@ -82,7 +92,7 @@ def train_once(ranks: int, mode: str, seed: int, opts: SyncModesOptions, out: Pa
     (out / "log.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not metrics.is_file():
         raise BenchError(
-            f"{ranks} ranks, --grad_sync {mode}, seed {seed} failed (exit {proc.returncode}); "
+            f"{ranks} ranks, {' '.join(mode_flags(mode))}, seed {seed} failed (exit {proc.returncode}); "
             f"log {out / 'log.txt'}: {(proc.stdout + proc.stderr)[-600:]}"
         )
     m = json.loads(metrics.read_text())
@@ -97,7 +107,11 @@ def train_once(ranks: int, mode: str, seed: int, opts: SyncModesOptions, out: Pa
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m hvd_ngp.bench syncmodes", description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="2", help="comma-separated rank counts (all on this machine)")
-    p.add_argument("--modes", default=",".join(GRAD_SYNCS), help=f"comma-separated of {', '.join(GRAD_SYNCS)}")
+    p.add_argument(
+        "--modes",
+        default=",".join(GRAD_SYNCS),
+        help=f"comma-separated of {', '.join(MODES)} (delayed_grid+fp16: with --compression fp16)",
+    )
     p.add_argument("--seeds", default="1337,1")
     p.add_argument("--sync_period", type=int, default=8, help="H of --grad_sync periodic")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -109,9 +123,9 @@ def main(argv: list[str] | None = None) -> dict:
     opts = replace(opts, extra=[a for a in opts.extra if a != "--"])
     ranks, seeds = _ints(opts.ranks, "ranks"), _ints(opts.seeds, "seeds")
     modes = [m.strip() for m in opts.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in GRAD_SYNCS]
+    unknown = [m for m in modes if m not in MODES]
     if unknown:
-        raise BenchError(f"--modes: unknown {unknown} (known: {', '.join(GRAD_SYNCS)})")
+        raise BenchError(f"--modes: unknown {unknown} (known: {', '.join(MODES)})")
     out = Path(opts.out_dir)
     runs = []
     for n in ranks:

@@ -68,7 +68,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         choices=COMPRESSIONS,
         default="none",
         help="gradient compression for the allreduce; fp16 runs with dynamic loss scaling so small "
-        "hash-grid gradients survive half precision",
+        "hash-grid gradients survive half precision (with --grad_sync delayed_grid: the late grid gradient "
+        "travels as fp16, scaled by a power of two the ranks agree on; docs/sync-modes.md)",
     )
     g.add_argument(
         "--hierarchical_allreduce",
@@ -362,13 +363,14 @@ class CommSettings:
             raise ConfigError(f"--sync_period {period} needs --grad_sync periodic (it is {mode})")
         if period is not None and period < 1:
             raise ConfigError(f"--sync_period must be >= 1, got {period}")
+        if mode in ("delayed", "periodic") and flags.compression == "fp16":
+            raise ConfigError(
+                f"--grad_sync {mode} cannot run with --compression fp16; use --grad_sync delayed_grid (its grid "
+                "gradient travels as scaled fp16) or --grad_sync every"
+            )
         if mode != "every":
             refuse = [
                 (k > 1, f"--model_parallel {k} (regions average inside process sets every step)"),
-                (
-                    flags.compression == "fp16",
-                    "--compression fp16 (its loss scaler decides on every step's reduced gradients)",
-                ),
                 (flags.precision == "fp16", "--precision fp16 (its gradient scaler reads every step's gradients)"),
                 (flags.reduce_op == "adasum", "--reduce_op adasum (Adasum combines gradients, not averages)"),
             ]
@@ -391,8 +393,9 @@ class CommSettings:
 
     @property
     def loss_scaled_compression(self) -> bool:
-        """fp16 compression of averaged gradients runs under a gradient scaler (see ``training.recipe.make_scaler``)."""
-        return self.compression == "fp16" and self.reduce_op == "average"
+        """fp16 compression of averaged gradients runs under a gradient scaler (see ``training.recipe.make_scaler``);
+        ``delayed_grid``'s fp16 wire scales its own (``training.gradsync``) and needs none."""
+        return self.compression == "fp16" and self.reduce_op == "average" and self.grad_sync == "every"
 
     def init_env(self, environ: Mapping[str, str], use_cuda: bool) -> dict[str, str]:
         """Variables to set before ``hvd.init()`` (Horovod and NCCL read them there)."""
@@ -491,7 +494,8 @@ class CommSettings:
         if self.grad_sync == "delayed":
             return "gradients averaged one step late (the allreduce runs during the next step)"
         if self.grad_sync == "delayed_grid":
-            return "MLP gradients averaged every step, the hash grid's one step late (during the next step)"
+            wire = ", on an fp16 wire (scaled to a shared power of two)" if self.compression == "fp16" else ""
+            return f"MLP gradients averaged every step, the hash grid's one step late (during the next step{wire})"
         if self.grad_sync == "periodic":
             return f"local steps, parameters and Adam moments averaged every {self.sync_period} steps"
         return "gradients averaged every step"

@@ -29,6 +29,10 @@ MIB = 1 << 20
 #: the MLPs' gradient bytes with configs/nerf/base.json (density 12288 + colour 83456; ``bench throughput``'s
 #: gradient_bytes): what ``delayed_grid`` still waits for every step
 DEFAULT_MLP_BYTES = 12288 + 83456
+#: the float32 tail of ``delayed_grid``'s waited allreduce: the non-finite guard's two flags (loss, stop)
+FRESH_TAIL_BYTES = 2 * 4
+#: one more tail float under ``delayed_grid+fp16``: each rank's max |grid gradient|, the fp16 wire's scale bound
+FP16_BOUND_BYTES = 4
 GB = 1e9
 
 
@@ -216,7 +220,9 @@ class Mode:
     """How the gradient exchange runs: the algorithm, its bytes, how often, and whether it overlaps compute.
 
     ``spec`` is a '+'-joined list such as ``flat``, ``hierarchical``, ``fp16``, ``accum4``, ``delayed``,
-    ``delayed_grid``, ``periodic8``, ``delayed+fp16``, ``hierarchical-rdma``."""
+    ``delayed_grid``, ``periodic8``, ``delayed_grid+fp16``, ``hierarchical-rdma``. ``delayed_grid+fp16`` is the
+    trainer's ``--grad_sync delayed_grid --compression fp16`` (only the grid's part halved); other combinations
+    such as ``delayed+fp16`` are what-ifs the trainer refuses."""
 
     spec: str
     hierarchical: str | None = None  # None: flat; "tcp" or "rdma": MPI's transport across nodes
@@ -272,8 +278,12 @@ def exposed_comm_ms(
     nodes, _ = placement(ranks, f)
     passes = mode.accumulate * mode.period  # backward passes per exchange
     if mode.delayed_grid:
+        # as --grad_sync delayed_grid [--compression fp16] runs: the MLPs' part and its tail in float32 (fp16
+        # or not), waited for; then the grid's part, in float16 under fp16, overlapped with the next step
         fresh = min(max(fresh_bytes, 0.0), grad_bytes)
-        fresh_ms = allreduce_ms(ranks, fresh, f, mode) if fresh > 0 and ranks > 1 else 0.0
+        tail = FRESH_TAIL_BYTES + (FP16_BOUND_BYTES if mode.fp16 else 0)
+        waited = replace(mode, fp16=False)
+        fresh_ms = allreduce_ms(ranks, fresh + tail, f, waited) if fresh > 0 and ranks > 1 else 0.0
         late_ms = allreduce_ms(ranks, grad_bytes - fresh, f, mode)
         comm_ms = fresh_ms + late_ms
         exposed = (fresh_ms + max(0.0, late_ms - step_ms * passes)) / passes

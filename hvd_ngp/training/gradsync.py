@@ -21,6 +21,13 @@ gradients. The two modes here take that wait off the step:
 
 Both keep one tiny allreduce per step for the non-finite guard and the stop vote (periodic: the loss flag,
 with "my gradients are not finite" folded in, so every rank skips the same steps).
+
+``--grad_sync delayed_grid --compression fp16`` (``wire="fp16"``): the late gradient travels as float16. Each
+rank's max |late gradient| rides in the fresh buffer's tail (one more float), so after the fresh allreduce
+every rank reads the same bound m (the mean of the ranks' maxima: the sum over ranks of |g_r| / N <= m) and
+picks the same power-of-two scale s (``fp16_scale``: m * s < 2^15); the wire carries fp16(g_r * s / N),
+summed by the allreduce (at most 2^15 in magnitude: no overflow), and is decoded into the float32 wire
+slot as sum / s when it is waited for, so landing, checkpoints and the non-finite checks read float32.
 """
 
 from __future__ import annotations
@@ -42,6 +49,26 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+#: ``fp16_scale``: m * s < 2^FP16_HEADROOM_LOG2 (float16's largest finite value is 65504, about 2^16)
+FP16_HEADROOM_LOG2 = 15
+#: ``fp16_scale``: s stays within 2^-FP16_SCALE_LIMIT_LOG2 .. 2^FP16_SCALE_LIMIT_LOG2 (float32's range)
+FP16_SCALE_LIMIT_LOG2 = 100
+
+
+def fp16_scale(bound: Tensor) -> Tensor:
+    """The power-of-two scale for the fp16 wire from ``bound`` (0-d float32: the mean over ranks of each
+    rank's max |gradient|, the same on every rank) -> 0-d float32 s with bound * s < 2^15, on the device
+    (no host sync). A bound of 0 (an all-zero gradient) or a non-finite one (the step is not applied) gives
+    s = 1; s is clamped to 2^-100 .. 2^100, so it is never 0 or inf."""
+    bound = bound.float()
+    _, exponent = torch.frexp(bound)  # bound = mantissa * 2^exponent, mantissa in [0.5, 1): bound < 2^exponent
+    log2 = (FP16_HEADROOM_LOG2 - exponent).clamp(-FP16_SCALE_LIMIT_LOG2, FP16_SCALE_LIMIT_LOG2)
+    usable = torch.isfinite(bound) & (bound > 0)
+    log2 = torch.where(usable, log2, torch.zeros_like(log2))
+    # 2^log2 from its float32 bits (exponent field log2 + 127, a normal number): exact on every device
+    return ((log2.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
 def _step_without(flat: FlatGradients, optimizer: torch.optim.Optimizer) -> None:
     """One optimizer step that leaves ``flat``'s parameters out (their ``p.grad`` None for it, then the views
     back): the optimizer skips a parameter without a gradient."""
@@ -61,18 +88,33 @@ class DelayedAveraging:
 
     mode = "delayed"
 
-    def __init__(self, parameters, guard: NonFiniteGuard | None, fresh=()) -> None:
+    def __init__(self, parameters, guard: NonFiniteGuard | None, fresh=(), wire: str = "fp32") -> None:
         """``fresh``: parameters averaged at once, every step (``--grad_sync delayed_grid``: the MLPs), with the
-        guard's flags; the rest (the hash grid) one step late. Empty: everything one step late."""
+        guard's flags; the rest (the hash grid) one step late. Empty: everything one step late. ``wire``:
+        fp32, or fp16 (with ``fresh`` only: the late average travels as scaled float16, module docstring)."""
+        if wire not in ("fp32", "fp16"):
+            raise ValueError(f"wire must be fp32 or fp16, got {wire!r}")
         fresh_ids = {id(p) for p in fresh}
         named = [item if isinstance(item, tuple) else (f"parameter {i}", item) for i, item in enumerate(parameters)]
         late = [(n, p) for n, p in named if id(p) not in fresh_ids]
         now = [(n, p) for n, p in named if id(p) in fresh_ids and p.requires_grad]
-        self.now = FlatGradients(now, tail=guard.width if guard else 0, name="delayed.now") if now else None
-        self.grads = FlatGradients(
-            late, tail=0 if self.now is not None else (guard.width if guard else 0), name="delayed"
-        )
+        if wire == "fp16" and not now:
+            raise ValueError("the fp16 wire needs fresh parameters: its scale rides in their allreduce")
+        self._flags = guard.width if guard else 0
+        extra = 1 if wire == "fp16" else 0  # the fp16 wire: this rank's max |late gradient| after the flags
+        self.now = FlatGradients(now, tail=self._flags + extra, name="delayed.now") if now else None
+        self.grads = FlatGradients(late, tail=0 if self.now is not None else self._flags, name="delayed")
         self.wire = [{dt: torch.zeros_like(b) for dt, b in self.grads.buffers.items()} for _ in range(2)]
+        # the fp16 wire: the float16 buffers on the wire and the scale of each slot (0-d, on the device)
+        self.half = (
+            [
+                {dt: torch.zeros(b.numel(), dtype=torch.float16, device=b.device) for dt, b in w.items()}
+                for w in self.wire
+            ]
+            if wire == "fp16"
+            else None
+        )
+        self._scales: list[Tensor | None] = [None, None]
         self.pending: int | None = None
         self._handle: dist.PendingAllreduce | None = None
         self._slot = 0  # the wire buffers of the pending average
@@ -84,9 +126,15 @@ class DelayedAveraging:
             self.now.zero_()
 
     def _wait(self) -> None:
+        """Wait for the allreduce in flight; the fp16 wire decodes it into the float32 slot (sum / s)."""
         if self._handle is not None:
             self._handle.wait()
             self._handle = None
+            if self.half is not None:
+                scale = self._scales[self._slot]
+                assert scale is not None, "the fp16 wire's scale is set when its allreduce starts"
+                for dt, h in self.half[self._slot].items():
+                    self.wire[self._slot][dt].copy_(h).div_(scale)
 
     def finish(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None, loss: Tensor, step: int) -> bool:
         """After step ``step``'s backward (1-based, collective): send its gradient, apply the previous step's
@@ -120,16 +168,16 @@ class DelayedAveraging:
         self.grads.check_views()
         if guard is not None:
             assert now.tail is not None, "the guard's flags ride in the fresh buffers' tail"
-            guard.fold(loss, now.tail)
+            guard.fold(loss, now.tail[: self._flags])
+        if self.half is not None:  # this rank's max |late gradient|, averaged with the fresh gradient
+            assert now.tail is not None, "the fp16 wire's bound rides in the fresh buffers' tail"
+            peak = torch.stack([torch.linalg.vector_norm(b, float("inf")).float() for b in self.grads.buffers.values()])
+            peak = peak.max()  # max |g| without a copy of the buffer (NaN and inf stay non-finite)
+            now.tail.narrow(0, self._flags, 1).copy_(peak.reshape(1))
         # the small fresh average first, waited for, so that Horovod cannot fuse it with the grid's large one
         now.allreduce_()
         slot = 1 - self._slot if self.pending is not None else self._slot
-        mine = self.wire[slot]
-        for dt, b in self.grads.buffers.items():
-            mine[dt].copy_(b)
-        sent = dist.allreduce_buffers_start(
-            list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine], "avg"
-        )
+        sent = self._send(slot)
         skipped = guard.should_skip(optimizer, step, grads=now) if guard is not None else False
         late = self.pending is not None and self._late_ok
         if late:
@@ -144,6 +192,26 @@ class DelayedAveraging:
         self._wait()
         self._handle, self._slot, self.pending, self._late_ok = sent, slot, step, not skipped
         return skipped
+
+    def _send(self, slot: int) -> dist.PendingAllreduce:
+        """(fresh mode) Start the allreduce of the late gradient in wire ``slot``: float32 averaged, or the fp16
+        wire's fp16(g * s / N) summed (``self.now``'s tail holds the bound, already averaged)."""
+        mine = self.wire[slot]
+        for dt, b in self.grads.buffers.items():
+            mine[dt].copy_(b)
+        if self.half is None:
+            return dist.allreduce_buffers_start(
+                list(mine.values()), [f"delayed.{slot}.{_dtype_name(dt)}" for dt in mine], "avg"
+            )
+        assert self.now is not None and self.now.tail is not None, "the bound rides in the fresh buffers' tail"
+        scale = self._scales[slot] = fp16_scale(self.now.tail[-1].clone())
+        factor = scale / (dist.runtime().size if dist.communicating() else 1)
+        half = self.half[slot]
+        for dt, w in mine.items():
+            half[dt].copy_(w.mul_(factor))  # the float32 slot is scratch until the sum is decoded into it
+        return dist.allreduce_buffers_start(
+            list(half.values()), [f"delayed.{slot}.fp16.{_dtype_name(dt)}" for dt in half], "sum"
+        )
 
     def _land(self) -> None:
         """Wait for the pending average and put it in the gradient buffers (every late ``p.grad``)."""
@@ -336,7 +404,8 @@ def make_exchange(
     if comm.grad_sync == "delayed":
         return DelayedAveraging(field.named_parameters(), guard)
     if comm.grad_sync == "delayed_grid":
-        delayed = DelayedAveraging(field.named_parameters(), guard, fresh=field.mlp_parameters())
+        wire = "fp16" if comm.compression == "fp16" else "fp32"
+        delayed = DelayedAveraging(field.named_parameters(), guard, fresh=field.mlp_parameters(), wire=wire)
         delayed.mode = "delayed_grid"
         return delayed
     if comm.grad_sync == "periodic":
@@ -344,4 +413,4 @@ def make_exchange(
     return None
 
 
-__all__ = ["DelayedAveraging", "Exchange", "PeriodicAveraging", "make_exchange"]
+__all__ = ["DelayedAveraging", "Exchange", "PeriodicAveraging", "fp16_scale", "make_exchange"]

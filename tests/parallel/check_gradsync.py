@@ -2,7 +2,7 @@
 
     python tests/parallel/check_gradsync.py SCENE_CACHE OUT_DIR [CHECK,CHECK,...]
 
-CHECKs (default all): delayed, periodic, resume.
+CHECKs (default all): delayed, periodic, resume, fp16, fp16_resume.
 
 1. delayed: three steps (and the flush at the end) on fixed rays, SGD, equal a hand-computed reference:
    nothing moves at step 1, step t+1 applies the rank average of step t's gradients (gathered and
@@ -12,11 +12,17 @@ CHECKs (default all): delayed, periodic, resume.
    moments) after step 2; a sync replaces every rank's tensors by their rank average;
 3. the trainer, each mode: 8 steps straight == 4 steps, checkpoint, resume, 4 more (bit-identical
    parameters and parameter averages), and the ranks identical at the end.
+4. fp16 (``delayed_grid`` on the fp16 wire, synthetic gradients of a wide range, an all-zero step and a step
+   with an inf on the last rank): the applied late average equals, bit for bit, the hand computation of the
+   encoding (the scale from the ranks' mean max |g|, fp16(g * s / N) per rank, summed in fp16, / s) on 2 ranks,
+   and is within fp16 precision of the fp32 wire's average of the same gradients; a non-finite average is
+   not applied; fp16_resume: 3 for the trainer with ``--compression fp16``.
 Prints ``CHECK <name> OK`` lines on rank 0; any failure raises (non-zero exit).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -32,7 +38,7 @@ from hvd_ngp.cluster import dist  # noqa: E402
 from hvd_ngp.config import CPU_CONFIG, parse_args  # noqa: E402
 from hvd_ngp.data.sampler import RaySampler  # noqa: E402
 from hvd_ngp.model.field import NGPField  # noqa: E402
-from hvd_ngp.training.gradsync import DelayedAveraging, PeriodicAveraging  # noqa: E402
+from hvd_ngp.training.gradsync import FP16_HEADROOM_LOG2, DelayedAveraging, PeriodicAveraging  # noqa: E402
 from hvd_ngp.training.recipe import make_grid, make_optimizer  # noqa: E402
 from hvd_ngp.training.step import StepContext, StepInputs, train_step  # noqa: E402
 from hvd_ngp.training.trainer import run  # noqa: E402
@@ -168,7 +174,89 @@ def check_periodic(s: Setup) -> None:
         )
 
 
-def check_resume(cache: str, out: Path, mode: str, *more: str) -> None:
+FP16_STEPS = 4  # 1: a wide range, 2: all zero, 3: an inf on the last rank, 4: a wide range again
+GRID, MLP = 4096, 8
+
+
+def synthetic_gradient(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s (grid ``[GRID]``, MLP ``[MLP]``) gradient at fp16-check step ``step`` (every rank can
+    compute every rank's): magnitudes from 1e-12 to 1e-1, some exact zeros."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    grid = torch.randn(GRID, generator=gen) * 10.0 ** torch.empty(GRID).uniform_(-12, -1, generator=gen)
+    grid[torch.rand(GRID, generator=gen) < 0.1] = 0.0
+    if step == 2:
+        grid.zero_()
+    if step == 3 and rank == dist.runtime().size - 1:
+        grid[5] = float("inf")
+    return grid, torch.randn(MLP, generator=gen)
+
+
+def fp16_by_hand(step: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """-> (the fp16 wire's decoded sum on 2 ranks, the ranks' mean |g| per element, the scale s) for ``step``."""
+    n = dist.runtime().size
+    grads = [synthetic_gradient(step, r)[0] for r in range(n)]
+    bound = float(torch.stack([g.abs().max() for g in grads]).sum() / n)  # what the fresh allreduce averages
+    scale = 2.0 ** (FP16_HEADROOM_LOG2 - math.frexp(bound)[1]) if bound > 0 and math.isfinite(bound) else 1.0
+    factor = torch.tensor(scale / n, dtype=torch.float32)
+    wire = [(g * factor).half() for g in grads]
+    total = wire[0]
+    for w in wire[1:]:
+        total = total + w  # fp16 + fp16, rounded to fp16: what the allreduce's sum does
+    return total.float() / scale, sum(g.abs() for g in grads) / n, scale
+
+
+def check_fp16_wire() -> None:
+    """``delayed_grid`` on the fp16 wire against the hand computation and the fp32 wire (module docstring, 4)."""
+    rt = dist.runtime()
+    runs = {}
+    for wire in ("fp16", "fp32"):
+        grid, mlp = torch.nn.Parameter(torch.zeros(GRID)), torch.nn.Parameter(torch.zeros(MLP))
+        exchange = DelayedAveraging([("grid", grid), ("mlp", mlp)], None, fresh=[mlp], wire=wire)
+        runs[wire] = (grid, mlp, torch.optim.SGD([grid, mlp], lr=1.0), exchange)
+    loss = torch.tensor(0.0)
+    for t in range(1, FP16_STEPS + 2):
+        landed = {}
+        for wire, (grid, mlp, opt, exchange) in runs.items():
+            before = grid.detach().clone()
+            if t <= FP16_STEPS:
+                exchange.zero_grad()
+                g, m = synthetic_gradient(t, rt.rank)
+                grid.grad.copy_(g)
+                mlp.grad.copy_(m)
+                exchange.finish(opt, None, loss, t)
+            else:
+                exchange.flush(opt, None)
+            landed[wire] = grid.grad.detach().clone()
+            if t - 1 == 3:  # step 3's average holds an inf: not applied, no error
+                assert not torch.isfinite(landed[wire]).all() and torch.equal(grid.detach(), before), wire
+        if t == 1 or t - 1 == 3:
+            continue
+        hand, spread, scale = fp16_by_hand(t - 1)
+        if rt.size == 2:  # fp16 + fp16 is one rounding; with more ranks the sum's order is the allreduce's
+            assert torch.equal(landed["fp16"], hand), (
+                f"step {t - 1}: fp16 wire differs from the hand computation at "
+                f"{int((landed['fp16'] != hand).sum())} of {GRID} elements"
+            )
+        # each fp16 rounding is within 2^-11 relative, or half fp16's smallest step (2^-25) absolute, of g * s / N
+        err = (landed["fp16"] - landed["fp32"]).abs()
+        tol = 2.0**-10 * 1.01 * spread + (rt.size + 1) * 2.0**-25 / scale
+        assert (err <= tol).all(), f"step {t - 1}: fp16 wire off the fp32 average by up to {float((err - tol).max())}"
+        if t - 1 == 2:
+            assert not landed["fp16"].any(), "an all-zero gradient must land as zeros"
+    assert same_on_every_rank([r[0] for r in runs.values()], "check.fp16"), "ranks differ on the fp16 wire"
+    grid16, grid32 = runs["fp16"][0].detach(), runs["fp32"][0].detach()
+    rel = float((grid16 - grid32).abs().max() / grid32.abs().max())
+    if rt.is_root:
+        print(
+            f"CHECK fp16_wire OK ({FP16_STEPS} steps + flush on {rt.size} ranks: the late average equals the hand "
+            f"encoding{' bit for bit' if rt.size == 2 else ''}, within fp16 precision of the fp32 wire (grid after "
+            f"the flush: largest difference {rel:.1e} of its largest entry); zeros land as zeros, an inf is not "
+            "applied)",
+            flush=True,
+        )
+
+
+def check_resume(cache: str, out: Path, mode: str, *more: str, label: str | None = None) -> None:
     rt = dist.runtime()
     argv = [
         "--config",
@@ -188,17 +276,18 @@ def check_resume(cache: str, out: Path, mode: str, *more: str) -> None:
         mode,
         *more,
     ]
-    straight = run(parse_args([*argv, "--out_dir", str(out / mode / "a"), "--n_steps", "8", "--ckpt_every", "4"]))
+    label = label or mode
+    straight = run(parse_args([*argv, "--out_dir", str(out / label / "a"), "--n_steps", "8", "--ckpt_every", "4"]))
     a = digest([*straight.field.parameters(), *straight.grid.density[None]])
-    ckpt = out / mode / "a" / "checkpoints" / "ckpt-00000004.pt"
-    resumed = run(parse_args([*argv, "--out_dir", str(out / mode / "b"), "--n_steps", "8", "--resume", str(ckpt)]))
+    ckpt = out / label / "a" / "checkpoints" / "ckpt-00000004.pt"
+    resumed = run(parse_args([*argv, "--out_dir", str(out / label / "b"), "--n_steps", "8", "--resume", str(ckpt)]))
     b = digest([*resumed.field.parameters(), *resumed.grid.density[None]])
-    every = dist.allgather_object((a, b), name=f"check.resume.{mode}")
-    assert all(x == y for x, y in every), f"{mode}: resumed parameters differ from the uninterrupted run: {every}"
-    assert len({x for x, _ in every}) == 1, f"{mode}: ranks differ at the end: {every}"
+    every = dist.allgather_object((a, b), name=f"check.resume.{label}")
+    assert all(x == y for x, y in every), f"{label}: resumed parameters differ from the uninterrupted run: {every}"
+    assert len({x for x, _ in every}) == 1, f"{label}: ranks differ at the end: {every}"
     if rt.is_root:
         print(
-            f"CHECK exact_resume_{mode} OK (8 steps == 4 + resume + 4, identical on {rt.size} ranks; "
+            f"CHECK exact_resume_{label} OK (8 steps == 4 + resume + 4, identical on {rt.size} ranks; "
             f"test PSNR {straight.metrics['test_psnr']:.2f} dB)",
             flush=True,
         )
@@ -206,7 +295,7 @@ def check_resume(cache: str, out: Path, mode: str, *more: str) -> None:
 
 def main() -> None:
     cache, out = sys.argv[1], Path(sys.argv[2])
-    checks = sys.argv[3].split(",") if len(sys.argv) > 3 else ["delayed", "periodic", "resume"]
+    checks = sys.argv[3].split(",") if len(sys.argv) > 3 else ["delayed", "periodic", "resume", "fp16", "fp16_resume"]
     dist.init("cpu")
     s = Setup(cache)
     if "delayed" in checks:
@@ -218,6 +307,10 @@ def main() -> None:
         check_resume(cache, out, "delayed")
         check_resume(cache, out, "delayed_grid")
         check_resume(cache, out, "periodic", "--sync_period", "3")
+    if "fp16" in checks:
+        check_fp16_wire()
+    if "fp16_resume" in checks:
+        check_resume(cache, out, "delayed_grid", "--compression", "fp16", label="delayed_grid_fp16")
 
 
 if __name__ == "__main__":
