@@ -27,7 +27,7 @@ STEPS=(
   "batch|GPU: bench batch: steps to 33 and 35 dB at K backward passes per step (K ranks' step on one device)"
   "inference|GPU: render speed of a trained snapshot: test views and orbit video frames per second (the load subtracted; PyAV from .whl_av)"
   "export|GPU: the snapshot's marching-cubes mesh and its silhouette IoU on lego's test views (trimesh etc. from .whl_look)"
-  "viewer|GPU: bench viewer: training steps/s with a headless Chromium watching against without"
+  "viewer|GPU: bench viewer: training steps/s with a watcher against without: headless Chromium, else (none found) the python camera client; viser from .whl_view"
   "colmap|GPU: fox on a time budget with the shipped poses and with COLMAP's (colmap-poses), the same held-out views"
 )
 
@@ -141,6 +141,10 @@ PY
     dl .whl configargparse msgpack                                # what the GPU image lacks
     dl .whl_look trimesh PyMCubes rtree embreex scipy              # export (about 35 MB: carry it alone)
     dl .whl_av av                                                  # inference's orbit video: H.264 (about 36 MB)
+    # the viewer: viser and what it imports that the image lacks (numpy, typing_extensions and OpenCV, which
+    # encodes the frames, it has; imageio, trimesh, requests, tqdm are imported only off our path): about 11 MB
+    dl .whl_view viser==1.1.1 websockets==16.1.1 msgspec==0.23.0 rich==14.3.4 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0  # as tested
+    dl .whl_view --platform manylinux2014_x86_64 zstandard==0.25.0   # no manylinux_2_28 wheel of it
     mkdir -p .whl_tcnn .whl_hvd && cp "$src"/wheels/tinycudann-*.whl .whl_tcnn/ 2>/dev/null
     cp "$src"/wheels/horovod-*-cp312-*.whl .whl_hvd/ 2>/dev/null  # scaling: Horovod with NCCL
     if [[ -n ${HVD_NGP_OLD:-} ]]; then rm -rf .stage/old && mkdir -p .stage/old && git archive "$HVD_NGP_OLD" | tar -x -C .stage/old; fi
@@ -158,7 +162,7 @@ PY
     [[ -d .stage/lego/train ]] && cp -r .stage/lego/train .stage/lego/transforms_*.json "$S/lego/"
     for part in test_a test_b; do [[ -d .stage/lego/$part ]] && cp .stage/lego/$part/* "$S/lego/test/"; done
     for d in lego20 fox ingp old; do [[ -d .stage/$d ]] && rm -rf "${S:?}/$d" && cp -r ".stage/$d" "$S/"; done
-    for w in .whl .whl_tcnn .whl_hvd .whl_look .whl_av; do
+    for w in .whl .whl_tcnn .whl_hvd .whl_look .whl_av .whl_view; do
       ls $w/*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site $w/*.whl
     done
     echo "staged in $S: lego train $(count "$S/lego/train"), test $(count "$S/lego/test");" \
@@ -322,7 +326,16 @@ PY
     ;;
   viewer)
     scene=$(scene_of "${HVD_NGP_SCENE:-lego}") || exit $?
-    "$PY" -m hvd_ngp.bench viewer --json "$out/viewer_raw.json" -- --scene "$scene" --n_steps "${HVD_NGP_STEPS:-3000}" \
+    client=${HVD_NGP_CLIENT:-}
+    if [[ -z $client ]]; then
+      if "$PY" -c "import sys; from hvd_ngp.viewer.browser import find_chromium; sys.exit(find_chromium() is None)"; then
+        client=chromium
+      else
+        client=python
+        echo "viewer: no Chromium found: the watcher is the python camera client (hvd_ngp/viewer/probe.py: a browser's camera messages, no decoding or drawing)"
+      fi
+    fi
+    "$PY" -m hvd_ngp.bench viewer --client "$client" --json "$out/viewer_raw.json" -- --scene "$scene" --n_steps "${HVD_NGP_STEPS:-3000}" \
       "${flags[@]}" 2>&1 | tail -8
     [[ -f $out/viewer_raw.json ]] || die "viewer: bench viewer wrote no $out/viewer_raw.json" 1
     tables fields "$out" viewer "$out/viewer_raw.json"

@@ -1,0 +1,206 @@
+"""A Python stand-in for a browser watching the viewer (``bench viewer --client python``).
+
+``CameraProbe`` connects to the viser server's websocket as viser's web client does (the ``viser-v<version>``
+subprotocol; a server of another version closes the connection), sends ``ViewerCameraMessage`` poses along an
+orbit around the scene at a steady rate, and counts the background images (the NeRF frames) the server sends
+back, with their sizes. It is not a browser: it decodes no images and draws nothing, so it measures the
+server's side of a watched run (rendering, encoding, sending), not a page's.
+
+Wire format (viser 1.x, ``viser/infra/_infra.py``): the client sends one msgpack map per message
+(``{"type": "ViewerCameraMessage", ...fields}``); the server sends windows of messages as
+``[u64 msgpack size][u64 compressed size][zstd(msgpack {"messages": [...], ...})][binary buffers, 8-aligned]``.
+Only this module speaks it; ``server`` stays the only viser importer.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import version
+
+import msgspec.msgpack
+import numpy as np
+import zstandard
+
+from .cameras import matrix_quaternion
+
+FRAME_MESSAGE = "BackgroundImageMessage"
+
+
+@dataclass(frozen=True)
+class Orbit:
+    """Camera poses around ``centre`` ``[3]``: starting at ``start`` ``[3]`` and turning about the axis ``up``
+    ``[3]`` through the centre by ``degrees_per_s``, looking at the centre; vertical ``fov`` radians and a
+    ``width`` x ``height`` canvas (pixels)."""
+
+    centre: tuple[float, float, float]
+    start: tuple[float, float, float]
+    up: tuple[float, float, float]
+    fov: float
+    width: int
+    height: int
+    degrees_per_s: float = 30.0
+
+    def pose(self, t: float) -> dict:
+        """The ``ViewerCameraMessage`` fields at ``t`` seconds (OpenCV axes: x right, y down, z forward)."""
+        centre, up = np.asarray(self.centre, float), np.asarray(self.up, float)
+        k = up / np.linalg.norm(up)
+        v = np.asarray(self.start, float) - centre
+        a = math.radians(self.degrees_per_s * t)  # Rodrigues: v turned by a about k
+        v = v * math.cos(a) + np.cross(k, v) * math.sin(a) + k * np.dot(k, v) * (1 - math.cos(a))
+        position = centre + v
+        forward = -v / np.linalg.norm(v)
+        right = np.cross(-k, forward)
+        right /= np.linalg.norm(right)
+        down = np.cross(forward, right)
+        wxyz = matrix_quaternion(np.stack([right, down, forward], axis=1))
+        radius = float(np.linalg.norm(v))
+        return {
+            "type": "ViewerCameraMessage",
+            "wxyz": [float(c) for c in wxyz],
+            "position": [float(c) for c in position],
+            "fov": float(self.fov),
+            "near": 0.01 * radius,
+            "far": 100.0 * radius,
+            "image_height": int(self.height),
+            "image_width": int(self.width),
+            "look_at": [float(c) for c in centre],
+            "up_direction": [float(c) for c in k],
+        }
+
+
+@dataclass
+class ProbeCount:
+    """What the probe sent and received. ``frame_bytes``: the encoded size of each frame; ``frame_poses``: the
+    number of poses sent before each frame arrived; ``last_frame``: the last frame's (format, encoded bytes)."""
+
+    poses_sent: int = 0
+    frame_bytes: list[int] = field(default_factory=list)
+    frame_poses: list[int] = field(default_factory=list)
+    last_frame: tuple[str, bytes] | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def frames(self) -> int:
+        return len(self.frame_bytes)
+
+    def summary(self) -> dict:
+        """The numbers for a bench's JSON (no image bytes)."""
+        n = self.frames
+        return {
+            "poses_sent": self.poses_sent,
+            "frames_received": n,
+            "frame_kib_mean": round(sum(self.frame_bytes) / n / 1024, 2) if n else None,
+            "frames_per_s": round(n / self.seconds, 2) if self.seconds > 0 else None,
+            "seconds": round(self.seconds, 2),
+            "error": self.error,
+        }
+
+
+def decode_window(payload: bytes) -> list[dict]:
+    """The messages of one server -> client websocket message (viser's hybrid zstd + msgpack format)."""
+    size = int.from_bytes(payload[0:8], "little")
+    compressed = int.from_bytes(payload[8:16], "little")
+    inner = zstandard.ZstdDecompressor().decompress(payload[16 : 16 + compressed], max_output_size=size)
+    window = msgspec.msgpack.decode(inner)
+    buffers, offset = [], 16 + compressed
+    for length in window.get("binaryBufferLengths", ()):
+        offset += (8 - offset % 8) % 8
+        buffers.append(payload[offset : offset + length])
+        offset += length
+    messages = window["messages"]
+    for m in messages:  # arrays sent as placeholders: the raw bytes back in place
+        for key, value in m.items():
+            if isinstance(value, dict) and "__binary_index" in value:
+                m[key] = buffers[value["__binary_index"]]
+    return messages
+
+
+class CameraProbe:
+    """``probe = CameraProbe(url, orbit); probe.start(); ...; count = probe.stop()``: a websocket client on
+    its own thread sending ``orbit``'s pose every ``1 / rate_hz`` seconds and counting the frames it gets."""
+
+    def __init__(self, url: str, orbit: Orbit, rate_hz: float = 30.0, connect_timeout_s: float = 20.0) -> None:
+        self.url = url.replace("http://", "ws://").replace("https://", "wss://")
+        self.orbit, self.period = orbit, 1.0 / rate_hz
+        self.connect_timeout_s = connect_timeout_s
+        self.count = ProbeCount()
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "CameraProbe":
+        """Connect and start sending (returns once the first pose is sent; raises when it cannot connect)."""
+        self._thread = threading.Thread(target=self._run, name="hvd_ngp-camera-probe", daemon=True)
+        self._thread.start()
+        if not self._connected.wait(self.connect_timeout_s + 5) or self.count.error:
+            self._stop.set()
+            raise ConnectionError(f"camera probe: cannot reach {self.url}: {self.count.error or 'timed out'}")
+        return self
+
+    def frames(self) -> int:
+        with self.lock:
+            return self.count.frames
+
+    def stop(self) -> ProbeCount:
+        """Stop sending, close the connection, return the counts."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        return self.count
+
+    def _run(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+        from websockets.sync.client import connect
+
+        try:
+            ws = connect(
+                self.url,
+                subprotocols=[f"viser-v{version('viser')}"],  # type: ignore[list-item]
+                max_size=None,
+                open_timeout=self.connect_timeout_s,
+                compression=None,
+            )
+        except Exception as e:  # noqa: BLE001 - reported by start()
+            self.count.error = f"{type(e).__name__}: {e}"
+            self._connected.set()
+            return
+        started = time.monotonic()
+        next_pose = started
+        try:
+            with ws:
+                while not self._stop.is_set():
+                    now = time.monotonic()
+                    if now >= next_pose:
+                        ws.send(msgspec.msgpack.encode(self.orbit.pose(now - started)))
+                        with self.lock:
+                            self.count.poses_sent += 1
+                        self._connected.set()
+                        next_pose += self.period
+                        if next_pose < now:  # fell behind (a long frame): keep the rate, skip the backlog
+                            next_pose = now + self.period
+                    try:
+                        payload = ws.recv(timeout=max(0.0, next_pose - time.monotonic()))
+                    except TimeoutError:
+                        continue
+                    if isinstance(payload, bytes):
+                        self._take(payload)
+        except ConnectionClosed as e:
+            if e.rcvd is None or e.rcvd.code != 1001:  # 1001 "going away": the server stopped (the run ended)
+                self.count.error = f"the connection closed ({e})"
+        finally:
+            self.count.seconds = time.monotonic() - started
+            self._connected.set()
+
+    def _take(self, payload: bytes) -> None:
+        for m in decode_window(payload):
+            if m.get("type") == FRAME_MESSAGE and m.get("rgb_data"):
+                data = bytes(m["rgb_data"])
+                with self.lock:
+                    self.count.frame_bytes.append(len(data))
+                    self.count.frame_poses.append(self.count.poses_sent)
+                    self.count.last_frame = (str(m.get("format")), data)
