@@ -40,7 +40,9 @@ def orbit_of(scene, width: int, height: int) -> Orbit:
     views = scene.test if len(scene.test) else scene.train
     centre = scene.aabb.mean(dim=0).double().numpy()
     position, _, _ = look_from(views, 0, centre)
-    return Orbit(tuple(centre), tuple(position), tuple(float(v) for v in scene.up), vertical_fov(views, 0), width, height)
+    return Orbit(
+        tuple(centre), tuple(position), tuple(float(v) for v in scene.up), vertical_fov(views, 0), width, height
+    )
 
 
 def free_port() -> int:
@@ -66,8 +68,12 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--window", default="1280x720", help="browser window (or the python client's canvas) WxH")
-    p.add_argument("--client", choices=sorted(CLIENTS), default="chromium", help="the watcher: " + "; ".join(
-        f"{k}: {v}" for k, v in CLIENTS.items()))
+    p.add_argument(
+        "--client",
+        choices=sorted(CLIENTS),
+        default="chromium",
+        help="the watcher: " + "; ".join(f"{k}: {v}" for k, v in CLIENTS.items()),
+    )
     p.add_argument("--rate_hz", type=float, default=30.0, help="camera messages per second (--client python)")
     p.add_argument("trainer", nargs=argparse.REMAINDER, help="trainer flags (after --)")
     opts = options_from(ViewerBenchOptions, p.parse_args(argv))

@@ -94,6 +94,7 @@ class ProbeCount:
             "poses_sent": self.poses_sent,
             "frames_received": n,
             "frame_kib_mean": round(sum(self.frame_bytes) / n / 1024, 2) if n else None,
+            "frame_kib_max": round(max(self.frame_bytes) / 1024, 2) if n else None,
             "frames_per_s": round(n / self.seconds, 2) if self.seconds > 0 else None,
             "seconds": round(self.seconds, 2),
             "error": self.error,
