@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "steps_per_s": m["steps"] / m["train_seconds"],
                 "wall_s": round(time.perf_counter() - started, 2),
                 "frames": live[0].viewer.frames_sent if live else 0,
-                "last_frame_side": live[0].viewer.resolution.side if live else None,
+                "last_frame_side": live[0].viewer.last_side if live else None,
                 "device": m["device"],
                 "test_psnr": m["test_psnr"],
                 **({"received": received[0]} if received else {}),

@@ -35,9 +35,9 @@ class Orbit:
     ``[3]`` through the centre by ``degrees_per_s``, looking at the centre; vertical ``fov`` radians and a
     ``width`` x ``height`` canvas (pixels)."""
 
-    centre: tuple[float, float, float]
-    start: tuple[float, float, float]
-    up: tuple[float, float, float]
+    centre: tuple[float, ...]
+    start: tuple[float, ...]
+    up: tuple[float, ...]
     fov: float
     width: int
     height: int
@@ -157,11 +157,12 @@ class CameraProbe:
     def _run(self) -> None:
         from websockets.exceptions import ConnectionClosed
         from websockets.sync.client import connect
+        from websockets.typing import Subprotocol
 
         try:
             ws = connect(
                 self.url,
-                subprotocols=[f"viser-v{version('viser')}"],  # type: ignore[list-item]
+                subprotocols=[Subprotocol(f"viser-v{version('viser')}")],  # viser's client sends its version
                 max_size=None,
                 open_timeout=self.connect_timeout_s,
                 compression=None,

@@ -83,6 +83,7 @@ class Viewer:
         self.resolution = AdaptiveResolution(budget_s, max_side=max_side)
         self.frames: dict[int, Frame] = {}
         self.frames_sent = 0
+        self.last_side: int | None = None  # the longer side of the last frame sent
         self.lock = threading.Lock()  # the history, written by the trainer, read by the panel
         self.history: dict[str, list[tuple[int, float]]] = {"loss": [], "train_psnr": [], "test_psnr": []}
         self._renderer: ViewRenderer | None = None
@@ -332,6 +333,7 @@ class Viewer:
         client.scene.set_background_image(img, format="jpeg", jpeg_quality=90)
         seconds = time.perf_counter() - started
         self.frames_sent += 1
+        self.last_side = max(w, h)
         return seconds
 
     def _side_stream(self):
