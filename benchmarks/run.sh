@@ -328,7 +328,7 @@ PY
     scene=$(scene_of "${HVD_NGP_SCENE:-lego}") || exit $?
     client=${HVD_NGP_CLIENT:-}
     if [[ -z $client ]]; then
-      if "$PY" -c "import sys; from hvd_ngp.viewer.browser import find_chromium; sys.exit(find_chromium() is None)"; then
+      if "$PY" -c "import shutil, sys; from hvd_ngp.viewer.browser import find_chromium as f; sys.exit(not shutil.which(f() or '-'))"; then
         client=chromium
       else
         client=python

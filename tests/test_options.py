@@ -92,6 +92,7 @@ TOOLS = {
     "hvd_ngp.bench.syncmodes": "SyncModesOptions",
     "hvd_ngp.bench.throughput": "ThroughputOptions",
     "hvd_ngp.bench.viewer": "ViewerBenchOptions",
+    "hvd_ngp.viewer.probe": "ProbeOptions",
 }
 
 

@@ -2,9 +2,10 @@
 
 Trains twice in this process (size 1) with the same flags: once plain, once with ``--viewer`` on a free port
 and a watcher connected, so frames are rendered and sent all along. The watcher (``--client``) is a headless
-Chromium (the system's) showing the page, or ``python``: ``viewer.probe.CameraProbe``, a websocket client
-sending a browser's camera messages along an orbit (30 Hz) and counting the frames it gets back - it decodes
-and draws nothing, so it stands in for a browser on the server's side only (for machines without Chromium).
+Chromium (the system's) showing the page, or ``python``: ``viewer.probe.ProbeProcess``, a websocket client in
+a child process (as a browser is) sending a browser's camera messages along an orbit (30 Hz) and counting the
+frames it gets back - it decodes and draws nothing, so it stands in for a browser on the server's side only
+(for machines without Chromium).
 Prints a table (steps/s, the slowdown, frames sent) and writes JSON (``--json``; ``client`` names the
 watcher). A watched run that sends no frame is an error. On a GPU machine:
 ``python -m hvd_ngp.bench viewer --json viewer.json -- --scene ../shared/data/nerf_synthetic/lego --n_steps 3000``.
@@ -27,7 +28,7 @@ from ..training.trainer import run
 from ..viewer.browser import HeadlessChromium
 from ..viewer.cameras import look_from, vertical_fov
 from ..viewer.live import LiveViewer
-from ..viewer.probe import CameraProbe, Orbit
+from ..viewer.probe import Orbit, ProbeProcess
 
 CLIENTS = {
     "chromium": "headless Chromium showing the viewer page",
@@ -59,6 +60,7 @@ class ViewerBenchOptions:
     window: str  # WIDTHxHEIGHT
     client: str  # a key of CLIENTS
     rate_hz: float
+    last_frame: str | None
     trainer: list[str]  # trainer flags
 
 
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="the watcher: " + "; ".join(f"{k}: {v}" for k, v in CLIENTS.items()),
     )
     p.add_argument("--rate_hz", type=float, default=30.0, help="camera messages per second (--client python)")
+    p.add_argument("--last_frame", default=None, help="--client python: write the last frame it got here (JPEG)")
     p.add_argument("trainer", nargs=argparse.REMAINDER, help="trainer flags (after --)")
     opts = options_from(ViewerBenchOptions, p.parse_args(argv))
     flags = [f for f in opts.trainer if f != "--"]
@@ -86,12 +89,13 @@ def main(argv: list[str] | None = None) -> dict:
         view = settings.viewer
         live: list[LiveViewer] = []
         browser: list[HeadlessChromium] = []
-        probe: list[CameraProbe] = []
+        probe: list[ProbeProcess] = []
 
         def attach(tr):
             live.append(LiveViewer(tr, "127.0.0.1", port, view.viewer_budget_ms / 1000, view.viewer_share))
             if opts.client == "python":
-                probe.append(CameraProbe(live[0].viewer.url, orbit_of(tr.scene, width, height), opts.rate_hz).start())
+                orbit = orbit_of(tr.scene, width, height)
+                probe.append(ProbeProcess(live[0].viewer.url, orbit, opts.rate_hz, opts.last_frame))
             else:
                 b = HeadlessChromium(width, height)
                 b.open(live[0].viewer.url)
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             for b in browser:
                 b.close()
-            received = [c.stop().summary() for c in probe]
+            received = [c.stop() for c in probe]
         m = result.metrics
         rows.append(
             {

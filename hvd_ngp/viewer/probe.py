@@ -4,7 +4,8 @@
 subprotocol; a server of another version closes the connection), sends ``ViewerCameraMessage`` poses along an
 orbit around the scene at a steady rate, and counts the background images (the NeRF frames) the server sends
 back, with their sizes. It is not a browser: it decodes no images and draws nothing, so it measures the
-server's side of a watched run (rendering, encoding, sending), not a page's.
+server's side of a watched run (rendering, encoding, sending), not a page's. ``ProbeProcess`` runs it in a child
+process (``python -m hvd_ngp.viewer.probe``), as a browser is, so its work does not share the trainer's interpreter.
 
 Wire format (viser 1.x, ``viser/infra/_infra.py``): the client sends one msgpack map per message
 (``{"type": "ViewerCameraMessage", ...fields}``); the server sends windows of messages as
@@ -14,16 +15,25 @@ Only this module speaks it; ``server`` stays the only viser importer.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
 import math
+import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import version
+from pathlib import Path
 
 import msgspec.msgpack
 import numpy as np
 import zstandard
 
+from ..errors import HvdNgpError, run_cli
+from ..options import options_from
 from .cameras import matrix_quaternion
 
 FRAME_MESSAGE = "BackgroundImageMessage"
@@ -42,6 +52,15 @@ class Orbit:
     width: int
     height: int
     degrees_per_s: float = 30.0
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Orbit":
+        d = json.loads(text)
+        centre, start, up = (tuple(float(c) for c in d[k]) for k in ("centre", "start", "up"))
+        return cls(centre, start, up, float(d["fov"]), int(d["width"]), int(d["height"]), float(d["degrees_per_s"]))
 
     def pose(self, t: float) -> dict:
         """The ``ViewerCameraMessage`` fields at ``t`` seconds (OpenCV axes: x right, y down, z forward)."""
@@ -96,6 +115,7 @@ class ProbeCount:
             "frame_kib_mean": round(sum(self.frame_bytes) / n / 1024, 2) if n else None,
             "frame_kib_max": round(max(self.frame_bytes) / 1024, 2) if n else None,
             "frames_per_s": round(n / self.seconds, 2) if self.seconds > 0 else None,
+            "poses_with_frames": len(set(self.frame_poses)),  # frames arrived after this many different poses
             "seconds": round(self.seconds, 2),
             "error": self.error,
         }
@@ -206,3 +226,68 @@ class CameraProbe:
                     self.count.frame_bytes.append(len(data))
                     self.count.frame_poses.append(self.count.poses_sent)
                     self.count.last_frame = (str(m.get("format")), data)
+
+
+class ProbeProcess:
+    """``CameraProbe`` in a child process: ``p = ProbeProcess(url, orbit)`` returns once it has sent its first
+    pose; ``p.stop()`` ends it and returns its ``ProbeCount.summary()``. ``last_frame``: the child writes the
+    last frame it got there (encoded, as sent)."""
+
+    def __init__(self, url: str, orbit: Orbit, rate_hz: float = 30.0, last_frame: str | None = None) -> None:
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding hvd_ngp
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        argv = [sys.executable, "-m", "hvd_ngp.viewer.probe", url, "--orbit", orbit.to_json()]
+        argv += ["--rate_hz", str(rate_hz)] + (["--last_frame", last_frame] if last_frame else [])
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        assert self.proc.stdout is not None and self.proc.stdin is not None  # PIPEs
+        if self.proc.stdout.readline().strip() != READY:
+            _, err = self.proc.communicate(timeout=30)
+            lines = err.strip().splitlines()
+            raise HvdNgpError(f"the python watcher did not start: {lines[-1] if lines else 'no message'}")
+
+    def stop(self) -> dict:
+        out, err = self.proc.communicate(timeout=30)  # closes the child's stdin: it stops and reports
+        lines = out.strip().splitlines()
+        if self.proc.returncode != 0 or not lines:
+            raise HvdNgpError(f"the python watcher failed: {(err.strip().splitlines() or ['no message'])[-1]}")
+        return json.loads(lines[-1])
+
+
+READY = "probe: sending cameras"
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """The command line of ``python -m hvd_ngp.viewer.probe`` (``main``'s parser holds each option's help)."""
+
+    url: str
+    orbit: str  # Orbit's fields as JSON
+    rate_hz: float
+    last_frame: str | None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Connect, print ``READY``, send cameras until stdin closes, then print the counts as one JSON line."""
+    p = argparse.ArgumentParser(prog="python -m hvd_ngp.viewer.probe", description=__doc__.split("\n\n")[0])
+    p.add_argument("url", help="the viewer's address (http://HOST:PORT)")
+    p.add_argument("--orbit", required=True, help="the orbit: Orbit's fields as a JSON object")
+    p.add_argument("--rate_hz", type=float, default=30.0, help="camera messages per second")
+    p.add_argument("--last_frame", default=None, help="write the last frame received here (JPEG or PNG bytes)")
+    opts = options_from(ProbeOptions, p.parse_args(argv))
+    orbit = Orbit.from_json(opts.orbit)
+    try:
+        probe = CameraProbe(opts.url, orbit, opts.rate_hz).start()
+    except ConnectionError as e:
+        raise HvdNgpError(str(e)) from None
+    print(READY, flush=True)
+    sys.stdin.read()  # until the parent closes it
+    count = probe.stop()
+    if opts.last_frame and count.last_frame is not None:
+        Path(opts.last_frame).write_bytes(count.last_frame[1])
+    print(json.dumps(count.summary()), flush=True)
+
+
+if __name__ == "__main__":
+    run_cli(main, prog="hvd_ngp.viewer.probe")
