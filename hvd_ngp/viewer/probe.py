@@ -163,10 +163,6 @@ class CameraProbe:
             raise ConnectionError(f"camera probe: cannot reach {self.url}: {self.count.error or 'timed out'}")
         return self
 
-    def frames(self) -> int:
-        with self.lock:
-            return self.count.frames
-
     def stop(self) -> ProbeCount:
         """Stop sending, close the connection, return the counts."""
         self._stop.set()
