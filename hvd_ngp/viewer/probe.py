@@ -244,7 +244,12 @@ class ProbeProcess:
             raise HvdNgpError(f"the python watcher did not start: {lines[-1] if lines else 'no message'}")
 
     def stop(self) -> dict:
-        out, err = self.proc.communicate(timeout=30)  # closes the child's stdin: it stops and reports
+        try:
+            out, err = self.proc.communicate(timeout=30)  # closes the child's stdin: it stops and reports
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise HvdNgpError("the python watcher did not stop within 30 s (killed)") from None
         lines = out.strip().splitlines()
         if self.proc.returncode != 0 or not lines:
             raise HvdNgpError(f"the python watcher failed: {(err.strip().splitlines() or ['no message'])[-1]}")
