@@ -5,7 +5,8 @@ subprotocol; a server of another version closes the connection), sends ``ViewerC
 orbit around the scene at a steady rate, and counts the background images (the NeRF frames) the server sends
 back, with their sizes. It is not a browser: it decodes no images and draws nothing, so it measures the
 server's side of a watched run (rendering, encoding, sending), not a page's. ``ProbeProcess`` runs it in a child
-process (``python -m hvd_ngp.viewer.probe``), as a browser is, so its work does not share the trainer's interpreter.
+process (``python -m hvd_ngp.viewer._probe_child``, which runs ``main``), as a browser is, so its work does not
+share the trainer's interpreter.
 
 Wire format (viser 1.x, ``viser/infra/_infra.py``): the client sends one msgpack map per message
 (``{"type": "ViewerCameraMessage", ...fields}``); the server sends windows of messages as
@@ -32,7 +33,7 @@ import msgspec.msgpack
 import numpy as np
 import zstandard
 
-from ..errors import HvdNgpError, run_cli
+from ..errors import HvdNgpError
 from ..options import options_from
 from .cameras import matrix_quaternion
 
@@ -232,7 +233,7 @@ class ProbeProcess:
     def __init__(self, url: str, orbit: Orbit, rate_hz: float = 30.0, last_frame: str | None = None) -> None:
         root = str(Path(__file__).resolve().parents[2])  # the folder holding hvd_ngp
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        argv = [sys.executable, "-m", "hvd_ngp.viewer.probe", url, "--orbit", orbit.to_json()]
+        argv = [sys.executable, "-m", "hvd_ngp.viewer._probe_child", url, "--orbit", orbit.to_json()]
         argv += ["--rate_hz", str(rate_hz)] + (["--last_frame", last_frame] if last_frame else [])
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -261,7 +262,7 @@ READY = "probe: sending cameras"
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    """The command line of ``python -m hvd_ngp.viewer.probe`` (``main``'s parser holds each option's help)."""
+    """The command line of ``python -m hvd_ngp.viewer._probe_child`` (``main``'s parser holds each option's help)."""
 
     url: str
     orbit: str  # Orbit's fields as JSON
@@ -271,7 +272,7 @@ class ProbeOptions:
 
 def main(argv: list[str] | None = None) -> None:
     """Connect, print ``READY``, send cameras until stdin closes, then print the counts as one JSON line."""
-    p = argparse.ArgumentParser(prog="python -m hvd_ngp.viewer.probe", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m hvd_ngp.viewer._probe_child", description=__doc__.split("\n\n")[0])
     p.add_argument("url", help="the viewer's address (http://HOST:PORT)")
     p.add_argument("--orbit", required=True, help="the orbit: Orbit's fields as a JSON object")
     p.add_argument("--rate_hz", type=float, default=30.0, help="camera messages per second")
@@ -288,7 +289,3 @@ def main(argv: list[str] | None = None) -> None:
     if opts.last_frame and count.last_frame is not None:
         Path(opts.last_frame).write_bytes(count.last_frame[1])
     print(json.dumps(count.summary()), flush=True)
-
-
-if __name__ == "__main__":
-    run_cli(main, prog="hvd_ngp.viewer.probe")
