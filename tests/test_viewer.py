@@ -260,3 +260,39 @@ def test_the_snapshot_viewer_names_a_missing_snapshot_in_one_line(tmp_path):
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{tmp_path / 'nope.pt'}: no such snapshot" in proc.stderr and "Traceback" not in proc.stderr
+
+
+class _IdleWatcher:
+    """A watcher that asks for nothing (the ``training.control.Watcher`` protocol)."""
+
+    def pending(self) -> tuple[bool, bool]:
+        return False, False
+
+    def idle(self) -> None: ...
+
+    def after_step(self, step: int) -> None: ...
+
+    def record(self, step: int, values: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_starting_the_viewer_is_off_the_training_clock(scene_cache, tmp_path, monkeypatch):
+    """The viewer's start (viser's server; a bench waits there for its watcher) is not training time: an attach
+    during which the training clock's time source jumps by 1000 s leaves the run's training seconds small
+    (before the fix they counted it: the bench's slowdown read 37% on the CPU where frames took 7%)."""
+    from hvd_ngp.config import parse_settings
+    from hvd_ngp.observe import clock
+    from hvd_ngp.training.trainer import run
+
+    offset = [0.0]
+    real = time.perf_counter
+    monkeypatch.setattr(clock.time, "perf_counter", lambda: real() + offset[0])
+
+    def attach(tr):
+        offset[0] += 1000.0  # the server's start, seen by the training clock
+        return _IdleWatcher()
+
+    settings = parse_settings(tiny_cpu_args(scene_cache, tmp_path / "run", "--n_steps", "3", "--n_eval_views", "0"))
+    result = run(settings, attach=attach)
+    assert result.metrics["steps"] == 3 and result.metrics["train_seconds"] < 500

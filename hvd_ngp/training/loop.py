@@ -99,8 +99,9 @@ class RunLoop:
         self.watchdog = Watchdog(s.loop.watchdog_s, tr.rt.rank).start()
         self.last_timed_ckpt = progress["train_seconds"]  # a shared clock reading: the same on every rank
         self.watcher = None
-        if attach is not None:
-            self.watcher = dist.agree(lambda: attach(tr) if tr.rt.is_root else None, "starting the viewer")
+        if attach is not None:  # off the training clock: the server's start (and a bench's wait for its watcher)
+            with self.paused():
+                self.watcher = dist.agree(lambda: attach(tr) if tr.rt.is_root else None, "starting the viewer")
         self.control = None if attach is None else RunControl(self.watcher, tr.stops.local)
         self.stopped: list[str] = []  # set when a stop signal was agreed (preempt)
         self.set_up = False  # this process's first step taken (outside the training clock: see first_step)
