@@ -189,16 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
     cap_gb, decoded = opts.memory_cap_gb, 0
     if "streamed" in names:
         sc = trainer_settings("uniform").scene
-        frames = load_scene(
-            sc.scene,
-            scene_cache=sc.scene_cache,
-            builtin_seed=sc.builtin_seed,
-            train_split=sc.train_split,
-            test_split=sc.test_split,
-            holdout_every=sc.holdout_every,
-            downscale=sc.downscale,
-            lazy_train=True,
-        ).train
+        frames = load_scene(sc.scene, **sc.load_kwargs(), lazy_train=True).train  # as the trainer loads it
         decoded = image_bytes(frames.sizes, 4)
         cap_gb = cap_gb or decoded / 2 / GIB
 
