@@ -341,3 +341,90 @@ def test_export_and_render_tools_on_a_trained_snapshot(snapshot, tmp_path):
     normal = np.load(tmp_path / "r" / "poses_frames" / "normal_0001.npy")
     lit = np.linalg.norm(normal, axis=-1) > 0.5
     assert lit.mean() > 0.2 and np.allclose(np.linalg.norm(normal[lit], axis=-1), 1, atol=1e-4)
+
+
+def front_camera(w: int, h: int, f: float):
+    """One pinhole camera at the origin of ngp space looking along +z (x right, y down), ``w`` x ``h`` pixels."""
+    from hvd_ngp.data import Frames
+
+    return Frames(
+        torch.zeros(1, 1, 1, 4, dtype=torch.uint8),
+        torch.tensor([[[1.0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]]),
+        torch.tensor([[f, f, w / 2, h / 2]]),
+        torch.zeros(1, 6),
+        torch.tensor([[w, h]]),
+    )
+
+
+RED, GREEN, BLUE = np.array([255.0, 0, 0]), np.array([0, 255.0, 0]), np.array([0, 0, 255.0])
+
+
+def test_mesh_picture_is_the_faces_colours_where_the_resized_camera_sees_them():
+    import trimesh
+
+    from hvd_ngp.export.picture import AMBIENT, GREY, mesh_picture, picture_camera
+
+    # a square at z = 2, |x|, |y| < 0.5, its corners red, green, blue, red; the 32x24 camera drawn at 64x48
+    corners = [[-0.5, -0.5, 2], [0.5, -0.5, 2], [0.5, 0.5, 2], [-0.5, 0.5, 2]]
+    square = trimesh.Trimesh(corners, [[0, 1, 2], [0, 2, 3]], vertex_colors=[RED, GREEN, BLUE, RED], process=False)
+    camera = picture_camera(front_camera(32, 24, 20.0), 0, 64)
+    assert camera.image_size(0) == (64, 48)
+    rgb, drawn = mesh_picture(square, camera, (1.0, 1.0, 1.0))
+    # by hand: pixel centre (x + 0.5, y + 0.5) looks along ((x + 0.5 - 32) / 40, (y + 0.5 - 24) / 40, 1)
+    y, x = np.mgrid[0:48, 0:64] + 0.5
+    dx, dy = (x - 32) / 40, (y - 24) / 40
+    s, t = 2 * dx + 0.5, 2 * dy + 0.5  # where the ray meets the square, in its corner coordinates [0, 1]^2
+    inside = (s > 0) & (s < 1) & (t > 0) & (t < 1)
+    assert int(inside.sum()) == 20 * 20 and (drawn == inside).all()
+    upper = (s >= t)[..., None]  # face 0 (corners 0, 1, 2), else face 1 (corners 0, 2, 3)
+    colour = np.where(upper, (1 - s)[..., None] * RED, (1 - t)[..., None] * RED + (t - s)[..., None] * RED)
+    colour += np.where(upper, (s - t)[..., None] * GREEN + t[..., None] * BLUE, s[..., None] * BLUE)
+    shade = AMBIENT + (1 - AMBIENT) / np.sqrt(dx**2 + dy**2 + 1)
+    want = np.where(inside[..., None], colour * shade[..., None], 255.0)
+    assert np.abs(rgb.astype(float) - want).max() <= 1.0
+    # without colours: grey, shaded the same; the background black
+    rgb, _ = mesh_picture(trimesh.Trimesh(corners, [[0, 1, 2], [0, 2, 3]], process=False), camera, (0.0, 0.0, 0.0))
+    want = np.where(inside[..., None], np.asarray(GREY) * shade[..., None], 0.0)
+    assert np.abs(rgb.astype(float) - want).max() <= 1.0
+
+
+def test_points_picture_puts_each_point_where_the_camera_projects_it_and_the_nearest_wins():
+    from hvd_ngp.data.cameras import pixel_rays
+    from hvd_ngp.export.picture import points_picture, project
+
+    camera = front_camera(64, 48, 40.0)
+
+    def at(px: int, py: int, z: float) -> list[float]:  # the point at depth z seen through pixel (px, py)'s centre
+        return [(px + 0.5 - 32) * z / 40, (py + 0.5 - 24) * z / 40, z]
+
+    yellow, cyan = np.array([255.0, 255, 0]), np.array([0, 255.0, 255])
+    pts = [at(10, 5, 2.0), at(50, 40, 4.0), at(20, 30, 6.0), at(20, 30, 3.0), at(40, 10, 1.5), at(40, 10, 5.0)]
+    pts.append([0.0, 0.0, -2.0])  # behind the camera: not drawn
+    cols = np.array([RED, GREEN, BLUE, yellow, cyan, RED, GREEN]).astype(np.uint8)
+    rgb, drawn = points_picture(np.array(pts), cols, camera, (1.0, 1.0, 1.0), point_px=1)
+    assert sorted(zip(*np.nonzero(drawn))) == [(5, 10), (10, 40), (30, 20), (40, 50)]  # (row, column)
+    assert rgb[5, 10].tolist() == [255, 0, 0] and rgb[40, 50].tolist() == [0, 255, 0]
+    assert rgb[30, 20].tolist() == [255, 255, 0] and rgb[10, 40].tolist() == [0, 255, 255]  # nearer, listed 2nd/1st
+    assert (rgb[~drawn] == 255).all()
+    # discs 3 pixels across (3x3 at a pixel centre): a far blue disc beside a near red one shows where it is uncovered
+    rgb, drawn = points_picture(np.array([at(21, 30, 6.0), at(20, 30, 2.0)]), None, camera, (0, 0, 0), point_px=3)
+    assert int(drawn.sum()) == 12 and drawn[29:32, 19:23].all()
+    rgb, _ = points_picture(np.array([at(21, 30, 6.0), at(20, 30, 2.0)]), cols[[2, 0]], camera, (0, 0, 0), point_px=3)
+    assert (rgb[29:32, 19:22] == [255, 0, 0]).all() and (rgb[29:32, 22] == [0, 0, 255]).all()
+    # with lens distortion (pinhole and fisheye): the pixel ray through a projected point passes through it
+    rng = np.random.default_rng(0)
+    p = rng.uniform([-0.4, -0.3, 1.0], [0.4, 0.3, 2.0], size=(20, 3))
+    for fisheye, k in ((False, [0.05, -0.02, 0.0, 0.0, 0.001, -0.002]), (True, [0.03, -0.01, 0.002, 0.0, 0, 0])):
+        camera.distortion[0] = torch.tensor(k)
+        camera.fisheye[0] = fisheye
+        u, v, depth, front = project(p, camera)
+        o, d = pixel_rays(
+            camera.c2w.expand(20, 3, 4).double(),
+            camera.intrinsics.expand(20, 4).double(),
+            torch.from_numpy(u),
+            torch.from_numpy(v),
+            camera.distortion.expand(20, 6).double(),
+            camera.fisheye.expand(20),
+        )
+        assert front.all() and np.abs(d.numpy() - p / np.linalg.norm(p, axis=1)[:, None]).max() < 1e-6
+        np.testing.assert_allclose(depth, np.linalg.norm(p, axis=1))
