@@ -428,3 +428,59 @@ def test_points_picture_puts_each_point_where_the_camera_projects_it_and_the_nea
         )
         assert front.all() and np.abs(d.numpy() - p / np.linalg.norm(p, axis=1)[:, None]).max() < 1e-6
         np.testing.assert_allclose(depth, np.linalg.norm(p, axis=1))
+
+
+def test_picture_command_draws_the_tiny_models_mesh_and_a_cloud_in_the_scene_files_world(snapshot, tmp_path, capsys):
+    import cv2
+    import trimesh
+
+    from hvd_ngp.data import load_scene
+    from hvd_ngp.data.cameras import nerf_to_ngp_points, ngp_to_nerf_points
+    from hvd_ngp.export.silhouette import iou, mesh_silhouette
+    from hvd_ngp.tools.export import main as export
+
+    scene_dir = str(next(scene_files(snapshot)).parent)
+    export(["mesh", str(snapshot), "--out", str(tmp_path / "m.glb"), "--resolution", "32", "--device", "cpu"])
+    capsys.readouterr()
+    result = export(
+        ["picture", str(tmp_path / "m.glb"), "--scene", scene_dir, "--view", "1", "--size", "80"]
+        + ["--out", str(tmp_path / "m.png"), "--json", str(tmp_path / "m.json")]
+    )
+    assert json.loads((tmp_path / "m.json").read_text()) == result and result["size"] == [80, 80]
+    line = capsys.readouterr().err.strip()
+    assert line.count("\n") == 0 and "m.glb (mesh) from test view 1 at 80x80" in line and "m.png" in line
+    png = cv2.cvtColor(cv2.imread(str(tmp_path / "m.png")), cv2.COLOR_BGR2RGB)  # as people see it
+    drawn = (png != 255).any(axis=2)
+    # the same rays as the silhouette check: the mesh moved into ngp space here, the camera the scene's own
+    mesh = trimesh.load(tmp_path / "m.glb", force="mesh", process=False)
+    scene = load_scene(scene_dir)
+    mesh.vertices = nerf_to_ngp_points(np.asarray(mesh.vertices), scene.scale, scene.offset)
+    silhouette = mesh_silhouette(mesh, scene.test, 1)
+    assert 0.05 < silhouette.mean() < 0.95 and iou(drawn, silhouette) > 0.99
+    assert result["drawn_fraction"] == pytest.approx(silhouette.mean(), abs=0.01)
+    colours = np.asarray(mesh.visual.vertex_colors)[:, :3].astype(float)
+    lo, hi = colours.min(0) * 0.35 - 1, colours.max(0) + 1  # the mesh's colours times the shading
+    assert ((png[drawn] >= lo) & (png[drawn] <= hi)).all()
+
+    # a cloud written in the scene file's world: two points on the camera's rays through two pixels
+    c2w, (fx, fy, cx, cy) = scene.train.c2w[2].double().numpy(), scene.train.intrinsics[2].tolist()
+    pixels, colour = [(10, 20), (60, 45)], np.array([[255, 0, 0, 255], [0, 0, 255, 255]], np.uint8)
+    rays = np.array([[(px + 0.5 - cx) / fx, (py + 0.5 - cy) / fy, 1.0] for px, py in pixels])
+    points = c2w[:, 3] + 0.8 * rays @ c2w[:, :3].T
+    trimesh.PointCloud(ngp_to_nerf_points(points, scene.scale, scene.offset), colors=colour).export(tmp_path / "p.ply")
+    result = export(
+        ["picture", str(tmp_path / "p.ply"), "--scene", scene_dir, "--split", "train", "--view", "2"]
+        + ["--size", "80", "--point_px", "1", "--background", "black", "--out", str(tmp_path / "p.png")]
+    )
+    png = cv2.cvtColor(cv2.imread(str(tmp_path / "p.png")), cv2.COLOR_BGR2RGB)
+    assert result["kind"] == "points" and sorted(zip(*np.nonzero(png.any(axis=2)))) == [(20, 10), (45, 60)]
+    assert png[20, 10].tolist() == [255, 0, 0] and png[45, 60].tolist() == [0, 0, 255]
+
+    # bad input: one line naming the file or the option
+    with pytest.raises(ConfigError, match=r"no_such.ply: no such file"):
+        export(["picture", str(tmp_path / "no_such.ply"), "--scene", scene_dir, "--out", str(tmp_path / "x.png")])
+    (tmp_path / "lines.obj").write_text("v 0 0 0\nv 1 0 0\nv 0 1 0\n")
+    with pytest.raises(ConfigError, match=r"lines.obj: a mesh without faces"):
+        export(["picture", str(tmp_path / "lines.obj"), "--scene", scene_dir, "--out", str(tmp_path / "x.png")])
+    with pytest.raises(ConfigError, match=r"--view 8: .* has 8 test views \(0 to 7\)"):
+        export(["picture", str(tmp_path / "m.glb"), "--scene", scene_dir, "--view", "8", "--out", "x.png"])
