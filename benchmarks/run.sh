@@ -26,7 +26,7 @@ STEPS=(
   "scaling|GPUs: bench scaling on 1, 2, 4, 8 ranks (as the GPUs allow), weak and strong, time to 33/34/35 dB; Horovod from .whl_hvd"
   "batch|GPU: bench batch: steps to 33 and 35 dB at K backward passes per step (K ranks' step on one device)"
   "inference|GPU: render speed of a trained snapshot: test views and orbit video frames per second (the load subtracted; PyAV from .whl_av)"
-  "export|GPU: the snapshot's marching-cubes mesh and its silhouette IoU on lego's test views (trimesh etc. from .whl_look)"
+  "export|GPU: the snapshot's marching-cubes mesh and its silhouette IoU on lego's test views, its point cloud, PNG pictures of both (mesh.png, points.png; trimesh etc. from .whl_look)"
   "viewer|GPU: bench viewer: training steps/s with a watcher against without: headless Chromium, else (none found) the python camera client; viser from .whl_view"
   "colmap|GPU: fox on a time budget with the shipped poses and with COLMAP's (colmap-poses), the same held-out views"
 )
@@ -317,12 +317,18 @@ PY
   export)
     snapshot
     scene=$(scene_of "${HVD_NGP_SCENE:-lego}") || exit $?
-    for what in mesh iou; do
-      args=(mesh --out "$out/mesh.ply"); [[ $what == iou ]] && args=(iou --mesh "$out/mesh.ply" --json "$out/iou.json")
-      "$PY" -m hvd_ngp.tools.export "${args[0]}" "$snap" --scene "$scene" "${args[@]:1}" >"$out/export_$what.log" 2>&1 \
-        || { tail -3 "$out/export_$what.log"; die "export: hvd-ngp-export $what failed ($out/export_$what.log)" 1; }
-    done
-    tables fields "$out" export "$out/iou.json"
+    exported() {  # LOG COMMAND ARGS...: one hvd-ngp-export run, its output in $out/export_LOG.log
+      local log=$out/export_$1.log; shift
+      "$PY" -m hvd_ngp.tools.export "$@" --scene "$scene" >"$log" 2>&1 \
+        || { tail -3 "$log"; die "export: hvd-ngp-export $1 failed ($log)" 1; }
+    }
+    exported mesh mesh "$snap" --out "$out/mesh.ply"
+    exported iou iou "$snap" --mesh "$out/mesh.ply" --json "$out/iou.json"
+    exported pointcloud pointcloud "$snap" --out "$out/points.ply"
+    # pictures of both from the first test view (the first training view when the scene has no test split)
+    exported mesh_picture picture "$out/mesh.ply" --out "$out/mesh.png" --json "$out/mesh_picture.json"
+    exported points_picture picture "$out/points.ply" --out "$out/points.png" --json "$out/points_picture.json"
+    tables fields "$out" export "$out/iou.json" "$out/mesh_picture.json" "$out/points_picture.json"
     ;;
   viewer)
     scene=$(scene_of "${HVD_NGP_SCENE:-lego}") || exit $?

@@ -91,8 +91,8 @@ def mesh_picture(mesh, camera: Frames, background: tuple[float, float, float]) -
     """Ray-cast ``mesh`` (a ``trimesh.Trimesh`` in ngp space) through every pixel centre of ``camera`` (one frame)
     -> RGB ``[H, W, 3]`` uint8 and the drawn pixels ``[H, W]`` bool (the same rays as ``mesh_silhouette``).
     ``background``: RGB 0..1 where no face is hit."""
-    o, d = image_rays(camera, 0, torch.device("cpu"))
-    o, d = o.double().numpy(), d.double().numpy()
+    origins, directions = image_rays(camera, 0, torch.device("cpu"))
+    o, d = origins.double().numpy(), directions.double().numpy()
     w, h = camera.image_size(0)
     first = np.asarray(mesh.ray.intersects_first(o, d), dtype=np.int64)
     hit = first >= 0
@@ -109,7 +109,7 @@ def mesh_picture(mesh, camera: Frames, background: tuple[float, float, float]) -
     return np.clip(rgb + 0.5, 0, 255).astype(np.uint8).reshape(h, w, 3), hit.reshape(h, w)
 
 
-def project(points: np.ndarray, camera: Frames) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def project(points: np.ndarray, camera: Frames) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Points ``[N, 3]`` (ngp space) through ``camera`` (one frame, its distortion and fisheye model as
     ``data.cameras.pixel_rays`` inverts them) -> continuous pixel coordinates u, v ``[N]`` (pixel centres at
     +0.5), distance from the camera ``[N]``, and whether each point is in front of it ``[N]`` bool."""
