@@ -276,16 +276,17 @@ def main(argv: list[str] | None = None) -> dict:
         prog="hvd-ngp-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="what", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("snapshot", help="snapshot written by the trainer (--save_snapshot)")
-    common.add_argument("--scene", default=None, help="scene for the cameras (default: the training scene)")
-    common.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
-    common.add_argument(
+    space = argparse.ArgumentParser(add_help=False)
+    space.add_argument(
         "--space",
         choices=("scene", "ngp"),
         default="scene",
         help="coordinates of the files: the scene file's world (default) or ngp space",
     )
+    common = argparse.ArgumentParser(add_help=False, parents=[space])
+    common.add_argument("snapshot", help="snapshot written by the trainer (--save_snapshot)")
+    common.add_argument("--scene", default=None, help="scene for the cameras (default: the training scene)")
+    common.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     common.add_argument("--background", choices=("white", "black"), default=None)
     common.add_argument("--gpu_memory_gb", type=float, default=0.0)
     surface = argparse.ArgumentParser(add_help=False)
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
     s.add_argument("--mesh", default=None, help="mesh file (in --space coordinates; default: extract one here)")
     s.add_argument("--views", type=int, default=0, help="test views (0: all)")
     s.add_argument("--json", default=None, help="also write the scores here")
-    add_picture_parser(sub)
+    add_picture_parser(sub, space)
     opts = command_options(p.parse_args(argv), "what", COMMANDS)
     if isinstance(opts, PictureOptions):
         check_picture(opts)
@@ -339,20 +340,15 @@ def main(argv: list[str] | None = None) -> dict:
     return silhouette_iou(opts, trained)
 
 
-def add_picture_parser(sub) -> None:
-    """``hvd-ngp-export picture``'s options (``sub``: ``main``'s sub-parsers)."""
+def add_picture_parser(sub, space: argparse.ArgumentParser) -> None:
+    """``hvd-ngp-export picture``'s options (``sub``: ``main``'s sub-parsers; ``space``: the ``--space`` parent)."""
     q = sub.add_parser(
         "picture",
+        parents=[space],
         help="a PNG of an exported mesh or point cloud from one of the scene's cameras (ray-cast, or splatted points)",
     )
     q.add_argument("file", help="a mesh (.ply, .obj, .glb) or a point cloud (.ply without faces) as exported")
     q.add_argument("--scene", required=True, help="the scene whose cameras to draw from (and its coordinates)")
-    q.add_argument(
-        "--space",
-        choices=("scene", "ngp"),
-        default="scene",
-        help="coordinates of the file: the scene file's world (default) or ngp space",
-    )
     q.add_argument(
         "--split", choices=("test", "train"), default=None, help="default: test, train when the scene has none"
     )
