@@ -146,7 +146,8 @@ def test_bench_inference_rows_compare_both_paths_on_a_trained_field(scene_cache,
     from hvd_ngp.training.trainer import Trainer
 
     marching = _tiny_block("--marching", max_steps=64, eval_steps_per_diagonal=32)  # 2 march segments per ray
-    tr = Trainer.build(parse_args(tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--marching", marching)))
+    args = tiny_cpu_args(scene_cache, tmp_path, "--n_steps", "1", "--marching", marching, "--device", DEV.type)
+    tr = Trainer.build(parse_args(args))  # on a GPU machine the kernels compile for it (no interpreter there)
     tr.grid.occupied.fill_(True)  # one step in, the grid may be empty: every ray marches the whole box
     out = bench_inference(tr, 5, 1, [InferenceWindows(2, 8), InferenceWindows(8, 32)])
     assert out["size"] == [5, 5] and out["rays"] == 25  # one march block of 32 rays

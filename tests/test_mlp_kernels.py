@@ -158,6 +158,38 @@ def test_fused_mlp_precision_follows_autocast_and_tf32():
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
+def test_fp32_matmul_context_picks_the_math_outside_autocast_only_in_its_context():
+    """``triton_support.fp32_matmul``: inside, CUDA's fp32 math is the context's (whatever torch's tf32 flag
+    says); autocast still wins; the CPU stays ieee; other threads and the code after it see the flag again."""
+    import threading
+
+    from hvd_ngp.triton_support import fp32_matmul
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        with fp32_matmul("tf32"):
+            assert autocast_dot("cuda") == "tf32" and autocast_dot("cpu") == "ieee"
+            with torch.autocast(DEV.type, dtype=torch.bfloat16):
+                assert autocast_dot(DEV.type) == "bf16"
+            seen = []
+            t = threading.Thread(target=lambda: seen.append(autocast_dot("cuda")))
+            t.start()
+            t.join()
+            assert seen == ["ieee"]  # a thread beside it (training beside the viewer) keeps torch's flag
+            torch.backends.cuda.matmul.allow_tf32 = True
+            with fp32_matmul("ieee"):
+                assert autocast_dot("cuda") == "ieee"
+            assert autocast_dot("cuda") == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert autocast_dot("cuda") == "ieee"
+        with pytest.raises(ValueError, match="fp32 matmul"):
+            with fp32_matmul("bf16"):
+                pass
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
 @pytest.mark.parametrize("dot", ["tf32", "bf16"])
 def test_fused_mlp_tf32_and_bf16_on_gpu(dot):
     """tf32 (10-bit mantissa products) and bf16 (8-bit) against fp32; the interpreter has no bf16 dot

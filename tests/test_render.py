@@ -273,3 +273,40 @@ def test_cells_drawn_among_the_occupied_are_occupied_and_cover_them_evenly():
     assert (
         grid.draw_occupied(torch.rand(8, generator=g, dtype=torch.float64)).tolist() == [grid.n_cells - 1] * 8
     )  # nothing occupied: a harmless refresh
+
+
+def test_inference_renders_run_the_fused_mlps_in_the_inference_matmul_math():
+    """``render_in_chunks`` and ``render_outputs`` (every inference render: evaluation, the render tool, the
+    viewer) run their fields inside ``fp32_matmul(INFERENCE_MATMUL)``; the code around them does not."""
+    from hvd_ngp.model.mlp_triton import autocast_dot
+    from hvd_ngp.render.outputs import render_outputs
+    from hvd_ngp.render.volume import INFERENCE_MATMUL
+
+    seen: list[str] = []
+    rgb_sigma, sig = const_field(lambda x: torch.full((x.shape[0],), 2.0))
+
+    def watched(fn):
+        def call(x, *rest):
+            seen.append(autocast_dot("cuda"))
+            return fn(x, *rest)
+
+        return call
+
+    o, d = axis_rays(4)
+
+    def render(o, d, j):
+        out = render_rays(watched(rgb_sigma), watched(sig), o, d, AABB, None, StepSchedule.uniform(1 / 64), 0.0, j)
+        return out.rgb, out.opacity, out.depth
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = INFERENCE_MATMUL != "tf32"  # the flag says the other math
+        render_in_chunks(render, o, d, torch.ones(3), 2)
+        n = len(seen)
+        render_outputs(
+            watched(rgb_sigma), watched(sig), o, d, AABB, None, StepSchedule.uniform(1 / 64), 0.0, torch.ones(3), 2
+        )
+        assert n > 0 and len(seen) > n and set(seen) == {INFERENCE_MATMUL}
+        assert autocast_dot("cuda") != INFERENCE_MATMUL  # outside the renders, torch's flag again
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old

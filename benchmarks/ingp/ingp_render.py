@@ -49,7 +49,7 @@ result = {
     "train_s": round(trained, 2),
     "steps": steps,
     "views": len(psnrs),
-    "resolution": [w, h],
+    "resolution": [int(w), int(h)],
     "psnr_white_1spp": round(float(np.mean(psnrs)), 3),
     "render_s_total": round(sum(render_s), 3),
     "seconds_per_view": round(sum(render_s) / len(render_s), 4),

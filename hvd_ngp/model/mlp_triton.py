@@ -19,8 +19,9 @@ math's dtype, and then walks row blocks ``pid, pid + programs, ...``, so the wei
 Math (``dot``): "fp16" / "bf16" cast inputs, weights, activations and incoming gradients to half and
 accumulate in fp32 on the tensor cores; the output is half, like ``nn.Linear`` under autocast. "ieee"
 is fp32 throughout; "tf32" is fp32 with tf32 tensor-core products. ``FusedMLP`` picks fp16/bf16 from
-the autocast state (``--precision``), otherwise tf32 when ``torch.backends.cuda.matmul.allow_tf32``
-is set (what torch's own fp32 matmuls would do), else ieee.
+the autocast state (``--precision``), otherwise the math a ``triton_support.fp32_matmul`` context names
+(the inference renderers take tf32), otherwise tf32 when ``torch.backends.cuda.matmul.allow_tf32`` is set
+(what torch's own fp32 matmuls would do), else ieee.
 
 The input may have any 2-D strides: the hash grid's feature-major output (``[L * F, N]`` in memory) is read
 as it lies, and its gradient is written in the same layout.
@@ -39,6 +40,7 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
+from ..triton_support import fp32_matmul_math
 from .encoding.hashgrid_triton import _rows  # the row count a launch computes: N, or min(N, *count)
 
 WIDTHS = (16, 32, 64, 128)
@@ -455,11 +457,16 @@ def fused_mlp(
 
 
 def autocast_dot(device_type: str) -> str:
-    """The math of the current context: the autocast dtype when autocast is on, else fp32 (tf32 when
-    torch allows tf32 matmuls on CUDA)."""
+    """The math of the current context: the autocast dtype when autocast is on, else fp32 (on CUDA: tf32 inside
+    ``triton_support.fp32_matmul("tf32")`` or when torch allows tf32 matmuls)."""
     if torch.is_autocast_enabled(device_type):
         return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(torch.get_autocast_dtype(device_type), "ieee")
-    return "tf32" if device_type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    if device_type != "cuda":
+        return "ieee"
+    scoped = fp32_matmul_math()  # the renderers' choice (render.volume.INFERENCE_MATMUL), else torch's flag
+    if scoped is not None:
+        return scoped
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
 
 class FusedMLP(nn.Sequential):

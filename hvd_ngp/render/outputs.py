@@ -16,9 +16,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..triton_support import fp32_matmul
 from .occupancy import OccupancyGrid
 from .schedule import StepSchedule
-from .volume import DEFAULT_INFERENCE, RGBSigmaFn, SigmaFn, inference_path, over_background, render_rays
+from .volume import (
+    DEFAULT_INFERENCE,
+    INFERENCE_MATMUL,
+    RGBSigmaFn,
+    SigmaFn,
+    inference_path,
+    over_background,
+    render_rays,
+)
 
 OUTPUTS = ("rgb", "depth", "normal", "opacity")
 
@@ -54,7 +63,7 @@ def render_outputs(
     (``inference``: ``volume.INFERENCE_PATHS``, in ``workspace``) for rgb, opacity and depth; normals take the reference
     renderer."""
     parts: dict[str, list[Tensor]] = {"rgb": [], "opacity": [], "depth": [], "normal": []}
-    with torch.no_grad():
+    with torch.no_grad(), fp32_matmul(INFERENCE_MATMUL):
         for s in range(0, origins.shape[0], chunk):
             o, d = origins[s : s + chunk], directions[s : s + chunk]
             if fast and normal_step <= 0:
