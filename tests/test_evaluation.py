@@ -197,7 +197,8 @@ def test_the_first_step_is_set_up_not_training_time(tmp_path, scene_cache, monke
     started = time.monotonic()
     result = run(args)
     wall = time.monotonic() - started
-    assert 1.0 <= result.metrics["train_seconds"] <= wall - 3.0 and result.metrics["steps"] > 8
+    # counted, the first step's 3 s would spend the 1 s budget at step 1; a loaded CI machine may take 0.1 s a step
+    assert 1.0 <= result.metrics["train_seconds"] <= wall - 3.0 and result.metrics["steps"] >= 3
     first = re.search(r"\] first step ([0-9.]+) s, not counted in the training time", capsys.readouterr().err)
     assert first and float(first.group(1)) >= 3.0
 
