@@ -6,7 +6,8 @@ For each rank count, mode and seed: one ``horovodrun -np N -H localhost:N`` trai
 flags, steps and samples per rank for every mode), its final test PSNR. Prints a table (PSNR per seed, the
 mean, and the mean's difference from ``every`` at the same rank count) and writes JSON. On the CPU by
 default (``--device cpu``, the built-in scene); ``--controller`` picks Gloo or MPI. The mode ``delayed_grid+fp16``
-is ``--grad_sync delayed_grid --compression fp16`` (the late grid gradient on the fp16 wire).
+is ``--grad_sync delayed_grid --compression fp16`` (the late grid gradient on the fp16 wire); ``+comp`` adds
+``--delay_compensation local`` (``delayed_grid+comp``, ``delayed_grid+fp16+comp``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ class BenchError(HvdNgpError):
 
 
 #: benchmark modes beyond ``--grad_sync``'s own names -> their trainer flags
-COMBINED_MODES = {"delayed_grid+fp16": ["--grad_sync", "delayed_grid", "--compression", "fp16"]}
+COMBINED_MODES = {
+    "delayed_grid+fp16": ["--grad_sync", "delayed_grid", "--compression", "fp16"],
+    "delayed_grid+comp": ["--grad_sync", "delayed_grid", "--delay_compensation", "local"],
+    "delayed_grid+fp16+comp": ["--grad_sync", "delayed_grid", "--compression", "fp16", "--delay_compensation", "local"],
+}
 MODES = (*GRAD_SYNCS, *COMBINED_MODES)
 
 
@@ -110,7 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--modes",
         default=",".join(GRAD_SYNCS),
-        help=f"comma-separated of {', '.join(MODES)} (delayed_grid+fp16: with --compression fp16)",
+        help=f"comma-separated of {', '.join(MODES)} (delayed_grid+fp16: with --compression fp16; +comp: with "
+        "--delay_compensation local)",
     )
     p.add_argument("--seeds", default="1337,1")
     p.add_argument("--sync_period", type=int, default=8, help="H of --grad_sync periodic")

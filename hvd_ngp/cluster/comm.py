@@ -518,7 +518,9 @@ class CommSettings:
                 if self.delay_compensation == "local"
                 else ""
             )
-            return f"MLP gradients averaged every step, the hash grid's one step late (during the next step{wire}{comp})"
+            return (
+                f"MLP gradients averaged every step, the hash grid's one step late (during the next step{wire}{comp})"
+            )
         if self.grad_sync == "periodic":
             return f"local steps, parameters and Adam moments averaged every {self.sync_period} steps"
         return "gradients averaged every step"

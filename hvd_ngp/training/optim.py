@@ -116,7 +116,6 @@ class Adam(torch.optim.Adam):
         lr = group["lr"] * torch.sqrt(1 - beta2**tc) / (1 - beta1**tc)
         p.sub_(torch.where(touched, lr * m / (v.sqrt() + group["eps"]), torch.zeros_like(p)))
 
-
     @torch.no_grad()
     def preview(self, p: Tensor, grad: Tensor) -> Tensor:
         """The value ``step()`` would give parameter ``p`` (shape S) with ``grad`` (shape S) as its gradient, from
