@@ -41,7 +41,7 @@ same, continues exactly); evaluations, checkpoints and the parameter average rea
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, cast
 
 import torch
 from torch import Tensor
@@ -51,6 +51,7 @@ from ..cluster.comm import CommSettings
 from ..cluster.flatgrad import FlatGradients
 from ..model.field import NGPField
 from ..state.failures import NonFiniteGuard
+from .optim import Adam
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -94,11 +95,11 @@ class SpeculativeGrid:
     (its ``preview`` is the speculative step)."""
 
     def __init__(self, params: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer) -> None:
-        if not hasattr(optimizer, "preview"):
+        if not isinstance(optimizer, Adam):
             raise ValueError("--delay_compensation local needs the project's Adam (training.optim.Adam)")
         self.names = [n for n, _ in params]
-        self.params = [p for _, p in params]
-        self.optimizer = optimizer
+        self.params: list[Tensor] = [p for _, p in params]
+        self.optimizer: Adam = optimizer
         self.anchor = [torch.zeros_like(p, requires_grad=False) for p in self.params]
         self.ahead = False
         self._lrs: list[float] = []  # the learning rate each w was made with
@@ -117,7 +118,13 @@ class SpeculativeGrid:
     def stash(self) -> None:
         """After ``rewind``: keep this rank's late gradient (every ``p.grad``) in the anchor's scratch."""
         assert not self.ahead, "the anchor holds theta while ahead"
-        torch._foreach_copy_(self.anchor, [p.grad for p in self.params])
+        torch._foreach_copy_(self.anchor, self.grads())
+
+    def grads(self) -> list[Tensor]:
+        """Every late ``p.grad`` (views into the flat gradient buffers)."""
+        grads = [p.grad for p in self.params]
+        assert all(g is not None for g in grads), "the late parameters' gradients are flat-buffer views"
+        return cast(list[Tensor], grads)
 
     @torch.no_grad()
     def speculate(self, grads: list[Tensor]) -> None:
@@ -125,7 +132,7 @@ class SpeculativeGrid:
         the anchor's scratch, from ``stash``) in the parameters; no step where a gradient is not finite."""
         assert not self.ahead, "speculate from theta"
         for p, a, g in zip(self.params, self.anchor, grads):
-            w = self.optimizer.preview(p, g)  # type: ignore[operator]
+            w = self.optimizer.preview(p, g)
             finite = torch.isfinite(g).all()  # on the device: no host sync
             a.copy_(p)
             p.copy_(torch.where(finite, w, a))
@@ -354,7 +361,7 @@ class DelayedAveraging:
         self.speculative.rewind()
         if self.pending is not None and self._late_ok:
             self._land()
-            self.speculative.speculate([p.grad for p in self.speculative.params])
+            self.speculative.speculate(self.speculative.grads())
 
     def flush(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> bool:
         """The end of training (collective): the last average is applied, so n steps make n updates.
