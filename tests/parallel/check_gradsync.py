@@ -259,9 +259,9 @@ def check_fp16_wire() -> None:
         )
 
 
-def check_resume(cache: str, out: Path, mode: str, *more: str, label: str | None = None) -> None:
-    rt = dist.runtime()
-    argv = [
+def trainer_argv(cache: str, *more: str) -> list[str]:
+    """The tiny model on the CPU, one test view evaluated, no renders saved; then ``more``."""
+    return [
         "--config",
         str(CPU_CONFIG),
         *TINY_ARGS,
@@ -269,16 +269,17 @@ def check_resume(cache: str, out: Path, mode: str, *more: str, label: str | None
         cache,
         "--device",
         "cpu",
-        "--log_every",
-        "4",
         "--n_eval_views",
         "1",
         "--save_renders",
         "0",
-        "--grad_sync",
-        mode,
         *more,
     ]
+
+
+def check_resume(cache: str, out: Path, mode: str, *more: str, label: str | None = None) -> None:
+    rt = dist.runtime()
+    argv = trainer_argv(cache, "--log_every", "4", "--grad_sync", mode, *more)
     label = label or mode
     straight = run(parse_args([*argv, "--out_dir", str(out / label / "a"), "--n_steps", "8", "--ckpt_every", "4"]))
     a = digest([*straight.field.parameters(), *straight.grid.density[None]])
@@ -296,29 +297,12 @@ def check_resume(cache: str, out: Path, mode: str, *more: str, label: str | None
         )
 
 
-def trainer_argv(cache: str, out: Path, *more: str) -> list[str]:
-    return [
-        "--config",
-        str(CPU_CONFIG),
-        *TINY_ARGS,
-        "--scene_cache",
-        cache,
-        "--device",
-        "cpu",
-        "--out_dir",
-        str(out),
-        "--n_eval_views",
-        "1",
-        "--save_renders",
-        "0",
-        *more,
-    ]
-
-
 def check_compensation(cache: str, out: Path, *more: str, label: str = "comp") -> None:
     """``--delay_compensation local`` on the trainer (module docstring, 5)."""
     rt = dist.runtime()
-    argv = trainer_argv(cache, out / label, "--grad_sync", "delayed_grid", "--delay_compensation", "local", *more)
+    argv = trainer_argv(
+        cache, "--out_dir", str(out / label), "--grad_sync", "delayed_grid", "--delay_compensation", "local", *more
+    )
     tr = Trainer.build(parse_args([*argv, "--n_steps", "4"]))
     spec = tr.exchange.speculative
     assert spec is not None, "--delay_compensation local must build the speculative grid"
