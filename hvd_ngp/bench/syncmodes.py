@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -66,7 +67,8 @@ class SyncModesOptions:
 def train_once(ranks: int, mode: str, seed: int, opts: SyncModesOptions, out: Path) -> dict:
     """One launch -> {"psnr", "steps", "train_seconds"}; a failed run raises ``BenchError`` with its log's tail."""
     metrics = out / "metrics.json"
-    launcher = Path(sys.executable).with_name("horovodrun")
+    beside = Path(sys.executable).with_name("horovodrun")  # the venv's; else the PATH's (a --target install)
+    launcher = beside if beside.is_file() else Path(shutil.which("horovodrun") or beside)
     cmd = [
         str(launcher),
         "-np",
