@@ -25,6 +25,7 @@ STEPS=(
   "memory|GPU: lego 2000 steps under an 8 GiB memory budget and without one; bench memory (evaluation under budgets 0, 16, 8 GiB)"
   "scaling|GPUs: bench scaling on 1, 2, 4, 8 ranks (as the GPUs allow), weak and strong, time to 33/34/35 dB; Horovod from .whl_hvd"
   "batch|GPU: bench batch: steps to 33 and 35 dB at K backward passes per step (K ranks' step on one device)"
+  "syncmodes|GPU(s): bench syncmodes on a time budget: HVD_NGP_MODES (every,delayed_grid+fp16,delayed_grid+fp16+comp) on HVD_NGP_RANKS (1) ranks, seeds HVD_NGP_SEEDS (1337), HVD_NGP_SCENE (lego20) for HVD_NGP_SECONDS (60), CUDA graphs off for every mode"
   "inference|GPU: render speed of a trained snapshot: test views and orbit video frames per second (the load subtracted; PyAV from .whl_av)"
   "export|GPU: the snapshot's marching-cubes mesh and its silhouette IoU on lego's test views, its point cloud, PNG pictures of both (mesh.png, points.png; trimesh etc. from .whl_look)"
   "viewer|GPU: bench viewer: training steps/s with a watcher against without: headless Chromium, else (none found) the python camera client; viser from .whl_view"
@@ -289,6 +290,15 @@ PY
       --psnr_targets 33,35 --eval_every 2000 --n_eval_views 5 --budget_s "${HVD_NGP_BUDGET_S:-420}" \
       --out_dir "$out/batch_runs" --json "$out/batch_raw.json" -- --scene "$scene" "${flags[@]}" 2>&1 | tail -12
     tables rows "$out" batch "$out/batch_raw.json" runs
+    ;;
+  syncmodes)  # one seed per call fits 10 minutes (three 60 s runs with start-up and evaluation)
+    scene=$(scene_of "${HVD_NGP_SCENE:-lego20}") || exit $?
+    timeout 580 "$PY" -m hvd_ngp.bench syncmodes --device "${HVD_NGP_DEVICE:-cuda}" --ranks "${HVD_NGP_RANKS:-1}" \
+      --modes "${HVD_NGP_MODES:-every,delayed_grid+fp16,delayed_grid+fp16+comp}" --seeds "${HVD_NGP_SEEDS:-1337}" \
+      --out_dir "$out/syncmodes_runs" --json "$out/syncmodes.json" -- --scene "$scene" \
+      --time_budget_s "${HVD_NGP_SECONDS:-60}" --cuda_graphs off --log_every 4000 "${flags[@]}" 2>&1 | tail -12
+    rm -rf "$out"/syncmodes_runs/*/checkpoints
+    [[ -f $out/syncmodes.json ]] || die "syncmodes: bench syncmodes wrote no $out/syncmodes.json" 1
     ;;
   inference)  # the snapshot's load alone, then + N test views, then + an orbit of N frames: the differences are rendering
     snapshot

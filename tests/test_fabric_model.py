@@ -63,6 +63,11 @@ def test_modes():
     late = fm.flat_allreduce_s(16, (S - mlp) / 2, f) * 1e3
     assert wire["comm_ms"] == pytest.approx(waited + late)
     assert wire["exposed_comm_ms"] == pytest.approx(waited + max(0.0, late - 3.3))
+    # delay compensation sends what delayed_grid sends: the same price (its extra Adam pass is compute)
+    comp = fm.exposed_comm_ms(3.3, S, 16, f, fm.Mode.parse("delayed_grid+fp16+comp"), mlp)
+    assert {k: v for k, v in comp.items() if k != "mode"} == {k: v for k, v in wire.items() if k != "mode"}
+    with pytest.raises(ConfigError, match="comp \\(delay compensation\\) needs delayed_grid"):
+        fm.Mode.parse("delayed+comp")
     with pytest.raises(ConfigError, match="unknown mode part 'magic'"):
         fm.Mode.parse("flat+magic")
 

@@ -104,14 +104,15 @@ def test_one_rank(scene_cache, tmp_path):
 
 @pytest.mark.parallel
 @pytest.mark.parametrize(
-    "controller,checks", [("gloo", "delayed,periodic,resume,fp16,fp16_resume"), ("mpi", "delayed,fp16")]
+    "controller,checks", [("gloo", "delayed,periodic,resume,fp16,fp16_resume,comp"), ("mpi", "delayed,fp16")]
 )
 def test_real_ranks(controller, checks, scene_cache, tmp_path):
     """Two ranks: delayed equals a hand-computed reference (Gloo and MPI: its allreduce is the asynchronous one);
     under Gloo also periodic syncs exactly every H steps and both resume bit-identically from a checkpoint
     (tests/parallel/check_gradsync.py; periodic's sync is ``dist.allreduce_many_``, run under MPI elsewhere).
     delayed_grid's fp16 wire equals its hand encoding bit for bit (Gloo and MPI: each sums fp16 its own way)
-    and resumes exactly (Gloo)."""
+    and resumes exactly (Gloo). ``--delay_compensation local`` (Gloo, both wires): theta, Adam's state and the
+    parameter average identical on both ranks after every step while w differs; its resume is exact."""
     proc = run_ranks(
         ["tests/parallel/check_gradsync.py", str(scene_cache), str(tmp_path / "out"), checks], controller=controller
     )
@@ -123,6 +124,7 @@ def test_real_ranks(controller, checks, scene_cache, tmp_path):
         "resume": ["exact_resume_delayed", "exact_resume_delayed_grid", "exact_resume_periodic"],
         "fp16": ["fp16_wire"],
         "fp16_resume": ["exact_resume_delayed_grid_fp16"],
+        "comp": ["comp_ranks", "comp_fp16_ranks", "exact_resume_delayed_grid_comp"],
     }
     for check in checks.split(","):
         for name in names[check]:

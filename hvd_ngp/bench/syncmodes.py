@@ -6,13 +6,15 @@ For each rank count, mode and seed: one ``horovodrun -np N -H localhost:N`` trai
 flags, steps and samples per rank for every mode), its final test PSNR. Prints a table (PSNR per seed, the
 mean, and the mean's difference from ``every`` at the same rank count) and writes JSON. On the CPU by
 default (``--device cpu``, the built-in scene); ``--controller`` picks Gloo or MPI. The mode ``delayed_grid+fp16``
-is ``--grad_sync delayed_grid --compression fp16`` (the late grid gradient on the fp16 wire).
+is ``--grad_sync delayed_grid --compression fp16`` (the late grid gradient on the fp16 wire); ``+comp`` adds
+``--delay_compensation local`` (``delayed_grid+comp``, ``delayed_grid+fp16+comp``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -30,7 +32,11 @@ class BenchError(HvdNgpError):
 
 
 #: benchmark modes beyond ``--grad_sync``'s own names -> their trainer flags
-COMBINED_MODES = {"delayed_grid+fp16": ["--grad_sync", "delayed_grid", "--compression", "fp16"]}
+COMBINED_MODES = {
+    "delayed_grid+fp16": ["--grad_sync", "delayed_grid", "--compression", "fp16"],
+    "delayed_grid+comp": ["--grad_sync", "delayed_grid", "--delay_compensation", "local"],
+    "delayed_grid+fp16+comp": ["--grad_sync", "delayed_grid", "--compression", "fp16", "--delay_compensation", "local"],
+}
 MODES = (*GRAD_SYNCS, *COMBINED_MODES)
 
 
@@ -61,7 +67,8 @@ class SyncModesOptions:
 def train_once(ranks: int, mode: str, seed: int, opts: SyncModesOptions, out: Path) -> dict:
     """One launch -> {"psnr", "steps", "train_seconds"}; a failed run raises ``BenchError`` with its log's tail."""
     metrics = out / "metrics.json"
-    launcher = Path(sys.executable).with_name("horovodrun")
+    beside = Path(sys.executable).with_name("horovodrun")  # the venv's; else the PATH's (a --target install)
+    launcher = beside if beside.is_file() else Path(shutil.which("horovodrun") or beside)
     cmd = [
         str(launcher),
         "-np",
@@ -110,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--modes",
         default=",".join(GRAD_SYNCS),
-        help=f"comma-separated of {', '.join(MODES)} (delayed_grid+fp16: with --compression fp16)",
+        help=f"comma-separated of {', '.join(MODES)} (delayed_grid+fp16: with --compression fp16; +comp: with "
+        "--delay_compensation local)",
     )
     p.add_argument("--seeds", default="1337,1")
     p.add_argument("--sync_period", type=int, default=8, help="H of --grad_sync periodic")

@@ -38,6 +38,9 @@ LR_SCALINGS = ("auto", "none", "linear", "sqrt")
 #: when gradients meet (docs/sync-modes.md): every step (Horovod's allreduce, waited for in the step), one step
 #: late (the allreduce runs during the next step), or parameters averaged every --sync_period steps (local steps)
 GRAD_SYNCS = ("every", "delayed", "delayed_grid", "periodic")
+#: ``--delay_compensation``: none, or local (delayed_grid's forward runs on the anchor plus a speculative Adam step
+#: from this rank's own grid gradient; docs/sync-modes.md)
+DELAY_COMPENSATIONS = ("none", "local")
 DEFAULT_SYNC_PERIOD = 8
 #: NCCL_ALGO values NCCL 2.2x understands (case-insensitive)
 NCCL_ALGORITHMS = ("ring", "tree", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
@@ -121,6 +124,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="H",
         help="--grad_sync periodic: steps between parameter averages (default 8)",
+    )
+    g.add_argument(
+        "--delay_compensation",
+        choices=DELAY_COMPENSATIONS,
+        default="none",
+        help="--grad_sync delayed_grid: local = each rank's forward uses the shared grid parameters plus the Adam "
+        "step its own late gradient would make (not committed; the average replaces it one step later); one more "
+        "copy of the grid parameters (docs/sync-modes.md)",
     )
 
 
@@ -291,6 +302,7 @@ class CommFlags:
     lr_scaling: str
     grad_sync: str
     sync_period: int | None  # None: DEFAULT_SYNC_PERIOD under --grad_sync periodic
+    delay_compensation: str
     model: dict
     precision: str
 
@@ -310,6 +322,7 @@ class CommSettings:
     model_parallel: int = 1  # K regions per replica (``--model_parallel`` or distributed.model_parallel)
     grad_sync: str = "every"  # every | delayed | delayed_grid | periodic (``--grad_sync``)
     sync_period: int = 1  # periodic: steps between parameter averages
+    delay_compensation: str = "none"  # none | local (``--delay_compensation``; delayed_grid only)
 
     @staticmethod
     def from_flags(flags: CommFlags) -> "CommSettings":
@@ -363,6 +376,10 @@ class CommSettings:
             raise ConfigError(f"--sync_period {period} needs --grad_sync periodic (it is {mode})")
         if period is not None and period < 1:
             raise ConfigError(f"--sync_period must be >= 1, got {period}")
+        if flags.delay_compensation != "none" and mode != "delayed_grid":
+            raise ConfigError(
+                f"--delay_compensation {flags.delay_compensation} needs --grad_sync delayed_grid (it is {mode})"
+            )
         if mode in ("delayed", "periodic") and flags.compression == "fp16":
             raise ConfigError(
                 f"--grad_sync {mode} cannot run with --compression fp16; use --grad_sync delayed_grid (its grid "
@@ -389,6 +406,7 @@ class CommSettings:
             k,
             mode,
             period if period is not None else (DEFAULT_SYNC_PERIOD if mode == "periodic" else 1),
+            flags.delay_compensation,
         )
 
     @property
@@ -495,7 +513,14 @@ class CommSettings:
             return "gradients averaged one step late (the allreduce runs during the next step)"
         if self.grad_sync == "delayed_grid":
             wire = ", on an fp16 wire (scaled to a shared power of two)" if self.compression == "fp16" else ""
-            return f"MLP gradients averaged every step, the hash grid's one step late (during the next step{wire})"
+            comp = (
+                "; each rank's forward on the shared grid plus its own speculative Adam step"
+                if self.delay_compensation == "local"
+                else ""
+            )
+            return (
+                f"MLP gradients averaged every step, the hash grid's one step late (during the next step{wire}{comp})"
+            )
         if self.grad_sync == "periodic":
             return f"local steps, parameters and Adam moments averaged every {self.sync_period} steps"
         return "gradients averaged every step"
@@ -514,6 +539,7 @@ class CommSettings:
             "model_parallel": self.model_parallel,
             "grad_sync": self.grad_sync,
             "sync_period": self.sync_period if self.grad_sync == "periodic" else None,
+            "delay_compensation": self.delay_compensation,
             "lr_multiplier": lr_multiplier,
             "nccl_algo": environ.get("NCCL_ALGO"),
             "nccl_topo_file": environ.get("NCCL_TOPO_FILE"),

@@ -222,7 +222,10 @@ class Mode:
     ``spec`` is a '+'-joined list such as ``flat``, ``hierarchical``, ``fp16``, ``accum4``, ``delayed``,
     ``delayed_grid``, ``periodic8``, ``delayed_grid+fp16``, ``hierarchical-rdma``. ``delayed_grid+fp16`` is the
     trainer's ``--grad_sync delayed_grid --compression fp16`` (only the grid's part halved); other combinations
-    such as ``delayed+fp16`` are what-ifs the trainer refuses."""
+    such as ``delayed+fp16`` are what-ifs the trainer refuses. ``+comp`` (``delayed_grid+comp``,
+    ``delayed_grid+fp16+comp``: ``--delay_compensation local``) sends exactly what ``delayed_grid`` sends, so it
+    is priced the same: its speculative Adam pass over the grid is compute, in the measured step time, not
+    communication."""
 
     spec: str
     hierarchical: str | None = None  # None: flat; "tcp" or "rdma": MPI's transport across nodes
@@ -231,6 +234,7 @@ class Mode:
     period: int = 1  # steps per parameter average
     delayed: bool = False  # step t's allreduce overlaps step t+1's compute
     delayed_grid: bool = False  # only the hash grid's part overlaps; the MLPs' (``fresh_bytes``) is waited for
+    compensated: bool = False  # delayed_grid's delay compensation: the same bytes and overlap
 
     @staticmethod
     def parse(spec: str) -> "Mode":
@@ -248,6 +252,8 @@ class Mode:
                 kw["delayed"] = True
             elif part in ("delayed_grid", "delayedgrid"):
                 kw["delayed_grid"] = True
+            elif part == "comp":
+                kw["compensated"] = True
             elif part.startswith("accum") and part[5:].isdigit() and int(part[5:]) >= 1:
                 kw["accumulate"] = int(part[5:])
             elif part.startswith("periodic") and part[8:].isdigit() and int(part[8:]) >= 1:
@@ -255,8 +261,10 @@ class Mode:
             else:
                 raise ConfigError(
                     f"unknown mode part {part!r} in {spec!r} (flat, hierarchical, hierarchical-rdma, "
-                    f"fp16, accumK, delayed, delayed_grid, periodicH, joined by '+')"
+                    f"fp16, accumK, delayed, delayed_grid, comp, periodicH, joined by '+')"
                 )
+        if kw.get("compensated") and not kw.get("delayed_grid"):
+            raise ConfigError(f"mode {spec!r}: comp (delay compensation) needs delayed_grid")
         return Mode(spec, **kw)
 
 

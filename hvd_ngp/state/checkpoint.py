@@ -191,7 +191,8 @@ def capture(ts: TrainState, config: dict, regions: list[dict] | None = None) -> 
     snap = {
         "format": FORMAT,
         "step": int(ts.step),
-        "model": ts.field.state_dict(),
+        # --delay_compensation local: the parameters every rank shares (theta), not this rank's speculative ones
+        "model": {**ts.field.state_dict(), **(ts.exchange.anchor_state() if ts.exchange is not None else {})},
         "grid": ts.grid.state_dict(),
         "optimizer": ts.optimizer.state_dict(),
         "scaler": ts.scaler.state_dict() if ts.scaler is not None else {},

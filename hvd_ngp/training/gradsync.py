@@ -28,12 +28,20 @@ every rank reads the same bound m (the mean of the ranks' maxima: the sum over r
 picks the same power-of-two scale s (``fp16_scale``: m * s < 2^15); the wire carries fp16(g_r * s / N),
 summed by the allreduce (at most 2^15 in magnitude: no overflow), and is decoded into the float32 wire
 slot as sum / s when it is waited for, so landing, checkpoints and the non-finite checks read float32.
+
+``--delay_compensation local`` (``SpeculativeGrid``, delayed_grid only): the late (grid) parameters the optimizer
+steps are the *anchor* theta, the same on every rank, moved only by averages as delayed_grid moves them. Each
+rank's forward and backward of step t+1 run on w = theta + the Adam step its own step-t gradient would make
+(``optim.Adam.preview``: the committed moments, not changed; the next step's bias corrections and learning
+rate). When step t's average lands, theta takes the real step and w is made again from step t+1's gradient. A
+checkpoint is a sync point: every rank makes w from the pending average instead (so a resume, which does the
+same, continues exactly); evaluations, checkpoints and the parameter average read theta.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, cast
 
 import torch
 from torch import Tensor
@@ -43,6 +51,7 @@ from ..cluster.comm import CommSettings
 from ..cluster.flatgrad import FlatGradients
 from ..model.field import NGPField
 from ..state.failures import NonFiniteGuard
+from .optim import Adam
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -78,6 +87,97 @@ def _step_without(flat: FlatGradients, optimizer: torch.optim.Optimizer) -> None
     flat.attach()
 
 
+class SpeculativeGrid:
+    """``--delay_compensation local``: the anchor theta of the late parameters and each rank's speculative w.
+
+    ``params``: the late ``(name, Parameter)``s, which hold w (what the forward uses) while ``ahead``, else theta;
+    ``anchor``: theta while ``ahead`` (one more copy of the grid), else scratch. ``optimizer``: ``optim.Adam``
+    (its ``preview`` is the speculative step)."""
+
+    def __init__(self, params: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer) -> None:
+        if not isinstance(optimizer, Adam):
+            raise ValueError("--delay_compensation local needs the project's Adam (training.optim.Adam)")
+        self.names = [n for n, _ in params]
+        self.params: list[Tensor] = [p for _, p in params]
+        self.optimizer: Adam = optimizer
+        self.anchor = [torch.zeros_like(p, requires_grad=False) for p in self.params]
+        self.ahead = False
+        self._lrs: list[float] = []  # the learning rate each w was made with
+
+    def _lr(self, p: Tensor) -> float:
+        return float(next(g["lr"] for g in self.optimizer.param_groups if any(q is p for q in g["params"])))
+
+    @torch.no_grad()
+    def rewind(self) -> None:
+        """The parameters back to theta (w is spent); the anchor becomes scratch."""
+        if self.ahead:
+            torch._foreach_copy_(self.params, self.anchor)
+            self.ahead = False
+
+    @torch.no_grad()
+    def stash(self) -> None:
+        """After ``rewind``: keep this rank's late gradient (every ``p.grad``) in the anchor's scratch."""
+        assert not self.ahead, "the anchor holds theta while ahead"
+        torch._foreach_copy_(self.anchor, self.grads())
+
+    def grads(self) -> list[Tensor]:
+        """Every late ``p.grad`` (views into the flat gradient buffers)."""
+        grads = [p.grad for p in self.params]
+        assert all(g is not None for g in grads), "the late parameters' gradients are flat-buffer views"
+        return cast(list[Tensor], grads)
+
+    @torch.no_grad()
+    def speculate(self, grads: list[Tensor]) -> None:
+        """The parameters hold theta: keep it in the anchor and put w = theta + Adam's step for ``grads`` (may be
+        the anchor's scratch, from ``stash``) in the parameters; no step where a gradient is not finite."""
+        assert not self.ahead, "speculate from theta"
+        for p, a, g in zip(self.params, self.anchor, grads):
+            w = self.optimizer.preview(p, g)
+            finite = torch.isfinite(g).all()  # on the device: no host sync
+            a.copy_(p)
+            p.copy_(torch.where(finite, w, a))
+        self._lrs = [self._lr(p) for p in self.params]
+        self.ahead = True
+
+    @torch.no_grad()
+    def follow_learning_rate(self) -> None:
+        """Before a step's forward: w's step rescaled to the learning rate the step set (it is linear in it), so
+        the speculative step uses the learning rate of the step that will apply the average."""
+        if not self.ahead:
+            return
+        for i, (p, a) in enumerate(zip(self.params, self.anchor)):
+            lr, made = self._lr(p), self._lrs[i]
+            if lr != made and made != 0.0:
+                p.sub_(a).mul_(lr / made).add_(a)
+                self._lrs[i] = lr
+
+    def anchored(self, tensors: list[Tensor]) -> list[Tensor]:
+        """``tensors`` with each late parameter replaced by its theta (what the parameter average reads)."""
+        if not self.ahead:
+            return tensors
+        theta = {id(p): a for p, a in zip(self.params, self.anchor)}
+        return [theta.get(id(t), t) for t in tensors]
+
+    def state(self) -> dict[str, Tensor]:
+        """theta by parameter name (what a checkpoint saves in place of w); empty when the parameters hold it."""
+        return dict(zip(self.names, self.anchor)) if self.ahead else {}
+
+    @contextlib.contextmanager
+    def swapped(self) -> Iterator[None]:
+        """Inside: theta in the parameters; after: w again (a temporary copy of w meanwhile)."""
+        if not self.ahead:
+            yield
+            return
+        with torch.no_grad():
+            saved = [p.detach().clone() for p in self.params]
+            torch._foreach_copy_(self.params, self.anchor)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, saved)
+
+
 class DelayedAveraging:
     """One-step-delayed gradient averaging over the flat gradient buffers of ``parameters``.
 
@@ -88,10 +188,13 @@ class DelayedAveraging:
 
     mode = "delayed"
 
-    def __init__(self, parameters, guard: NonFiniteGuard | None, fresh=(), wire: str = "fp32") -> None:
+    def __init__(
+        self, parameters, guard: NonFiniteGuard | None, fresh=(), wire: str = "fp32", speculate_with=None
+    ) -> None:
         """``fresh``: parameters averaged at once, every step (``--grad_sync delayed_grid``: the MLPs), with the
         guard's flags; the rest (the hash grid) one step late. Empty: everything one step late. ``wire``:
-        fp32, or fp16 (with ``fresh`` only: the late average travels as scaled float16, module docstring)."""
+        fp32, or fp16 (with ``fresh`` only: the late average travels as scaled float16, module docstring).
+        ``speculate_with``: the optimizer (``optim.Adam``) for ``--delay_compensation local`` (``fresh`` only)."""
         if wire not in ("fp32", "fp16"):
             raise ValueError(f"wire must be fp32 or fp16, got {wire!r}")
         fresh_ids = {id(p) for p in fresh}
@@ -119,8 +222,14 @@ class DelayedAveraging:
         self._handle: dist.PendingAllreduce | None = None
         self._slot = 0  # the wire buffers of the pending average
         self._late_ok = True  # (fresh mode) the step whose average is in flight was not skipped
+        if speculate_with is not None and self.now is None:
+            raise ValueError("delay compensation needs fresh parameters (--grad_sync delayed_grid)")
+        self.speculative = SpeculativeGrid(self.grads.params, speculate_with) if speculate_with is not None else None
 
     def zero_grad(self) -> None:
+        """Before a step's forward (its learning rate set): zero the gradients; a speculative w follows the rate."""
+        if self.speculative is not None:
+            self.speculative.follow_learning_rate()
         self.grads.zero_()
         if self.now is not None:
             self.now.zero_()
@@ -179,6 +288,11 @@ class DelayedAveraging:
         slot = 1 - self._slot if self.pending is not None else self._slot
         sent = self._send(slot)
         skipped = guard.should_skip(optimizer, step, grads=now) if guard is not None else False
+        spec = self.speculative
+        if spec is not None:  # theta back in the parameters, this rank's late gradient kept for w
+            spec.rewind()
+            if not skipped:
+                spec.stash()
         late = self.pending is not None and self._late_ok
         if late:
             self._land()
@@ -189,6 +303,8 @@ class DelayedAveraging:
                 optimizer.step()
             else:  # the late parameters sit this update out (the first step, or after a skipped one)
                 _step_without(self.grads, optimizer)
+            if spec is not None:  # w for the next step: theta + the step this rank's gradient would make
+                spec.speculate(spec.anchor)
         self._wait()
         self._handle, self._slot, self.pending, self._late_ok = sent, slot, step, not skipped
         return skipped
@@ -232,12 +348,26 @@ class DelayedAveraging:
         return skipped
 
     def settle(self) -> None:
-        """Collective: the average in flight lands (before a checkpoint reads it)."""
+        """Collective: the average in flight lands (before a checkpoint reads it). With delay compensation a sync
+        point: every rank makes w from the pending average instead of its own gradient."""
         self._wait()
+        self._speculate_from_average()
+
+    def _speculate_from_average(self) -> None:
+        """(delay compensation) w = theta + the step the pending average would make (theta alone when none is
+        pending, or it belongs to a skipped step): the same on every rank."""
+        if self.speculative is None:
+            return
+        self.speculative.rewind()
+        if self.pending is not None and self._late_ok:
+            self._land()
+            self.speculative.speculate(self.speculative.grads())
 
     def flush(self, optimizer: torch.optim.Optimizer, guard: NonFiniteGuard | None) -> bool:
         """The end of training (collective): the last average is applied, so n steps make n updates.
         Returns whether an update was applied (the caller then updates the parameter average)."""
+        if self.speculative is not None:
+            self.speculative.rewind()
         if self.pending is None:
             return False
         if self.now is not None:  # the late parameters' last average alone
@@ -252,7 +382,20 @@ class DelayedAveraging:
 
     @contextlib.contextmanager
     def consensus(self) -> Iterator[None]:
-        yield  # every rank already holds the same parameters
+        """Inside: the parameters every rank shares (with delay compensation theta, not this rank's w)."""
+        if self.speculative is None:
+            yield  # every rank already holds the same parameters
+            return
+        with self.speculative.swapped():
+            yield
+
+    def anchored(self, tensors: list[Tensor]) -> list[Tensor]:
+        """``tensors`` (parameters) as every rank shares them: with delay compensation theta in place of w."""
+        return self.speculative.anchored(tensors) if self.speculative is not None else tensors
+
+    def anchor_state(self) -> dict[str, Tensor]:
+        """Parameters by name that a checkpoint saves in place of the field's own (delay compensation: theta)."""
+        return self.speculative.state() if self.speculative is not None else {}
 
     def state_dict(self) -> dict:
         """The average not yet applied (identical on every rank; ``settle`` first)."""
@@ -281,6 +424,8 @@ class DelayedAveraging:
         meta = dist.broadcast_object(meta, name="gradsync.meta")
         assert meta is not None, "rank 0 broadcasts the checkpoint's gradient-sync state"
         self._handle, self.pending = None, None
+        if self.speculative is not None:
+            self.speculative.ahead = False  # the broadcast put the checkpoint's theta in the parameters
         if meta["mode"] != self.mode or meta["pending"] < 0:
             return (
                 ""
@@ -294,6 +439,7 @@ class DelayedAveraging:
                 t.copy_(state["buffers"][_dtype_name(dt)])
             dist.broadcast_(t, name=f"gradsync.{_dtype_name(dt)}")
         self.pending, self._late_ok = meta["pending"], meta["late_ok"]
+        self._speculate_from_average()  # as the run that wrote the checkpoint did at it
         return ""
 
 
@@ -381,6 +527,12 @@ class PeriodicAveraging:
             with torch.no_grad():
                 torch._foreach_copy_(live, saved)
 
+    def anchored(self, tensors: list[Tensor]) -> list[Tensor]:
+        return tensors  # the parameter average follows each rank's own parameters, averaged at syncs
+
+    def anchor_state(self) -> dict[str, Tensor]:
+        return {}  # a checkpoint is a sync point: the parameters are the shared ones
+
     def state_dict(self) -> dict:
         return {"mode": self.mode, "period": self.period}
 
@@ -405,7 +557,10 @@ def make_exchange(
         return DelayedAveraging(field.named_parameters(), guard)
     if comm.grad_sync == "delayed_grid":
         wire = "fp16" if comm.compression == "fp16" else "fp32"
-        delayed = DelayedAveraging(field.named_parameters(), guard, fresh=field.mlp_parameters(), wire=wire)
+        spec = optimizer if comm.delay_compensation == "local" else None
+        delayed = DelayedAveraging(
+            field.named_parameters(), guard, fresh=field.mlp_parameters(), wire=wire, speculate_with=spec
+        )
         delayed.mode = "delayed_grid"
         return delayed
     if comm.grad_sync == "periodic":
@@ -413,4 +568,4 @@ def make_exchange(
     return None
 
 
-__all__ = ["DelayedAveraging", "Exchange", "PeriodicAveraging", "fp16_scale", "make_exchange"]
+__all__ = ["DelayedAveraging", "Exchange", "PeriodicAveraging", "SpeculativeGrid", "fp16_scale", "make_exchange"]

@@ -7,6 +7,8 @@
   (``"sparse_hash_updates": true`` in the Adam block; the hash table): an entry whose gradient is
   exactly zero is not touched (its moments do not decay) and counts its own steps for the bias
   correction (``optimizers/adam.h``).
+- ``Adam.preview``: the value a step would give one parameter for a given gradient, committing nothing (the
+  speculative step of ``--delay_compensation local``, ``training.gradsync``).
 - ``ParameterEma``: tiny-cuda-nn's ``Ema`` (``optimizers/ema.h``), a bias-corrected exponential
   average of the parameters, swapped in for evaluation and rendering.
 """
@@ -114,6 +116,39 @@ class Adam(torch.optim.Adam):
         lr = group["lr"] * torch.sqrt(1 - beta2**tc) / (1 - beta1**tc)
         p.sub_(torch.where(touched, lr * m / (v.sqrt() + group["eps"]), torch.zeros_like(p)))
 
+    @torch.no_grad()
+    def preview(self, p: Tensor, grad: Tensor) -> Tensor:
+        """The value ``step()`` would give parameter ``p`` (shape S) with ``grad`` (shape S) as its gradient, from
+        the committed moments and step counts, which stay as they are: the same rule (torch's Adam, or the sparse
+        rule for a ``sparse`` group), weight decay, bias corrections of the next step and the group's current
+        learning rate. Returns a new tensor of shape S (``--delay_compensation local``'s speculative step)."""
+        group = next((g for g in self.param_groups if any(q is p for q in g["params"])), None)
+        if group is None:
+            raise ValueError("preview: the parameter is not in this optimizer")
+        if group.get("amsgrad") or group.get("maximize") or group.get("decoupled_weight_decay"):
+            raise ValueError("preview follows Adam without amsgrad, maximize or decoupled weight decay")
+        state = self.state.get(p, {})
+        beta1, beta2 = group["betas"]
+        lr, eps = float(group["lr"]), group["eps"]
+        g = grad.to(p.dtype)
+        m = state["exp_avg"] if state else torch.zeros_like(p)
+        v = state["exp_avg_sq"] if state else torch.zeros_like(p)
+        if group.get("sparse"):  # ``_sparse_update`` without writing its state back
+            touched = g != 0
+            steps = state["entry_steps"] if state else torch.zeros_like(p, dtype=torch.float32)
+            m1 = torch.where(touched, beta1 * m + (1 - beta1) * g, m)
+            v1 = torch.where(touched, beta2 * v + (1 - beta2) * g * g, v)
+            tc = (steps + touched.to(steps.dtype)).clamp(min=1.0)
+            rate = lr * torch.sqrt(1 - beta2**tc) / (1 - beta1**tc)
+            return p - torch.where(touched, rate * m1 / (v1.sqrt() + eps), torch.zeros_like(p))
+        if group["weight_decay"]:
+            g = g.add(p, alpha=group["weight_decay"])
+        k = float(state["step"]) + 1 if state else 1.0  # torch's Adam counts this step first
+        m1 = m.lerp(g, 1 - beta1)
+        v1 = (v * beta2).addcmul_(g, g, value=1 - beta2)
+        denom = (v1.sqrt() / (1 - beta2**k) ** 0.5).add_(eps)
+        return p.addcdiv(m1, denom, value=-lr / (1 - beta1**k))
+
 
 class ParameterEma:
     """Bias-corrected exponential average of ``params`` (tiny-cuda-nn's Ema optimizer).
@@ -133,11 +168,12 @@ class ParameterEma:
         self._backup: list[Tensor] | None = None
 
     @torch.no_grad()
-    def update(self) -> None:
-        """After an optimizer step that every rank took."""
+    def update(self, sources: list[Tensor] | None = None) -> None:
+        """After an optimizer step that every rank took. ``sources``: what to average instead of ``params`` (the
+        same shapes, in their order; ``--delay_compensation local`` passes the shared grid parameters)."""
         self.count += 1
         weight = (1.0 - self.decay) / (1.0 - self.decay**self.count)
-        torch._foreach_lerp_(self.average, [p.detach().float() for p in self.params], weight)
+        torch._foreach_lerp_(self.average, [p.detach().float() for p in (sources or self.params)], weight)
 
     @contextmanager
     def swapped(self) -> Iterator[None]:

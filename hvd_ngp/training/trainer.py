@@ -239,8 +239,9 @@ class Trainer(Parts):
 
     def _finish(self, step: int, res: StepResult, rays: RayBatch, n_rays: int) -> None:
         """After the verdict on ``step``: the average, the error map, ``on_settled``."""
-        if self.state.ema is not None and not res.skipped:  # every rank took this step (or none did)
-            self.state.ema.update()
+        ema = self.state.ema
+        if ema is not None and not res.skipped:  # every rank took this step (or none did)
+            ema.update(self.exchange.anchored(ema.params) if self.exchange is not None else None)
         # the error map (a collective every N steps, on every rank; a skipped step's loss is not recorded)
         self.data.observe(step, rays, None if res.skipped else res.ray_loss, res.valid)
         if self.on_settled is not None:

@@ -2,7 +2,7 @@
 
     python tests/parallel/check_gradsync.py SCENE_CACHE OUT_DIR [CHECK,CHECK,...]
 
-CHECKs (default all): delayed, periodic, resume, fp16, fp16_resume.
+CHECKs (default all): delayed, periodic, resume, fp16, fp16_resume, comp.
 
 1. delayed: three steps (and the flush at the end) on fixed rays, SGD, equal a hand-computed reference:
    nothing moves at step 1, step t+1 applies the rank average of step t's gradients (gathered and
@@ -17,6 +17,9 @@ CHECKs (default all): delayed, periodic, resume, fp16, fp16_resume.
    encoding (the scale from the ranks' mean max |g|, fp16(g * s / N) per rank, summed in fp16, / s) on 2 ranks,
    and is within fp16 precision of the fp32 wire's average of the same gradients; a non-finite average is
    not applied; fp16_resume: 3 for the trainer with ``--compression fp16``.
+5. comp (``--delay_compensation local``): the trainer, fp32 and fp16 wires: after every step theta, Adam's state
+   and the parameter average are identical on every rank while each rank's w differs, w equals theta plus
+   ``Adam.preview`` of the rank's own grid gradient, and an evaluation reads theta; then 3 (exact resume).
 Prints ``CHECK <name> OK`` lines on rank 0; any failure raises (non-zero exit).
 """
 
@@ -41,7 +44,7 @@ from hvd_ngp.model.field import NGPField  # noqa: E402
 from hvd_ngp.training.gradsync import FP16_HEADROOM_LOG2, DelayedAveraging, PeriodicAveraging  # noqa: E402
 from hvd_ngp.training.recipe import make_grid, make_optimizer  # noqa: E402
 from hvd_ngp.training.step import StepContext, StepInputs, train_step  # noqa: E402
-from hvd_ngp.training.trainer import run  # noqa: E402
+from hvd_ngp.training.trainer import Trainer, run  # noqa: E402
 
 RAYS = 64
 STEPS = 3
@@ -256,9 +259,9 @@ def check_fp16_wire() -> None:
         )
 
 
-def check_resume(cache: str, out: Path, mode: str, *more: str, label: str | None = None) -> None:
-    rt = dist.runtime()
-    argv = [
+def trainer_argv(cache: str, *more: str) -> list[str]:
+    """The tiny model on the CPU, one test view evaluated, no renders saved; then ``more``."""
+    return [
         "--config",
         str(CPU_CONFIG),
         *TINY_ARGS,
@@ -266,16 +269,17 @@ def check_resume(cache: str, out: Path, mode: str, *more: str, label: str | None
         cache,
         "--device",
         "cpu",
-        "--log_every",
-        "4",
         "--n_eval_views",
         "1",
         "--save_renders",
         "0",
-        "--grad_sync",
-        mode,
         *more,
     ]
+
+
+def check_resume(cache: str, out: Path, mode: str, *more: str, label: str | None = None) -> None:
+    rt = dist.runtime()
+    argv = trainer_argv(cache, "--log_every", "4", "--grad_sync", mode, *more)
     label = label or mode
     straight = run(parse_args([*argv, "--out_dir", str(out / label / "a"), "--n_steps", "8", "--ckpt_every", "4"]))
     a = digest([*straight.field.parameters(), *straight.grid.density[None]])
@@ -293,9 +297,59 @@ def check_resume(cache: str, out: Path, mode: str, *more: str, label: str | None
         )
 
 
+def check_compensation(cache: str, out: Path, *more: str, label: str = "comp") -> None:
+    """``--delay_compensation local`` on the trainer (module docstring, 5)."""
+    rt = dist.runtime()
+    argv = trainer_argv(
+        cache, "--out_dir", str(out / label), "--grad_sync", "delayed_grid", "--delay_compensation", "local", *more
+    )
+    tr = Trainer.build(parse_args([*argv, "--n_steps", "4"]))
+    spec = tr.exchange.speculative
+    assert spec is not None, "--delay_compensation local must build the speculative grid"
+    for step in range(4):
+        stashed = {}
+        original = spec.stash
+
+        def stash_and_keep() -> None:  # this rank's own late gradient, as the exchange keeps it
+            original()
+            stashed["g"] = [a.clone() for a in spec.anchor]
+
+        spec.stash = stash_and_keep
+        tr.step(step)
+        tr.state.step = step + 1
+        spec.stash = original
+        assert spec.ahead, f"step {step + 1}: the parameters must hold w"
+        # w is theta plus Adam's step for this rank's gradient, from the committed state
+        with torch.no_grad():
+            for p, a, g in zip(spec.params, spec.anchor, stashed["g"]):
+                live = p.detach().clone()
+                p.copy_(a)
+                expected = tr.optimizer.preview(p, g)
+                p.copy_(live)
+                torch.testing.assert_close(live, expected, rtol=0, atol=0, msg=lambda m: f"step {step + 1}: w {m}")
+        moments = [t for st in tr.optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        shared = [*spec.anchor, *moments, *tr.state.ema.average] if tr.state.ema is not None else [*spec.anchor]
+        assert same_on_every_rank(shared, f"check.{label}.theta.{step}"), (
+            f"step {step + 1}: theta, Adam's state or the parameter average differ between ranks"
+        )
+        mine = same_on_every_rank(spec.params, f"check.{label}.w.{step}")
+        assert not mine or rt.size == 1, f"step {step + 1}: every rank's w is the same (no speculation?)"
+    with tr.exchange.consensus():
+        inside = digest(spec.params)
+        assert inside == digest(spec.anchor), "an evaluation must read theta"
+    assert digest(spec.params) != inside, "after an evaluation the parameters must hold w again"
+    if rt.is_root:
+        print(
+            f"CHECK {label}_ranks OK (4 steps on {rt.size} ranks: theta, Adam's state and the average identical, "
+            "w per rank = theta + Adam.preview(own gradient); evaluations read theta)",
+            flush=True,
+        )
+
+
 def main() -> None:
     cache, out = sys.argv[1], Path(sys.argv[2])
-    checks = sys.argv[3].split(",") if len(sys.argv) > 3 else ["delayed", "periodic", "resume", "fp16", "fp16_resume"]
+    everything = ["delayed", "periodic", "resume", "fp16", "fp16_resume", "comp"]
+    checks = sys.argv[3].split(",") if len(sys.argv) > 3 else everything
     dist.init("cpu")
     s = Setup(cache)
     if "delayed" in checks:
@@ -311,6 +365,10 @@ def main() -> None:
         check_fp16_wire()
     if "fp16_resume" in checks:
         check_resume(cache, out, "delayed_grid", "--compression", "fp16", label="delayed_grid_fp16")
+    if "comp" in checks:
+        check_compensation(cache, out)
+        check_compensation(cache, out, "--compression", "fp16", label="comp_fp16")
+        check_resume(cache, out, "delayed_grid", "--delay_compensation", "local", label="delayed_grid_comp")
 
 
 if __name__ == "__main__":
