@@ -109,17 +109,32 @@ def test_tables_read_runs_throughput_pytest_and_the_anchor(tmp_path, capsys):
 
     # render time per test view: instant-ngp's, then ours by each inference path, as multiples of its time
     (tmp_path / "ingp_render.json").write_text(
-        json.dumps({"views": 20, "psnr_white_1spp": 34.5, "seconds_per_view": 0.02})
+        json.dumps(
+            {"views": 20, "psnr_white_1spp": 34.5, "seconds_per_view": 0.02, "seconds_per_view_after_first": 0.005}
+        )
     )
     for path, psnr, seconds in (("two_pass", 35.1, 0.4), ("single_pass", 35.1, 0.03)):
         (tmp_path / f"render_{path}.json").write_text(
-            json.dumps({"inference": path, "test_views": 20, "test_psnr": psnr, "test_seconds_per_view": seconds})
+            json.dumps(
+                {
+                    "inference": path,
+                    "test_views": 20,
+                    "test_psnr": psnr,
+                    "test_seconds_per_view": seconds,
+                    "test_seconds_per_view_after_first": seconds / 2,
+                }
+            )
         )
     ours = [str(tmp_path / f"render_{p}.json") for p in ("two_pass", "single_pass")]
     assert t.main(["renders", str(tmp_path), "render_lego", str(tmp_path / "ingp_render.json"), *ours]) == 0
     table = json.loads((tmp_path / "render_lego.json").read_text())
     assert [r["x instant-ngp"] for r in table["rows"]] == [1.0, 20.0, 1.5]
-    assert table["summary"]["hvd_ngp single_pass"] == {"x_instant_ngp": 1.5, "psnr_minus_instant_ngp": 0.6}
+    assert [r["x after the first"] for r in table["rows"]] == [1.0, 40.0, 3.0]
+    assert table["summary"]["hvd_ngp single_pass"] == {
+        "x_instant_ngp": 1.5,
+        "x_instant_ngp_after_first": 3.0,
+        "psnr_minus_instant_ngp": 0.6,
+    }
 
     for name, rate in (("throughput_new_1", 100e6), ("throughput_new_2", 110e6), ("throughput_new_3", 90e6)):
         (tmp_path / f"{name}.json").write_text(

@@ -233,3 +233,24 @@ def test_the_first_steps_samples_are_left_out_of_its_interval_as_its_time(tmp_pa
     )
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["interval_steps"] for r in records if "interval_steps" in r] == [3, 4]
+
+
+def test_evaluation_times_views_with_and_without_the_first(tmp_path, scene_cache, monkeypatch):
+    """``seconds_per_view`` is the mean over the views, ``seconds_per_view_after_first`` leaves view 0 (the
+    process's first render) out: renders stubbed to take 10 s for view 0 and 1 s after it."""
+    from conftest import tiny_trainer
+
+    from hvd_ngp.training import evaluate as ev
+
+    tr = tiny_trainer(scene_cache, tmp_path / "o", 1)
+
+    def stub(renderer, frames, i, protocol, bg):
+        w, h = frames.image_size(i)
+        return torch.zeros(h, w, 3), 10.0 if i == 0 else 1.0
+
+    monkeypatch.setattr(ev, "timed_view", stub)
+    args = (tr.field, tr.grid, tr.scene.test, tr.march.schedule, tr.march.early_termination, "white")
+    three = ev.evaluate(*args, 3)
+    assert three["seconds_per_view"] == pytest.approx(4.0) and three["seconds_per_view_after_first"] == 1.0
+    one = ev.evaluate(*args, 1)
+    assert one["seconds_per_view"] == one["seconds_per_view_after_first"] == 10.0

@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
             test_ssim=ev["ssim"],
             test_views=ev["views"],
             test_seconds_per_view=ev["seconds_per_view"],
+            test_seconds_per_view_after_first=ev["seconds_per_view_after_first"],
             inference=opts.inference if trained.fast else None,
         )
         dist.log(
