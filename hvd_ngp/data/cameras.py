@@ -97,7 +97,7 @@ def fisheye_directions(x: Tensor, y: Tensor, distortion: Tensor | None, tol: flo
         k1, k2, k3, k4 = distortion[:, :4].unbind(-1)
         for _ in range(10):
             t2 = theta * theta
-            f = theta * (1 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4)))) - theta_d
+            f = fisheye_distort(theta, k1, k2, k3, k4) - theta_d
             df = 1 + t2 * (3 * k1 + t2 * (5 * k2 + t2 * (7 * k3 + t2 * 9 * k4)))
             step = f / df.clamp(min=1e-6)
             theta = theta - step
@@ -105,6 +105,13 @@ def fisheye_directions(x: Tensor, y: Tensor, distortion: Tensor | None, tol: flo
                 break
     scale = torch.where(theta_d > 1e-9, torch.sin(theta) / theta_d.clamp(min=1e-9), torch.ones_like(theta))
     return torch.stack([x * scale, y * scale, torch.cos(theta)], dim=-1)
+
+
+def fisheye_distort(theta: Tensor, k1: Tensor, k2: Tensor, k3: Tensor, k4: Tensor) -> Tensor:
+    """OpenCV's fisheye polynomial: the angle from the axis ``theta`` -> the distorted angle (the image radius in
+    normalised coordinates) theta (1 + k1 theta^2 + k2 theta^4 + k3 theta^6 + k4 theta^8); any broadcast shapes."""
+    t2 = theta * theta
+    return theta * (1 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4))))
 
 
 def distort(x: Tensor, y: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:

@@ -15,16 +15,15 @@ import numpy as np
 import torch
 
 from ..data import Frames
-from ..data.cameras import distort
+from ..data.cameras import distort, fisheye_distort
 from ..data.sampler import image_rays
 from ..errors import ConfigError
+from .mesh import MESH_SUFFIXES
 
 #: the headlight: a surface facing the camera gets all of its colour, one seen edge-on AMBIENT of it
 AMBIENT = 0.35
 #: the colour of a mesh or point cloud without colours (RGB, 0..255)
 GREY = (180.0, 180.0, 180.0)
-#: what ``read_geometry`` reads: a mesh from any of them, a point cloud (vertices, no faces) from .ply
-GEOMETRY_SUFFIXES = (".ply", ".obj", ".glb")
 #: nearest distance in front of the camera a point is drawn at (ngp units)
 NEAR = 1e-6
 
@@ -48,13 +47,13 @@ def picture_camera(frames: Frames, index: int, size: int) -> Frames:
 
 def read_geometry(path: Path):
     """``path`` -> a ``trimesh.Trimesh`` with faces, or a ``trimesh.PointCloud`` (a .ply with vertices and no
-    faces); anything else is a ``ConfigError`` naming the file."""
+    faces); anything else (a suffix outside ``MESH_SUFFIXES`` too) is a ``ConfigError`` naming the file."""
     import trimesh
 
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
-    if path.suffix.lower() not in GEOMETRY_SUFFIXES:
-        raise ConfigError(f"{path}: a picture is drawn of a {', '.join(GEOMETRY_SUFFIXES)} file")
+    if path.suffix.lower() not in MESH_SUFFIXES:
+        raise ConfigError(f"{path}: a picture is drawn of a {', '.join(MESH_SUFFIXES)} file")
     mesh_only = path.suffix.lower() != ".ply"
     try:  # trimesh's readers fail in many ways (ValueError, KeyError, struct.error, ...) on a damaged file
         geometry = trimesh.load(path, force="mesh" if mesh_only else None, process=False)
@@ -122,9 +121,7 @@ def project(points: np.ndarray, camera: Frames) -> tuple[np.ndarray, np.ndarray,
     k = camera.distortion[0].double()
     if bool(camera.fisheye[0]):  # equidistant: the image radius is the (distorted) angle from the axis
         r = torch.sqrt(x * x + y * y)
-        theta = torch.atan(r)
-        t2 = theta * theta
-        theta_d = theta * (1 + t2 * (k[0] + t2 * (k[1] + t2 * (k[2] + t2 * k[3]))))
+        theta_d = fisheye_distort(torch.atan(r), *k[:4].unbind())
         f = torch.where(r > 1e-12, theta_d / r.clamp(min=1e-12), torch.ones_like(r))
         x, y = x * f, y * f
     elif bool((k != 0).any()):

@@ -24,15 +24,13 @@ from ..cluster import dist
 from ..data import Frames, Scene, load_scene
 from ..data.cameras import nerf_to_ngp_points, ngp_to_nerf_points
 from ..errors import ConfigError, HvdNgpError, run_cli
-from ..export.mesh import DEFAULT_RESOLUTION, DEFAULT_THRESHOLD, extract_mesh
+from ..export.mesh import DEFAULT_RESOLUTION, DEFAULT_THRESHOLD, MESH_SUFFIXES, extract_mesh
 from ..export.picture import mesh_picture, picture_camera, points_picture, read_geometry
 from ..export.pointcloud import DEFAULT_MAX_POINTS, DEFAULT_OPACITY_CUT, point_cloud
 from ..export.silhouette import MASK_OPACITY, iou, mesh_silhouette
 from ..options import command_options
 from ..training.evaluate import BACKGROUNDS, write_png
 from .trained import Trained, load_trained
-
-MESH_SUFFIXES = (".ply", ".obj", ".glb")
 
 
 @dataclass(frozen=True)
