@@ -72,6 +72,23 @@ def exponential_decay(step: int, block: dict | None) -> float:
     return float(p["decay_base"]) ** ((min(step, end) - start) // interval + 1)
 
 
+def _sparse_step(
+    p: Tensor, grad: Tensor, m: Tensor, v: Tensor, steps: Tensor, group: dict
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """tiny-cuda-nn's Adam rule on the entries of ``p`` whose ``grad`` is not exactly zero, committing nothing
+    (every tensor the shape of ``p``; ``steps``: each entry's step count) -> the new moments, the new step counts
+    and the change to subtract from ``p``."""
+    beta1, beta2 = group["betas"]
+    touched = grad != 0
+    g = grad.to(m.dtype)
+    m1 = torch.where(touched, beta1 * m + (1 - beta1) * g, m)
+    v1 = torch.where(touched, beta2 * v + (1 - beta2) * g * g, v)
+    t1 = steps + touched.to(steps.dtype)
+    tc = t1.clamp(min=1.0)
+    lr = group["lr"] * torch.sqrt(1 - beta2**tc) / (1 - beta1**tc)
+    return m1, v1, t1, torch.where(touched, lr * m1 / (v1.sqrt() + group["eps"]), torch.zeros_like(p))
+
+
 class Adam(torch.optim.Adam):
     """torch's Adam; groups with ``sparse=True`` follow tiny-cuda-nn's rule for non-matrix parameters.
 
@@ -105,16 +122,12 @@ class Adam(torch.optim.Adam):
         if not state:
             state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
             state["entry_steps"] = torch.zeros_like(p, dtype=torch.float32)
-        beta1, beta2 = group["betas"]
         m, v, t = state["exp_avg"], state["exp_avg_sq"], state["entry_steps"]
-        touched = grad != 0
-        g = grad.to(m.dtype)
-        m.copy_(torch.where(touched, beta1 * m + (1 - beta1) * g, m))
-        v.copy_(torch.where(touched, beta2 * v + (1 - beta2) * g * g, v))
-        t.add_(touched.to(t.dtype))
-        tc = t.clamp(min=1.0)
-        lr = group["lr"] * torch.sqrt(1 - beta2**tc) / (1 - beta1**tc)
-        p.sub_(torch.where(touched, lr * m / (v.sqrt() + group["eps"]), torch.zeros_like(p)))
+        m1, v1, t1, delta = _sparse_step(p, grad, m, v, t, group)
+        m.copy_(m1)
+        v.copy_(v1)
+        t.copy_(t1)
+        p.sub_(delta)
 
     @torch.no_grad()
     def preview(self, p: Tensor, grad: Tensor) -> Tensor:
@@ -134,13 +147,8 @@ class Adam(torch.optim.Adam):
         m = state["exp_avg"] if state else torch.zeros_like(p)
         v = state["exp_avg_sq"] if state else torch.zeros_like(p)
         if group.get("sparse"):  # ``_sparse_update`` without writing its state back
-            touched = g != 0
             steps = state["entry_steps"] if state else torch.zeros_like(p, dtype=torch.float32)
-            m1 = torch.where(touched, beta1 * m + (1 - beta1) * g, m)
-            v1 = torch.where(touched, beta2 * v + (1 - beta2) * g * g, v)
-            tc = (steps + touched.to(steps.dtype)).clamp(min=1.0)
-            rate = lr * torch.sqrt(1 - beta2**tc) / (1 - beta1**tc)
-            return p - torch.where(touched, rate * m1 / (v1.sqrt() + eps), torch.zeros_like(p))
+            return p - _sparse_step(p, grad, m, v, steps, group)[3]
         if group["weight_decay"]:
             g = g.add(p, alpha=group["weight_decay"])
         k = float(state["step"]) + 1 if state else 1.0  # torch's Adam counts this step first
