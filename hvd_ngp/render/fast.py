@@ -209,8 +209,9 @@ class RenderWorkspace:
         )
 
 
-#: candidates per ray in an inference render's first window; each next window is twice the last
+#: candidates per ray in an inference render's first window; each next window is WINDOW_GROWTH times the last
 FIRST_WINDOW = 16
+WINDOW_GROWTH = 2
 
 
 def candidate_windows(seg_count: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
@@ -265,9 +266,14 @@ def render_rays_fast(
     while alive.numel():
         marched = done[alive]
         skip, take = candidate_windows(seg_count[alive], marched, marched + width)
-        ends = torch.cumsum(take.sum(1, dtype=torch.int64), 0).tolist()
-        for a, b in split_by_capacity(ends, workspace.plan.candidates):
-            n = ends[b - 1] - (ends[a - 1] if a else 0)
+        ends = torch.cumsum(take.sum(1, dtype=torch.int64), 0)
+        marching = int(ends[-1])  # the window's candidates: all the host needs to know when they fit at once
+        if marching <= workspace.plan.candidates:
+            groups = [(0, alive.numel(), marching)]
+        else:  # rays in groups that fit: every ray's running total read back (a list as long as the rays)
+            at = [0, *ends.tolist()]
+            groups = [(a, b, at[b] - at[a]) for a, b in split_by_capacity(at[1:], workspace.plan.candidates)]
+        for a, b, n in groups:
             if n == 0:
                 continue
             ids = alive[a:b]
@@ -282,12 +288,13 @@ def render_rays_fast(
                 take[a:b],
                 n,
                 workspace.buffers,
+                positions=True,
                 skip=skip[a:b],
             )
-            ray = packed.ray.long()
+            assert packed.x is not None  # positions=True: the march wrote each sample's point
 
-            def points(i: int, j: int, t: Tensor = packed.t, ray: Tensor = ray) -> tuple[Tensor]:
-                return (o[ray[i:j]] + d[ray[i:j]] * t[i:j, None],)
+            def points(i: int, j: int, x: Tensor = packed.x) -> tuple[Tensor]:
+                return (x[i:j],)
 
             sigma0 = torch.cat(batched(sigma_fn, n, rows, points))
             carried = log_t[ids].contiguous()
@@ -312,5 +319,5 @@ def render_rays_fast(
             transmittance[ids] = before * (1.0 - w_opacity.float())
         done[alive] = marched + width
         alive = alive[(marched + width < total[alive]) & (log_t[alive] > log_eps)]
-        width *= 2
+        width *= WINDOW_GROWTH
     return rgb, 1.0 - transmittance, depth
