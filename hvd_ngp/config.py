@@ -527,8 +527,9 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument(
         "--viewer_share",
         type=float,
-        default=0.05,
-        help="largest share of the wall time that viewer frames may take from training",
+        default=0.04,
+        help="largest share of the wall time that viewer frames may take from training (a watched run slows by "
+        "about this share plus ~1%%: docs/viewer.md)",
     )
 
     g = p.add_argument_group("network blocks (JSON merge-patch over the config file's block)")

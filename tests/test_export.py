@@ -484,3 +484,31 @@ def test_picture_command_draws_the_tiny_models_mesh_and_a_cloud_in_the_scene_fil
         export(["picture", str(tmp_path / "lines.obj"), "--scene", scene_dir, "--out", str(tmp_path / "x.png")])
     with pytest.raises(ConfigError, match=r"--view 8: .* has 8 test views \(0 to 7\)"):
         export(["picture", str(tmp_path / "m.glb"), "--scene", scene_dir, "--view", "8", "--out", "x.png"])
+
+
+def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_path, capsys):
+    """benchmarks/inference_sweep.py (a GPU benchmark) on the CPU: one row per setting in the order given, the
+    same picture under each, the table printed, and the render constants back to their defaults afterwards."""
+    import importlib.util
+
+    import hvd_ngp.render.fast as fast
+    import hvd_ngp.render.plan as plan
+
+    before = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("inference_sweep", root / "benchmarks" / "inference_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    settings = "two_pass:10:4:2,single_pass:12:8:4"
+    rows = sweep.main(
+        [str(snapshot), "--settings", settings, "--views", "1", "--device", "cpu", "--json", str(tmp_path / "s.json")]
+    )
+    assert [(r["path"], r["chunk_rays"], r["first_window"], r["growth"]) for r in rows] == [
+        ("two_pass", 1024, 4, 2),
+        ("single_pass", 4096, 8, 4),
+    ]
+    assert rows[0]["psnr"] == rows[1]["psnr"] and all(r["seconds_per_view"] > 0 for r in rows)
+    assert json.loads((tmp_path / "s.json").read_text()) == rows
+    assert "| two_pass | 2^10 | 4 | 2 |" in capsys.readouterr().out
+    assert (plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH) == before

@@ -14,8 +14,10 @@ from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudgetError, human_gib
 
 #: of the free budget at render time: the allocator's rounding and fragmentation, cuBLAS workspaces
 RENDER_HEADROOM = 0.8
-#: upper bounds of a render plan: beyond them the kernels are saturated and memory only grows
-MAX_CHUNK_RAYS = 1 << 18
+#: upper bounds of a render plan: beyond them the kernels are saturated and memory only grows. 2^20 rays: one chunk
+#: per 800x800 view, so a third of the host's per-window work of 2^18 (lego, H100, 2026-12-07: 0.046 against
+#: 0.053 s per view, docs/inference.md)
+MAX_CHUNK_RAYS = 1 << 20
 MAX_CANDIDATES = 1 << 25
 MAX_ROWS = 1 << 21
 #: bytes per dense-lane slot of the reference renderer (positions, times, masks, densities, weights),
