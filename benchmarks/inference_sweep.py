@@ -2,9 +2,10 @@
 
     python benchmarks/inference_sweep.py SNAPSHOT --json OUT.json [--settings two_pass:20:32:2,single_pass:20:16:2]
 
-Each setting is ``PATH:LOG2_CHUNK:FIRST_WINDOW:GROWTH``: the inference path (``render.volume.INFERENCE_PATHS``),
-``render.plan.MAX_CHUNK_RAYS`` as a power of two, ``render.fast.FIRST_WINDOW`` and ``render.fast.WINDOW_GROWTH``
-(the last two are ``two_pass``'s). After one warm-up view, every setting renders the snapshot's test views
+Each setting is ``PATH:LOG2_CHUNK:FIRST_WINDOW:GROWTH[:SEGMENT]``: the inference path
+(``render.volume.INFERENCE_PATHS``), ``render.plan.MAX_CHUNK_RAYS`` as a power of two, ``render.fast.FIRST_WINDOW``
+and ``render.fast.WINDOW_GROWTH`` (those two are ``two_pass``'s), and the march launch's lattice steps per program
+(``render.fast.INFERENCE_LAUNCH.segment``; default: unchanged). After one warm-up view, every setting renders the snapshot's test views
 (``--views``, all by default) with the render tool (``hvd-ngp-render --video none``) in this process, so each sees the same
 compiled kernels and a warm allocator. Prints a table (seconds per view, after the first view, PSNR) and writes
 the rows as JSON.
@@ -23,20 +24,24 @@ DEFAULT_SETTINGS = (
 )
 
 
-def parse_setting(text: str) -> tuple[str, int, int, int]:
-    path, chunk, first, growth = text.split(":")
-    return path, int(chunk), int(first), int(growth)
+def parse_setting(text: str) -> tuple[str, int, int, int, int | None]:
+    path, chunk, first, growth, *segment = text.split(":")
+    return path, int(chunk), int(first), int(growth), int(segment[0]) if segment else None
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("snapshot")
-    p.add_argument("--settings", default=DEFAULT_SETTINGS, help="comma-separated PATH:LOG2_CHUNK:FIRST:GROWTH")
+    p.add_argument(
+        "--settings", default=DEFAULT_SETTINGS, help="comma-separated PATH:LOG2_CHUNK:FIRST:GROWTH[:SEGMENT]"
+    )
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--views", type=int, default=-1, help="test views per setting (-1: all)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="as the render tool's")
     opts = p.parse_args(argv)
     settings = [parse_setting(t) for t in opts.settings.split(",")]
+
+    import dataclasses
 
     import hvd_ngp.render.fast as fast
     import hvd_ngp.render.plan as plan
@@ -46,10 +51,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     base = ["--load_snapshot", opts.snapshot, "--video", "none", "--out_dir", str(out), "--device", opts.device]
     render.main([*base, "--split_views", "1"])  # kernels compile outside the timed renders
     rows = []
-    defaults = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH
+    defaults = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH
     try:
-        for path, chunk, first, growth in settings:
+        for path, chunk, first, growth, segment in settings:
             plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH = 1 << chunk, first, growth
+            launch = defaults[3] if segment is None else dataclasses.replace(defaults[3], segment=segment)
+            fast.INFERENCE_LAUNCH = launch
             render.main([*base, "--inference", path, "--split_views", str(opts.views)])
             result = json.loads((out / "render.json").read_text())
             rows.append(
@@ -58,18 +65,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "chunk_rays": 1 << chunk,
                     "first_window": first,
                     "growth": growth,
+                    "segment": launch.segment,
                     "seconds_per_view": result["test_seconds_per_view"],
                     "seconds_per_view_after_first": result["test_seconds_per_view_after_first"],
                     "psnr": result["test_psnr"],
                 }
             )
     finally:
-        plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH = defaults
-    print("| path | chunk | first window | growth | s per view | after the first | PSNR |")
-    print("|---|---|---|---|---|---|---|")
+        plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH = defaults
+    print("| path | chunk | first window | growth | segment | s per view | after the first | PSNR |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['first_window']} | {r['growth']} | "
+            f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['first_window']} | {r['growth']} | {r['segment']} | "
             f"{r['seconds_per_view']:.4f} | {r['seconds_per_view_after_first']:.4f} | {r['psnr']:.3f} |"
         )
     if opts.json:

@@ -188,7 +188,7 @@ CANDIDATE_BYTES = 96
 def inference_costs(schedule: StepSchedule, row_bytes: int) -> RenderCosts:
     """Bytes per ray (its outputs and carried state; its segments' counts, windows and slots), per candidate
     slot and per network row of ``render_rays_fast``."""
-    return RenderCosts(128 + 48 * segments(schedule), CANDIDATE_BYTES, row_bytes)
+    return RenderCosts(128 + 48 * segments(schedule, INFERENCE_LAUNCH), CANDIDATE_BYTES, row_bytes)
 
 
 def batched(fn, n: int, rows: int, make_inputs) -> list:
@@ -208,6 +208,11 @@ class RenderWorkspace:
             torch.empty(plan.candidates, device=device, dtype=torch.int32),
         )
 
+
+#: how inference renders launch the march kernel (both paths, count and write passes). Training's ``LAUNCH``
+#: for now: longer segments (fewer, longer programs per ray; an inference chunk has rays enough to fill the GPU
+#: without them) are for ``benchmarks/inference_sweep.py`` to measure first
+INFERENCE_LAUNCH = MarchLaunch()
 
 #: candidates per ray in an inference render's first window; each next window is WINDOW_GROWTH times the last
 #: (lego, H100, 2026-12-07: 32 then doubling 0.043 s per view, 16 then doubling 0.046; docs/inference.md)
@@ -252,7 +257,8 @@ def render_rays_fast(
     """
     R = origins.shape[0]
     dev = origins.device
-    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter)
+    launch = INFERENCE_LAUNCH
+    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter, launch)
     total = seg_count.sum(1, dtype=torch.int32)
     if workspace is None:
         n = max(int(total.sum()) if R else 0, 1)
@@ -290,6 +296,7 @@ def render_rays_fast(
                 n,
                 workspace.buffers,
                 positions=True,
+                launch=launch,
                 skip=skip[a:b],
             )
             assert packed.x is not None  # positions=True: the march wrote each sample's point

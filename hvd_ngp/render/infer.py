@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..observe.profiling import NULL_TIMER, StageTimer
+from . import fast
 from .composite_triton import composite, count_until_opaque
 from .fast import RenderWorkspace, candidate_windows
 from .march_triton import march_counts, march_write
@@ -134,7 +135,8 @@ def render_rays_single_pass(
     R = origins.shape[0]
     dev = origins.device
     windows = windows or WINDOWS
-    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter)
+    launch = fast.INFERENCE_LAUNCH
+    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter, launch)
     total = seg_count.sum(1, dtype=torch.int32)
     timer.mark("march")
     if workspace is None:
@@ -171,6 +173,7 @@ def render_rays_single_pass(
                 n,
                 workspace.buffers,
                 positions=True,
+                launch=launch,
                 skip=skip[a:b],
             )
             timer.mark("march")
