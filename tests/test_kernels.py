@@ -828,3 +828,21 @@ def test_every_kernel_compiles_for_hopper(tmp_path, monkeypatch):
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.stdout.count("ok ") == len(launches), proc.stdout
+
+
+def test_segment_starts_is_the_exclusive_running_total_of_each_row():
+    """``fast.segment_starts`` (one flat scan) against the per-row exclusive cumsum it replaces: random counts
+    with empty rows and segments, one column, and no rows."""
+    from hvd_ngp.render.fast import segment_starts
+
+    gen = torch.Generator().manual_seed(5)
+    for shape in ((37, 32), (5, 1), (0, 32), (1, 7)):
+        counts = torch.randint(0, 40, shape, generator=gen, dtype=torch.int32)
+        if shape[0] > 2 and shape[1] > 3:
+            counts[2] = 0  # a ray without candidates
+            counts[:, 3] = 0  # a segment no ray reaches
+        counts = counts.to(DEV)
+        expected = torch.cumsum(counts, 1, dtype=torch.int32) - counts
+        got = segment_starts(counts)
+        assert got.dtype == torch.int32 and got.shape == counts.shape
+        assert torch.equal(got, expected)

@@ -220,11 +220,23 @@ FIRST_WINDOW = 32
 WINDOW_GROWTH = 2
 
 
+def segment_starts(seg_count: Tensor) -> Tensor:
+    """Each segment's first candidate within its ray: the exclusive running total along dim 1 of ``seg_count``
+    ``[A, S]`` int32 -> ``[A, S]`` int32. One flat scan over all A * S counts, less each row's total before it,
+    instead of torch's scan along the inner dimension (its kernel for short rows was 0.56 ms per window of an
+    800x800 view on an H100, 2026-12-07)."""
+    if seg_count.numel() == 0:
+        return seg_count.to(torch.int32)
+    flat = torch.cumsum(seg_count.reshape(-1), 0, dtype=torch.int64).view(seg_count.shape)
+    exclusive = flat - seg_count
+    return (exclusive - exclusive[:, :1]).to(torch.int32)
+
+
 def candidate_windows(seg_count: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor]:
     """Each ray's candidates ``[lo, hi)`` (``[A]`` each, in marching order) by segment: (skip, take) ``[A, S]``
     int32, how many of each segment's ``seg_count`` ``[A, S]`` candidates come before the window and how many
     are in it."""
-    first = torch.cumsum(seg_count, 1, dtype=torch.int32) - seg_count  # each segment's first candidate
+    first = segment_starts(seg_count)
     lo, hi = lo[:, None].to(torch.int32), hi[:, None].to(torch.int32)
     take = (torch.minimum(hi, first + seg_count) - torch.maximum(lo, first)).clamp(min=0)
     skip = (lo - first).clamp(min=0).minimum(seg_count)
