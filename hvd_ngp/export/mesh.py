@@ -20,9 +20,9 @@ from ..render.volume import density_normals
 
 #: instant-ngp's defaults for "Mesh it!" / --save_mesh: 256 cells along the longest side, density 2.5
 DEFAULT_RESOLUTION = 256
+DEFAULT_THRESHOLD = 2.5
 #: the mesh files written (``hvd-ngp-export mesh --out``) and read back (``picture``, ``iou --mesh``), through trimesh
 MESH_SUFFIXES = (".ply", ".obj", ".glb")
-DEFAULT_THRESHOLD = 2.5
 CHUNK = 1 << 18
 
 

@@ -105,7 +105,7 @@ class SpeculativeGrid:
         self._lrs: list[float] = []  # the learning rate each w was made with
 
     def _lr(self, p: Tensor) -> float:
-        return float(next(g["lr"] for g in self.optimizer.param_groups if any(q is p for q in g["params"])))
+        return float(self.optimizer.group_of(p)["lr"])
 
     @torch.no_grad()
     def rewind(self) -> None:

@@ -129,15 +129,20 @@ class Adam(torch.optim.Adam):
         t.copy_(t1)
         p.sub_(delta)
 
+    def group_of(self, p: Tensor) -> dict:
+        """The parameter group holding ``p`` (by identity); ValueError when none does."""
+        group = next((g for g in self.param_groups if any(q is p for q in g["params"])), None)
+        if group is None:
+            raise ValueError("the parameter is not in this optimizer")
+        return group
+
     @torch.no_grad()
     def preview(self, p: Tensor, grad: Tensor) -> Tensor:
         """The value ``step()`` would give parameter ``p`` (shape S) with ``grad`` (shape S) as its gradient, from
         the committed moments and step counts, which stay as they are: the same rule (torch's Adam, or the sparse
         rule for a ``sparse`` group), weight decay, bias corrections of the next step and the group's current
         learning rate. Returns a new tensor of shape S (``--delay_compensation local``'s speculative step)."""
-        group = next((g for g in self.param_groups if any(q is p for q in g["params"])), None)
-        if group is None:
-            raise ValueError("preview: the parameter is not in this optimizer")
+        group = self.group_of(p)
         if group.get("amsgrad") or group.get("maximize") or group.get("decoupled_weight_decay"):
             raise ValueError("preview follows Adam without amsgrad, maximize or decoupled weight decay")
         state = self.state.get(p, {})
