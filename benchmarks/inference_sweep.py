@@ -19,8 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEFAULT_SETTINGS = (
-    "two_pass:18:16:2,two_pass:20:16:2,two_pass:20:32:2,two_pass:20:64:2,two_pass:20:32:4,single_pass:20:16:2"
+DEFAULT_SETTINGS = (  # today's default first and last (a noise check), march segments of 64 to 1024 steps between
+    "two_pass:20:32:2,two_pass:20:32:2:64,two_pass:20:32:2:128,two_pass:20:32:2:256,two_pass:20:32:2:1024,"
+    "two_pass:20:16:2:128,single_pass:20:32:2:128,two_pass:20:32:2"
 )
 
 
