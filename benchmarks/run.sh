@@ -29,6 +29,7 @@ STEPS=(
   "inference|GPU: render speed of a trained snapshot: test views and orbit video frames per second (the load subtracted; PyAV from .whl_av)"
   "inference-sweep|GPU: render settings side by side in one process on the snapshot (HVD_NGP_SCENE, lego): benchmarks/inference_sweep.py, HVD_NGP_SETTINGS (PATH:LOG2_CHUNK:FIRST:GROWTH[:SEGMENT],...)"
   "export|GPU: the snapshot's marching-cubes mesh and its silhouette IoU on lego's test views, its point cloud, PNG pictures of both (mesh.png, points.png; trimesh etc. from .whl_look)"
+  "browser|GPU: the snapshot viewer's page in headless Chromium (HVD_NGP_CHROMIUM: benchmarks/chromium/README.md) against the render tool's image of the first test view (bench pagecheck)"
   "viewer|GPU: bench viewer: training steps/s with a watcher against without: headless Chromium, else (none found) the python camera client; viser from .whl_view"
   "colmap|GPU: fox on a time budget with the shipped poses and with COLMAP's (colmap-poses), the same held-out views"
 )
@@ -348,6 +349,14 @@ PY
     exported mesh_picture picture "$out/mesh.ply" --out "$out/mesh.png" --json "$out/mesh_picture.json"
     exported points_picture picture "$out/points.ply" --out "$out/points.png" --json "$out/points_picture.json"
     tables fields "$out" export "$out/iou.json" "$out/mesh_picture.json" "$out/points_picture.json"
+    ;;
+  browser)
+    snapshot
+    "$PY" -m hvd_ngp.bench pagecheck "$snap" --device "${HVD_NGP_DEVICE:-cuda}" --downscale "${HVD_NGP_DOWNSCALE:-4}" \
+      --out_dir "$out/page" --json "$out/page.json" 2>&1 | grep -vE "view/s|it/s" | tail -3
+    rm -rf "$out/page/render"
+    [[ -f $out/page.json ]] || die "browser: bench pagecheck wrote no $out/page.json" 1
+    tables fields "$out" browser "$out/page.json"
     ;;
   viewer)
     scene=$(scene_of "${HVD_NGP_SCENE:-lego}") || exit $?

@@ -527,7 +527,7 @@ def build_parser(prog: str = "hvd_ngp.train") -> configargparse.ArgumentParser:
     g.add_argument(
         "--viewer_share",
         type=float,
-        default=0.04,
+        default=0.03,
         help="largest share of the wall time that viewer frames may take from training (a watched run slows by "
         "about this share plus ~1%%: docs/viewer.md)",
     )

@@ -79,6 +79,28 @@ def test_batch_bench_writes_the_schema(scene_cache, tmp_path):
     assert [d["lr_multiplier"] for d in details] == [1.0, pytest.approx(2**0.5)]
 
 
+def test_batch_bench_keeps_the_runs_before_one_that_is_killed(scene_cache, tmp_path, monkeypatch):
+    """A run killed by a wall-clock limit (on the GPU machine a 560 s timeout cut a fox K = 16 run and, with it,
+    the finished K = 1 run's numbers) leaves the runs before it in the JSON."""
+    real, calls = batch.run, []
+
+    def killed_second(settings, **kw):
+        calls.append(settings)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what the process would die of
+        return real(settings, **kw)
+
+    monkeypatch.setattr(batch, "run", killed_second)
+    out = tmp_path / "batch.json"
+    args = ["--ks", "1,2", "--seeds", "3", "--psnr_targets", "5", "--eval_every", "4", "--n_eval_views", "1"]
+    with pytest.raises(KeyboardInterrupt):
+        batch.main([*args, "--max_steps", "8", "--out_dir", str(tmp_path / "b"), "--json", str(out), "--",
+                    *trainer_flags(scene_cache, tmp_path)])  # fmt: skip
+    data = json.loads(out.read_text())
+    assert [(r["k"], r["seed"]) for r in data["runs"]] == [(1, 3)] and data["step_ms_per_backward_pass"] > 0
+    assert len(json.loads((tmp_path / "b" / "details.json").read_text())["runs"]) == 1
+
+
 def test_steps_to_a_target_is_the_first_evaluation_at_or_above_it():
     curve = [
         {"step": 4, "psnr": 20.0},

@@ -188,8 +188,8 @@ def test_progress_bar_shows_at_once_on_a_terminal_and_after_5_s_in_a_log(monkeyp
 
 
 def test_render_image_takes_either_inference_path_and_names_an_unknown_one():
-    """``render_image(fast=True)``, what evaluation and the render tool call: ``single_pass`` and ``two_pass`` (the
-    default until single_pass is checked on a GPU) give the same image and depth over a background; another name
+    """``render_image(fast=True)``, what evaluation and the render tool call: ``single_pass`` (the
+    default) and ``two_pass`` give the same image and depth over a background; another name
     is a one-line ValueError."""
     from hvd_ngp.render import render_image
 
@@ -199,7 +199,9 @@ def test_render_image_takes_either_inference_path_and_names_an_unknown_one():
     single = render_image(
         rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, step_offset=0.25, inference="single_pass"
     )
-    two = render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, step_offset=0.25)
+    two = render_image(
+        rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, step_offset=0.25, inference="two_pass"
+    )
     ref = render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, step_offset=0.25)
     for a, b, c in zip(single, two, ref):
         torch.testing.assert_close(a, b, **TIGHT)

@@ -554,9 +554,9 @@ def test_inference_render_within_a_small_workspace_equals_the_exact_one():
 
 @pytest.mark.parametrize("path", ["two_pass", "single_pass"])
 def test_inference_march_launch_changes_no_pixel(monkeypatch, path):
-    """Both inference paths under another march launch (``fast.INFERENCE_LAUNCH``: one segment of 128 lattice
-    steps holds every ray's samples, against the default's 32-step segments that the windows cross, and 8 rays
-    per program): the same rgb, opacity and depth as under the default launch."""
+    """Both inference paths under another march launch (``fast.INFERENCE_LAUNCH``: training's 32-step segments,
+    which the windows cross, and 8 rays per program, against the default's one 1024-step segment that holds every
+    ray's samples): the same rgb, opacity and depth as under the default launch."""
     import hvd_ngp.render.fast as fast_mod
     from hvd_ngp.render.schedule import MarchLaunch
     from hvd_ngp.render.volume import inference_path
@@ -566,7 +566,8 @@ def test_inference_march_launch_changes_no_pixel(monkeypatch, path):
     render = inference_path(path)
     monkeypatch.setattr(fast_mod, "FIRST_WINDOW", 3)
     default = render(rgb_sigma_fn, ball, o, d, aabb, grid, sch, 1e-3, jitter=j)
-    monkeypatch.setattr(fast_mod, "INFERENCE_LAUNCH", MarchLaunch(8, 128, 1))
+    assert fast_mod.INFERENCE_LAUNCH.segment > 32
+    monkeypatch.setattr(fast_mod, "INFERENCE_LAUNCH", MarchLaunch(8, 32, 1))
     out = render(rgb_sigma_fn, ball, o, d, aabb, grid, sch, 1e-3, jitter=j)
     for a, b in zip(out, default):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import subprocess
 import sys
 import time
@@ -123,8 +122,6 @@ def test_the_trainer_refuses_a_bad_viewer_port(scene_cache, tmp_path):
 
 # ------------------------------------------------------------------------------------ the page in a browser
 
-VIEWPORT = (960, 240)  # wide: the square in the middle is clear of the panel (right) and notices (left)
-
 
 def chromium_or_skip() -> str:
     from hvd_ngp.viewer.browser import find_chromium
@@ -136,122 +133,30 @@ def chromium_or_skip() -> str:
 
 
 def test_the_snapshot_viewer_page_shows_the_render_tools_image(scene_cache, tmp_path):
-    """hvd-ngp-view in a real headless Chromium: the middle of the page (the first test view's camera) matches
-    the render tool's image of that view."""
+    """hvd-ngp-view in a real headless Chromium (``bench pagecheck``, what benchmarks/run.sh browser runs on
+    lego on the GPU): the middle of the page (the first test view's camera, overlays off) matches the render
+    tool's image of that view."""
     exe = chromium_or_skip()
-    import cv2
-
+    from hvd_ngp.bench.pagecheck import check_page
     from hvd_ngp.config import parse_args
-    from hvd_ngp.tools.render import main as render_main
     from hvd_ngp.training.trainer import run
-    from hvd_ngp.viewer.browser import HeadlessChromium
 
     snap = tmp_path / "snap.pt"
-    run(
-        parse_args(
-            tiny_cpu_args(
-                scene_cache,
-                tmp_path / "train",
-                "--n_steps",
-                "40",
-                "--log_every",
-                "40",
-                "--save_renders",
-                "0",
-                "--n_eval_views",
-                "1",
-                "--save_snapshot",
-                str(snap),
-            )
-        )
-    )
-    render_main(
-        [
-            "--load_snapshot",
-            str(snap),
-            "--out_dir",
-            str(tmp_path / "render"),
-            "--split_views",
-            "1",
-            "--video",
-            "none",
-            "--downscale",
-            "2",
-            "--device",
-            "cpu",
-        ]
-    )
-    reference = cv2.cvtColor(cv2.imread(str(tmp_path / "render" / "test" / "test_000.png")), cv2.COLOR_BGR2RGB)
-    h_ref = reference.shape[0]  # 40: the viewer's frame is 4 * 40 x 40 (the canvas is 4:1) at the same camera
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    viewer = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hvd_ngp.tools.view",
-            str(snap),
-            "--port",
-            "0",
-            "--device",
-            "cpu",
-            "--downscale",
-            "2",
-            "--max_side",
-            str(4 * h_ref),
-            "--serve_s",
-            "60",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        url = None
-        for line in viewer.stdout:
-            if m := re.match(r"viewer: (http://\S+)", line):
-                url = m.group(1)
-                break
-        assert url, "hvd-ngp-view printed no address"
-        with HeadlessChromium(*VIEWPORT, executable=exe) as browser:
-            browser.call(
-                "Emulation.setDeviceMetricsOverride",
-                width=VIEWPORT[0],
-                height=VIEWPORT[1],
-                deviceScaleFactor=1,
-                mobile=False,
-            )
-            browser.open(url)
-            best, deadline = -1.0, time.monotonic() + 40
-            while time.monotonic() < deadline:
-                time.sleep(1.0)
-                png = browser.screenshot()
-                shot = cv2.cvtColor(cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
-                H, W = shot.shape[:2]
-                middle = shot[:, (W - H) // 2 : (W - H) // 2 + H]
-                seen = cv2.resize(middle, (h_ref, h_ref), interpolation=cv2.INTER_AREA).astype(np.float64)
-                corr = float(np.corrcoef(seen.ravel(), reference.astype(np.float64).ravel())[0, 1])
-                psnr = 10 * math.log10(255**2 / max(float(np.mean((seen - reference) ** 2)), 1e-9))
-                best = max(best, corr)
-                if corr >= 0.9 and psnr >= 18:
-                    break
-            (tmp_path / "viewer.png").write_bytes(png)
-            print(f"screenshot {tmp_path / 'viewer.png'}: correlation {corr:.3f}, PSNR {psnr:.1f} dB")
-        assert corr >= 0.9 and psnr >= 18, (
-            f"the page's middle does not show the render (best correlation "
-            f"{best:.3f}, PSNR {psnr:.1f} dB); screenshot {tmp_path / 'viewer.png'}"
-        )
-        assert seen.std() > 10  # not a blank page
-    finally:
-        viewer.terminate()
-        viewer.wait(20)
+    flags = ("--n_steps", "40", "--log_every", "40", "--save_renders", "0", "--n_eval_views", "1")
+    run(parse_args(tiny_cpu_args(scene_cache, tmp_path / "train", *flags, "--save_snapshot", str(snap))))
+    result = check_page(str(snap), tmp_path / "page", "cpu", 2, exe)
+    print(f"screenshot {result['screenshot']}: correlation {result['correlation']:.3f}, PSNR {result['psnr']:.1f} dB")
+    assert result["passed"], f"the page's middle does not show the render: {result}"
+    assert result["std"] > 10  # not a blank page
 
 
-def test_the_snapshot_viewer_names_a_missing_snapshot_in_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "flags, message",
+    [((), "{snap}: no such snapshot"), (("--show", "cameras,floor"), "--show: unknown overlay 'floor'")],
+)
+def test_the_snapshot_viewer_names_a_missing_snapshot_or_an_unknown_overlay_in_one_line(tmp_path, flags, message):
     proc = subprocess.run(
-        [sys.executable, "-m", "hvd_ngp.tools.view", str(tmp_path / "nope.pt"), "--port", "0"],
+        [sys.executable, "-m", "hvd_ngp.tools.view", str(tmp_path / "nope.pt"), "--port", "0", *flags],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -259,7 +164,7 @@ def test_the_snapshot_viewer_names_a_missing_snapshot_in_one_line(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"{tmp_path / 'nope.pt'}: no such snapshot" in proc.stderr and "Traceback" not in proc.stderr
+    assert message.format(snap=tmp_path / "nope.pt") in proc.stderr and "Traceback" not in proc.stderr
 
 
 class _IdleWatcher:

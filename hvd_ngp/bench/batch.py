@@ -20,7 +20,8 @@ with its kernel compilation, left out) and samples per step.
 
 JSON (``--json``), exactly: {"scene", "device", "step_ms_per_backward_pass" (the K = 1 runs' mean step,
 else the smallest step / K), "runs": [{"k", "seed", "samples_per_step", "step_ms", "steps_to_psnr":
-{"33": int | null, ...}, "final_psnr"}]}. ``--details_json``: each run's PSNR curve, steps and seconds.
+{"33": int | null, ...}, "final_psnr"}]}, written after every run. ``--details_json``: each run's PSNR
+curve, steps and seconds.
 On a GPU the K = 1 step is the graphed one and K > 1 steps run eagerly (CUDA graphs refuse gradient
 accumulation), so ``step_ms`` / K at K > 1 is above one rank's step at K ranks.
 """
@@ -58,6 +59,14 @@ def target_key(target: float) -> str:
 def steps_to(curve: list[dict], target: float) -> int | None:
     """The first evaluated step whose PSNR reached ``target``, or None."""
     return next((int(c["step"]) for c in curve if c["psnr"] >= target), None)
+
+
+def summary_of(runs: list[dict], where: dict) -> dict:
+    """The JSON's object for the runs so far (``step_ms_per_backward_pass``: the K = 1 runs' mean step, else the
+    smallest step / K)."""
+    ones = [r["step_ms"] for r in runs if r["k"] == 1]
+    per_pass = sum(ones) / len(ones) if ones else min(r["step_ms"] / r["k"] for r in runs)
+    return {**where, "step_ms_per_backward_pass": per_pass, "runs": runs}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,6 +212,9 @@ def main(argv: list[str] | None = None) -> dict:
                 "curve": curve,
             }
         )
+        # written after every run, so a run killed later (a wall-clock limit) leaves the ones before it
+        write_json(opts.json or out / "batch.json", summary_of(runs, where))
+        write_json(opts.details_json or out / "details.json", {"options": asdict(opts), "runs": details})
         print(
             f"K = {k}, seed {seed}: {m['steps']} steps in {seconds:.1f} s, {row['step_ms']:.2f} ms/step, "
             f"targets {row['steps_to_psnr']}, final {row['final_psnr']:.2f} dB",
@@ -211,9 +223,8 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if not runs:
         raise SystemExit(EXIT_PREEMPTED)
-    ones = [r["step_ms"] for r in runs if r["k"] == 1]
-    per_pass = sum(ones) / len(ones) if ones else min(r["step_ms"] / r["k"] for r in runs)
-    summary = {**where, "step_ms_per_backward_pass": per_pass, "runs": runs}
+    summary = summary_of(runs, where)
+    per_pass = summary["step_ms_per_backward_pass"]
     rows = [
         {
             "K": r["k"],
@@ -237,8 +248,6 @@ def main(argv: list[str] | None = None) -> dict:
         f"{opts.eval_every} / K steps; one pass {per_pass:.2f} ms"
     )
     print(table(rows, list(rows[0])))
-    write_json(opts.json or out / "batch.json", summary)
-    write_json(opts.details_json or out / "details.json", {"options": asdict(opts), "runs": details})
     if not math.isfinite(per_pass):
         raise ConfigError("no step time was measured")
     if stopped:

@@ -209,10 +209,12 @@ class RenderWorkspace:
         )
 
 
-#: how inference renders launch the march kernel (both paths, count and write passes). Training's ``LAUNCH``
-#: for now: longer segments (fewer, longer programs per ray; an inference chunk has rays enough to fill the GPU
-#: without them) are for ``benchmarks/inference_sweep.py`` to measure first
-INFERENCE_LAUNCH = MarchLaunch()
+#: how inference renders launch the march kernel (both paths, count and write passes): one program walks 1024
+#: lattice steps of 32 rays, where training's ``LAUNCH`` splits each ray into 32-step programs. An inference chunk
+#: has rays enough to fill the GPU without splitting them, and in a window most of a ray's short segments would
+#: be idle programs. H100, 2026-12-07, warm kernels: lego 0.042 -> 0.032 s per view (``two_pass``), fox 0.48 ->
+#: 0.34; ``benchmarks/inference_sweep.py`` (docs/inference.md)
+INFERENCE_LAUNCH = MarchLaunch(segment=1024)
 
 #: candidates per ray in an inference render's first window; each next window is WINDOW_GROWTH times the last
 #: (lego, H100, 2026-12-07: 32 then doubling 0.043 s per view, 16 then doubling 0.046; docs/inference.md)

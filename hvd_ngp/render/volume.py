@@ -239,9 +239,10 @@ def render_image(
 
 #: the fast path's inference renderers (``render_image(inference=...)``, the render tool's ``--inference``)
 INFERENCE_PATHS = ("single_pass", "two_pass")
-#: the default: ``two_pass``: on an H100 (lego, 800x800, tf32 products, 2026-12-07) 0.043 s per view against
-#: ``single_pass``'s 0.046, and on fox 0.52 against 0.62, at the same PSNR (docs/inference.md)
-DEFAULT_INFERENCE = "two_pass"
+#: the default: ``single_pass``, with march segments of 1024 steps (``fast.INFERENCE_LAUNCH``): on an H100
+#: (2026-12-07, one process, warm kernels) lego 800x800 0.0295 s per view against ``two_pass``'s 0.032, fox
+#: 1080x1920 0.27 against 0.34, at the same PSNR (docs/inference.md)
+DEFAULT_INFERENCE = "single_pass"
 
 
 #: the fused MLPs' math in inference outside autocast (``triton_support.fp32_matmul``): tf32 tensor-core products.

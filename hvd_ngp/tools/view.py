@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import ConfigError, run_cli
 from ..options import options_from
 from ..training.evaluate import BACKGROUNDS
-from ..viewer.server import ViewedModel, Viewer
+from ..viewer.server import OVERLAYS, ViewedModel, Viewer
 from .trained import load_trained
 
 
@@ -36,6 +36,7 @@ class ViewOptions:
     device: str
     gpu_memory_gb: float
     serve_s: float  # 0: until Ctrl-C
+    show: str  # overlays shown at the start, comma-separated (none: none)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -64,6 +65,11 @@ def main(argv: list[str] | None = None) -> dict:
         default=0.0,
         help="GPU memory this process may use; renders are chunked to fit (0: the free memory)",
     )
+    p.add_argument(
+        "--show",
+        default="cameras,box",
+        help=f"overlays shown at the start, comma-separated, of {','.join(OVERLAYS)} (none: a bare view)",
+    )
     p.add_argument("--serve_s", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
     opts = options_from(ViewOptions, p.parse_args(argv))
     if not 0 <= opts.port <= 65535 or opts.budget_ms <= 0 or opts.max_side < 32 or opts.serve_s < 0:
@@ -72,6 +78,9 @@ def main(argv: list[str] | None = None) -> dict:
             f"--serve_s >= 0, got {opts.port}, {opts.budget_ms:g}, {opts.max_side}, {opts.serve_s:g}"
         )
 
+    shown = () if opts.show == "none" else tuple(filter(None, opts.show.split(",")))
+    if unknown := [name for name in shown if name not in OVERLAYS]:
+        raise ConfigError(f"hvd-ngp-view: --show: unknown overlay {unknown[0]!r} (of {', '.join(OVERLAYS)}, or none)")
     t = load_trained(opts.snapshot, opts.device, opts.scene, opts.downscale, None, opts.gpu_memory_gb)
     t.field.eval()
     background = opts.background or t.cfg.get("eval_background", "white")
@@ -84,6 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
         live=False,
         max_side=opts.max_side,
         title=f"hvd_ngp: {Path(opts.snapshot).name}",
+        shown=shown,
     )
     viewer.status(f"**{Path(opts.snapshot).name}**, step {t.step}  \nscene {t.scene.source}")
     print(viewer.describe(), flush=True)

@@ -29,6 +29,11 @@ from .resolution import AdaptiveResolution, frame_size
 
 MAX_FRUSTUMS = 200  # training cameras drawn (evenly spaced through the list)
 MAX_GRID_POINTS = 30000  # occupied cells drawn (a seeded subset)
+OVERLAYS = (
+    "grid",
+    "cameras",
+    "box",
+)  # what the panel can show over the view: occupied cells, training cameras, scene box
 
 
 @dataclass
@@ -74,6 +79,7 @@ class Viewer:
         title: str = "hvd_ngp",
         on_pause: Callable[[bool], None] | None = None,
         on_save: Callable[[], None] | None = None,
+        shown: tuple[str, ...] = ("cameras", "box"),
     ) -> None:
         try:
             import viser
@@ -88,7 +94,7 @@ class Viewer:
         self.history: dict[str, list[tuple[int, float]]] = {"loss": [], "train_psnr": [], "test_psnr": []}
         self._renderer: ViewRenderer | None = None
         self.overlays: dict[str, list] = {}  # scene handles: "box", "cameras", "grid"
-        self.shown = {"grid": False, "cameras": True, "box": True}
+        self.shown = {name: name in shown for name in OVERLAYS}  # at the start; the panel's checkboxes change it
         self.server = viser.ViserServer(host=host, port=port, label=title, verbose=False)
         self.host = host
         self.port = self.server.get_port()
@@ -139,6 +145,7 @@ class Viewer:
                 colors=(230, 120, 30),
                 thickness=2.0,
                 thickness_units="screen",
+                visible=self.shown["box"],
             )
         ]
 
@@ -160,6 +167,7 @@ class Viewer:
                     color=(40, 90, 200),
                     wxyz=tuple(matrix_quaternion(c2w[:, :3])),
                     position=tuple(c2w[:, 3]),
+                    visible=self.shown["cameras"],
                 )
             )
 
@@ -179,7 +187,7 @@ class Viewer:
                 colors=(120, 120, 120),
                 point_size=cell * 0.5,
                 point_shape="square",
-                visible=self.shown.get("grid", False),
+                visible=self.shown["grid"],
             )
         ]
 
