@@ -1,23 +1,25 @@
 """The GPU benchmark suite (benchmarks/run.sh, benchmarks/tables.py) checked on the CPU: its steps are named for
-what they measure and documented, bad calls fail with one line, its tables read what the runs write; and the
-benches never append to docs/BENCHMARKS.md unless asked."""
+what they measure and documented, bad calls fail with one line, its tables read what the runs write, the
+Chromium bundle for the GPU machine arrives in parts, and the benches never append to docs/BENCHMARKS.md unless
+asked."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import json
+import os
 import re
+import shutil
 import subprocess
 
+import pytest
 from conftest import ROOT
 
 RUN = ROOT / "benchmarks" / "run.sh"
 
 
 def run_suite(*args: str, **env: str) -> subprocess.CompletedProcess:
-    import os
-
     return subprocess.run(
         ["bash", str(RUN), *args], capture_output=True, text=True, timeout=60, env={**os.environ, **env}
     )
@@ -195,3 +197,56 @@ def test_benches_never_append_to_the_docs_by_default():
                 seen += 1
         assert 'docs/BENCHMARKS.md"' not in path.read_text(), path.name
     assert seen >= 7
+
+
+def test_the_chromium_bundle_arrives_in_parts_over_several_calls(tmp_path):
+    """benchmarks/chromium: pack.py splits an archive into parts and writes assemble.sh; on the GPU machine each
+    call brings some parts (here: part 2, then a corrupt part 1, then parts 1 and 3); the bundle is unpacked
+    once all have arrived with the right checksums, and later calls just name the launcher."""
+    import io
+    import tarfile
+
+    spec = importlib.util.spec_from_file_location("pack", ROOT / "benchmarks" / "chromium" / "pack.py")
+    pack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pack)
+    archive = tmp_path / "chrome.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        launcher = b"#!/bin/sh\necho headless\n" + bytes(range(256)) * 8  # not compressible to nothing
+        info = tarfile.TarInfo("chrome/run-chromium")
+        info.size, info.mode = len(launcher), 0o755
+        tar.addfile(info, io.BytesIO(launcher))
+    size = archive.stat().st_size
+    with pytest.raises(ValueError, match="more than the parts hold"):
+        pack.pack(archive, tmp_path / "small", (10, 10))
+    third = size // 3 + 1
+    parts = pack.pack(archive, tmp_path / "packed", (third, third, third))
+    assert len(parts) == 3 and b"".join(p.read_bytes() for p in parts) == archive.read_bytes()
+
+    repo = tmp_path / "repo"
+    env = {
+        "PATH": os.environ["PATH"],
+        "HVD_NGP_CHROME_PARTS": str(tmp_path / "parts"),
+        "HVD_NGP_CHROME_BUNDLE": str(tmp_path / "bundle"),
+    }
+
+    def call(*names: str, corrupt: bool = False) -> subprocess.CompletedProcess:
+        """One device call that carries assemble.sh and the named parts."""
+        shutil.rmtree(repo, ignore_errors=True)
+        (repo / ".chrome").mkdir(parents=True)
+        shutil.copy(tmp_path / "packed" / "assemble.sh", repo / ".chrome")
+        for name in names:
+            data = (tmp_path / "packed" / name).read_bytes()
+            (repo / ".chrome" / name).write_bytes(data[:-1] + b"x" if corrupt else data)
+        return subprocess.run(["bash", ".chrome/assemble.sh"], cwd=repo, env=env, capture_output=True, text=True)
+
+    first = call("part-2")
+    assert first.returncode == 0 and first.stdout.strip().splitlines()[-1] == "chromium: waiting for part(s) 1 3"
+    bad = call("part-1", corrupt=True)
+    assert bad.returncode == 2 and "checksum mismatch for part 1" in bad.stdout
+    done = call("part-1", "part-3")
+    launcher_path = tmp_path / "bundle" / "chrome" / "run-chromium"
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == f"chromium: {launcher_path}"
+    assert subprocess.run([str(launcher_path)], capture_output=True, text=True).stdout.startswith("headless")
+    again = call()
+    assert again.returncode == 0 and again.stdout.strip() == f"chromium: {launcher_path}"

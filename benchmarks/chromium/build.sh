@@ -72,23 +72,5 @@ du -sh "$C"; ls "$C/lib" | wc -l
 HERE=$ROOT/.chrome
 mkdir -p "$HERE"
 (cd "$OUT" && tar --owner=0 --group=0 --numeric-owner --sort=name -cf - chrome | nice -n 10 xz --x86 --lzma2=preset=9e -T2 > "$OUT/chrome.tar.xz")
-rm -f "$HERE"/part-*
-python3 - "$OUT/chrome.tar.xz" "$HERE" "$TEMPLATE" <<'PY'
-import hashlib, sys
-src, here, template = sys.argv[1], sys.argv[2], sys.argv[3]
-limits = [20_000_000, 38_000_000, 45_000_000]
-data = open(src, "rb").read()
-assert len(data) <= sum(limits), len(data)
-sums, pos = [], 0
-for i, lim in enumerate(limits, 1):
-    if pos >= len(data):
-        break
-    chunk = data[pos:pos + lim]; pos += len(chunk)
-    open(f"{here}/part-{i}", "wb").write(chunk)
-    sums.append(hashlib.sha256(chunk).hexdigest())
-t = open(template).read()
-t = t.replace("@N@", str(len(sums))).replace("@SUMS@", " ".join(sums)).replace("@TOTAL@", hashlib.sha256(data).hexdigest())
-open(f"{here}/assemble.sh", "w").write(t)
-PY
-chmod 755 "$HERE/assemble.sh"
+python3 "$(dirname "$TEMPLATE")/pack.py" "$OUT/chrome.tar.xz" "$HERE"
 ls -l "$OUT/chrome.tar.xz" "$HERE"/part-*
