@@ -7,8 +7,8 @@ Each setting is ``PATH:LOG2_CHUNK:FIRST_WINDOW:GROWTH[:SEGMENT]``: the inference
 and ``render.fast.WINDOW_GROWTH`` (those two are ``two_pass``'s), and the march launch's lattice steps per program
 (``render.fast.INFERENCE_LAUNCH.segment``; default: unchanged). Every setting renders one view untimed (its
 kernels compile there), then the snapshot's test views (``--views``, all by default) with the render tool
-(``hvd-ngp-render --video none``) in this process, so each sees compiled kernels and a warm allocator. Prints a table (seconds per view, after the first view, PSNR) and writes
-the rows as JSON.
+(``hvd-ngp-render --video none``) in this process, so each sees compiled kernels and a warm allocator. Prints a
+table (seconds per view, after the first view, PSNR) and writes the rows as JSON.
 """
 
 from __future__ import annotations

@@ -29,11 +29,8 @@ from .resolution import AdaptiveResolution, frame_size
 
 MAX_FRUSTUMS = 200  # training cameras drawn (evenly spaced through the list)
 MAX_GRID_POINTS = 30000  # occupied cells drawn (a seeded subset)
-OVERLAYS = (
-    "grid",
-    "cameras",
-    "box",
-)  # what the panel can show over the view: occupied cells, training cameras, scene box
+#: what the panel can show over the view: occupied cells, training cameras, scene box
+OVERLAYS = ("grid", "cameras", "box")
 
 
 @dataclass
