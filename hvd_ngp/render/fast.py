@@ -19,6 +19,7 @@ sample counts come back as device scalars that the trainer reads asynchronously.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -245,6 +246,25 @@ def candidate_windows(seg_count: Tensor, lo: Tensor, hi: Tensor) -> tuple[Tensor
     return skip.to(torch.int32).contiguous(), take.to(torch.int32).contiguous()
 
 
+def window_groups(ends: Tensor, capacity: int, width: int) -> list[tuple[int, int, int]]:
+    """Ray ranges ``[a, b)`` with their candidate count n, each n <= ``capacity``; ``ends`` ``[A]`` int64: the
+    running total of the rays' window candidates, each ray at most ``width``. One small read from the device:
+    the total, then (when it does not fit) the boundaries at multiples of ``capacity - width``."""
+    total = int(ends[-1])
+    if total <= capacity:
+        return [(0, ends.shape[0], total)]
+    step = capacity - min(width, capacity)
+    if step < capacity // 2:  # windows as large as the workspace: the greedy split on the host
+        host = ends.tolist()
+        return [(a, b, host[b - 1] - (host[a - 1] if a else 0)) for a, b in split_by_capacity(host, capacity)]
+    marks = torch.arange(step, total, step, device=ends.device, dtype=ends.dtype)
+    cuts = torch.searchsorted(ends, marks, right=True)  # rays whose running total is <= each mark
+    bounds = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), ends.shape[0])])
+    sums = torch.cat([ends.new_zeros(1), ends])[bounds]
+    b_host, s_host = bounds.tolist(), sums.tolist()
+    return [(a, b, s_host[k + 1] - s_host[k]) for k, (a, b) in enumerate(itertools.pairwise(b_host)) if b > a]
+
+
 def render_rays_fast(
     rgb_sigma_fn: RGBSigmaFn,
     sigma_fn: SigmaFn,
@@ -288,13 +308,7 @@ def render_rays_fast(
         marched = done[alive]
         skip, take = candidate_windows(seg_count[alive], marched, marched + width)
         ends = torch.cumsum(take.sum(1, dtype=torch.int64), 0)
-        marching = int(ends[-1])  # the window's candidates: all the host needs to know when they fit at once
-        if marching <= workspace.plan.candidates:
-            groups = [(0, alive.numel(), marching)]
-        else:  # rays in groups that fit: every ray's running total read back (a list as long as the rays)
-            at = [0, *ends.tolist()]
-            groups = [(a, b, at[b] - at[a]) for a, b in split_by_capacity(at[1:], workspace.plan.candidates)]
-        for a, b, n in groups:
+        for a, b, n in window_groups(ends, workspace.plan.candidates, width):
             if n == 0:
                 continue
             ids = alive[a:b]

@@ -21,7 +21,6 @@ The samples and their compositing are the reference's (``volume.render_rays``), 
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,10 +31,10 @@ from torch import Tensor
 from ..observe.profiling import NULL_TIMER, StageTimer
 from . import fast
 from .composite_triton import composite, count_until_opaque
-from .fast import RenderWorkspace, candidate_windows
+from .fast import RenderWorkspace, candidate_windows, window_groups
 from .march_triton import march_counts, march_write
 from .occupancy import OccupancyGrid
-from .plan import RenderPlan, split_by_capacity
+from .plan import RenderPlan
 from .schedule import StepSchedule
 
 if TYPE_CHECKING:  # volume imports this module lazily: no import back at run time
@@ -80,25 +79,6 @@ class InferenceStats:
     iterations: int = 0
     network_rows: int = 0
     composited: Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.int64))
-
-
-def window_groups(ends: Tensor, capacity: int, width: int) -> list[tuple[int, int, int]]:
-    """Ray ranges ``[a, b)`` with their candidate count n, each n <= ``capacity``; ``ends`` ``[A]`` int64: the
-    running total of the rays' window candidates, each ray at most ``width``. One small read from the device:
-    the total, then (when it does not fit) the boundaries at multiples of ``capacity - width``."""
-    total = int(ends[-1])
-    if total <= capacity:
-        return [(0, ends.shape[0], total)]
-    step = capacity - min(width, capacity)
-    if step < capacity // 2:  # windows as large as the workspace: the greedy split on the host
-        host = ends.tolist()
-        return [(a, b, host[b - 1] - (host[a - 1] if a else 0)) for a, b in split_by_capacity(host, capacity)]
-    marks = torch.arange(step, total, step, device=ends.device, dtype=ends.dtype)
-    cuts = torch.searchsorted(ends, marks, right=True)  # rays whose running total is <= each mark
-    bounds = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), ends.shape[0])])
-    sums = torch.cat([ends.new_zeros(1), ends])[bounds]
-    b_host, s_host = bounds.tolist(), sums.tolist()
-    return [(a, b, s_host[k + 1] - s_host[k]) for k, (a, b) in enumerate(itertools.pairwise(b_host)) if b > a]
 
 
 def network_pass(
