@@ -50,6 +50,7 @@ def check_page(
         raise RuntimeError(f"the render tool wrote no {render_dir / 'test' / 'test_000.png'}")
     reference = cv2.cvtColor(rendered, cv2.COLOR_BGR2RGB)
     h_ref = reference.shape[0]
+    flat = reference.astype(np.float64).ravel()
     cv2.imwrite(str(out_dir / "render.png"), cv2.cvtColor(reference, cv2.COLOR_RGB2BGR))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     viewer = subprocess.Popen(
@@ -84,7 +85,6 @@ def check_page(
                 H, W = shot.shape[:2]
                 middle = shot[:, (W - H) // 2 : (W - H) // 2 + H]
                 seen = cv2.resize(middle, (h_ref, h_ref), interpolation=cv2.INTER_AREA).astype(np.float64)
-                flat = reference.astype(np.float64).ravel()
                 corr = float(np.corrcoef(seen.ravel(), flat)[0, 1]) if seen.std() > 0 else -1.0  # blank: not yet
                 psnr = 10 * math.log10(255**2 / max(float(np.mean((seen - reference) ** 2)), 1e-9))
                 if corr > result["correlation"]:
