@@ -67,8 +67,9 @@ def test_batch_bench_writes_the_schema(scene_cache, tmp_path):
     assert set(data) == {"scene", "device", "step_ms_per_backward_pass", "runs"} and data["device"] == "cpu"
     assert [(r["k"], r["seed"]) for r in data["runs"]] == [(1, 3), (2, 3)]
     for r in data["runs"]:
-        assert set(r) == {"k", "seed", "samples_per_step", "step_ms", "steps_to_psnr", "final_psnr"}
-        assert r["step_ms"] > 0 and r["final_psnr"] > 5
+        keys = {"k", "seed", "samples_per_step", "step_ms", "steps_to_psnr", "final_psnr", "sync", "lr_multiplier"}
+        assert set(r) == keys
+        assert r["step_ms"] > 0 and r["final_psnr"] > 5 and r["sync"] == "every"
     one, two = data["runs"]
     # evaluations every 4 / K steps; 5 dB is reached at the first: each run stops there, not at --max_steps
     assert one["steps_to_psnr"] == {"5": 4} and two["steps_to_psnr"] == {"5": 2}

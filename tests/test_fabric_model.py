@@ -325,3 +325,26 @@ def test_nccl_capture_env_and_file(tmp_path, monkeypatch):
     (tmp_path / "infiniband" / "mlx5_0").mkdir(parents=True)
     assert nccl_net.ib_devices(str(tmp_path / "infiniband")) == ["mlx5_0"]
     assert nccl_net.ib_devices(str(tmp_path / "none")) == []
+
+
+def test_time_to_quality_uses_a_modes_own_steps():
+    """delayed_grid+fp16 runs at K = 8 price that mode with its own (more) steps; K = 2 has none, so every's steps
+    stand in and the row says so. sync_of names a run the way Mode.sync names a mode."""
+    own = {**STEPS["runs"][4], "sync": "delayed_grid+fp16", "steps_to_psnr": {"33": 3000, "35": None}}
+    steps = {**STEPS, "runs": [*STEPS["runs"], own]}
+    f = fm.fabric("ib4")
+    mode = fm.Mode.parse("hierarchical-rdma+delayed_grid+fp16")
+    assert mode.sync == "delayed_grid+fp16"
+    rows = {r["ranks"]: r for r in fm.time_to_quality(steps, S, f, "33", mode)}
+    assert rows[8]["steps"] == 3000 and rows[8]["steps_of"] == "delayed_grid+fp16"
+    assert rows[2]["steps"] == 4100 and rows[2]["steps_of"] == "every"
+    assert rows[1]["steps_of"] == "every" and rows[1]["steps"] == 8200
+    flat = {r["ranks"]: r for r in fm.time_to_quality(steps, S, f, "33", fm.Mode.parse("flat"))}
+    assert flat[8]["steps"] == 2000 and flat[8]["steps_of"] == "every"
+    assert fm.sync_of({"grad_sync": "delayed_grid", "compression": "fp16", "delay_compensation": "local"}) == (
+        fm.Mode.parse("delayed_grid+fp16+comp").sync
+    )
+    assert fm.sync_of({"grad_sync": "periodic", "sync_period": 8}) == fm.Mode.parse("periodic8").sync
+    assert fm.sync_of({"grad_sync": "every", "compression": "fp16"}) == fm.Mode.parse("fp16").sync == "every"
+    with pytest.raises(ConfigError, match="no run with k = 1 and sync every"):
+        fm.time_to_quality({**STEPS, "runs": [{**r, "sync": "delayed"} for r in STEPS["runs"]]}, S, f, "33", mode)

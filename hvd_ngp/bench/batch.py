@@ -20,7 +20,8 @@ with its kernel compilation, left out) and samples per step.
 
 JSON (``--json``), exactly: {"scene", "device", "step_ms_per_backward_pass" (the K = 1 runs' mean step,
 else the smallest step / K), "runs": [{"k", "seed", "samples_per_step", "step_ms", "steps_to_psnr":
-{"33": int | null, ...}, "final_psnr"}]}, written after every run. ``--details_json``: each run's PSNR
+{"33": int | null, ...}, "final_psnr", "sync" (``every``, ``delayed_grid+fp16``, ...: ``fabric_model.sync_of``),
+"lr_multiplier"}]}, written after every run. ``--details_json``: each run's PSNR
 curve, steps and seconds.
 On a GPU the K = 1 step is the graphed one and K > 1 steps run eagerly (CUDA graphs refuse gradient
 accumulation), so ``step_ms`` / K at K > 1 is above one rank's step at K ranks.
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ..cluster.fabric_model import sync_of
 from ..cluster.preempt import EXIT_PREEMPTED
 from ..config import BASE_CONFIG, CPU_CONFIG, parse_settings
 from ..errors import ConfigError
@@ -199,6 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
             "step_ms": seconds / timed_steps * 1e3,
             "steps_to_psnr": {target_key(t): steps_to(curve, t) for t in targets},
             "final_psnr": float(curve[-1]["psnr"]),
+            "sync": sync_of(m["communication"]),
+            "lr_multiplier": m["communication"]["lr_multiplier"],
         }
         runs.append(row)
         details.append(
@@ -208,7 +212,6 @@ def main(argv: list[str] | None = None) -> dict:
                 "train_seconds": seconds,
                 "share_s": share,
                 "eval_every": every,
-                "lr_multiplier": m["communication"]["lr_multiplier"],
                 "curve": curve,
             }
         )
@@ -232,7 +235,8 @@ def main(argv: list[str] | None = None) -> dict:
             "samples/step": r["samples_per_step"],
             "step ms": f"{r['step_ms']:.2f}",
             "ms per pass": f"{r['step_ms'] / r['k']:.2f}",
-            "lr x": f"{d['lr_multiplier']:.3g}",
+            "sync": r["sync"],
+            "lr x": f"{r['lr_multiplier']:.3g}",
             **{f"steps to {key} dB": "-" if v is None else v for key, v in r["steps_to_psnr"].items()},
             **{
                 f"samples to {key} dB (M)": "-" if v is None else f"{v * r['samples_per_step'] / 1e6:.3g}"

@@ -143,6 +143,7 @@ def ttq_tables(
                         "N": r["ranks"],
                         "seeds": r["seeds"],
                         "steps": "not reached" if r["steps"] is None else f"{r['steps']:.0f}",
+                        "steps of": r["steps_of"] if r["steps_of"] == mode.sync else f"{r['steps_of']} (*)",
                         "step ms": f"{r['step_ms']:.2f}",
                         "exposed ms": f"{r['exposed_comm_ms']:.2f}",
                         f"time to {psnr} dB s": "-" if r["time_s"] is None else f"{r['time_s']:.1f}",
@@ -160,6 +161,11 @@ def ttq_tables(
                 verdict += (
                     f"fastest projected time at N = {crit['fastest']}" if crit["fastest"] else "no N reached the PSNR"
                 )
+                if any(r["steps_of"] != mode.sync for r in part[1:]):
+                    verdict += (
+                        f"\n(*) no {mode.sync} runs at this N in the steps JSON: every's steps, so {mode.spec}'s own "
+                        "quality cost is not counted"
+                    )
                 texts.append(
                     f"Time to {psnr} dB on {scene} ({steps.get('device', '?')}), fabric {f.name}, mode "
                     f"{mode.spec} [{PROJECTED}; steps measured on one GPU with K = N backward passes]:\n\n"

@@ -267,6 +267,32 @@ class Mode:
             raise ConfigError(f"mode {spec!r}: comp (delay compensation) needs delayed_grid")
         return Mode(spec, **kw)
 
+    @property
+    def sync(self) -> str:
+        """The trainer's gradient sync this mode runs, named as ``sync_of`` names a run's: what its optimizer
+        steps do (so whose measured steps-to-PSNR it needs). The algorithm, the wire of ``every`` and
+        accumulation (its K is the runs' K) move the same averages, so those modes are ``every``."""
+        if self.delayed_grid:
+            return "delayed_grid" + ("+fp16" if self.fp16 else "") + ("+comp" if self.compensated else "")
+        if self.delayed:
+            return "delayed"
+        if self.period > 1:
+            return f"periodic{self.period}"
+        return "every"
+
+
+def sync_of(communication: Mapping[str, Any]) -> str:
+    """A training run's gradient sync from its metrics' ``communication`` block (``CommSettings.summary``):
+    ``every``, ``delayed``, ``delayed_grid[+fp16][+comp]`` or ``periodicH``, as ``Mode.sync`` names them."""
+    sync = str(communication.get("grad_sync") or "every")
+    if sync == "delayed_grid":
+        fp16 = communication.get("compression") == "fp16"
+        comp = communication.get("delay_compensation") == "local"
+        return sync + ("+fp16" if fp16 else "") + ("+comp" if comp else "")
+    if sync == "periodic":
+        return f"periodic{communication.get('sync_period')}"
+    return sync
+
 
 def allreduce_ms(ranks: int, n_bytes: float, f: Fabric, mode: Mode) -> float:
     """One allreduce of ``n_bytes`` (before fp16 halving) the way ``mode`` runs it, in ms."""
@@ -349,7 +375,9 @@ def time_to_quality(
     costing one pass (``step_ms_per_backward_pass``) plus the exposed exchange for N ranks on ``f``. Rows, one
     per K that fits the fabric: {ranks, seeds, steps (mean over seeds; None when a seed never reached it),
     step_ms, time_s, speedup (time at N = 1 / time at N), scaling (steps(1) / (N steps(N)): 1 while steps fall
-    as 1/N)}."""
+    as 1/N), steps_of (whose steps: ``mode.sync`` where runs with that ``sync`` exist at this K, else
+    ``every``, the mode's own quality cost then not counted)}. A run without ``sync`` is an ``every`` run; the
+    N = 1 reference is always ``every``'s."""
     try:
         pass_ms = float(steps["step_ms_per_backward_pass"])
         runs = list(steps["runs"])
@@ -357,7 +385,7 @@ def time_to_quality(
         raise ConfigError(f"{source}: needs 'step_ms_per_backward_pass' and a 'runs' list ({exc})") from None
     if not pass_ms > 0:
         raise ConfigError(f"{source}: step_ms_per_backward_pass must be > 0, got {pass_ms}")
-    by_k: dict[int, list] = {}
+    by_k: dict[tuple[str, int], list] = {}  # (sync, K) -> steps per seed
     for i, run in enumerate(runs):
         try:
             k = int(run["k"])
@@ -366,14 +394,18 @@ def time_to_quality(
             raise ConfigError(f"{source}: runs[{i}] needs 'k' and 'steps_to_psnr' with key {psnr!r}") from None
         if k < 1 or (value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0)):
             raise ConfigError(f"{source}: runs[{i}]: k must be >= 1 and steps_to_psnr[{psnr!r}] an integer or null")
-        by_k.setdefault(k, []).append(value)
-    if 1 not in by_k:
-        raise ConfigError(f"{source}: no run with k = 1 (the N = 1 reference)")
+        by_k.setdefault((str(run.get("sync", "every")), k), []).append(value)
+    if ("every", 1) not in by_k:
+        raise ConfigError(f"{source}: no run with k = 1 and sync every (the N = 1 reference)")
     rows: list[dict[str, Any]] = []
-    for k in sorted(by_k):
+    for k in sorted({k for _, k in by_k}):
         if k > f.nodes * f.gpus_per_node:
             continue
-        values = by_k[k]
+        own = k > 1 and (mode.sync, k) in by_k
+        steps_of = mode.sync if own else "every"
+        if (steps_of, k) not in by_k:
+            continue
+        values = by_k[(steps_of, k)]
         mean = None if any(v is None for v in values) else sum(values) / len(values)
         exposed = exposed_comm_ms(pass_ms, grad_bytes, k, f, mode, fresh_bytes)["exposed_comm_ms"] if k > 1 else 0.0
         step_ms = pass_ms + exposed
@@ -382,6 +414,7 @@ def time_to_quality(
                 "ranks": k,
                 "seeds": len(values),
                 "steps": mean,
+                "steps_of": steps_of,
                 "step_ms": step_ms,
                 "exposed_comm_ms": exposed,
                 "time_s": None if mean is None else mean * step_ms / 1e3,
