@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from hvd_ngp.bench import fabric as fabric_bench
 from hvd_ngp.cluster import fabric_model as fm, nccl_net
@@ -51,7 +52,7 @@ def test_modes():
     accum = fm.exposed_comm_ms(3.3, S, 16, f, fm.Mode.parse("accum4"))
     assert accum["exposed_comm_ms"] == pytest.approx(flat["comm_ms"] / 4)
     periodic = fm.exposed_comm_ms(3.3, S, 16, f, fm.Mode.parse("periodic8"))
-    assert periodic["exposed_comm_ms"] == pytest.approx(flat["comm_ms"] / 8)
+    assert periodic["exposed_comm_ms"] == pytest.approx(fm.flat_allreduce_s(16, fm.PERIODIC_COPIES * S, f) * 1e3 / 8)
     delayed = fm.exposed_comm_ms(3.3, S, 16, f, fm.Mode.parse("delayed"))
     assert delayed["exposed_comm_ms"] == pytest.approx(max(0.0, flat["comm_ms"] - 3.3))
     hidden = fm.exposed_comm_ms(10.0, S, 16, f, fm.Mode.parse("delayed+fp16"))
@@ -348,3 +349,19 @@ def test_time_to_quality_uses_a_modes_own_steps():
     assert fm.sync_of({"grad_sync": "every", "compression": "fp16"}) == fm.Mode.parse("fp16").sync == "every"
     with pytest.raises(ConfigError, match="no run with k = 1 and sync every"):
         fm.time_to_quality({**STEPS, "runs": [{**r, "sync": "delayed"} for r in STEPS["runs"]]}, S, f, "33", mode)
+
+
+def test_periodic_copies_are_what_a_periodic_sync_averages():
+    """The model prices a periodic sync at PERIODIC_COPIES gradients: what ``PeriodicAveraging`` allreduces with
+    base.json's optimizer (Adam's two moments and the Ema parameter average beside the parameters)."""
+    from hvd_ngp.training.gradsync import PeriodicAveraging
+    from hvd_ngp.training.optim import Adam, ParameterEma
+
+    field = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+    opt = Adam([{"params": list(field.parameters())}], lr=1e-2)
+    field(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    ema = ParameterEma(list(field.named_parameters()), 0.95)
+    sync = PeriodicAveraging(field, opt, 8, ema)
+    grad_bytes = sum(p.numel() * 4 for p in field.parameters())
+    assert sum(t.numel() * t.element_size() for t in sync.tensors()) == fm.PERIODIC_COPIES * grad_bytes

@@ -302,6 +302,11 @@ def allreduce_ms(ranks: int, n_bytes: float, f: Fabric, mode: Mode) -> float:
     return flat_allreduce_s(ranks, n_bytes, f) * 1e3
 
 
+#: what one ``--grad_sync periodic`` sync averages, in gradient sizes: the parameters, Adam's two moments and the
+#: parameter average (the ``Ema`` block of every shipped config; ``PeriodicAveraging.tensors``)
+PERIODIC_COPIES = 4
+
+
 def exposed_comm_ms(
     step_ms: float, grad_bytes: float, ranks: int, f: Fabric, mode: Mode, fresh_bytes: float = 0.0
 ) -> dict:
@@ -311,6 +316,9 @@ def exposed_comm_ms(
     the grid's part starts)."""
     nodes, _ = placement(ranks, f)
     passes = mode.accumulate * mode.period  # backward passes per exchange
+    # a periodic sync averages parameters, Adam's two moments and the parameter average, not one gradient
+    grad_bytes *= PERIODIC_COPIES if mode.period > 1 else 1
+    fresh_bytes *= PERIODIC_COPIES if mode.period > 1 else 1
     if mode.delayed_grid:
         # as --grad_sync delayed_grid [--compression fp16] runs: the MLPs' part and its tail in float32 (fp16
         # or not), waited for; then the grid's part, in float16 under fp16, overlapped with the next step
