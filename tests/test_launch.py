@@ -259,3 +259,48 @@ def test_trainer_options_are_not_ambiguous_under_horovodrun():
     ambiguous = {o: sorted(t for t in theirs if t.startswith(o)) for o in ours}
     ambiguous = {o: m for o, m in ambiguous.items() if len(m) > 1 and o not in theirs}
     assert not ambiguous, ambiguous
+
+
+def test_plan_projects_the_exchange_and_names_the_faster_mode(tmp_path):
+    """Across 4 ib nodes the note gives the fabric model's projection for the job's own mode (flat NCCL under
+    horovodrun), the same numbers as bench fabric, and delayed_grid+fp16's beside it; a job already in that mode
+    gets no suggestion; one node gets the NVLink projection."""
+    from hvd_ngp.cluster import fabric_model as fm
+
+    hosts = tmp_path / "ib4"
+    hosts.write_text("".join(f"gpu{i} slots=4\n" for i in range(4)))
+    p = make_plan(["--hostfile", str(hosts), "--fabric", "ib"])
+    note = next(n for n in p.notes if n.startswith("exchange (projected by the fabric model, not measured"))
+    f = fm.fabric("ib4")
+    flat = fm.exposed_comm_ms(fm.REFERENCE_STEP_MS, fm.REFERENCE_GRAD_BYTES, 16, f, fm.Mode.parse("flat"))
+    late = fm.exposed_comm_ms(
+        fm.REFERENCE_STEP_MS, fm.REFERENCE_GRAD_BYTES, 16, f, fm.Mode.parse("delayed_grid+fp16"), fm.DEFAULT_MLP_BYTES
+    )
+    assert f"flat exposes {flat['exposed_comm_ms']:.2f} ms per step, {flat['efficiency']:.0%} efficiency" in note
+    assert f"delayed_grid --compression fp16 would expose {late['exposed_comm_ms']:.2f} ms" in note
+    assert "4 H100 nodes on InfiniBand HDR 200 Gb/s" in note and "assumed" not in note
+    p = make_plan(
+        ["--hostfile", str(hosts), "--fabric", "ib"], ["--grad_sync", "delayed_grid", "--compression", "fp16"]
+    )
+    note = next(n for n in p.notes if n.startswith("exchange"))
+    assert f"exposes {late['exposed_comm_ms']:.2f} ms" in note and "would expose" not in note
+    p = make_plan(["-np", "4"])
+    assert any(n.startswith("exchange") and "one NVLink node" in n for n in p.notes)
+    assert not any(n.startswith("exchange") for n in make_plan(["-np", "1"]).notes)
+
+
+def test_job_mode_follows_the_trainer_options():
+    from hvd_ngp.cluster import fabric_model as fm
+
+    def mode(args: list[str], hierarchical=None) -> fm.Mode:
+        comm = parse_args(args, default_config=BASE_CONFIG).comm
+        return fm.job_mode(comm.summary({}, 1.0), hierarchical)
+
+    assert mode([]) == fm.Mode.parse("flat")
+    assert mode([], "tcp").hierarchical == "tcp" and mode([], "rdma").hierarchical == "rdma"
+    assert mode(["--compression", "fp16"]).fp16
+    assert mode(["--backward_passes_per_step", "4"]).accumulate == 4
+    periodic = mode(["--grad_sync", "periodic", "--sync_period", "8"])
+    assert periodic.period == 8 and periodic.sync == "periodic8"
+    late = mode(["--grad_sync", "delayed_grid", "--compression", "fp16", "--delay_compensation", "local"])
+    assert late.sync == "delayed_grid+fp16+comp" and late.fp16

@@ -512,3 +512,51 @@ def fit_alpha(rows: Sequence[Mapping]) -> dict[str, float]:
         ]
         out[c] = max(0.0, sum(k * e for k, e in pairs) / sum(k * k for k, _ in pairs))
     return out
+
+
+# ---------------------------------------------------------------------------------------- the launcher's note
+
+#: the one-GPU step the launcher's projection starts from: base.json on lego, one H100 (docs/BENCHMARKS.md,
+#: 2026-12-06: 3.04 ms per step, a 46.6 MiB gradient); other scenes and GPUs differ (``bench fabric``)
+REFERENCE_STEP_MS = 3.04
+REFERENCE_GRAD_BYTES = 46.6 * 2**20
+#: the launcher's ``--fabric`` -> the network preset its projection assumes
+LAUNCH_NETWORKS = {"ib": "ib200", "eth": "eth10", "auto": "ib200"}
+#: below this projected efficiency the launcher's note names ``delayed_grid+fp16``'s projection beside the job's
+SUGGEST_BELOW = 0.75
+
+
+def job_mode(comm: Mapping[str, Any], hierarchical: str | None) -> Mode:
+    """The fabric model's mode for a job: ``comm`` as ``CommSettings.summary`` holds it (``grad_sync``,
+    ``compression``, ``backward_passes_per_step``, ``sync_period``, ``delay_compensation``) and
+    ``hierarchical`` None (flat NCCL), ``tcp`` or ``rdma`` (MPI's transport for the cross-node step)."""
+    parts = ["flat" if hierarchical is None else ("hierarchical" if hierarchical == "tcp" else "hierarchical-rdma")]
+    parts += ["fp16"] if comm.get("compression") == "fp16" else []
+    passes = int(comm.get("backward_passes_per_step") or 1)
+    parts += [f"accum{passes}"] if passes > 1 else []
+    sync = sync_of(comm)
+    parts += [] if sync == "every" else [p for p in sync.split("+") if p != "fp16"]
+    return Mode.parse("+".join(parts))
+
+
+def launch_projection(ranks: int, nodes: int, gpus_per_node: int, network: str, mode: Mode) -> str:
+    """One line for the launcher: the exchange ``mode`` exposes per step for ``ranks`` ranks on ``nodes`` H100
+    nodes joined by the ``network`` preset (one node: NVLink), from the reference step; and, below
+    SUGGEST_BELOW efficiency, what ``delayed_grid+fp16`` would expose; the line says it is projected."""
+    f = fabric("h100-nvlink", gpus_per_node=ranks) if nodes == 1 else fabric(network, nodes, gpus_per_node)
+    row = exposed_comm_ms(REFERENCE_STEP_MS, REFERENCE_GRAD_BYTES, ranks, f, mode, DEFAULT_MLP_BYTES)
+    where = "one NVLink node" if nodes == 1 else f"{nodes} H100 nodes on {f.inter.name}"
+    line = (
+        f"exchange (projected by the fabric model, not measured, for {where} from lego's {REFERENCE_STEP_MS} ms H100 step and "
+        f"{REFERENCE_GRAD_BYTES / 2**20:.1f} MiB gradient; `python -m hvd_ngp.bench fabric` for yours): {mode.spec} "
+        f"exposes {row['exposed_comm_ms']:.2f} ms per step, {row['efficiency']:.0%} efficiency"
+    )
+    if row["efficiency"] < SUGGEST_BELOW and not (mode.delayed_grid and mode.fp16):
+        alt = exposed_comm_ms(
+            REFERENCE_STEP_MS, REFERENCE_GRAD_BYTES, ranks, f, Mode.parse("delayed_grid+fp16"), DEFAULT_MLP_BYTES
+        )
+        line += (
+            f"; --grad_sync delayed_grid --compression fp16 would expose {alt['exposed_comm_ms']:.2f} ms "
+            f"({alt['efficiency']:.0%}) at more steps to a PSNR (docs/sync-modes.md)"
+        )
+    return line

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ..cluster import fabric_model
 from ..cluster.comm import CommSettings, DistributedBlock
 from ..cluster.preempt import EXIT_PREEMPTED, MARKER
 from ..cluster.topology import (
@@ -248,6 +249,8 @@ def plan(
         comm.check_reduce_op(placement.np, controller)
     on, why = hierarchical_allreduce(mode, placement.nodes, controller, mpi_fast)
     notes.append(f"hierarchical allreduce: {'on' if on else 'off'} ({why})")
+    if comm is not None and placement.np > 1:
+        notes.append(exchange_note(placement, opts, comm, on))
     how = f"{opts.launcher} -np {placement.np} on {placement.nodes} node(s)"
     block.check(placement.np, placement.nodes, controller, how)
     if block.master_addr and not same_host(block.master_addr, placement.root_host):
@@ -301,6 +304,20 @@ def plan(
             command += ["-x", name]
     command += [*opts.launcher_arg, *program]
     return LaunchPlan(command, env, placement, notes)
+
+
+def exchange_note(placement: Placement, opts: LaunchOptions, comm: CommSettings, hierarchical: bool) -> str:
+    """The fabric model's projection of this job's gradient exchange (``fabric_model.launch_projection``); the
+    network is ``--fabric``'s (auto: InfiniBand 200 Gb/s assumed, and said)."""
+    network = fabric_model.LAUNCH_NETWORKS[opts.fabric]
+    # the cross-node step of a hierarchical allreduce: MPI over TCP under horovodrun, else RDMA (or TCP on eth)
+    via = None if not hierarchical else ("tcp" if opts.launcher == "horovodrun" or opts.fabric == "eth" else "rdma")
+    mode = fabric_model.job_mode(comm.summary({}, 1.0), via)
+    gpus = max(placement.local_sizes)
+    note = fabric_model.launch_projection(placement.np, placement.nodes, gpus, network, mode)
+    return note + (
+        " [--fabric auto: InfiniBand 200 Gb/s assumed]" if opts.fabric == "auto" and placement.nodes > 1 else ""
+    )
 
 
 def split_program_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
