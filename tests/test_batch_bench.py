@@ -158,3 +158,41 @@ def test_a_run_stopped_by_a_signal_is_left_out_and_the_bench_exits_75(scene_cach
         )
     assert stop.value.code == 75
     assert [r["k"] for r in json.loads(out.read_text())["runs"]] == [1]
+
+
+def test_parallel_runs_of_two_modes_merge_in_plan_order(scene_cache, tmp_path):
+    """--parallel 2 --modes every,delayed_grid: two bench processes at once; one JSON with both rows in plan order,
+    each naming its sync, marked shared_device (its step times are not one device's), each run in its folder."""
+    out = tmp_path / "batch.json"
+    args = ["--ks", "2", "--seeds", "3", "--modes", "every,delayed_grid", "--parallel", "2", "--psnr_targets", "5"]
+    summary = batch.main([*args, "--eval_every", "4", "--n_eval_views", "1", "--max_steps", "6",
+                          "--out_dir", str(tmp_path / "b"), "--json", str(out), "--",
+                          *trainer_flags(scene_cache, tmp_path)])  # fmt: skip
+    data = json.loads(out.read_text())
+    assert data == json.loads(json.dumps(summary)) and data["shared_device"] is True
+    assert [(r["k"], r["sync"]) for r in data["runs"]] == [(2, "every"), (2, "delayed_grid")]
+    assert all(r["steps_to_psnr"] == {"5": 2} for r in data["runs"])  # the first evaluation (every 4 / K steps)
+    assert (tmp_path / "b" / "seed3_k2" / "metrics.json").exists()
+    assert (tmp_path / "b" / "seed3_k2_delayed_grid" / "metrics.json").exists()
+    assert len(json.loads((tmp_path / "b" / "details.json").read_text())["runs"]) == 2
+
+
+def test_parallel_runs_that_fail_name_their_logs_and_exit_1(scene_cache, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        batch.main(["--ks", "1,2", "--seeds", "3", "--parallel", "2", "--max_steps", "4", "--out_dir",
+                    str(tmp_path / "b"), "--", *trainer_flags(scene_cache, tmp_path), "--scene", str(tmp_path / "none")])  # fmt: skip
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    for name in ("seed3_k1", "seed3_k2"):
+        log = tmp_path / "b" / "parallel" / f"{name}.log"
+        assert f"{name}: exit " in err and str(log) in err
+        assert str(tmp_path / "none") in log.read_text()  # the child's own one-line error names the scene
+
+
+def test_modes_are_checked_and_own_the_sync_flags():
+    with pytest.raises(ConfigError, match="--modes: unknown"):
+        batch.main(["--max_steps", "4", "--modes", "every,sometimes", "--", *TINY_ARGS])
+    with pytest.raises(ConfigError, match="--modes periodic,delayed_grid\\+comp: the ranks of these modes differ"):
+        batch.main(["--max_steps", "4", "--modes", "periodic,delayed_grid+comp", "--", *TINY_ARGS])
+    with pytest.raises(ConfigError, match="--grad_sync is set by the benchmark"):
+        batch.main(["--max_steps", "4", "--modes", "every,delayed_grid", "--", "--grad_sync", "delayed"])

@@ -365,3 +365,15 @@ def test_periodic_copies_are_what_a_periodic_sync_averages():
     sync = PeriodicAveraging(field, opt, 8, ema)
     grad_bytes = sum(p.numel() * 4 for p in field.parameters())
     assert sum(t.numel() * t.element_size() for t in sync.tensors()) == fm.PERIODIC_COPIES * grad_bytes
+
+
+def test_bench_fabric_prices_shared_device_steps_at_its_own_step(tmp_path, capsys):
+    """Runs that shared a device (bench batch --parallel) give steps, not step times: each step is priced at
+    --step_ms."""
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps({**STEPS, "step_ms_per_backward_pass": 99.0, "shared_device": True}))
+    result = fabric_bench.main(["--step_ms", "3.0", "--grad_mib", "46.5", "--preset", "ib4", "--steps_json",
+                                str(steps), "--psnr", "33", "--ttq_modes", "flat"])  # fmt: skip
+    one = next(r for r in result["time_to_psnr"] if r["ranks"] == 1)
+    assert one["step_ms"] == 3.0 and one["time_s"] == pytest.approx(8200 * 3.0 / 1e3)
+    assert "shared one device" in capsys.readouterr().out

@@ -257,6 +257,12 @@ def main(argv: list[str] | None = None) -> dict:
         )
         if not keys:
             raise ConfigError(f"{opts.steps_json}: no steps_to_psnr keys in 'runs'")
+        if steps.get("shared_device"):  # bench batch --parallel: its step times are not one GPU's alone
+            steps = {**steps, "step_ms_per_backward_pass": step_ms}
+            texts.append(
+                f"{opts.steps_json}: its runs shared one device (bench batch --parallel), so each step is priced "
+                f"at the {step_ms:.3g} ms above, not at the runs' own step times."
+            )
         ttq_modes = [fm.Mode.parse(m) for m in opts.ttq_modes.split(",")]
         more, ttq_rows = ttq_tables(steps, opts.steps_json, grad_bytes, fabrics, ttq_modes, keys, mlp_bytes)
         texts += more
