@@ -24,7 +24,7 @@ STEPS=(
   "against-instant-ngp|GPU: instant-ngp itself (the anchor) on the same machine: HVD_NGP_WHAT = lego (time budgets HVD_NGP_BUDGETS, 15,30,60) | fox | render (seconds per test view and PSNR, ours by both inference paths on a snapshot trained HVD_NGP_SECONDS, HVD_NGP_SCENE lego, lego20 or fox) | rate (samples/s) | steps (PSNR at HVD_NGP_STEPS, 6000,30000); ours beside it from quality-vs-time in the same OUT"
   "memory|GPU: lego 2000 steps under an 8 GiB memory budget and without one; bench memory (evaluation under budgets 0, 16, 8 GiB)"
   "scaling|GPUs: bench scaling on 1, 2, 4, 8 ranks (as the GPUs allow), weak and strong, time to 33/34/35 dB; Horovod from .whl_hvd"
-  "batch|GPU: bench batch: steps to 33 and 35 dB (fox: 26-28 dB on its held-out photos; HVD_NGP_TARGETS) at K backward passes per step (K ranks' step on one device); gradient syncs HVD_NGP_MODES (every), HVD_NGP_PARALLEL runs at once (1)"
+  "batch|GPU: bench batch: steps to 33 and 35 dB (fox: 26-28 dB on its held-out photos; HVD_NGP_TARGETS) at K backward passes per step (K ranks' step on one device); gradient syncs HVD_NGP_MODES (every), HVD_NGP_PARALLEL runs at once (1), HVD_NGP_MAX_STEPS per run (no limit)"
   "syncmodes|GPU(s): bench syncmodes on a time budget: HVD_NGP_MODES (every,delayed_grid+fp16,delayed_grid+fp16+comp) on HVD_NGP_RANKS (1) ranks, seeds HVD_NGP_SEEDS (1337), HVD_NGP_SCENE (lego20) for HVD_NGP_SECONDS (60), CUDA graphs off for every mode"
   "inference|GPU: render speed of a trained snapshot: test views and orbit video frames per second (the load subtracted; PyAV from .whl_av)"
   "inference-sweep|GPU: render settings side by side in one process on the snapshot (HVD_NGP_SCENE, lego): benchmarks/inference_sweep.py, HVD_NGP_SETTINGS (PATH:LOG2_CHUNK:FIRST:GROWTH[:SEGMENT],...)"
@@ -292,7 +292,7 @@ PY
     targets=33,35; [[ ${HVD_NGP_SCENE:-lego} == fox ]] && targets=26,27,28
     # shellcheck disable=SC2046
     timeout 560 "$PY" -m hvd_ngp.bench batch --ks "${HVD_NGP_KS:-1,2,4,8}" --seeds "${HVD_NGP_SEEDS:-1337}" \
-      --modes "${HVD_NGP_MODES:-every}" --parallel "${HVD_NGP_PARALLEL:-1}" \
+      --modes "${HVD_NGP_MODES:-every}" --parallel "${HVD_NGP_PARALLEL:-1}" --max_steps "${HVD_NGP_MAX_STEPS:-0}" \
       --psnr_targets "${HVD_NGP_TARGETS:-$targets}" --eval_every 2000 --n_eval_views 5 --budget_s "${HVD_NGP_BUDGET_S:-420}" \
       --out_dir "$out/batch_runs" --json "$out/batch_raw.json" -- --scene "$scene" $(holdout "${HVD_NGP_SCENE:-lego}") "${flags[@]}" 2>&1 | tail -12
     tables rows "$out" batch "$out/batch_raw.json" runs
