@@ -163,8 +163,8 @@ def ttq_tables(
                 )
                 if any(r["steps_of"] != mode.sync for r in part[1:]):
                     verdict += (
-                        f"\n(*) no {mode.sync} runs at this N in the steps JSON: every's steps, so {mode.spec}'s own "
-                        "quality cost is not counted"
+                        f"\n(*) the steps JSON has no {mode.sync} runs at that N: every's steps, so {mode.spec}'s own "
+                        "quality cost is not counted there"
                     )
                 texts.append(
                     f"Time to {psnr} dB on {scene} ({steps.get('device', '?')}), fabric {f.name}, mode "
