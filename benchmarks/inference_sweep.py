@@ -2,10 +2,12 @@
 
     python benchmarks/inference_sweep.py SNAPSHOT --json OUT.json [--settings two_pass:20:32:2,single_pass:20:16:2]
 
-Each setting is ``PATH:LOG2_CHUNK:FIRST_WINDOW:GROWTH[:SEGMENT]``: the inference path
+Each setting is ``PATH:LOG2_CHUNK:FIRST_WINDOW:GROWTH[:SEGMENT[:STEPS]]``: the inference path
 (``render.volume.INFERENCE_PATHS``), ``render.plan.MAX_CHUNK_RAYS`` as a power of two, ``render.fast.FIRST_WINDOW``
-and ``render.fast.WINDOW_GROWTH`` (those two are ``two_pass``'s), and the march launch's lattice steps per program
-(``render.fast.INFERENCE_LAUNCH.segment``; default: unchanged). Every setting renders one view untimed (its
+and ``render.fast.WINDOW_GROWTH`` (those two are ``two_pass``'s), the march launch's lattice steps per program
+(``render.fast.INFERENCE_LAUNCH.segment``; empty or absent: unchanged) and the ray step of the render as
+``marching.eval_steps_per_diagonal`` (the render tool's ``--marching``; absent: the snapshot's, 2048 with
+base.json; training marches 1024: half the samples, for a PSNR the row shows). Every setting renders one view untimed (its
 kernels compile there), then the snapshot's test views (``--views``, all by default) with the render tool
 (``hvd-ngp-render --video none``) in this process, so each sees compiled kernels and a warm allocator. Prints a
 table (seconds per view, after the first view, PSNR) and writes the rows as JSON.
@@ -19,22 +21,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEFAULT_SETTINGS = (  # today's default first and last (a noise check), march programs of 256 to 4096 steps between
+DEFAULT_SETTINGS = (  # today's default first and last (a noise check); programs of 256-4096 steps, training's ray step
     "single_pass:20:32:2,single_pass:20:32:2:256,single_pass:20:32:2:2048,single_pass:20:32:2:4096,"
-    "two_pass:20:32:2,two_pass:20:16:2,single_pass:20:32:2"
+    "two_pass:20:32:2,two_pass:20:16:2,single_pass:20:32:2::1024,single_pass:20:32:2"
 )
 
 
-def parse_setting(text: str) -> tuple[str, int, int, int, int | None]:
-    path, chunk, first, growth, *segment = text.split(":")
-    return path, int(chunk), int(first), int(growth), int(segment[0]) if segment else None
+def parse_setting(text: str) -> tuple[str, int, int, int, int | None, int | None]:
+    path, chunk, first, growth, *more = text.split(":")
+    segment, steps = (more + ["", ""])[:2]
+    return path, int(chunk), int(first), int(growth), int(segment) if segment else None, int(steps) if steps else None
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("snapshot")
     p.add_argument(
-        "--settings", default=DEFAULT_SETTINGS, help="comma-separated PATH:LOG2_CHUNK:FIRST:GROWTH[:SEGMENT]"
+        "--settings", default=DEFAULT_SETTINGS, help="comma-separated PATH:LOG2_CHUNK:FIRST:GROWTH[:SEGMENT[:STEPS]]"
     )
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--views", type=int, default=-1, help="test views per setting (-1: all)")
@@ -53,14 +56,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     defaults = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH
     try:
-        for path, chunk, first, growth, segment in settings:
+        for path, chunk, first, growth, segment, steps in settings:
             plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH = 1 << chunk, first, growth
             launch = defaults[3] if segment is None else dataclasses.replace(defaults[3], segment=segment)
             fast.INFERENCE_LAUNCH = launch
             # one view first under this setting: a new march launch compiles its own kernel variants, which
             # otherwise land in the timed views (the first H100 sweep of 2026-12-07 read 0.058 for 0.034 s)
-            render.main([*base, "--inference", path, "--split_views", "1"])
-            render.main([*base, "--inference", path, "--split_views", str(opts.views)])
+            marching = [] if steps is None else ["--marching", json.dumps({"eval_steps_per_diagonal": steps})]
+            render.main([*base, *marching, "--inference", path, "--split_views", "1"])
+            render.main([*base, *marching, "--inference", path, "--split_views", str(opts.views)])
             result = json.loads((out / "render.json").read_text())
             rows.append(
                 {
@@ -69,6 +73,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "first_window": first,
                     "growth": growth,
                     "segment": launch.segment,
+                    "steps_per_diagonal": steps,
                     "seconds_per_view": result["test_seconds_per_view"],
                     "seconds_per_view_after_first": result["test_seconds_per_view_after_first"],
                     "psnr": result["test_psnr"],
@@ -76,11 +81,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
     finally:
         plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH = defaults
-    print("| path | chunk | first window | growth | segment | s per view | after the first | PSNR |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| path | chunk | first window | growth | segment | ray steps | s per view | after the first | PSNR |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['first_window']} | {r['growth']} | {r['segment']} | "
+            f"{r['steps_per_diagonal'] or 'snapshot'} | "
             f"{r['seconds_per_view']:.4f} | {r['seconds_per_view_after_first']:.4f} | {r['psnr']:.3f} |"
         )
     if opts.json:

@@ -500,15 +500,21 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     spec = importlib.util.spec_from_file_location("inference_sweep", root / "benchmarks" / "inference_sweep.py")
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    settings = "two_pass:10:4:2,single_pass:12:8:4:128"
+    settings = "two_pass:10:4:2,single_pass:12:8:4:128,single_pass:12:8:4::64"  # the last: a 4x coarser ray step
     rows = sweep.main(
         [str(snapshot), "--settings", settings, "--views", "1", "--device", "cpu", "--json", str(tmp_path / "s.json")]
     )
-    assert [(r["path"], r["chunk_rays"], r["first_window"], r["growth"], r["segment"]) for r in rows] == [
-        ("two_pass", 1024, 4, 2, fast.INFERENCE_LAUNCH.segment),
-        ("single_pass", 4096, 8, 4, 128),
+    segment = fast.INFERENCE_LAUNCH.segment
+    assert [
+        (r["path"], r["chunk_rays"], r["first_window"], r["growth"], r["segment"], r["steps_per_diagonal"])
+        for r in rows
+    ] == [
+        ("two_pass", 1024, 4, 2, segment, None),
+        ("single_pass", 4096, 8, 4, 128, None),
+        ("single_pass", 4096, 8, 4, segment, 64),
     ]
-    assert rows[0]["psnr"] == rows[1]["psnr"] and all(r["seconds_per_view"] > 0 for r in rows)
+    assert rows[0]["psnr"] == rows[1]["psnr"] != rows[2]["psnr"] and all(r["seconds_per_view"] > 0 for r in rows)
     assert json.loads((tmp_path / "s.json").read_text()) == rows
-    assert "| single_pass | 2^12 | 8 | 4 | 128 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| single_pass | 2^12 | 8 | 4 | 128 | snapshot |" in out and f"| 4 | {segment} | 64 |" in out
     assert (plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH) == before
