@@ -10,7 +10,7 @@ takes one optimizer step with the learning rate of K ranks (``--lr_scaling``: sq
 are the steps K ranks would need; times (one device's step + the exposed allreduce on a fabric) they give
 the time to quality at K GPUs (``bench fabric --steps_json`` reads this file).
 
-For each seed and K (in that order): one training run in this process (``training.trainer.run``), its
+For each seed, K and mode (in that order): one training run in this process (``training.trainer.run``), its
 test PSNR on the first ``--n_eval_views`` test views every ``--eval_every`` / K steps (equal samples
 between evaluations at every K; at least every step), stopped as soon as every target is reached, or
 when its share of ``--budget_s`` training seconds (evaluations excluded; what earlier runs left,
@@ -18,17 +18,18 @@ split evenly over the runs still to come, at least half an even share) or ``--ma
 at which each target was reached (null: not within the run), the training step time (the first step,
 with its kernel compilation, left out) and samples per step.
 
-``--modes every,delayed_grid+fp16`` (bench syncmodes' names) runs each K and seed in each gradient sync: N ranks
+``--modes every,delayed_grid+fp16`` (bench syncmodes' names) runs each seed and K in each gradient sync: N ranks
 of ``delayed`` or ``delayed_grid`` compute what one device computes with K = N passes in that mode, so its steps
-are those N ranks' steps (``periodic`` and ``+comp`` are refused: their ranks differ between syncs) (``bench fabric --steps_json`` prices each mode with its own). ``--parallel P`` runs P of the runs
-at once, each its own process on the same device: the steps do not depend on it, the step times do, so the JSON
-then has ``"shared_device": true`` and ``bench fabric`` prices the steps at its own ``--step_ms``.
+are those N ranks' steps, and ``bench fabric --steps_json`` prices each mode with its own. ``periodic`` and
+``+comp`` are refused: their ranks differ between syncs. ``--parallel P`` runs P of the runs at once, each its
+own process on the same device: the steps do not depend on it, the step times do, so the JSON then has
+``"shared_device": true`` and ``bench fabric`` prices the steps at its own ``--step_ms``.
 
 JSON (``--json``), exactly: {"scene", "device", "step_ms_per_backward_pass" (the K = 1 runs' mean step,
 else the smallest step / K), "runs": [{"k", "seed", "samples_per_step", "step_ms", "steps_to_psnr":
 {"33": int | null, ...}, "final_psnr", "sync" (``every``, ``delayed_grid+fp16``, ...: ``fabric_model.sync_of``),
-"lr_multiplier"}]} (with ``--parallel``: and "shared_device"), written after every run. ``--details_json``: each run's PSNR
-curve, steps and seconds.
+"lr_multiplier"}]} (with ``--parallel``: and "shared_device"), written after every run. ``--details_json``: each
+run's PSNR curve, steps and seconds.
 On a GPU the K = 1 step is the graphed one and K > 1 steps run eagerly (CUDA graphs refuse gradient
 accumulation), so ``step_ms`` / K at K > 1 is above one rank's step at K ranks.
 """
