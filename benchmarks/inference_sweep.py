@@ -21,9 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEFAULT_SETTINGS = (  # today's default first and last (a noise check); programs of 256-4096 steps, training's ray step
+DEFAULT_SETTINGS = (  # the default first and last (a noise check); 256-4096-step programs, training's ray step, density_first
     "single_pass:20:32:2,single_pass:20:32:2:256,single_pass:20:32:2:2048,single_pass:20:32:2:4096,"
-    "two_pass:20:32:2,two_pass:20:16:2,single_pass:20:32:2::1024,single_pass:20:32:2"
+    "two_pass:20:32:2,two_pass:20:16:2,single_pass:20:32:2::1024,density_first:20:32:2,single_pass:20:32:2"
 )
 
 

@@ -500,7 +500,8 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     spec = importlib.util.spec_from_file_location("inference_sweep", root / "benchmarks" / "inference_sweep.py")
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    settings = "two_pass:10:4:2,single_pass:12:8:4:128,single_pass:12:8:4::64"  # the last: a 4x coarser ray step
+    # the third: a 4x coarser ray step; the fourth: the colour network on composited samples only
+    settings = "two_pass:10:4:2,single_pass:12:8:4:128,single_pass:12:8:4::64,density_first:12:8:4"
     rows = sweep.main(
         [str(snapshot), "--settings", settings, "--views", "1", "--device", "cpu", "--json", str(tmp_path / "s.json")]
     )
@@ -512,8 +513,10 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
         ("two_pass", 1024, 4, 2, segment, None),
         ("single_pass", 4096, 8, 4, 128, None),
         ("single_pass", 4096, 8, 4, segment, 64),
+        ("density_first", 4096, 8, 4, segment, None),
     ]
     assert rows[0]["psnr"] == rows[1]["psnr"] != rows[2]["psnr"] and all(r["seconds_per_view"] > 0 for r in rows)
+    assert rows[3]["psnr"] == pytest.approx(rows[1]["psnr"], abs=1e-4)  # NGPField.colour on the kept rows alone
     assert json.loads((tmp_path / "s.json").read_text()) == rows
     out = capsys.readouterr().out
     assert "| single_pass | 2^12 | 8 | 4 | 128 | snapshot |" in out and f"| 4 | {segment} | 64 |" in out

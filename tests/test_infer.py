@@ -189,7 +189,7 @@ def test_progress_bar_shows_at_once_on_a_terminal_and_after_5_s_in_a_log(monkeyp
 
 def test_render_image_takes_either_inference_path_and_names_an_unknown_one():
     """``render_image(fast=True)``, what evaluation and the render tool call: ``single_pass`` (the
-    default) and ``two_pass`` give the same image and depth over a background; another name
+    default), ``two_pass`` and ``density_first`` give the same image and depth over a background; another name
     is a one-line ValueError."""
     from hvd_ngp.render import render_image
 
@@ -202,9 +202,62 @@ def test_render_image_takes_either_inference_path_and_names_an_unknown_one():
     two = render_image(
         rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, step_offset=0.25, inference="two_pass"
     )
+    first = render_image(
+        BallField(ball), ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, step_offset=0.25, inference="density_first"
+    )
     ref = render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, step_offset=0.25)
-    for a, b, c in zip(single, two, ref):
+    for a, b, c, e in zip(single, two, ref, first):
         torch.testing.assert_close(a, b, **TIGHT)
         torch.testing.assert_close(a, c, **TIGHT)
-    with pytest.raises(ValueError, match="unknown inference path 'fastest' \\(known: single_pass, two_pass\\)"):
+        torch.testing.assert_close(a, e, **TIGHT)
+    known = "known: single_pass, two_pass, density_first"
+    with pytest.raises(ValueError, match=f"unknown inference path 'fastest' \\({known}\\)"):
         render_image(rgb_sigma, ball, o, d, aabb, grid, sch, bg, 1e-3, fast=True, inference="fastest")
+
+
+class BallField:
+    """``small_ball``'s field as a ``SplitField`` (geo: the point itself), counting the rows of each network."""
+
+    def __init__(self, ball):
+        self.ball, self.density_rows, self.colour_rows = ball, [], []
+
+    def query_density(self, x, n_rows=None):
+        self.density_rows.append(x.shape[0])
+        return self.ball(x), x.clone()
+
+    def colour(self, x, d, geo):
+        self.colour_rows.append(x.shape[0])
+        return torch.stack([geo[:, 0], geo[:, 1], d[:, 2].abs()], dim=-1)
+
+    def __call__(self, x, d, n_rows=None):  # what single_pass calls: the same colours
+        return torch.stack([x[:, 0], x[:, 1], d[:, 2].abs()], dim=-1), self.ball(x)
+
+
+def test_density_first_renders_the_single_pass_image_colouring_only_composited_samples():
+    """The density_first path: the same rgb, opacity and depth as single_pass, the density network on every
+    evaluated sample and the colour network on exactly the composited ones (in a small workspace too, rows split
+    across calls); a field without query_density and colour is refused by name."""
+    from hvd_ngp.render.infer import render_rays_density_first
+    from hvd_ngp.render.volume import inference_path
+
+    aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
+    o, d, j = random_rays(20, torch.tensor([0.5] * 3), 2.0, 12)
+    windows = InferenceWindows(2, 8)
+    single = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, jitter=j, windows=windows)
+    field = BallField(ball)
+    stats = InferenceStats()
+    out = inference_path("density_first")(
+        field, ball, o, d, aabb, grid, sch, 1e-3, jitter=j, windows=windows, stats=stats
+    )
+    for name, a, b in zip(("rgb", "opacity", "depth"), out, single):
+        torch.testing.assert_close(a, b, **TIGHT, msg=f"{name} against single_pass")
+    assert sum(field.density_rows) == stats.network_rows
+    assert sum(field.colour_rows) == stats.colour_rows == int(stats.composited) < stats.network_rows
+    small = RenderWorkspace(RenderPlan(rays=20, candidates=40, rows=7), DEV)
+    field.colour_rows.clear()
+    again = render_rays_density_first(field, ball, o, d, aabb, grid, sch, 1e-3, small, jitter=j, windows=windows)
+    for a, b in zip(again, single):
+        torch.testing.assert_close(a, b, **TIGHT)
+    assert max(field.colour_rows) <= 7
+    with pytest.raises(ValueError, match="density_first inference path needs a field with query_density and colour"):
+        render_rays_density_first(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, jitter=j)

@@ -125,6 +125,12 @@ def test_region_fields_render_as_the_piecewise_field(setting):
     close(rgb, ref.rgb, "colour")
     close(opacity, ref.opacity, "opacity")
     close(depth, ref.depth, "depth")
+    # the density_first inference path's two calls: each point's owner's colour from its own features
+    x = rays.origins + 0.3 * rays.directions
+    sigma, geo = whole.query_density(x)
+    both = whole(x, rays.directions)
+    close(whole.colour(x, rays.directions, geo), both[0], "colour after density")
+    close(sigma, both[1], "density")
 
 
 def test_split_follows_the_work_and_tiles_the_box():

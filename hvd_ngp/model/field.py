@@ -182,8 +182,12 @@ class NGPField(nn.Module):
 
     def forward(self, x: Tensor, d: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         sigma, geo = self.query_density(x, n_rows)
-        rgb = torch.sigmoid(_call(self.rgb_mlp, self.dir_encoding.concat(d, geo), n_rows).float())
-        return rgb, sigma
+        return self.colour(x, d, geo, n_rows), sigma
+
+    def colour(self, x: Tensor, d: Tensor, geo: Tensor, n_rows: Tensor | None = None) -> Tensor:
+        """rgb ``[M, 3]`` (float32, in [0, 1]) along ``d`` ``[M, 3]`` from the density network's features ``geo``
+        ``[M, G]`` (``query_density``); ``x`` is not needed here (``render.infer.SplitField`` passes it)."""
+        return torch.sigmoid(_call(self.rgb_mlp, self.dir_encoding.concat(d, geo), n_rows).float())
 
     def mlp_parameters(self) -> list[nn.Parameter]:
         return list(self.density_mlp.parameters()) + list(self.rgb_mlp.parameters())

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -79,6 +79,49 @@ class InferenceStats:
     iterations: int = 0
     network_rows: int = 0
     composited: Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.int64))
+    colour_rows: int = 0  # ``density_first``: samples the colour network ran on (the others: ``network_rows``)
+
+
+@runtime_checkable
+class SplitField(Protocol):
+    """A field whose colour can be asked for after its density (``model.field.NGPField``,
+    ``render.regions.PiecewiseField``): ``query_density(x [n, 3])`` -> (sigma ``[n]``, geo ``[n, G]``);
+    ``colour(x [m, 3], d [m, 3], geo [m, G])`` -> rgb ``[m, 3]`` in [0, 1]."""
+
+    def query_density(self, x: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]: ...
+
+    def colour(self, x: Tensor, d: Tensor, geo: Tensor) -> Tensor: ...
+
+
+def density_pass(field: SplitField, x: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+    """sigma ``[n]`` and geo ``[n, G]`` of the samples at x ``[n, 3]``, ``rows`` at a time."""
+    if x.shape[0] <= rows:
+        return field.query_density(x)
+    out = [field.query_density(x[a : a + rows]) for a in range(0, x.shape[0], rows)]
+    return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+
+
+def colour_of_kept(
+    field: SplitField,
+    x: Tensor,
+    directions: Tensor,
+    ray: Tensor,
+    geo: Tensor,
+    start: Tensor,
+    keep: Tensor,
+    rows: int,
+) -> tuple[Tensor, int]:
+    """rgb ``[n, 3]`` (float32) of the packed samples at x ``[n, 3]`` along ``directions[ray]``: the colour network
+    on the samples ``composite`` reads (ray r's rows ``start[r]`` to ``start[r] + keep[r] - 1``), ``rows`` at a
+    time, zeros on the others (which no pixel weighs); and how many it ran on (reading it is a host wait)."""
+    n = x.shape[0]
+    ahead = torch.arange(n, device=x.device) - start.long()[ray]  # the sample's place in its ray's window
+    kept = torch.nonzero(ahead < keep.long()[ray]).squeeze(1)
+    rgb = torch.zeros(n, 3, device=x.device, dtype=torch.float32)
+    for a in range(0, kept.numel(), rows):
+        sel = kept[a : a + rows]
+        rgb[sel] = field.colour(x[sel], directions[ray[sel]], geo[sel]).float()
+    return rgb, kept.numel()
 
 
 def network_pass(
@@ -107,11 +150,16 @@ def render_rays_single_pass(
     windows: InferenceWindows | None = None,
     timer: StageTimer = NULL_TIMER,
     stats: InferenceStats | None = None,
+    colour_after_density: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Inference (see the module docstring): rgb ``[R, 3]`` (no background), opacity ``[R]``, depth ``[R]``;
     ``jitter`` ``[R]`` as in training (None: 0.5). ``render_rays_fast``'s interface (``sigma_fn`` unused);
     the workspace's plan bounds the candidates written at once and the rows per network call (None: one
-    sized for these rays). ``timer``: stage marks (march, network, composite, compaction, host waits)."""
+    sized for these rays). ``timer``: stage marks (march, network, composite, compaction, host waits).
+    ``colour_after_density`` (the ``density_first`` path): per window the density network on every candidate,
+    then the colour network on the composited ones only (``rgb_sigma_fn`` a ``SplitField``)."""
+    if colour_after_density and not isinstance(rgb_sigma_fn, SplitField):
+        raise ValueError("the density_first inference path needs a field with query_density and colour")
     R = origins.shape[0]
     dev = origins.device
     windows = windows or WINDOWS
@@ -158,11 +206,23 @@ def render_rays_single_pass(
             )
             timer.mark("march")
             assert packed.x is not None  # positions=True: the march wrote each sample's point
-            c, sigma = network_pass(rgb_sigma_fn, packed.x, d, packed.ray.long(), plan.rows)
+            ray = packed.ray.long()
+            if colour_after_density:
+                sigma, geo = density_pass(cast(SplitField, rgb_sigma_fn), packed.x, plan.rows)
+            else:
+                c, sigma = network_pass(rgb_sigma_fn, packed.x, d, ray, plan.rows)
             timer.mark("network")
             carried = log_t[ids].contiguous()
             keep = count_until_opaque(sigma, packed.dt, packed.start, packed.count, early_termination, carried)
             log_t[ids] = carried
+            if colour_after_density:
+                timer.mark("composite")
+                c, coloured = colour_of_kept(
+                    cast(SplitField, rgb_sigma_fn), packed.x, d, ray, geo, packed.start, keep, plan.rows
+                )
+                timer.mark("network")
+                if stats is not None:
+                    stats.colour_rows += coloured
             w_rgb, w_opacity, w_depth = composite(sigma, c, packed.dt, packed.t, packed.start, keep)
             before = transmittance[ids]
             rgb[ids] += before[:, None] * w_rgb
@@ -181,3 +241,9 @@ def render_rays_single_pass(
         timer.mark("host waits")
         width = windows.next_width(R, alive.numel())
     return rgb, 1.0 - transmittance, depth
+
+
+def render_rays_density_first(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
+    """``render_rays_single_pass`` with ``colour_after_density``: the colour network only on composited samples
+    (the ``density_first`` inference path)."""
+    return render_rays_single_pass(*args, **{**kwargs, "colour_after_density": True})

@@ -243,6 +243,8 @@ class RegionField(Protocol):
 
     def __call__(self, x: Tensor, d: Tensor) -> tuple[Tensor, Tensor]: ...
 
+    def colour(self, x: Tensor, d: Tensor, geo: Tensor) -> Tensor: ...
+
 
 class PiecewiseField(torch.nn.Module):
     """K region fields (each over its box of ``partition``) as one field over the scene box: every point
@@ -292,3 +294,12 @@ class PiecewiseField(torch.nn.Module):
 
     def forward(self, x: Tensor, d: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return self._dispatch(x, lambda f, sel: f(x[sel], d[sel]))
+
+    def colour(self, x: Tensor, d: Tensor, geo: Tensor) -> Tensor:
+        """rgb ``[M, 3]`` of each point's owner's colour network from its ``query_density`` features ``geo``."""
+        owner = self.partition.owner(x)
+        rgb = torch.zeros(x.shape[0], 3, device=x.device, dtype=torch.float32)
+        for k, f in enumerate(self.fields):
+            sel = (owner == k).nonzero().squeeze(1)
+            rgb = rgb.index_copy(0, sel, cast(RegionField, f).colour(x[sel], d[sel], geo[sel]).float())
+        return rgb

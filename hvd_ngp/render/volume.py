@@ -237,8 +237,9 @@ def render_image(
     return render_in_chunks(render, origins, directions, background, chunk, step_offset, between_chunks)
 
 
-#: the fast path's inference renderers (``render_image(inference=...)``, the render tool's ``--inference``)
-INFERENCE_PATHS = ("single_pass", "two_pass")
+#: the fast path's inference renderers (``render_image(inference=...)``, the render tool's ``--inference``);
+#: ``density_first`` is ``single_pass`` with the colour network on the composited samples only (not yet timed on a GPU)
+INFERENCE_PATHS = ("single_pass", "two_pass", "density_first")
 #: the default: ``single_pass``, with march segments of 1024 steps (``fast.INFERENCE_LAUNCH``): on an H100
 #: (2026-12-07, one process, warm kernels) lego 800x800 0.0295 s per view against ``two_pass``'s 0.032, fox
 #: 1080x1920 0.27 against 0.34, at the same PSNR (docs/inference.md)
@@ -262,6 +263,10 @@ def inference_path(name: str) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
         from .fast import render_rays_fast
 
         return render_rays_fast
+    if name == "density_first":  # single_pass with the colour network on composited samples only
+        from .infer import render_rays_density_first
+
+        return render_rays_density_first
     raise ValueError(f"unknown inference path {name!r} (known: {', '.join(INFERENCE_PATHS)})")
 
 
