@@ -157,7 +157,8 @@ def render_rays_single_pass(
     the workspace's plan bounds the candidates written at once and the rows per network call (None: one
     sized for these rays). ``timer``: stage marks (march, network, composite, compaction, host waits).
     ``colour_after_density`` (the ``density_first`` path): per window the density network on every candidate,
-    then the colour network on the composited ones only (``rgb_sigma_fn`` a ``SplitField``)."""
+    then the colour network on the composited ones only (``rgb_sigma_fn`` a ``SplitField``; one more host wait
+    per window group, for the composited samples' rows)."""
     if colour_after_density and not isinstance(rgb_sigma_fn, SplitField):
         raise ValueError("the density_first inference path needs a field with query_density and colour")
     R = origins.shape[0]
