@@ -76,12 +76,20 @@ def steps_to(curve: list[dict], target: float) -> int | None:
     return next((int(c["step"]) for c in curve if c["psnr"] >= target), None)
 
 
-def summary_of(runs: list[dict], where: dict) -> dict:
+def summary_of(runs: list[dict], where: dict, shared: bool = False) -> dict:
     """The JSON's object for the runs so far (``step_ms_per_backward_pass``: the K = 1 runs' mean step, else the
-    smallest step / K)."""
+    smallest step / K; ``shared_device`` when the runs shared the device, ``--parallel``)."""
     ones = [r["step_ms"] for r in runs if r["k"] == 1]
     per_pass = sum(ones) / len(ones) if ones else min(r["step_ms"] / r["k"] for r in runs)
-    return {**where, "step_ms_per_backward_pass": per_pass, "runs": runs}
+    return {**where, "step_ms_per_backward_pass": per_pass, "runs": runs, **({"shared_device": True} if shared else {})}
+
+
+def write_results(opts: BatchOptions, runs: list[dict], details: list[dict], where: dict, shared: bool) -> None:
+    """The JSON and the details JSON of the runs so far (written after every run, so a run killed later, by a
+    wall-clock limit, leaves the ones before it)."""
+    out = Path(opts.out_dir)
+    write_json(opts.json or out / "batch.json", summary_of(runs, where, shared))
+    write_json(opts.details_json or out / "details.json", {"options": asdict(opts), "runs": details})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     failed = EXIT_FAILED if shared else EXIT_PREEMPTED  # a parallel run that stops is a child that failed
     if not runs:
         raise SystemExit(failed)
-    summary = {**summary_of(runs, where), **({"shared_device": True} if shared else {})}
+    summary = summary_of(runs, where, shared)
     per_pass = summary["step_ms_per_backward_pass"]
     rows = [
         {
@@ -304,9 +312,7 @@ def in_process(
                 "curve": curve,
             }
         )
-        # written after every run, so a run killed later (a wall-clock limit) leaves the ones before it
-        write_json(opts.json or out / "batch.json", summary_of(runs, where))
-        write_json(opts.details_json or out / "details.json", {"options": asdict(opts), "runs": details})
+        write_results(opts, runs, details, where, shared=False)
         print(
             f"K = {k}, seed {seed}, {mode}: {m['steps']} steps in {seconds:.1f} s, {row['step_ms']:.2f} ms/step, "
             f"targets {row['steps_to_psnr']}, final {row['final_psnr']:.2f} dB",
@@ -362,9 +368,7 @@ def in_parallel(
                 detail = json.loads((kids / f"{name}.details.json").read_text())["runs"][0]
                 where = {"scene": child["scene"], "device": child["device"]}
                 done[i] = (child["runs"][0], detail)
-                runs, details = rows()
-                write_json(opts.json or out / "batch.json", {**summary_of(runs, where), "shared_device": True})
-                write_json(opts.details_json or out / "details.json", {"options": asdict(opts), "runs": details})
+                write_results(opts, *rows(), where, shared=True)
                 print(f"{name}: done ({len(done)} of {len(plan)})", file=sys.stderr, flush=True)
     finally:
         for proc, _, sink in running.values():  # interrupted: no run outlives the bench

@@ -25,6 +25,8 @@ from typing import Any
 
 from ..options import options_from
 
+#: the page passes at this correlation and PSNR with the render (and a screenshot that is not blank)
+PASS_CORRELATION, PASS_PSNR = 0.9, 18.0
 VIEWPORT = (960, 240)  # wide: the square in the middle is clear of the panel (right) and notices (left)
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,12 +92,13 @@ def check_page(
                 if corr > result["correlation"]:
                     result.update(correlation=corr, psnr=psnr, std=float(seen.std()))
                     (out_dir / "viewer.png").write_bytes(png)
-                if corr >= 0.9 and psnr >= 18:
+                if corr >= PASS_CORRELATION and psnr >= PASS_PSNR:
                     break
     finally:
         viewer.terminate()
         viewer.wait(20)
-    result["passed"] = result["correlation"] >= 0.9 and result["psnr"] >= 18 and result["std"] > 10
+    passing = result["correlation"] >= PASS_CORRELATION and result["psnr"] >= PASS_PSNR
+    result["passed"] = passing and result["std"] > 10
     result.update(screenshot=str(out_dir / "viewer.png"), render=str(out_dir / "render.png"), device=device)
     return result
 

@@ -317,8 +317,8 @@ def exposed_comm_ms(
     nodes, _ = placement(ranks, f)
     passes = mode.accumulate * mode.period  # backward passes per exchange
     # a periodic sync averages parameters, Adam's two moments and the parameter average, not one gradient
-    grad_bytes *= PERIODIC_COPIES if mode.period > 1 else 1
-    fresh_bytes *= PERIODIC_COPIES if mode.period > 1 else 1
+    copies = PERIODIC_COPIES if mode.period > 1 else 1
+    grad_bytes, fresh_bytes = grad_bytes * copies, fresh_bytes * copies
     if mode.delayed_grid:
         # as --grad_sync delayed_grid [--compression fp16] runs: the MLPs' part and its tail in float32 (fp16
         # or not), waited for; then the grid's part, in float16 under fp16, overlapped with the next step

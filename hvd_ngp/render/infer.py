@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, cast, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -93,12 +93,17 @@ class SplitField(Protocol):
     def colour(self, x: Tensor, d: Tensor, geo: Tensor) -> Tensor: ...
 
 
+def by_rows(call: Callable[[slice], tuple[Tensor, Tensor]], n: int, rows: int) -> tuple[Tensor, Tensor]:
+    """``call(rows_slice)`` -> two tensors over those rows, for n rows ``rows`` at a time, joined."""
+    if n <= rows:
+        return call(slice(0, n))
+    out = [call(slice(a, a + rows)) for a in range(0, n, rows)]
+    return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+
+
 def density_pass(field: SplitField, x: Tensor, rows: int) -> tuple[Tensor, Tensor]:
     """sigma ``[n]`` and geo ``[n, G]`` of the samples at x ``[n, 3]``, ``rows`` at a time."""
-    if x.shape[0] <= rows:
-        return field.query_density(x)
-    out = [field.query_density(x[a : a + rows]) for a in range(0, x.shape[0], rows)]
-    return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+    return by_rows(lambda s: field.query_density(x[s]), x.shape[0], rows)
 
 
 def colour_of_kept(
@@ -129,11 +134,7 @@ def network_pass(
 ) -> tuple[Tensor, Tensor]:
     """rgb ``[n, 3]`` and sigma ``[n]`` of the samples at x ``[n, 3]`` along ``directions[ray]`` (``[A, 3]``,
     ``[n]``), ``rows`` at a time."""
-    n = x.shape[0]
-    if n <= rows:
-        return rgb_sigma_fn(x, directions[ray])
-    out = [rgb_sigma_fn(x[a : a + rows], directions[ray[a : a + rows]]) for a in range(0, n, rows)]
-    return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+    return by_rows(lambda s: rgb_sigma_fn(x[s], directions[ray[s]]), x.shape[0], rows)
 
 
 def render_rays_single_pass(
