@@ -8,6 +8,7 @@ the test finds exactly its own rank processes, never another job's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -124,7 +125,8 @@ def rank_pids(marker: str) -> dict[int, int]:
 def kill_job(job: Job, marker: str) -> None:
     """What a scheduler does: SIGKILL every rank and the launcher."""
     for pid in rank_pids(marker).values():
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # a rank that ended between the listing and the kill
+            os.kill(pid, signal.SIGKILL)
     job.proc.kill()
     job.wait(30)
 
