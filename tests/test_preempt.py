@@ -95,15 +95,15 @@ def test_a_signal_stops_every_rank_with_a_checkpoint(launcher, target, sig, scen
     assert gone_s < 60, gone_s
     assert f"stopped at step {step} of 100000 on a signal" in text, text[-3000:]
     if launcher == "horovodrun-gloo":  # horovodrun itself exits 1 whenever a rank exits non-zero
-        # signalled itself, it SIGTERMs each rank's shell and, racing with the shell's exit, may SIGSTOP and
-        # SIGKILL, or SIGTERM, that shell after the rank exited 75: it then reports 137 or 143 for that rank
-        # (143 seen once under load 13, 2026-12-06, with the stop's checkpoint and marker in place)
         codes = {int(c) for c in re.findall(r"Process \d exit with status code (\d+)", text)}
-        if codes or target == "rank":
+        if target == "rank":
             assert STOPPED in codes and codes <= {STOPPED, 137, 143}, (rc, codes, text[-3000:])
-        else:  # once in CI (2026-12-05, f4c8cfd) horovodrun, signalled itself, exited reporting no rank's status:
-            # then the stop's own line and marker (check_stop: exit_code 75) are what is left to check
-            assert text.rstrip().endswith(f"exit status {STOPPED}"), (rc, text[-3000:])
+        else:  # signalled itself, horovodrun SIGTERMs each rank's shell and, racing with the shell's exit, may
+            # SIGKILL or SIGTERM that shell after the rank exited 75. It then reports 137 or 143 for the first rank
+            # it saw end, or no status at all (CI: 2026-12-05 none, 2026-12-07 {143}, each time with the stop's
+            # checkpoint and marker in place). The rank's own stop line and marker (check_stop) say it exited 75.
+            assert codes <= {STOPPED, 137, 143}, (rc, codes, text[-3000:])
+            assert f"exit status {STOPPED}" in text, (rc, text[-3000:])
     else:  # mpirun (also under horovodrun --mpi) exits with the first non-zero status of a rank
         assert rc == STOPPED, (rc, text[-3000:])
     assert_all_ranks_gone(str(out))
