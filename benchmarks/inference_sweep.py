@@ -2,12 +2,13 @@
 
     python benchmarks/inference_sweep.py SNAPSHOT --json OUT.json [--settings two_pass:20:32:2,single_pass:20:16:2]
 
-Each setting is ``PATH:LOG2_CHUNK:FIRST_WINDOW:GROWTH[:SEGMENT[:STEPS]]``: the inference path
+Each setting is ``PATH:LOG2_CHUNK:FIRST_WINDOW:GROWTH[:SEGMENT[:STEPS[:MATH]]]``: the inference path
 (``render.volume.INFERENCE_PATHS``), ``render.plan.MAX_CHUNK_RAYS`` as a power of two, ``render.fast.FIRST_WINDOW``
 and ``render.fast.WINDOW_GROWTH`` (those two are ``two_pass``'s), the march launch's lattice steps per program
 (``render.fast.INFERENCE_LAUNCH.segment``; empty or absent: unchanged) and the ray step of the render as
 ``marching.eval_steps_per_diagonal`` (the render tool's ``--marching``; absent: the snapshot's, 2048 with
-base.json; training marches 1024: half the samples, for a PSNR the row shows). Every setting renders one view untimed (its
+base.json; training marches 1024: half the samples, for a PSNR the row shows) and the kernels' math (the render
+tool's ``--inference_math``: tf32, fp16 or ieee; absent: ``render.volume.INFERENCE_MATH``). Every setting renders one view untimed (its
 kernels compile there), then the snapshot's test views (``--views``, all by default) with the render tool
 (``hvd-ngp-render --video none``) in this process, so each sees compiled kernels and a warm allocator. Prints a
 table (seconds per view, after the first view, PSNR) and writes the rows as JSON.
@@ -21,23 +22,34 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEFAULT_SETTINGS = (  # the default first and last (a noise check); 256-4096-step programs, training's ray step, density_first
-    "single_pass:20:32:2,single_pass:20:32:2:256,single_pass:20:32:2:2048,single_pass:20:32:2:4096,"
-    "two_pass:20:32:2,two_pass:20:16:2,single_pass:20:32:2::1024,density_first:20:32:2,single_pass:20:32:2"
+DEFAULT_SETTINGS = (  # the default first and last (a noise check); training's ray step, density_first, fp16 math
+    "single_pass:20:32:2,single_pass:20:32:2:2048,two_pass:20:32:2,single_pass:20:32:2::1024,"
+    "density_first:20:32:2,single_pass:20:32:2:::fp16,density_first:20:32:2:::fp16,single_pass:20:32:2::1024:fp16,"
+    "single_pass:20:32:2"
 )
 
 
-def parse_setting(text: str) -> tuple[str, int, int, int, int | None, int | None]:
+def parse_setting(text: str) -> tuple[str, int, int, int, int | None, int | None, str | None]:
     path, chunk, first, growth, *more = text.split(":")
-    segment, steps = (more + ["", ""])[:2]
-    return path, int(chunk), int(first), int(growth), int(segment) if segment else None, int(steps) if steps else None
+    segment, steps, math = (more + ["", "", ""])[:3]
+    return (
+        path,
+        int(chunk),
+        int(first),
+        int(growth),
+        int(segment) if segment else None,
+        int(steps) if steps else None,
+        math or None,
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("snapshot")
     p.add_argument(
-        "--settings", default=DEFAULT_SETTINGS, help="comma-separated PATH:LOG2_CHUNK:FIRST:GROWTH[:SEGMENT[:STEPS]]"
+        "--settings",
+        default=DEFAULT_SETTINGS,
+        help="comma-separated PATH:LOG2_CHUNK:FIRST:GROWTH[:SEGMENT[:STEPS[:MATH]]]",
     )
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--views", type=int, default=-1, help="test views per setting (-1: all)")
@@ -49,6 +61,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     import hvd_ngp.render.fast as fast
     import hvd_ngp.render.plan as plan
+    from hvd_ngp.render.volume import INFERENCE_MATH
     from hvd_ngp.tools import render
 
     out = Path(tempfile.mkdtemp(prefix="inference_sweep_"))
@@ -56,13 +69,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     defaults = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH
     try:
-        for path, chunk, first, growth, segment, steps in settings:
+        for path, chunk, first, growth, segment, steps, math in settings:
             plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH = 1 << chunk, first, growth
             launch = defaults[3] if segment is None else dataclasses.replace(defaults[3], segment=segment)
             fast.INFERENCE_LAUNCH = launch
             # one view first under this setting: a new march launch compiles its own kernel variants, which
             # otherwise land in the timed views (the first H100 sweep of 2026-12-07 read 0.058 for 0.034 s)
             marching = [] if steps is None else ["--marching", json.dumps({"eval_steps_per_diagonal": steps})]
+            marching += [] if math is None else ["--inference_math", math]
             render.main([*base, *marching, "--inference", path, "--split_views", "1"])
             render.main([*base, *marching, "--inference", path, "--split_views", str(opts.views)])
             result = json.loads((out / "render.json").read_text())
@@ -74,6 +88,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "growth": growth,
                     "segment": launch.segment,
                     "steps_per_diagonal": steps,
+                    "math": math or INFERENCE_MATH,  # asked for: the Triton backends' (a torch field ignores it)
                     "seconds_per_view": result["test_seconds_per_view"],
                     "seconds_per_view_after_first": result["test_seconds_per_view_after_first"],
                     "psnr": result["test_psnr"],
@@ -81,12 +96,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
     finally:
         plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH = defaults
-    print("| path | chunk | first window | growth | segment | ray steps | s per view | after the first | PSNR |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| path | chunk | first window | growth | segment | ray steps | math | s per view | after the first | PSNR |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['first_window']} | {r['growth']} | {r['segment']} | "
-            f"{r['steps_per_diagonal'] or 'snapshot'} | "
+            f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | "
             f"{r['seconds_per_view']:.4f} | {r['seconds_per_view_after_first']:.4f} | {r['psnr']:.3f} |"
         )
     if opts.json:

@@ -15,9 +15,10 @@ from typing import Iterator
 
 from .errors import BackendError
 
-#: fp32 matmul math of the fused kernels outside autocast, in this thread's context (``fp32_matmul``)
-_FP32_MATMUL: ContextVar[str | None] = ContextVar("hvd_ngp_fp32_matmul", default=None)
-FP32_MATMULS = ("ieee", "tf32")
+#: the fused kernels' math outside autocast, in this thread's context (``inference_math``)
+_INFERENCE_MATH: ContextVar[str | None] = ContextVar("hvd_ngp_inference_math", default=None)
+#: "ieee": fp32 throughout; "tf32": tf32 tensor-core products; "fp16": half products and a half copy of the table
+INFERENCE_MATHS = ("ieee", "tf32", "fp16")
 
 
 def triton_available(device_type: str = "cuda") -> bool:
@@ -44,19 +45,26 @@ def require_triton(device_type: str = "cuda") -> None:
 
 
 @contextmanager
-def fp32_matmul(math: str) -> Iterator[None]:
-    """Inside: the fused Triton MLP kernels outside autocast use ``math`` ("tf32": tensor-core products with
-    tf32 inputs; "ieee": fp32 throughout) on CUDA instead of following ``torch.backends.cuda.matmul.allow_tf32``.
+def inference_math(math: str) -> Iterator[None]:
+    """Inside: the fused Triton kernels outside autocast compute in ``math``, one of ``INFERENCE_MATHS``,
+    instead of following ``torch.backends.cuda.matmul.allow_tf32``:
+
+    - "ieee": fp32 throughout (the CPU always);
+    - "tf32": fp32 with tf32 tensor-core products, on CUDA;
+    - "fp16": the MLPs in half products with fp32 sums (half outputs, as under autocast), and the hash grid's
+      passes without gradients gathering from a half copy of its table (``HashGridTriton.inference_table``),
+      on any device.
+
     Scoped to this thread's context (a ContextVar): a viewer rendering beside training changes nothing there."""
-    if math not in FP32_MATMULS:
-        raise ValueError(f"fp32 matmul math must be one of {FP32_MATMULS}, got {math!r}")
-    token = _FP32_MATMUL.set(math)
+    if math not in INFERENCE_MATHS:
+        raise ValueError(f"inference math must be one of {INFERENCE_MATHS}, got {math!r}")
+    token = _INFERENCE_MATH.set(math)
     try:
         yield
     finally:
-        _FP32_MATMUL.reset(token)
+        _INFERENCE_MATH.reset(token)
 
 
-def fp32_matmul_math() -> str | None:
-    """The math ``fp32_matmul`` set in this context, or None outside it."""
-    return _FP32_MATMUL.get()
+def inference_math_now() -> str | None:
+    """The math ``inference_math`` set in this context, or None outside it."""
+    return _INFERENCE_MATH.get()

@@ -500,24 +500,29 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     spec = importlib.util.spec_from_file_location("inference_sweep", root / "benchmarks" / "inference_sweep.py")
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    # the third: a 4x coarser ray step; the fourth: the colour network on composited samples only
-    settings = "two_pass:10:4:2,single_pass:12:8:4:128,single_pass:12:8:4::64,density_first:12:8:4"
+    # the third: a 4x coarser ray step; the fourth: the colour network on composited samples only; the fifth:
+    # fp16 math, which a torch-backend field ignores
+    settings = (
+        "two_pass:10:4:2,single_pass:12:8:4:128,single_pass:12:8:4::64,density_first:12:8:4,single_pass:12:8:4:::fp16"
+    )
     rows = sweep.main(
         [str(snapshot), "--settings", settings, "--views", "1", "--device", "cpu", "--json", str(tmp_path / "s.json")]
     )
     segment = fast.INFERENCE_LAUNCH.segment
     assert [
-        (r["path"], r["chunk_rays"], r["first_window"], r["growth"], r["segment"], r["steps_per_diagonal"])
+        (r["path"], r["chunk_rays"], r["first_window"], r["growth"], r["segment"], r["steps_per_diagonal"], r["math"])
         for r in rows
     ] == [
-        ("two_pass", 1024, 4, 2, segment, None),
-        ("single_pass", 4096, 8, 4, 128, None),
-        ("single_pass", 4096, 8, 4, segment, 64),
-        ("density_first", 4096, 8, 4, segment, None),
+        ("two_pass", 1024, 4, 2, segment, None, "tf32"),
+        ("single_pass", 4096, 8, 4, 128, None, "tf32"),
+        ("single_pass", 4096, 8, 4, segment, 64, "tf32"),
+        ("density_first", 4096, 8, 4, segment, None, "tf32"),
+        ("single_pass", 4096, 8, 4, segment, None, "fp16"),
     ]
     assert rows[0]["psnr"] == rows[1]["psnr"] != rows[2]["psnr"] and all(r["seconds_per_view"] > 0 for r in rows)
     assert rows[3]["psnr"] == pytest.approx(rows[1]["psnr"], abs=1e-4)  # NGPField.colour on the kept rows alone
+    assert rows[4]["psnr"] == rows[1]["psnr"]  # a torch-backend field: the kernels' math is not its (test_render)
     assert json.loads((tmp_path / "s.json").read_text()) == rows
     out = capsys.readouterr().out
-    assert "| single_pass | 2^12 | 8 | 4 | 128 | snapshot |" in out and f"| 4 | {segment} | 64 |" in out
+    assert "| single_pass | 2^12 | 8 | 4 | 128 | snapshot | tf32 |" in out and f"| 4 | {segment} | 64 |" in out
     assert (plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH) == before

@@ -158,17 +158,18 @@ def test_fused_mlp_precision_follows_autocast_and_tf32():
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
-def test_fp32_matmul_context_picks_the_math_outside_autocast_only_in_its_context():
-    """``triton_support.fp32_matmul``: inside, CUDA's fp32 math is the context's (whatever torch's tf32 flag
-    says); autocast still wins; the CPU stays ieee; other threads and the code after it see the flag again."""
+def test_inference_math_context_picks_the_math_outside_autocast_only_in_its_context():
+    """``triton_support.inference_math``: inside, CUDA's fp32 math is the context's (whatever torch's tf32 flag
+    says) and "fp16" holds on any device; autocast still wins; the CPU stays ieee under tf32; other threads and
+    the code after it see the flag again."""
     import threading
 
-    from hvd_ngp.triton_support import fp32_matmul
+    from hvd_ngp.triton_support import inference_math
 
     old = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
-        with fp32_matmul("tf32"):
+        with inference_math("tf32"):
             assert autocast_dot("cuda") == "tf32" and autocast_dot("cpu") == "ieee"
             with torch.autocast(DEV.type, dtype=torch.bfloat16):
                 assert autocast_dot(DEV.type) == "bf16"
@@ -178,13 +179,15 @@ def test_fp32_matmul_context_picks_the_math_outside_autocast_only_in_its_context
             t.join()
             assert seen == ["ieee"]  # a thread beside it (training beside the viewer) keeps torch's flag
             torch.backends.cuda.matmul.allow_tf32 = True
-            with fp32_matmul("ieee"):
+            with inference_math("ieee"):
                 assert autocast_dot("cuda") == "ieee"
+            with inference_math("fp16"):
+                assert autocast_dot("cuda") == "fp16" and autocast_dot("cpu") == "fp16"
             assert autocast_dot("cuda") == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = False
         assert autocast_dot("cuda") == "ieee"
-        with pytest.raises(ValueError, match="fp32 matmul"):
-            with fp32_matmul("bf16"):
+        with pytest.raises(ValueError, match="inference math"):
+            with inference_math("bf16"):
                 pass
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old

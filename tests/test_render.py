@@ -275,12 +275,14 @@ def test_cells_drawn_among_the_occupied_are_occupied_and_cover_them_evenly():
     )  # nothing occupied: a harmless refresh
 
 
-def test_inference_renders_run_the_fused_mlps_in_the_inference_matmul_math():
+def test_inference_renders_run_the_fused_mlps_in_the_inference_math():
     """``render_in_chunks`` and ``render_outputs`` (every inference render: evaluation, the render tool, the
-    viewer) run their fields inside ``fp32_matmul(INFERENCE_MATMUL)``; the code around them does not."""
+    viewer) run their fields inside ``inference_math(INFERENCE_MATH)``, or inside the math an outer
+    ``inference_math`` chose (the render tool's ``--inference_math``); the code around them does not."""
     from hvd_ngp.model.mlp_triton import autocast_dot
     from hvd_ngp.render.outputs import render_outputs
-    from hvd_ngp.render.volume import INFERENCE_MATMUL
+    from hvd_ngp.render.volume import INFERENCE_MATH
+    from hvd_ngp.triton_support import inference_math
 
     seen: list[str] = []
     rgb_sigma, sig = const_field(lambda x: torch.full((x.shape[0],), 2.0))
@@ -300,13 +302,55 @@ def test_inference_renders_run_the_fused_mlps_in_the_inference_matmul_math():
 
     old = torch.backends.cuda.matmul.allow_tf32
     try:
-        torch.backends.cuda.matmul.allow_tf32 = INFERENCE_MATMUL != "tf32"  # the flag says the other math
+        torch.backends.cuda.matmul.allow_tf32 = INFERENCE_MATH != "tf32"  # the flag says the other math
         render_in_chunks(render, o, d, torch.ones(3), 2)
         n = len(seen)
         render_outputs(
             watched(rgb_sigma), watched(sig), o, d, AABB, None, StepSchedule.uniform(1 / 64), 0.0, torch.ones(3), 2
         )
-        assert n > 0 and len(seen) > n and set(seen) == {INFERENCE_MATMUL}
-        assert autocast_dot("cuda") != INFERENCE_MATMUL  # outside the renders, torch's flag again
+        assert n > 0 and len(seen) > n and set(seen) == {INFERENCE_MATH}
+        assert autocast_dot("cuda") != INFERENCE_MATH  # outside the renders, torch's flag again
+        seen.clear()
+        with inference_math("fp16"):  # an outer choice wins over the default
+            render_in_chunks(render, o, d, torch.ones(3), 2)
+        assert seen and set(seen) == {"fp16"}
+        assert autocast_dot("cuda") != INFERENCE_MATH
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_fp16_inference_math_gathers_a_half_table_once_and_stays_near_fp32():
+    """Inside ``inference_math("fp16")`` a Triton field's passes without gradients run half MLP products and
+    gather from a half copy of the hash table, made once per parameter version: rgb and sigma stay within fp16
+    rounding of the fp32 field's. Passes with gradients (training) keep gathering from the fp32 table."""
+    from conftest import TINY_ARGS
+
+    from hvd_ngp.config import CPU_CONFIG, parse_args
+    from hvd_ngp.model.field import NGPField
+    from hvd_ngp.triton_support import inference_math
+
+    model = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS], default_config=CPU_CONFIG).model
+    torch.manual_seed(0)
+    field = NGPField(model, torch.tensor([[0.0] * 3, [1.0] * 3]), "triton")
+    enc = field.encoding
+    with torch.no_grad():
+        enc.params.normal_(0.0, 0.5)  # a trained table's spread, not the initial +-1e-4
+    x, d = torch.rand(300, 3), torch.nn.functional.normalize(torch.randn(300, 3), dim=-1)
+    with torch.no_grad():
+        rgb32, sigma32 = field(x, d)
+        with inference_math("fp16"):
+            half = enc.inference_table()
+            assert half.dtype == torch.float16 and enc.inference_table() is half  # one copy per version
+            rgb16, sigma16 = field(x, d)
+        enc.params.mul_(0.5)  # an optimizer step or a load: the copy is made again
+        with inference_math("fp16"):
+            again = enc.inference_table()
+    assert rgb16.dtype == sigma16.dtype == torch.float32
+    assert not torch.equal(rgb16, rgb32)  # the half math ran
+    torch.testing.assert_close(rgb16, rgb32, atol=1e-2, rtol=0)
+    torch.testing.assert_close(sigma16, sigma32, atol=1e-3, rtol=2e-2)
+    assert again is not half and torch.equal(again, enc.params.detach().half())
+    trained = enc(x)  # with gradients: the fp32 table, inside the context too
+    with inference_math("fp16"):
+        inside = enc(x)
+    assert inside.requires_grad and torch.equal(inside, trained)

@@ -19,8 +19,8 @@ math's dtype, and then walks row blocks ``pid, pid + programs, ...``, so the wei
 Math (``dot``): "fp16" / "bf16" cast inputs, weights, activations and incoming gradients to half and
 accumulate in fp32 on the tensor cores; the output is half, like ``nn.Linear`` under autocast. "ieee"
 is fp32 throughout; "tf32" is fp32 with tf32 tensor-core products. ``FusedMLP`` picks fp16/bf16 from
-the autocast state (``--precision``), otherwise the math a ``triton_support.fp32_matmul`` context names
-(the inference renderers take tf32), otherwise tf32 when ``torch.backends.cuda.matmul.allow_tf32`` is set
+the autocast state (``--precision``), otherwise the math a ``triton_support.inference_math`` context names
+(the inference renderers' ``render.volume.INFERENCE_MATH``), otherwise tf32 when ``torch.backends.cuda.matmul.allow_tf32`` is set
 (what torch's own fp32 matmuls would do), else ieee.
 
 The input may have any 2-D strides: the hash grid's feature-major output (``[L * F, N]`` in memory) is read
@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-from ..triton_support import fp32_matmul_math
+from ..triton_support import inference_math_now
 from .encoding.hashgrid_triton import _rows  # the row count a launch computes: N, or min(N, *count)
 
 WIDTHS = (16, 32, 64, 128)
@@ -457,13 +457,16 @@ def fused_mlp(
 
 
 def autocast_dot(device_type: str) -> str:
-    """The math of the current context: the autocast dtype when autocast is on, else fp32 (on CUDA: tf32 inside
-    ``triton_support.fp32_matmul("tf32")`` or when torch allows tf32 matmuls)."""
+    """The math of the current context: the autocast dtype when autocast is on; else fp16 inside
+    ``triton_support.inference_math("fp16")``; else fp32 (on CUDA: tf32 inside ``inference_math("tf32")`` or
+    when torch allows tf32 matmuls)."""
     if torch.is_autocast_enabled(device_type):
         return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(torch.get_autocast_dtype(device_type), "ieee")
+    scoped = inference_math_now()  # the renderers' choice (render.volume.INFERENCE_MATH), else torch's flag
+    if scoped == "fp16":
+        return scoped
     if device_type != "cuda":
         return "ieee"
-    scoped = fp32_matmul_math()  # the renderers' choice (render.volume.INFERENCE_MATMUL), else torch's flag
     if scoped is not None:
         return scoped
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"

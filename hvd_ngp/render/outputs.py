@@ -16,15 +16,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..triton_support import fp32_matmul
 from .occupancy import OccupancyGrid
 from .schedule import StepSchedule
 from .volume import (
     DEFAULT_INFERENCE,
-    INFERENCE_MATMUL,
     RGBSigmaFn,
     SigmaFn,
     inference_path,
+    inference_scope,
     over_background,
     render_rays,
 )
@@ -63,7 +62,7 @@ def render_outputs(
     (``inference``: ``volume.INFERENCE_PATHS``, in ``workspace``) for rgb, opacity and depth; normals take the reference
     renderer."""
     parts: dict[str, list[Tensor]] = {"rgb": [], "opacity": [], "depth": [], "normal": []}
-    with torch.no_grad(), fp32_matmul(INFERENCE_MATMUL):
+    with torch.no_grad(), inference_scope():
         for s in range(0, origins.shape[0], chunk):
             o, d = origins[s : s + chunk], directions[s : s + chunk]
             if fast and normal_step <= 0:

@@ -25,7 +25,7 @@ from torch import Tensor
 from .. import faultpoints
 from ..observe.memory import DEFAULT_ROW_BYTES, MemoryBudget
 from ..observe.profiling import NULL_TIMER, StageTimer
-from ..triton_support import fp32_matmul
+from ..triton_support import inference_math, inference_math_now
 from .geometry import intersect_aabb
 from .occupancy import OccupancyGrid
 from .plan import plan_render, reference_chunk
@@ -246,10 +246,17 @@ INFERENCE_PATHS = ("single_pass", "two_pass", "density_first")
 DEFAULT_INFERENCE = "single_pass"
 
 
-#: the fused MLPs' math in inference outside autocast (``triton_support.fp32_matmul``): tf32 tensor-core products.
-#: Lego (60 s snapshot, 20 test views at 800x800, H100, 2026-12-06): 0.447 -> 0.066 s per view, PSNR 35.902 ->
-#: 35.908 dB, against fp32 "ieee" products (docs/inference.md). Training's own passes are not affected.
-INFERENCE_MATMUL = "tf32"
+#: the fused kernels' math in inference outside autocast (``triton_support.inference_math``): tf32 tensor-core
+#: products. Lego (60 s snapshot, 20 test views at 800x800, H100, 2026-12-06): 0.447 -> 0.066 s per view, PSNR 35.902
+#: -> 35.908 dB, against fp32 "ieee" products (docs/inference.md). Training's own passes are not affected. "fp16"
+#: (half products, a half copy of the hash table) is the render tool's ``--inference_math fp16``: not yet timed on a GPU.
+INFERENCE_MATH = "tf32"
+
+
+def inference_scope():
+    """The context every inference render runs its field in: ``triton_support.inference_math`` of the math an outer
+    ``inference_math`` context chose (the render tool's ``--inference_math``), else ``INFERENCE_MATH``."""
+    return inference_math(inference_math_now() or INFERENCE_MATH)
 
 
 def inference_path(name: str) -> Callable[..., tuple[Tensor, Tensor, Tensor]]:
@@ -285,7 +292,7 @@ def render_in_chunks(
     ``between_chunks()`` runs before each chunk: the caller's way to cut the render short by raising (the
     evaluation passes ``cluster.preempt.interruption_point``: a stop request needs no finished view)."""
     rgbs, depths = [], []
-    with torch.no_grad(), fp32_matmul(INFERENCE_MATMUL):
+    with torch.no_grad(), inference_scope():
         for s in range(0, origins.shape[0], chunk):
             if between_chunks is not None:
                 between_chunks()

@@ -24,8 +24,9 @@ from ..observe.progress import progress
 from ..options import options_from
 from ..render.camera_path import CameraPath, orbit
 from ..render.outputs import OUTPUTS, colorize_depth, colorize_normal, colorize_opacity, depth_range, parse_outputs
-from ..render.volume import DEFAULT_INFERENCE, INFERENCE_PATHS
+from ..render.volume import DEFAULT_INFERENCE, INFERENCE_MATH, INFERENCE_PATHS
 from ..training.evaluate import BACKGROUNDS, evaluate, to_uint8, write_png
+from ..triton_support import INFERENCE_MATHS, inference_math
 from .camera_files import load_camera_path
 from .trained import RENDER_MARCHING_KEYS, Trained, load_trained
 from .video import write_mp4
@@ -54,6 +55,7 @@ class RenderOptions:
     marching: dict | None  # merge-patch over the snapshot's marching block
     gpu_memory_gb: float
     inference: str
+    inference_math: str
 
 
 def path_frames(path: CameraPath) -> Frames:
@@ -211,6 +213,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="the Triton renderer's inference path: single_pass (one network pass per sample, "
         "docs/inference.md) or two_pass (density pass, then the whole network on the kept samples)",
     )
+    p.add_argument(
+        "--inference_math",
+        choices=INFERENCE_MATHS,
+        default=INFERENCE_MATH,
+        help="the Triton kernels' math in this render: tf32 (tensor-core products of fp32 values), fp16 (half "
+        "products and a half copy of the hash table) or ieee (fp32 throughout)",
+    )
     opts = options_from(RenderOptions, p.parse_args(argv))
     try:
         outputs = parse_outputs(opts.outputs)
@@ -223,6 +232,12 @@ def main(argv: list[str] | None = None) -> dict:
     ):
         raise ConfigError("--n_frames must be >= 1, --fps > 0 and --video_size >= 2")
 
+    with inference_math(opts.inference_math):
+        return render_all(opts, outputs)
+
+
+def render_all(opts: RenderOptions, outputs: tuple[str, ...]) -> dict:
+    """The test views and the video ``opts`` ask for, with ``outputs``; rank 0 writes render.json -> its dict."""
     trained = load_trained(
         opts.load_snapshot, opts.device, opts.scene, opts.downscale, opts.marching, opts.gpu_memory_gb
     )
@@ -256,6 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
             test_seconds_per_view=ev["seconds_per_view"],
             test_seconds_per_view_after_first=ev["seconds_per_view_after_first"],
             inference=opts.inference if trained.fast else None,
+            inference_math=opts.inference_math if trained.fast else None,
         )
         dist.log(
             f"test views: PSNR {ev['psnr']:.2f} dB, SSIM {ev['ssim']:.4f} over {ev['views']} views, "

@@ -9,7 +9,9 @@ adds both features (``red.global.add.v2.f32``, as tiny-cuda-nn's half2 atomics),
 operations; opt-in (no gain beyond the spread between rounds on an H100 or H200; docs/BENCHMARKS.md).
 With ``table_dtype=torch.float16`` the forward gathers from a half-precision copy of the (fp32 master)
 table, halving its cache footprint (2^19 x 16 x 2 halves = 32 MiB, inside an H100/H200's L2);
-gradients and the optimizer stay in fp32.
+gradients and the optimizer stay in fp32. Inside ``triton_support.inference_math("fp16")`` every pass without
+gradients (renders, not training) gathers from such a copy, made once per parameter version
+(``HashGridTriton.inference_table``).
 
 Along a ray, consecutive samples share a cell at the coarse levels (a 16^3 level's cell spans dozens
 of samples), so the backward's atomics pile onto a few addresses. ``merge_runs_below=R`` sums, at the
@@ -24,6 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ...triton_support import inference_math_now
 from .hashgrid import (
     BACKWARD_LAUNCH,
     FEATURE_MAJOR,
@@ -334,36 +337,42 @@ def vector_atomics_here(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
+def encode(x: Tensor, table: Tensor, enc: "HashGridTriton", n_rows: Tensor | None) -> Tensor:
+    """The forward kernel: x ``[N, 3]`` (fp32, contiguous) gathered from ``table`` (``enc``'s layout, any float
+    dtype) -> ``[N, L * F]`` float32 (feature-major when ``enc.feature_major``); rows past ``n_rows`` are zeros."""
+    n, L, F = x.shape[0], enc.spec.n_levels, enc.spec.n_features_per_level
+    # every row is written (zeros past n_rows): no zero fill first
+    if enc.feature_major:  # [L * F, N] in memory: a program's stores (a level's features of its points) coalesce
+        out = torch.empty(L * F, n, device=x.device, dtype=torch.float32).t()
+    else:
+        out = torch.empty(n, L * F, device=x.device, dtype=torch.float32)
+    if n:
+        count = x if n_rows is None else n_rows  # a placeholder pointer without a count (never read)
+        block, warps = enc.forward_launch.block, enc.forward_launch.warps
+        _hashgrid_fwd[(triton.cdiv(n, block), L)](
+            x,
+            table,
+            out,
+            *out.stride(),
+            *enc.level_tensors(),
+            count,
+            n,
+            L=L,
+            F=F,
+            HAS_COUNT=n_rows is not None,
+            BLOCK=block,
+            num_warps=warps,
+        )
+    return out
+
+
 class _HashGridTritonFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, params: Tensor, enc: "HashGridTriton", n_rows: Tensor | None) -> Tensor:
-        n, L, F = x.shape[0], enc.spec.n_levels, enc.spec.n_features_per_level
         table = params if enc.table_dtype == torch.float32 else params.detach().to(enc.table_dtype)
-        # every row is written (zeros past n_rows): no zero fill first
-        if enc.feature_major:  # [L * F, N] in memory: a program's stores (a level's features of its points) coalesce
-            out = torch.empty(L * F, n, device=x.device, dtype=torch.float32).t()
-        else:
-            out = torch.empty(n, L * F, device=x.device, dtype=torch.float32)
-        if n:
-            count = x if n_rows is None else n_rows  # a placeholder pointer without a count (never read)
-            block, warps = enc.forward_launch.block, enc.forward_launch.warps
-            _hashgrid_fwd[(triton.cdiv(n, block), L)](
-                x,
-                table,
-                out,
-                *out.stride(),
-                *enc.level_tensors(),
-                count,
-                n,
-                L=L,
-                F=F,
-                HAS_COUNT=n_rows is not None,
-                BLOCK=block,
-                num_warps=warps,
-            )
         ctx.save_for_backward(x)
         ctx.enc, ctx.n_rows = enc, n_rows
-        return out
+        return encode(x, table, enc, n_rows)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -435,6 +444,7 @@ class HashGridTriton(HashGridTorch):
         self.feature_major = bool(feature_major)
         self.forward_launch, self.backward_launch = forward_launch, backward_launch
         self._levels: tuple[Tensor, ...] | None = None
+        self._half: tuple[tuple, Tensor] | None = None  # (params' pointer, device, version), its half copy
 
     def level_tensors(self) -> tuple[Tensor, ...]:
         """scale f32, resolution i32, size i32, offset i32, hashed i32 — each ``[L]``, on the table's device."""
@@ -449,5 +459,18 @@ class HashGridTriton(HashGridTorch):
             )
         return self._levels
 
+    def inference_table(self) -> Tensor:
+        """A half copy of the table (``[T, F]``) for passes without gradients inside
+        ``triton_support.inference_math("fp16")``: made once, and again only when the parameters change (their
+        version counter moves with every optimizer step and load), so a render converts the table once."""
+        p = self.params
+        key = (p.data_ptr(), p.device, p._version)
+        if self._half is None or self._half[0] != key:
+            self._half = (key, p.detach().to(torch.float16))
+        return self._half[1]
+
     def forward(self, x: Tensor, n_rows: Tensor | None = None) -> Tensor:
-        return _HashGridTritonFunction.apply(x.float().contiguous(), self.params, self, n_rows)
+        x = x.float().contiguous()
+        if not torch.is_grad_enabled() and inference_math_now() == "fp16":
+            return encode(x, self.inference_table(), self, n_rows)
+        return _HashGridTritonFunction.apply(x, self.params, self, n_rows)
