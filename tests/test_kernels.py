@@ -665,6 +665,13 @@ def exercise_kernels() -> None:
         if (n_in, dot) == (32, "fp16"):
             fused_mlp(x.detach(), w, relu, dot, n_rows=torch.tensor(50)).float().sum().backward()
             fused_mlp(x, w, relu, dot, n_rows=torch.tensor(50, dtype=torch.int32)).float().sum().backward()
+    from hvd_ngp.model.mlp_triton import mlp_forward
+
+    # the colour network's SH input computed in the forward kernel (inference), tf32 and fp16, with a count
+    w = [torch.randn(64, 32), torch.randn(64, 64), torch.randn(3, 64)]
+    d = torch.nn.functional.normalize(torch.randn(70, 3), dim=-1)
+    for dot, geo in (("tf32", torch.randn(70, 16)), ("fp16", torch.randn(70, 16).half())):
+        mlp_forward(geo, w, True, dot, torch.tensor(50), d, 4)
     for aabb, cascades, sch in (
         (torch.tensor([[0.0] * 3, [1.0] * 3]), 1, StepSchedule.uniform(3**0.5 / 32)),
         (torch.tensor([[-1.5] * 3, [2.5] * 3]), 2, StepSchedule(0.03, 0.24, 1 / 64)),

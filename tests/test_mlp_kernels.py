@@ -144,6 +144,55 @@ def test_fused_mlp_fp16_matches_torch_autocast(shape, n):
         assert rel_err(a, b) < 2e-3
 
 
+@pytest.mark.parametrize("degree,g,n", [(4, 16, 300), (3, 7, 70), (1, 15, 1)])
+def test_fused_mlp_computes_the_sh_input_in_its_kernel(degree, g, n):
+    """``FusedMLP.forward_sh(d, geo, degree)``: the MLP of ``SphericalHarmonics.concat(d, geo)`` (torch twins of
+    both), rows past ``n_rows`` zeros, in fp16 within half rounding; refused with gradients or another width."""
+    from hvd_ngp.model.encoding.sh import SphericalHarmonics
+    from hvd_ngp.triton_support import inference_math
+
+    m = mlp(degree * degree + g, {"n_neurons": 32, "n_hidden_layers": 2}, 3)
+    d = torch.nn.functional.normalize(torch.randn(n, 3, device=DEV), dim=-1)
+    geo = torch.randn(n, g, device=DEV)
+    with torch.no_grad():
+        ref = m.reference(SphericalHarmonics(degree).concat(d, geo))
+        out = m.forward_sh(d, geo, degree)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+        cut = m.forward_sh(d, geo, degree, torch.tensor(n // 2, device=DEV))
+        torch.testing.assert_close(cut[: n // 2], ref[: n // 2], rtol=1e-4, atol=1e-5)
+        assert not cut[n // 2 :].any()
+        with inference_math("fp16"):
+            half = m.forward_sh(d, geo.half(), degree)
+        assert half.dtype == torch.float16 and rel_err(half, ref) < 3e-3
+        with pytest.raises(ValueError, match=f"degree {degree} and {g + 1} features"):
+            m.forward_sh(d, torch.randn(n, g + 1, device=DEV), degree)
+    with pytest.raises(RuntimeError, match="without gradients"):
+        m.forward_sh(d, geo, degree)
+
+
+def test_a_field_colours_through_the_sh_kernel_without_gradients_only():
+    """``NGPField.colour`` on the triton backend: without gradients through ``FusedMLP.forward_sh``, with them
+    through the SH concat and the MLP (training); the same colours either way."""
+    from conftest import TINY_ARGS
+
+    from hvd_ngp.config import CPU_CONFIG, parse_args
+
+    model = parse_args(["--config", str(CPU_CONFIG), *TINY_ARGS], default_config=CPU_CONFIG).model
+    torch.manual_seed(0)
+    field = NGPField(model, torch.tensor([[0.0] * 3, [1.0] * 3]), "triton").to(DEV)
+    calls: list[int] = []
+    fused = field.rgb_mlp.forward_sh
+    field.rgb_mlp.forward_sh = lambda d, geo, *rest: calls.append(d.shape[0]) or fused(d, geo, *rest)
+    x, d = torch.rand(90, 3, device=DEV), torch.nn.functional.normalize(torch.randn(90, 3, device=DEV), dim=-1)
+    trained = field(x, d)[0]
+    assert calls == [] and trained.requires_grad
+    with torch.no_grad():
+        rendered = field(x, d)[0]
+    assert calls == [90]
+    torch.testing.assert_close(rendered, trained.detach(), rtol=1e-4, atol=1e-5)
+
+
 def test_fused_mlp_precision_follows_autocast_and_tf32():
     assert autocast_dot(DEV.type) == "ieee"
     with torch.autocast(DEV.type, dtype=torch.float16):

@@ -186,7 +186,11 @@ class NGPField(nn.Module):
 
     def colour(self, x: Tensor, d: Tensor, geo: Tensor, n_rows: Tensor | None = None) -> Tensor:
         """rgb ``[M, 3]`` (float32, in [0, 1]) along ``d`` ``[M, 3]`` from the density network's features ``geo``
-        ``[M, G]`` (``query_density``); ``x`` is not needed here (``render.infer.SplitField`` passes it)."""
+        ``[M, G]`` (``query_density``); ``x`` is not needed here (``render.infer.SplitField`` passes it). Without
+        gradients a fused colour MLP (``mlp_triton.FusedMLP``) computes the SH input in its kernel."""
+        fused = getattr(self.rgb_mlp, "forward_sh", None)
+        if fused is not None and not torch.is_grad_enabled():
+            return torch.sigmoid(fused(d, geo, self.dir_encoding.degree, n_rows).float())
         return torch.sigmoid(_call(self.rgb_mlp, self.dir_encoding.concat(d, geo), n_rows).float())
 
     def mlp_parameters(self) -> list[nn.Parameter]:

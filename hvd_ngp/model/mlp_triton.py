@@ -105,6 +105,42 @@ def _load_w(
 
 
 @triton.jit
+def _sh_input(d_ptr, x_ptr, x_row, x_col, r, rm, k, SH: tl.constexpr, IN: tl.constexpr):
+    """The colour network's input rows ``r`` as a ``[BLOCK, IN_P]`` fp32 tile: the real SH basis (degree ``SH``,
+    ``SH**2`` columns; ``encoding.sh.sh_encode``) of the unit directions d ``[N, 3]``, then the features x
+    ``[N, IN - SH**2]``; zeros in the padding and on masked rows."""
+    D2: tl.constexpr = SH * SH
+    c = k[None, :]
+    feat = tl.load(
+        x_ptr + r[:, None] * x_row + tl.maximum(c - D2, 0) * x_col, mask=rm[:, None] & (c >= D2) & (c < IN), other=0.0
+    ).to(tl.float32)
+    x = tl.load(d_ptr + r * 3, mask=rm, other=0.0)[:, None]
+    y = tl.load(d_ptr + r * 3 + 1, mask=rm, other=0.0)[:, None]
+    z = tl.load(d_ptr + r * 3 + 2, mask=rm, other=0.0)[:, None]
+    t = tl.where(c == 0, 0.28209479177387814, feat)
+    if SH > 1:
+        t = tl.where(c == 1, -0.48860251190291987 * y, t)
+        t = tl.where(c == 2, 0.48860251190291987 * z, t)
+        t = tl.where(c == 3, -0.48860251190291987 * x, t)
+    if SH > 2:
+        xy, xz, yz, x2, y2, z2 = x * y, x * z, y * z, x * x, y * y, z * z
+        t = tl.where(c == 4, 1.0925484305920792 * xy, t)
+        t = tl.where(c == 5, -1.0925484305920792 * yz, t)
+        t = tl.where(c == 6, 0.94617469575755997 * z2 - 0.31539156525251999, t)
+        t = tl.where(c == 7, -1.0925484305920792 * xz, t)
+        t = tl.where(c == 8, 0.54627421529603959 * x2 - 0.54627421529603959 * y2, t)
+        if SH > 3:
+            t = tl.where(c == 9, 0.59004358992664352 * y * (-3.0 * x2 + y2), t)
+            t = tl.where(c == 10, 2.8906114426405538 * xy * z, t)
+            t = tl.where(c == 11, 0.45704579946446572 * y * (1.0 - 5.0 * z2), t)
+            t = tl.where(c == 12, 0.3731763325901154 * z * (5.0 * z2 - 3.0), t)
+            t = tl.where(c == 13, 0.45704579946446572 * x * (1.0 - 5.0 * z2), t)
+            t = tl.where(c == 14, 1.4453057213202769 * z * (x2 - y2), t)
+            t = tl.where(c == 15, 0.59004358992664352 * x * (-x2 + 3.0 * y2), t)
+    return tl.where(rm[:, None], t, 0.0)
+
+
+@triton.jit
 def _mlp_fwd(
     x_ptr,
     x_row,
@@ -115,6 +151,7 @@ def _mlp_fwd(
     w_out_ptr,
     out_ptr,
     count_ptr,
+    d_ptr,
     N,
     IN: tl.constexpr,
     IN_P: tl.constexpr,
@@ -125,10 +162,12 @@ def _mlp_fwd(
     RELU: tl.constexpr,
     DOT: tl.constexpr,
     HAS_COUNT: tl.constexpr,
+    SH: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """out ``[N, OUT]`` = MLP(x ``[N, IN]``, element ``(r, k)`` at ``x_ptr + r * x_row + k * x_col``); weights
-    ``[H, IN]``, ``[H, H]`` x (DEPTH - 1), ``[OUT, H]``."""
+    ``[H, IN]``, ``[H, H]`` x (DEPTH - 1), ``[OUT, H]``. With ``SH`` > 0 the input is the SH basis of directions
+    d ``[N, 3]`` (``d_ptr``) beside x ``[N, IN - SH**2]`` (``_sh_input``: the colour network's, never in memory)."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     N = _rows(count_ptr, N, HAS_COUNT)
@@ -143,7 +182,12 @@ def _mlp_fwd(
     for blk in range(pid, tl.cdiv(N, BLOCK), n_prog):
         r = (blk * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
         rm = r < N
-        x = tl.load(x_ptr + r[:, None] * x_row + k[None, :] * x_col, mask=rm[:, None] & (k < IN)[None, :], other=0.0)
+        if SH > 0:
+            x = _sh_input(d_ptr, x_ptr, x_row, x_col, r, rm, k, SH, IN)
+        else:
+            x = tl.load(
+                x_ptr + r[:, None] * x_row + k[None, :] * x_col, mask=rm[:, None] & (k < IN)[None, :], other=0.0
+            )
         h = _cast(_act(_mm(_cast(x, DOT), w0t, DOT), RELU), DOT)
         if DEPTH >= 2:
             h = _cast(_act(_mm(h, w1t, DOT), RELU), DOT)
@@ -384,26 +428,49 @@ def _weight_args(weights: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor, Ten
     return weights[0], hidden[0], hidden[1], weights[-1]
 
 
+def mlp_forward(
+    x: Tensor,
+    weights: Sequence[Tensor],
+    relu: bool,
+    dot: str,
+    n_rows: Tensor | None = None,
+    directions: Tensor | None = None,
+    sh_degree: int = 0,
+) -> Tensor:
+    """The forward kernel, no gradients: x ``[N, IN]`` -> ``[N, n_out]`` (half for dot "fp16"/"bf16", else fp32;
+    zeros past ``n_rows``). With ``sh_degree`` > 0 the input is the SH basis of ``directions`` ``[N, 3]`` (fp32,
+    contiguous) beside x ``[N, IN - sh_degree**2]``, computed in the kernel (the colour network's input)."""
+    n = x.shape[0]
+    out_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(dot, torch.float32)
+    alloc = torch.empty if n_rows is None else torch.zeros
+    out = alloc(n, weights[-1].shape[0], device=x.device, dtype=out_dtype)
+    if n:
+        launch_fitting(
+            _mlp_fwd,
+            n,
+            FWD_BLOCK,
+            x.device,
+            (
+                x,
+                *x.stride(),
+                *_weight_args(weights),
+                out,
+                x if n_rows is None else n_rows,
+                x if directions is None else directions,  # a placeholder pointer without SH (never read)
+                n,
+            ),
+            {**_constexprs(tuple(weights), relu, dot, n_rows is not None), "SH": sh_degree},
+            FWD_WARPS,
+        )
+    return out
+
+
 class _FusedMLPFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, n_rows: Tensor | None, relu: bool, dot: str, *weights: Tensor) -> Tensor:
-        n = x.shape[0]
-        out_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(dot, torch.float32)
-        alloc = torch.empty if n_rows is None else torch.zeros
-        out = alloc(n, weights[-1].shape[0], device=x.device, dtype=out_dtype)
-        if n:
-            launch_fitting(
-                _mlp_fwd,
-                n,
-                FWD_BLOCK,
-                x.device,
-                (x, *x.stride(), *_weight_args(weights), out, x if n_rows is None else n_rows, n),
-                _constexprs(weights, relu, dot, n_rows is not None),
-                FWD_WARPS,
-            )
         ctx.save_for_backward(x, *weights)
         ctx.n_rows, ctx.relu, ctx.dot = n_rows, relu, dot
-        return out
+        return mlp_forward(x, weights, relu, dot, n_rows)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -504,6 +571,21 @@ class FusedMLP(nn.Sequential):
             return super().forward(x)  # the torch twin; rows past n_rows are computed too, and unused
         w = tuple(m.weight for m in self._linears)
         return _FusedMLPFunction.apply(x, n_rows, self.relu, autocast_dot(x.device.type), *w)
+
+    def forward_sh(self, directions: Tensor, geo: Tensor, degree: int, n_rows: Tensor | None = None) -> Tensor:
+        """Without gradients: the MLP of ``[sh_encode(directions, degree), geo]`` (``encoding.sh``'s
+        ``concat``), the basis computed in the kernel instead of a ``[N, degree**2 + G]`` input in memory:
+        directions ``[N, 3]``, geo ``[N, G]`` -> ``[N, n_out]``."""
+        if torch.is_grad_enabled() and (geo.requires_grad or any(m.weight.requires_grad for m in self._linears)):
+            raise RuntimeError("FusedMLP.forward_sh has no backward: call it without gradients")
+        if self._linears[0].in_features != degree * degree + geo.shape[1]:
+            raise ValueError(
+                f"an SH input of degree {degree} and {geo.shape[1]} features does not feed a layer of "
+                f"{self._linears[0].in_features} inputs"
+            )
+        w = tuple(m.weight for m in self._linears)
+        d = directions.float().contiguous()
+        return mlp_forward(geo, w, self.relu, autocast_dot(geo.device.type), n_rows, d, degree)
 
     def reference(self, x: Tensor) -> Tensor:
         return super().forward(x)
