@@ -261,3 +261,36 @@ def test_density_first_renders_the_single_pass_image_colouring_only_composited_s
     assert max(field.colour_rows) <= 7
     with pytest.raises(ValueError, match="density_first inference path needs a field with query_density and colour"):
         render_rays_density_first(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, jitter=j)
+
+
+def test_a_window_resumes_where_the_last_one_stopped():
+    """``march_write``'s ``resume``: each window of a ray's candidates starts at the lattice step where the ray's
+    last window stopped, and writes exactly what a window that walks its skipped steps again writes (cascades, a
+    cone, a 30%-occupied grid with empty cells to jump, several segments per ray, windows across segments)."""
+    from test_kernels import random_grid
+
+    from hvd_ngp.render.fast import candidate_windows
+    from hvd_ngp.render.march_triton import march_counts, march_write, window_start
+    from hvd_ngp.render.schedule import MarchLaunch
+
+    aabb = torch.tensor([[-1.5] * 3, [2.5] * 3], device=DEV)
+    grid = random_grid(aabb, 8, 3, 3)
+    dt_min = 3**0.5 / 64
+    sch = StepSchedule(dt_min, dt_min * 32, 1 / 64, max_steps=96)
+    o, d, j = random_rays(10, torch.tensor([0.5] * 3), 3.0, 4)
+    launch = MarchLaunch(32, 16, 1)  # six segments of 16 steps
+    seg_count = march_counts(o, d, aabb, grid, sch, j, launch)
+    total = seg_count.sum(1)
+    resume = window_start(10, sch, launch, DEV)
+    assert resume.tolist()[0] == [0, 16, 32, 48, 64, 80]
+    done, windows = torch.zeros(10, dtype=torch.int32, device=DEV), 0
+    while bool((done < total).any()):
+        skip, take = candidate_windows(seg_count, done, done + 5)
+        n = int(take.sum())
+        walked = march_write(o, d, aabb, grid, sch, j, take, n, launch=launch, skip=skip)
+        resumed = march_write(o, d, aabb, grid, sch, j, take, n, launch=launch, skip=skip, resume=resume)
+        for name in ("t", "dt", "ray", "start", "count"):
+            assert torch.equal(getattr(resumed, name)[:n], getattr(walked, name)[:n]), (windows, name)
+        done, windows = done + 5, windows + 1
+    assert windows >= 3 and int(total.max()) > 16  # several windows; rays with candidates in several segments
+    assert bool((resume >= window_start(10, sch, launch, DEV)).all())

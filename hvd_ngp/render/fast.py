@@ -30,7 +30,7 @@ from torch import Tensor
 from ..observe.profiling import NULL_TIMER, StageTimer
 from .compact_triton import compact_gather
 from .composite_triton import composite, count_until_opaque
-from .march_triton import march_counts, march_packed, march_write, segments
+from .march_triton import march_counts, march_packed, march_write, segments, window_start
 from .occupancy import OccupancyGrid
 from .plan import RenderCosts, RenderPlan, split_by_capacity
 from .schedule import MarchLaunch, StepSchedule
@@ -302,6 +302,7 @@ def render_rays_fast(
     depth, transmittance = torch.zeros(R, device=dev), torch.ones(R, device=dev)
     log_t = torch.zeros(R, device=dev)  # -sum(sigma dt) of the density pass over each ray's kept samples
     done = torch.zeros(R, device=dev, dtype=torch.int32)  # candidates marched so far, per ray
+    resume = window_start(R, schedule, launch, dev)  # each segment's lattice step where its next window starts
     alive = torch.nonzero(total > 0).squeeze(1)
     width, log_eps = FIRST_WINDOW, math.log(early_termination) if early_termination > 0 else -math.inf
     while alive.numel():
@@ -312,6 +313,7 @@ def render_rays_fast(
             if n == 0:
                 continue
             ids = alive[a:b]
+            steps = resume[ids]  # a copy: the march moves it on, then it goes back
             o, d = origins[ids], directions[ids]
             packed = march_write(
                 o,
@@ -326,7 +328,9 @@ def render_rays_fast(
                 positions=True,
                 launch=launch,
                 skip=skip[a:b],
+                resume=steps,
             )
+            resume[ids] = steps
             assert packed.x is not None  # positions=True: the march wrote each sample's point
 
             def points(i: int, j: int, x: Tensor = packed.x) -> tuple[Tensor]:

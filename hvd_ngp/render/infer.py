@@ -32,7 +32,7 @@ from ..observe.profiling import NULL_TIMER, StageTimer
 from . import fast
 from .composite_triton import composite, count_until_opaque
 from .fast import RenderWorkspace, candidate_windows, window_groups
-from .march_triton import march_counts, march_write
+from .march_triton import march_counts, march_write, window_start
 from .occupancy import OccupancyGrid
 from .plan import RenderPlan
 from .schedule import StepSchedule
@@ -177,6 +177,7 @@ def render_rays_single_pass(
     depth, transmittance = torch.zeros(R, device=dev), torch.ones(R, device=dev)
     log_t = torch.zeros(R, device=dev)  # -sum(sigma dt) over each ray's composited samples
     done = torch.zeros(R, device=dev, dtype=torch.int32)  # candidates marched so far, per ray
+    resume = window_start(R, schedule, launch, dev)  # each segment's lattice step where its next window starts
     alive = torch.nonzero(total > 0).squeeze(1)
     timer.mark("host waits")
     width, log_eps = windows.first, math.log(early_termination) if early_termination > 0 else -math.inf
@@ -191,6 +192,7 @@ def render_rays_single_pass(
             if n == 0:
                 continue
             ids = alive[a:b]
+            steps = resume[ids]  # a copy: the march moves it on, then it goes back
             d = directions[ids]
             packed = march_write(
                 origins[ids],
@@ -205,7 +207,9 @@ def render_rays_single_pass(
                 positions=True,
                 launch=launch,
                 skip=skip[a:b],
+                resume=steps,
             )
+            resume[ids] = steps
             timer.mark("march")
             assert packed.x is not None  # positions=True: the march wrote each sample's point
             ray = packed.ray.long()

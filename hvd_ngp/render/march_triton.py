@@ -83,6 +83,7 @@ def _march(
     ray_ptr,
     x_ptr,
     skip_ptr,
+    resume_ptr,
     R,
     lo_x,
     lo_y,
@@ -116,10 +117,13 @@ def _march(
     NSEG: tl.constexpr,
     WRITE_X: tl.constexpr,
     WINDOW: tl.constexpr,
+    RESUME: tl.constexpr,
 ):
     # WRITE: write the candidates (count_ptr: how many of each segment's, start_ptr: the first slot); else
     # count them into count_ptr. WINDOW (with WRITE): each segment first passes over skip_ptr's count of its
-    # candidates, then writes count_ptr's and stops.
+    # candidates, then writes count_ptr's and stops. RESUME (with WINDOW): the segment's skipped candidates lie
+    # before lattice step resume_ptr[r, seg], where it starts (not at the segment's first step), and it stores
+    # the step it stopped at there for the next window.
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     seg = tl.program_id(1)
     m = r < R
@@ -148,6 +152,9 @@ def _march(
             active = active & (stop > skip)
     n = tl.zeros((BLOCK,), dtype=tl.int32)
     k = tl.zeros((BLOCK,), dtype=tl.int32) + seg * SEGMENT  # each lane's next step on the lattice
+    if RESUME:
+        k = tl.load(resume_ptr + r * NSEG + seg, mask=m, other=0)
+        n = skip
     k_end = tl.minimum(seg * SEGMENT + SEGMENT, max_steps)
     active = active & (k < k_end)
     while tl.sum(active.to(tl.int32), axis=0) > 0:
@@ -210,12 +217,18 @@ def _march(
             )
             by_dt = tl.minimum(tl.maximum(_dt_cascade(dt_exit, cell0), 0.0), K - 1.0)
             jump = jump & (by_dt <= lvl)
-        k = tl.where(jump, tl.maximum(k + 1, k_exit), k + 1)
+        k_next = tl.where(jump, tl.maximum(k + 1, k_exit), k + 1)
+        if RESUME:  # a lane that stopped keeps its step (the next window starts there)
+            k = tl.where(active, k_next, k)
+        else:
+            k = k_next
         active = active & (k < k_end)
         if WINDOW:
             active = active & (n < stop)
     if not WRITE:
         tl.store(count_ptr + r * NSEG + seg, n, mask=m)
+    if RESUME:
+        tl.store(resume_ptr + r * NSEG + seg, k, mask=m)
 
 
 @dataclass
@@ -339,12 +352,14 @@ def march_counts(
             seg_count,
             seg_count,
             seg_count,
+            seg_count,
             R,
             *consts,
             0,
             WRITE=False,
             WRITE_X=False,
             WINDOW=False,
+            RESUME=False,
             **common,
         )
     return seg_count
@@ -363,13 +378,17 @@ def march_write(
     positions: bool = False,
     launch: MarchLaunch | None = None,
     skip: Tensor | None = None,
+    resume: Tensor | None = None,
 ) -> PackedSamples:
     """The write pass: the candidates ``seg_count`` (from ``march_counts``) counted, packed into ``capacity``
     slots; ``out``: (t, dt, ray) workspace buffers of at least ``capacity`` slots to write into (reused
     across calls), else new ones. ``positions``: also write each sample's position (``PackedSamples.x``),
     saving the density pass the gathers that would compute it over every slot. ``launch``: as the count pass's.
     ``skip`` ``[R, segments]`` int32: a window of each ray's candidates; each segment passes over its first
-    ``skip`` candidates and writes the next ``seg_count`` (which then counts the window, not the segment)."""
+    ``skip`` candidates and writes the next ``seg_count`` (which then counts the window, not the segment).
+    ``resume`` ``[R, segments]`` int32 (contiguous; with ``skip``): each segment's lattice step after its ``skip``
+    candidates (``window_start`` for the first window), where it starts instead of walking its skipped steps
+    again; updated in place to where it stopped, for the next window."""
     R = origins.shape[0]
     dev = origins.device
     o, d, j, bits, grid_fn, consts, common = _launch_args(
@@ -404,16 +423,26 @@ def march_write(
             ray,
             t if x is None else x,
             seg_count if skip is None else skip.to(torch.int32).contiguous(),
+            seg_count if resume is None else resume,
             R,
             *consts,
             capacity,
             WRITE=True,
             WRITE_X=x is not None,
             WINDOW=skip is not None,
+            RESUME=resume is not None,
             **common,
         )
     total = (count.to(torch.int64)).sum()
     return PackedSamples(t, dt, ray, start, count, fits, total, x)
+
+
+def window_start(n_rays: int, schedule: StepSchedule, launch: MarchLaunch | None, device: torch.device) -> Tensor:
+    """``[n_rays, segments]`` int32: each segment's first lattice step, ``march_write``'s ``resume`` before any
+    window has been written."""
+    launch = launch or LAUNCH
+    first = torch.arange(segments(schedule, launch), device=device, dtype=torch.int32) * launch.segment
+    return first.expand(n_rays, -1).contiguous()
 
 
 def march_packed(
