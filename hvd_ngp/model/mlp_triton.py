@@ -20,8 +20,11 @@ Math (``dot``): "fp16" / "bf16" cast inputs, weights, activations and incoming g
 accumulate in fp32 on the tensor cores; the output is half, like ``nn.Linear`` under autocast. "ieee"
 is fp32 throughout; "tf32" is fp32 with tf32 tensor-core products. ``FusedMLP`` picks fp16/bf16 from
 the autocast state (``--precision``), otherwise the math a ``triton_support.inference_math`` context names
-(the inference renderers' ``render.volume.INFERENCE_MATH``), otherwise tf32 when ``torch.backends.cuda.matmul.allow_tf32`` is set
-(what torch's own fp32 matmuls would do), else ieee.
+(the inference renderers' ``render.volume.INFERENCE_MATH``), otherwise tf32 when
+``torch.backends.cuda.matmul.allow_tf32`` is set (what torch's own fp32 matmuls would do), else ieee.
+
+Without gradients, ``FusedMLP.forward_sh`` feeds the colour network from directions and features: the forward
+kernel computes the directions' SH basis itself (``_sh_input``), so the ``[N, 32]`` input is never in memory.
 
 The input may have any 2-D strides: the hash grid's feature-major output (``[L * F, N]`` in memory) is read
 as it lies, and its gradient is written in the same layout.
