@@ -1,17 +1,24 @@
 """Inference settings side by side on one snapshot, in one process (GPU; run.sh step ``inference-sweep``).
 
-    python benchmarks/inference_sweep.py SNAPSHOT --json OUT.json [--settings two_pass:20:32:2,single_pass:20:16:2]
+    python benchmarks/inference_sweep.py SNAPSHOT --json OUT.json [--settings two_pass:20:32:2,single_pass:20:4:32]
 
-Each setting is ``PATH:LOG2_CHUNK:FIRST_WINDOW:GROWTH[:SEGMENT[:STEPS[:MATH]]]``: the inference path
-(``render.volume.INFERENCE_PATHS``), ``render.plan.MAX_CHUNK_RAYS`` as a power of two, ``render.fast.FIRST_WINDOW``
-and ``render.fast.WINDOW_GROWTH`` (those two are ``two_pass``'s), the march launch's lattice steps per program
-(``render.fast.INFERENCE_LAUNCH.segment``; empty or absent: unchanged) and the ray step of the render as
-``marching.eval_steps_per_diagonal`` (the render tool's ``--marching``; absent: the snapshot's, 2048 with
-base.json; training marches 1024: half the samples, for a PSNR the row shows) and the kernels' math (the render
-tool's ``--inference_math``: tf32, fp16 or ieee; absent: ``render.volume.INFERENCE_MATH``). Every setting renders one view untimed (its
-kernels compile there), then the snapshot's test views (``--views``, all by default) with the render tool
-(``hvd-ngp-render --video none``) in this process, so each sees compiled kernels and a warm allocator. Prints a
-table (seconds per view, after the first view, PSNR) and writes the rows as JSON.
+Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH]]]``:
+
+- the inference path (``render.volume.INFERENCE_PATHS``);
+- ``render.plan.MAX_CHUNK_RAYS`` as a power of two;
+- the windows, ``A:B``: for ``two_pass`` ``render.fast.FIRST_WINDOW`` and ``render.fast.WINDOW_GROWTH``, for
+  ``single_pass`` and ``density_first`` ``render.infer.WINDOWS`` (``InferenceWindows(first=A, most=B)``);
+- the march launch's lattice steps per program (``render.fast.INFERENCE_LAUNCH.segment``; empty or absent:
+  unchanged);
+- the ray step as ``marching.eval_steps_per_diagonal`` (the render tool's ``--marching``; absent: the
+  snapshot's, 2048 with base.json; training marches 1024: half the samples, for a PSNR the row shows);
+- the kernels' math (the render tool's ``--inference_math``: tf32, fp16 or ieee; absent:
+  ``render.volume.INFERENCE_MATH``).
+
+Every setting renders one view untimed (its kernels compile there), then the snapshot's test views (``--views``,
+all by default) with the render tool (``hvd-ngp-render --video none``) in this process, so each sees compiled
+kernels and a warm allocator. Prints a table (seconds per view, after the first view, PSNR) and writes the rows
+as JSON.
 """
 
 from __future__ import annotations
@@ -22,10 +29,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEFAULT_SETTINGS = (  # the default first and last (a noise check); training's ray step, density_first, fp16 math
-    "single_pass:20:32:2,single_pass:20:32:2:2048,two_pass:20:32:2,single_pass:20:32:2::1024,"
-    "density_first:20:32:2,single_pass:20:32:2:::fp16,density_first:20:32:2:::fp16,single_pass:20:32:2::1024:fp16,"
-    "single_pass:20:32:2"
+DEFAULT_SETTINGS = (  # the default first and last (a noise check); a longer program, two_pass, training's ray step,
+    # narrower windows (fewer samples behind surfaces, more iterations), density_first, fp16 math
+    "single_pass:20:8:128,single_pass:20:8:128:2048,two_pass:20:32:2,single_pass:20:8:128::1024,"
+    "single_pass:20:4:32,single_pass:20:2:16,density_first:20:8:128,single_pass:20:8:128:::fp16,"
+    "density_first:20:8:128:::fp16,single_pass:20:4:32::1024:fp16,single_pass:20:8:128"
 )
 
 
@@ -49,7 +57,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument(
         "--settings",
         default=DEFAULT_SETTINGS,
-        help="comma-separated PATH:LOG2_CHUNK:FIRST:GROWTH[:SEGMENT[:STEPS[:MATH]]]",
+        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH]]] (A:B: the windows)",
     )
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--views", type=int, default=-1, help="test views per setting (-1: all)")
@@ -60,6 +68,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import dataclasses
 
     import hvd_ngp.render.fast as fast
+    import hvd_ngp.render.infer as infer
     import hvd_ngp.render.plan as plan
     from hvd_ngp.render.volume import INFERENCE_MATH
     from hvd_ngp.tools import render
@@ -67,10 +76,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out = Path(tempfile.mkdtemp(prefix="inference_sweep_"))
     base = ["--load_snapshot", opts.snapshot, "--video", "none", "--out_dir", str(out), "--device", opts.device]
     rows = []
-    defaults = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH
+    defaults = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS
     try:
-        for path, chunk, first, growth, segment, steps, math in settings:
-            plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH = 1 << chunk, first, growth
+        for path, chunk, a, b, segment, steps, math in settings:
+            plan.MAX_CHUNK_RAYS = 1 << chunk
+            if path == "two_pass":
+                fast.FIRST_WINDOW, fast.WINDOW_GROWTH = a, b
+            else:
+                infer.WINDOWS = infer.InferenceWindows(a, b)
             launch = defaults[3] if segment is None else dataclasses.replace(defaults[3], segment=segment)
             fast.INFERENCE_LAUNCH = launch
             # one view first under this setting: a new march launch compiles its own kernel variants, which
@@ -84,8 +97,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 {
                     "path": path,
                     "chunk_rays": 1 << chunk,
-                    "first_window": first,
-                    "growth": growth,
+                    "windows": f"{a}:{b}",  # two_pass: first window, growth; else first, most (InferenceWindows)
                     "segment": launch.segment,
                     "steps_per_diagonal": steps,
                     "math": math or INFERENCE_MATH,  # asked for: the Triton backends' (a torch field ignores it)
@@ -95,12 +107,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 }
             )
     finally:
-        plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH = defaults
-    print("| path | chunk | first window | growth | segment | ray steps | math | s per view | after the first | PSNR |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+        plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS = defaults
+    print("| path | chunk | windows | segment | ray steps | math | s per view | after the first | PSNR |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['first_window']} | {r['growth']} | {r['segment']} | "
+            f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['windows']} | {r['segment']} | "
             f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | "
             f"{r['seconds_per_view']:.4f} | {r['seconds_per_view_after_first']:.4f} | {r['psnr']:.3f} |"
         )

@@ -486,16 +486,26 @@ def test_picture_command_draws_the_tiny_models_mesh_and_a_cloud_in_the_scene_fil
         export(["picture", str(tmp_path / "m.glb"), "--scene", scene_dir, "--view", "8", "--out", "x.png"])
 
 
-def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_path, capsys):
-    """benchmarks/inference_sweep.py (a GPU benchmark) on the CPU: one row per setting in the order given, the
-    same picture under each, the table printed, and the render constants back to their defaults afterwards."""
+def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_path, capsys, monkeypatch):
+    """benchmarks/inference_sweep.py (a GPU benchmark) on the CPU: one row per setting in the order given, each
+    setting's windows in force while it renders (two_pass's or single_pass's), the same picture under each, the
+    table printed, and the render constants back to their defaults afterwards."""
     import importlib.util
 
     import hvd_ngp.render.fast as fast
+    import hvd_ngp.render.infer as infer
     import hvd_ngp.render.plan as plan
+    from hvd_ngp.tools import render
 
-    before = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH
+    before = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS
+    seen = []
+    main = render.main
 
+    def watched(argv):
+        seen.append((fast.FIRST_WINDOW, fast.WINDOW_GROWTH, infer.WINDOWS))
+        return main(argv)
+
+    monkeypatch.setattr(render, "main", watched)
     root = Path(__file__).resolve().parent.parent
     spec = importlib.util.spec_from_file_location("inference_sweep", root / "benchmarks" / "inference_sweep.py")
     sweep = importlib.util.module_from_spec(spec)
@@ -503,26 +513,27 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     # the third: a 4x coarser ray step; the fourth: the colour network on composited samples only; the fifth:
     # fp16 math, which a torch-backend field ignores
     settings = (
-        "two_pass:10:4:2,single_pass:12:8:4:128,single_pass:12:8:4::64,density_first:12:8:4,single_pass:12:8:4:::fp16"
+        "two_pass:10:4:2,single_pass:12:4:8:128,single_pass:12:4:8::64,density_first:12:4:8,single_pass:12:2:16:::fp16"
     )
     rows = sweep.main(
         [str(snapshot), "--settings", settings, "--views", "1", "--device", "cpu", "--json", str(tmp_path / "s.json")]
     )
     segment = fast.INFERENCE_LAUNCH.segment
     assert [
-        (r["path"], r["chunk_rays"], r["first_window"], r["growth"], r["segment"], r["steps_per_diagonal"], r["math"])
-        for r in rows
+        (r["path"], r["chunk_rays"], r["windows"], r["segment"], r["steps_per_diagonal"], r["math"]) for r in rows
     ] == [
-        ("two_pass", 1024, 4, 2, segment, None, "tf32"),
-        ("single_pass", 4096, 8, 4, 128, None, "tf32"),
-        ("single_pass", 4096, 8, 4, segment, 64, "tf32"),
-        ("density_first", 4096, 8, 4, segment, None, "tf32"),
-        ("single_pass", 4096, 8, 4, segment, None, "fp16"),
+        ("two_pass", 1024, "4:2", segment, None, "tf32"),
+        ("single_pass", 4096, "4:8", 128, None, "tf32"),
+        ("single_pass", 4096, "4:8", segment, 64, "tf32"),
+        ("density_first", 4096, "4:8", segment, None, "tf32"),
+        ("single_pass", 4096, "2:16", segment, None, "fp16"),
     ]
+    assert seen[0][:2] == seen[1][:2] == (4, 2) and seen[0][2] == before[4]  # two_pass's windows, a warm-up and all
+    assert [w[2] for w in seen[2::2]] == [infer.InferenceWindows(*w) for w in ((4, 8),) * 3 + ((2, 16),)]
     assert rows[0]["psnr"] == rows[1]["psnr"] != rows[2]["psnr"] and all(r["seconds_per_view"] > 0 for r in rows)
     assert rows[3]["psnr"] == pytest.approx(rows[1]["psnr"], abs=1e-4)  # NGPField.colour on the kept rows alone
     assert rows[4]["psnr"] == rows[1]["psnr"]  # a torch-backend field: the kernels' math is not its (test_render)
     assert json.loads((tmp_path / "s.json").read_text()) == rows
     out = capsys.readouterr().out
-    assert "| single_pass | 2^12 | 8 | 4 | 128 | snapshot | tf32 |" in out and f"| 4 | {segment} | 64 |" in out
-    assert (plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH) == before
+    assert "| single_pass | 2^12 | 4:8 | 128 | snapshot | tf32 |" in out and f"| 4:8 | {segment} | 64 |" in out
+    assert (plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS) == before
