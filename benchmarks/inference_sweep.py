@@ -33,7 +33,8 @@ DEFAULT_SETTINGS = (  # the default first and last (a noise check); a longer pro
     # narrower windows (fewer samples behind surfaces, more iterations), density_first, fp16 math
     "single_pass:20:8:128,single_pass:20:8:128:2048,two_pass:20:32:2,single_pass:20:8:128::1024,"
     "single_pass:20:4:32,single_pass:20:2:16,density_first:20:8:128,single_pass:20:8:128:::fp16,"
-    "density_first:20:8:128:::fp16,single_pass:20:4:32::1024:fp16,single_pass:20:8:128"
+    "density_first:20:8:128:::fp16,single_pass:20:4:32::1024:fp16,density_first:20:4:32::1024:fp16,"
+    "single_pass:20:8:128"
 )
 
 
