@@ -11,8 +11,8 @@ import torch
 from test_kernels import DEV, ball_scene, random_rays
 
 from hvd_ngp.render import StepSchedule, render_rays
-from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast
-from hvd_ngp.render.infer import InferenceStats, InferenceWindows, render_rays_single_pass, window_groups
+from hvd_ngp.render.fast import RenderWorkspace, render_rays_fast, window_groups
+from hvd_ngp.render.infer import InferenceStats, InferenceWindows, render_rays_single_pass
 from hvd_ngp.render.plan import RenderPlan, split_by_capacity
 
 pytestmark = pytest.mark.interpreter
@@ -83,9 +83,9 @@ def test_single_pass_without_early_termination_composites_every_candidate():
 
 
 def test_single_pass_in_a_small_workspace_equals_the_exact_render(monkeypatch):
-    """A workspace smaller than a window's candidates (several groups split on the device while windows are
-    narrow, on the host once they are wider than half the workspace; the network 7 rows at a time): the pixels
-    of one exactly sized render, both times in the same workspace."""
+    """A workspace smaller than a window's candidates (several groups of rays per window, each within the
+    workspace's slots; the network 7 rows at a time): the pixels of one exactly sized render, both times in the
+    same workspace."""
     import hvd_ngp.render.infer as infer_mod
 
     aabb, grid, sch, ball, rgb_sigma = small_ball(occupied=False)
@@ -93,20 +93,23 @@ def test_single_pass_in_a_small_workspace_equals_the_exact_render(monkeypatch):
     exact = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3)
     ref = render_rays(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3)
     torch.testing.assert_close(exact[0], ref.rgb, **TIGHT)
-    splits = []
+    groups: list[tuple[int, int]] = []
+    march = infer_mod.march_window
 
-    def recorded(ends, capacity, width):
-        groups = window_groups(ends, capacity, width)
-        splits.append((width, len(groups)))
-        return groups
+    def recorded(o, d, aabb, grid, schedule, jitter, resume, width, launch=None):
+        groups.append((width, o.shape[0]))
+        return march(o, d, aabb, grid, schedule, jitter, resume, width, launch)
 
-    monkeypatch.setattr(infer_mod, "window_groups", recorded)
-    small = RenderWorkspace(RenderPlan(rays=24, candidates=48, rows=7), DEV)  # one ray has at most 48 candidates
+    monkeypatch.setattr(infer_mod, "march_window", recorded)
+    small = RenderWorkspace(RenderPlan(rays=24, candidates=48, rows=7), DEV)  # 64 slots: one window of 64
     for windows in (InferenceWindows(4, 64), InferenceWindows(30, 64)):  # the same workspace twice
+        groups.clear()
         out = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, small, windows=windows)
         for a, b in zip(out, exact):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert any(w <= 24 and n > 1 for w, n in splits) and any(w > 24 and n > 1 for w, n in splits), splits
+        assert all(w * n <= 64 for w, n in groups) and groups[0] == (windows.first, 64 // windows.first), groups
+        covered = list(itertools.accumulate(n for _, n in groups))
+        assert 24 in covered and all(w == windows.first for w, _ in groups[: covered.index(24) + 1])  # every ray first
 
 
 def test_window_groups_cover_every_ray_within_the_capacity():
@@ -294,3 +297,36 @@ def test_a_window_resumes_where_the_last_one_stopped():
         done, windows = done + 5, windows + 1
     assert windows >= 3 and int(total.max()) > 16  # several windows; rays with candidates in several segments
     assert bool((resume >= window_start(10, sch, launch, DEV)).all())
+
+
+def test_count_free_windows_write_the_packed_march_ray_by_ray():
+    """``march_window`` (no count pass): a ray's windows, one after the other, hold exactly ``march_packed``'s
+    samples of that ray (t, dt and positions), with windows of changing width; a window that comes back short
+    means the ray has no candidates left, and the next one is empty (cascades, a cone, a sparse grid)."""
+    from test_kernels import random_grid
+
+    from hvd_ngp.render.march_triton import march_packed, march_window
+
+    aabb = torch.tensor([[-1.5] * 3, [2.5] * 3], device=DEV)
+    grid = random_grid(aabb, 8, 3, 3)
+    dt_min = 3**0.5 / 64
+    sch = StepSchedule(dt_min, dt_min * 32, 1 / 64, max_steps=96)
+    o, d, j = random_rays(10, torch.tensor([0.5] * 3), 3.0, 4)
+    ref = march_packed(o, d, aabb, grid, sch, j, None, positions=True)
+    resume = torch.zeros(10, dtype=torch.int32, device=DEV)
+    got: list[list[torch.Tensor]] = [[] for _ in range(10)]
+    ended = torch.zeros(10, dtype=torch.bool, device=DEV)
+    for width in itertools.chain((2, 5), itertools.repeat(16)):
+        w = march_window(o, d, aabb, grid, sch, j, resume, width)
+        assert not bool(w.count[ended].any())  # an ended ray stays ended
+        for i, c in enumerate(w.count.tolist()):
+            s = slice(i * width, i * width + c)
+            got[i].append(torch.cat([w.t[s, None], w.dt[s, None], w.x[s]], 1))
+        ended |= w.count < width
+        if bool(ended.all()):
+            break
+    assert int(ref.count.max()) > 16  # some ray needed several windows
+    for i in range(10):
+        a, c = int(ref.start[i]), int(ref.count[i])
+        want = torch.cat([ref.t[a : a + c, None], ref.dt[a : a + c, None], ref.x[a : a + c]], 1)
+        assert torch.equal(torch.cat(got[i]), want), i

@@ -679,12 +679,13 @@ def exercise_kernels() -> None:
         o, d, j = random_rays(8, torch.tensor([0.5] * 3), 3.0, 11)
         march_packed(o, d, aabb, random_grid(aabb, 8, cascades, 12), sch, j, capacity=4096)
     # the inference renderers' window launch: skip a window's first candidates, resume where the last one stopped
-    from hvd_ngp.render.march_triton import march_counts, march_write, window_start
+    from hvd_ngp.render.march_triton import march_counts, march_window, march_write, window_start
 
     grid = random_grid(aabb, 8, cascades, 12)
     seg_count = march_counts(o, d, aabb, grid, sch, j)
     resume = window_start(8, sch, None, o.device)
     march_write(o, d, aabb, grid, sch, j, seg_count, 4096, positions=True, skip=seg_count // 2, resume=resume)
+    march_window(o, d, aabb, grid, sch, j, torch.zeros(8, dtype=torch.int32), 16)  # single_pass: no count pass
     sigma, rgb, dt, t, start, count, _, _ = packed_problem(13, n_rays=6, max_samples=5)
     for dtype in (torch.float32, torch.float16):
         s, c = sigma.to(dtype).requires_grad_(True), rgb.to(dtype).requires_grad_(True)

@@ -210,7 +210,8 @@ class RenderWorkspace:
         )
 
 
-#: how inference renders launch the march kernel (both paths, count and write passes): one program walks 1024
+#: how inference renders launch the march kernel (two_pass's count and write passes; single_pass's count-free
+#: windows take its block and warps, one program per whole ray): one program walks 1024
 #: lattice steps of 32 rays, where training's ``LAUNCH`` splits each ray into 32-step programs. An inference chunk
 #: has rays enough to fill the GPU without splitting them, and in a window most of a ray's short segments would
 #: be idle programs. H100, 2026-12-07, warm kernels: lego 0.042 -> 0.032 s per view (``two_pass``), fox 0.48 ->

@@ -6,17 +6,19 @@ and the rays that turned opaque or left the box are compacted away; the alive co
 sizes the work. ``fast.render_rays_fast`` (the two-pass path kept beside it) runs the density network over
 each window and then the whole network again over the kept samples: two hash-grid passes per kept sample.
 
-Here, per iteration:
-1. every alive ray's next ``width`` candidates are written with their positions (``march_write`` in window
-   mode; the march's count pass ran once per chunk);
-2. the whole network on them (``rgb_sigma_fn``, ``plan.rows`` at a time);
-3. per ray, the prefix whose transmittance before it exceeds ``early_termination`` (``count_until_opaque``,
+Here, per iteration, in groups of alive rays that fill the workspace:
+1. every alive ray writes its next ``width`` candidates with their positions, from the lattice step where its
+   last window stopped (``march_window``: no count pass over whole rays first, which walked every ray through
+   the occupied space behind its surface), into ``width`` slots of its own;
+2. the written samples are packed ray after ray (``fast.compact``; reading their number is a host wait);
+3. the whole network on them (``rgb_sigma_fn``, ``plan.rows`` at a time);
+4. per ray, the prefix whose transmittance before it exceeds ``early_termination`` (``count_until_opaque``,
    the -sum(sigma dt) carried from the iterations before) is composited (``composite`` reads just that prefix)
    under the carried transmittance; the rest of the window is the only evaluation wasted;
-4. rays that are opaque or have no candidates left drop out; ``width`` grows as rays die
-   (``InferenceWindows``), so each iteration evaluates about as many samples as the first.
-Host synchronisations: two per iteration (the window's sample count, the alive rays), none per sample.
-The samples and their compositing are the reference's (``volume.render_rays``), so the images match it.
+5. rays that are opaque or whose window came back short (no candidates left) drop out; ``width`` grows as rays
+   die (``InferenceWindows``), so each iteration evaluates about as many samples as the first.
+Host synchronisations: one per group (its sample count) and one per iteration (the alive rays), none per
+sample. The samples and their compositing are the reference's (``volume.render_rays``), so the images match it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from torch import Tensor
 from ..observe.profiling import NULL_TIMER, StageTimer
 from . import fast
 from .composite_triton import composite, count_until_opaque
-from .fast import RenderWorkspace, candidate_windows, window_groups
-from .march_triton import march_counts, march_write, window_start
+from .fast import RenderWorkspace
+from .march_triton import march_window
 from .occupancy import OccupancyGrid
 from .plan import RenderPlan
 from .schedule import StepSchedule
@@ -109,23 +111,24 @@ def density_pass(field: SplitField, x: Tensor, rows: int) -> tuple[Tensor, Tenso
 def colour_of_kept(
     field: SplitField,
     x: Tensor,
-    directions: Tensor,
+    d: Tensor,
     ray: Tensor,
     geo: Tensor,
     start: Tensor,
     keep: Tensor,
     rows: int,
 ) -> tuple[Tensor, int]:
-    """rgb ``[n, 3]`` (float32) of the packed samples at x ``[n, 3]`` along ``directions[ray]``: the colour network
-    on the samples ``composite`` reads (ray r's rows ``start[r]`` to ``start[r] + keep[r] - 1``), ``rows`` at a
-    time, zeros on the others (which no pixel weighs); and how many it ran on (reading it is a host wait)."""
+    """rgb ``[n, 3]`` (float32) of the packed samples at x ``[n, 3]`` along d ``[n, 3]`` (sample i of ray
+    ``ray[i]``): the colour network on the samples ``composite`` reads (ray r's rows ``start[r]`` to
+    ``start[r] + keep[r] - 1``), ``rows`` at a time, zeros on the others (which no pixel weighs); and how many it
+    ran on (reading it is a host wait)."""
     n = x.shape[0]
     ahead = torch.arange(n, device=x.device) - start.long()[ray]  # the sample's place in its ray's window
     kept = torch.nonzero(ahead < keep.long()[ray]).squeeze(1)
     rgb = torch.zeros(n, 3, device=x.device, dtype=torch.float32)
     for a in range(0, kept.numel(), rows):
         sel = kept[a : a + rows]
-        rgb[sel] = field.colour(x[sel], directions[ray[sel]], geo[sel]).float()
+        rgb[sel] = field.colour(x[sel], d[sel], geo[sel]).float()
     return rgb, kept.numel()
 
 
@@ -166,70 +169,54 @@ def render_rays_single_pass(
     dev = origins.device
     windows = windows or WINDOWS
     launch = fast.INFERENCE_LAUNCH
-    seg_count = march_counts(origins, directions, aabb, grid, schedule, jitter, launch)
-    total = seg_count.sum(1, dtype=torch.int32)
-    timer.mark("march")
     if workspace is None:
-        n = max(int(total.sum()) if R else 0, 1)
-        workspace = RenderWorkspace(RenderPlan(R, n, n), dev)
+        n = max(R * windows.first, windows.most)
+        workspace = RenderWorkspace(RenderPlan(max(R, 1), n, n), dev)
     plan = workspace.plan
+    slots = max(min(plan.candidates, plan.rows), windows.most)  # candidates written at once
     rgb = torch.zeros(R, 3, device=dev)
     depth, transmittance = torch.zeros(R, device=dev), torch.ones(R, device=dev)
     log_t = torch.zeros(R, device=dev)  # -sum(sigma dt) over each ray's composited samples
-    done = torch.zeros(R, device=dev, dtype=torch.int32)  # candidates marched so far, per ray
-    resume = window_start(R, schedule, launch, dev)  # each segment's lattice step where its next window starts
-    alive = torch.nonzero(total > 0).squeeze(1)
-    timer.mark("host waits")
+    resume = torch.zeros(R, device=dev, dtype=torch.int32)  # each ray's lattice step where its next window starts
+    alive = torch.arange(R, device=dev)  # a ray without candidates ends in its first window
     width, log_eps = windows.first, math.log(early_termination) if early_termination > 0 else -math.inf
     while alive.numel():
-        marched = done[alive]
-        skip, take = candidate_windows(seg_count[alive], marched, marched + width)
-        ends = torch.cumsum(take.sum(1, dtype=torch.int64), 0)
-        timer.mark("compaction")
-        groups = window_groups(ends, plan.candidates, width)
-        timer.mark("host waits")
-        for a, b, n in groups:
-            if n == 0:
-                continue
-            ids = alive[a:b]
+        short = torch.zeros(alive.numel(), device=dev, dtype=torch.bool)  # the window ran out of candidates
+        per_group = max(slots // width, 1)
+        for a in range(0, alive.numel(), per_group):
+            ids = alive[a : a + per_group]
+            o, d = origins[ids], directions[ids]
             steps = resume[ids]  # a copy: the march moves it on, then it goes back
-            d = directions[ids]
-            packed = march_write(
-                origins[ids],
-                d,
-                aabb,
-                grid,
-                schedule,
-                None if jitter is None else jitter[ids],
-                take[a:b],
-                n,
-                workspace.buffers,
-                positions=True,
-                launch=launch,
-                skip=skip[a:b],
-                resume=steps,
+            win = march_window(
+                o, d, aabb, grid, schedule, None if jitter is None else jitter[ids], steps, width, launch
             )
             resume[ids] = steps
+            short[a : a + per_group] = win.count < width
             timer.mark("march")
-            assert packed.x is not None  # positions=True: the march wrote each sample's point
-            ray = packed.ray.long()
+            n = int(win.count.sum())  # a host wait: sizes the packed samples
+            timer.mark("host waits")
+            if n == 0:
+                continue
+            base = torch.arange(ids.numel(), device=dev, dtype=torch.int32) * width
+            src, ray, start, count, _ = fast.compact(win.count, base, n)
+            start, count = start.int(), count.int()
+            x, t, dt, dr = win.x[src], win.t[src], win.dt[src], d[ray]
+            timer.mark("compaction")
             if colour_after_density:
-                sigma, geo = density_pass(cast(SplitField, rgb_sigma_fn), packed.x, plan.rows)
+                sigma, geo = density_pass(cast(SplitField, rgb_sigma_fn), x, plan.rows)
             else:
-                c, sigma = network_pass(rgb_sigma_fn, packed.x, d, ray, plan.rows)
+                c, sigma = by_rows(lambda s: rgb_sigma_fn(x[s], dr[s]), n, plan.rows)
             timer.mark("network")
             carried = log_t[ids].contiguous()
-            keep = count_until_opaque(sigma, packed.dt, packed.start, packed.count, early_termination, carried)
+            keep = count_until_opaque(sigma, dt, start, count, early_termination, carried)
             log_t[ids] = carried
             if colour_after_density:
                 timer.mark("composite")
-                c, coloured = colour_of_kept(
-                    cast(SplitField, rgb_sigma_fn), packed.x, d, ray, geo, packed.start, keep, plan.rows
-                )
+                c, coloured = colour_of_kept(cast(SplitField, rgb_sigma_fn), x, dr, ray, geo, start, keep, plan.rows)
                 timer.mark("network")
                 if stats is not None:
                     stats.colour_rows += coloured
-            w_rgb, w_opacity, w_depth = composite(sigma, c, packed.dt, packed.t, packed.start, keep)
+            w_rgb, w_opacity, w_depth = composite(sigma, c, dt, t, start, keep)
             before = transmittance[ids]
             rgb[ids] += before[:, None] * w_rgb
             depth[ids] += before * w_depth
@@ -240,8 +227,7 @@ def render_rays_single_pass(
                 stats.composited = stats.composited.to(dev) + keep.sum()
         if stats is not None:
             stats.iterations += 1
-        done[alive] = marched + width
-        still = (marched + width < total[alive]) & (log_t[alive] > log_eps)
+        still = ~short & (log_t[alive] > log_eps)
         timer.mark("compaction")
         alive = alive[still]  # reads the count back: a host wait
         timer.mark("host waits")

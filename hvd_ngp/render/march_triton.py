@@ -15,6 +15,7 @@ No host synchronisation: the total is returned as a device tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -108,6 +109,7 @@ def _march(
     near,
     max_steps,
     capacity,
+    width,
     RES: tl.constexpr,
     K: tl.constexpr,
     CONE: tl.constexpr,
@@ -118,12 +120,15 @@ def _march(
     WRITE_X: tl.constexpr,
     WINDOW: tl.constexpr,
     RESUME: tl.constexpr,
+    FREE: tl.constexpr,
 ):
     # WRITE: write the candidates (count_ptr: how many of each segment's, start_ptr: the first slot); else
     # count them into count_ptr. WINDOW (with WRITE): each segment first passes over skip_ptr's count of its
     # candidates, then writes count_ptr's and stops. RESUME (with WINDOW): the segment's skipped candidates lie
     # before lattice step resume_ptr[r, seg], where it starts (not at the segment's first step), and it stores
-    # the step it stopped at there for the next window.
+    # the step it stopped at there for the next window. FREE (with WINDOW and RESUME, one segment per ray): no
+    # count pass came first; ray r writes its next ``width`` candidates at most into slots r * width on, and how
+    # many it wrote into count_ptr[r] (fewer than ``width``: it has no candidates left).
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     seg = tl.program_id(1)
     m = r < R
@@ -143,7 +148,10 @@ def _march(
     active = m & (t_far > t_near)
     skip = tl.zeros((BLOCK,), dtype=tl.int32)
     stop = tl.zeros((BLOCK,), dtype=tl.int32)
-    if WRITE:
+    if WRITE and FREE:
+        base = r * width
+        stop = stop + width
+    elif WRITE:
         base = tl.load(start_ptr + r * NSEG + seg, mask=m, other=0)
         active = active & (tl.load(fits_ptr + r, mask=m, other=0) != 0)
         if WINDOW:
@@ -187,7 +195,8 @@ def _march(
             ok = emit & (n >= skip) & (slot < capacity)
             tl.store(t_ptr + slot, t, mask=ok)
             tl.store(dt_ptr + slot, dt, mask=ok)
-            tl.store(ray_ptr + slot, r, mask=ok)
+            if not FREE:  # a window's slots say their ray: r * width on
+                tl.store(ray_ptr + slot, r, mask=ok)
             if WRITE_X:  # the sample's position o + t d, as the density pass would compute it
                 tl.store(x_ptr + slot * 3 + 0, px, mask=ok)
                 tl.store(x_ptr + slot * 3 + 1, py, mask=ok)
@@ -225,7 +234,7 @@ def _march(
         active = active & (k < k_end)
         if WINDOW:
             active = active & (n < stop)
-    if not WRITE:
+    if not WRITE or FREE:
         tl.store(count_ptr + r * NSEG + seg, n, mask=m)
     if RESUME:
         tl.store(resume_ptr + r * NSEG + seg, k, mask=m)
@@ -356,10 +365,12 @@ def march_counts(
             R,
             *consts,
             0,
+            0,
             WRITE=False,
             WRITE_X=False,
             WINDOW=False,
             RESUME=False,
+            FREE=False,
             **common,
         )
     return seg_count
@@ -427,14 +438,82 @@ def march_write(
             R,
             *consts,
             capacity,
+            0,
             WRITE=True,
             WRITE_X=x is not None,
             WINDOW=skip is not None,
             RESUME=resume is not None,
+            FREE=False,
             **common,
         )
     total = (count.to(torch.int64)).sum()
     return PackedSamples(t, dt, ray, start, count, fits, total, x)
+
+
+@dataclass
+class Window:
+    """One count-free window of A rays (``march_window``): ray i's candidates in slots ``i * width`` to
+    ``i * width + count[i] - 1`` of t, dt ``[A * width]`` float32 and x ``[A * width, 3]`` (the other slots
+    unwritten); count ``[A]`` int32, below ``width`` for a ray with no candidates left."""
+
+    t: Tensor
+    dt: Tensor
+    x: Tensor
+    count: Tensor
+    width: int
+
+
+def march_window(
+    origins: Tensor,
+    directions: Tensor,
+    aabb: Tensor,
+    grid: OccupancyGrid,
+    schedule: StepSchedule,
+    jitter: Tensor | None,
+    resume: Tensor,
+    width: int,
+    launch: MarchLaunch | None = None,
+) -> Window:
+    """The next ``width`` candidates (at most) of each of A rays, without a count pass: one program walks a
+    ray's whole lattice (``launch``'s block and warps; its segment is not used), starting at ``resume`` ``[A]``
+    int32 (0 before the first window), which moves on in place to where the ray stopped. The samples are the
+    ones ``march_packed`` writes, window by window (``tests/test_infer.py``)."""
+    launch = launch or LAUNCH
+    whole = dataclasses.replace(launch, segment=1 << max(schedule.max_steps - 1, 1).bit_length())
+    A, dev = origins.shape[0], origins.device
+    o, d, j, bits, _, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter, whole)
+    assert common["NSEG"] == 1 and resume.shape == (A,) and resume.dtype == torch.int32 and resume.is_contiguous()
+    t = torch.empty(A * width, device=dev)
+    dt = torch.empty(A * width, device=dev)
+    x = torch.empty(A * width, 3, device=dev)
+    count = torch.zeros(A, device=dev, dtype=torch.int32)
+    if A and width:
+        _march[(triton.cdiv(A, whole.block), 1)](
+            o,
+            d,
+            j,
+            bits,
+            count,
+            count,
+            count,
+            t,
+            dt,
+            count,
+            x,
+            count,
+            resume,
+            A,
+            *consts,
+            A * width,
+            width,
+            WRITE=True,
+            WRITE_X=True,
+            WINDOW=True,
+            RESUME=True,
+            FREE=True,
+            **common,
+        )
+    return Window(t, dt, x, count, width)
 
 
 def window_start(n_rays: int, schedule: StepSchedule, launch: MarchLaunch | None, device: torch.device) -> Tensor:
