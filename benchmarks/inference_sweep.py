@@ -9,7 +9,7 @@ Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH]]]``:
 - the windows, ``A:B``: for ``two_pass`` ``render.fast.FIRST_WINDOW`` and ``render.fast.WINDOW_GROWTH``, for
   ``single_pass`` and ``density_first`` ``render.infer.WINDOWS`` (``InferenceWindows(first=A, most=B)``);
 - the march launch's lattice steps per program (``render.fast.INFERENCE_LAUNCH.segment``; empty or absent:
-  unchanged);
+  unchanged; ``two_pass`` only: the other paths walk a whole ray per program);
 - the ray step as ``marching.eval_steps_per_diagonal`` (the render tool's ``--marching``; absent: the
   snapshot's, 2048 with base.json; training marches 1024: half the samples, for a PSNR the row shows);
 - the kernels' math (the render tool's ``--inference_math``: tf32, fp16 or ieee; absent:
@@ -29,9 +29,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEFAULT_SETTINGS = (  # the default first and last (a noise check); a longer program, two_pass, training's ray step,
-    # narrower windows (fewer samples behind surfaces, more iterations), density_first, fp16 math
-    "single_pass:20:8:128,single_pass:20:8:128:2048,two_pass:20:32:2,single_pass:20:8:128::1024,"
+DEFAULT_SETTINGS = (  # the default first and last (a noise check); two_pass, training's ray step, narrower windows
+    # (fewer samples behind surfaces, more iterations), density_first, fp16 math
+    "single_pass:20:8:128,two_pass:20:32:2,single_pass:20:8:128::1024,"
     "single_pass:20:4:32,single_pass:20:2:16,density_first:20:8:128,single_pass:20:8:128:::fp16,"
     "density_first:20:8:128:::fp16,single_pass:20:4:32::1024:fp16,density_first:20:4:32::1024:fp16,"
     "single_pass:20:8:128"
