@@ -96,18 +96,19 @@ def test_single_pass_in_a_small_workspace_equals_the_exact_render(monkeypatch):
     groups: list[tuple[int, int]] = []
     march = infer_mod.march_window
 
-    def recorded(o, d, aabb, grid, schedule, jitter, resume, width, launch=None):
+    def recorded(o, d, aabb, grid, schedule, jitter, resume, width, *rest):
         groups.append((width, o.shape[0]))
-        return march(o, d, aabb, grid, schedule, jitter, resume, width, launch)
+        return march(o, d, aabb, grid, schedule, jitter, resume, width, *rest)
 
     monkeypatch.setattr(infer_mod, "march_window", recorded)
-    small = RenderWorkspace(RenderPlan(rays=24, candidates=48, rows=7), DEV)  # 64 slots: one window of 64
+    # 48 slots: a window wider than that writes new buffers instead of the workspace's
+    small = RenderWorkspace(RenderPlan(rays=24, candidates=48, rows=7), DEV)
     for windows in (InferenceWindows(4, 64), InferenceWindows(30, 64)):  # the same workspace twice
         groups.clear()
         out = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, small, windows=windows)
         for a, b in zip(out, exact):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-        assert all(w * n <= 64 for w, n in groups) and groups[0] == (windows.first, 64 // windows.first), groups
+        assert all(w * n <= 48 or n == 1 for w, n in groups) and groups[0] == (windows.first, 48 // windows.first)
         covered = list(itertools.accumulate(n for _, n in groups))
         assert 24 in covered and all(w == windows.first for w, _ in groups[: covered.index(24) + 1])  # every ray first
 

@@ -132,14 +132,6 @@ def colour_of_kept(
     return rgb, kept.numel()
 
 
-def network_pass(
-    rgb_sigma_fn: RGBSigmaFn, x: Tensor, directions: Tensor, ray: Tensor, rows: int
-) -> tuple[Tensor, Tensor]:
-    """rgb ``[n, 3]`` and sigma ``[n]`` of the samples at x ``[n, 3]`` along ``directions[ray]`` (``[A, 3]``,
-    ``[n]``), ``rows`` at a time."""
-    return by_rows(lambda s: rgb_sigma_fn(x[s], directions[ray[s]]), x.shape[0], rows)
-
-
 def render_rays_single_pass(
     rgb_sigma_fn: RGBSigmaFn,
     sigma_fn: SigmaFn,
@@ -173,7 +165,7 @@ def render_rays_single_pass(
         n = max(R * windows.first, windows.most)
         workspace = RenderWorkspace(RenderPlan(max(R, 1), n, n), dev)
     plan = workspace.plan
-    slots = max(min(plan.candidates, plan.rows), windows.most)  # candidates written at once
+    slots = min(plan.candidates, max(plan.rows, windows.most))  # candidates written at once (the workspace's)
     rgb = torch.zeros(R, 3, device=dev)
     depth, transmittance = torch.zeros(R, device=dev), torch.ones(R, device=dev)
     log_t = torch.zeros(R, device=dev)  # -sum(sigma dt) over each ray's composited samples
@@ -187,9 +179,8 @@ def render_rays_single_pass(
             ids = alive[a : a + per_group]
             o, d = origins[ids], directions[ids]
             steps = resume[ids]  # a copy: the march moves it on, then it goes back
-            win = march_window(
-                o, d, aabb, grid, schedule, None if jitter is None else jitter[ids], steps, width, launch
-            )
+            jit = None if jitter is None else jitter[ids]
+            win = march_window(o, d, aabb, grid, schedule, jit, steps, width, launch, workspace.buffers[:2])
             resume[ids] = steps
             short[a : a + per_group] = win.count < width
             timer.mark("march")

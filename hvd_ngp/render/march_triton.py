@@ -473,18 +473,22 @@ def march_window(
     resume: Tensor,
     width: int,
     launch: MarchLaunch | None = None,
+    out: tuple[Tensor, Tensor] | None = None,
 ) -> Window:
     """The next ``width`` candidates (at most) of each of A rays, without a count pass: one program walks a
     ray's whole lattice (``launch``'s block and warps; its segment is not used), starting at ``resume`` ``[A]``
-    int32 (0 before the first window), which moves on in place to where the ray stopped. The samples are the
+    int32 (0 before the first window), which moves on in place to where the ray stopped. ``out``: t and dt
+    buffers to write into (a render's workspace) where they hold A * width slots, else new ones. The samples are the
     ones ``march_packed`` writes, window by window (``tests/test_infer.py``)."""
     launch = launch or LAUNCH
     whole = dataclasses.replace(launch, segment=1 << max(schedule.max_steps - 1, 1).bit_length())
     A, dev = origins.shape[0], origins.device
     o, d, j, bits, _, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter, whole)
     assert common["NSEG"] == 1 and resume.shape == (A,) and resume.dtype == torch.int32 and resume.is_contiguous()
-    t = torch.empty(A * width, device=dev)
-    dt = torch.empty(A * width, device=dev)
+    if out is None or min(out[0].numel(), out[1].numel()) < A * width:
+        t, dt = torch.empty(A * width, device=dev), torch.empty(A * width, device=dev)
+    else:
+        t, dt = out[0][: A * width], out[1][: A * width]
     x = torch.empty(A * width, 3, device=dev)
     count = torch.zeros(A, device=dev, dtype=torch.int32)
     if A and width:
