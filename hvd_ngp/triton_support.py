@@ -49,7 +49,7 @@ def inference_math(math: str) -> Iterator[None]:
     """Inside: the fused Triton kernels outside autocast compute in ``math``, one of ``INFERENCE_MATHS``,
     instead of following ``torch.backends.cuda.matmul.allow_tf32``:
 
-    - "ieee": fp32 throughout (the CPU always);
+    - "ieee": fp32 throughout (on the CPU "tf32" computes this too);
     - "tf32": fp32 with tf32 tensor-core products, on CUDA;
     - "fp16": the MLPs in half products with fp32 sums (half outputs, as under autocast), and the hash grid's
       passes without gradients gathering from a half copy of its table (``HashGridTriton.inference_table``),

@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> dict:
         choices=INFERENCE_PATHS,
         default=DEFAULT_INFERENCE,
         help="the Triton renderer's inference path: single_pass (one network pass per sample, "
-        "docs/inference.md) or two_pass (density pass, then the whole network on the kept samples)",
+        "docs/inference.md), two_pass (density pass, then the whole network on the kept samples) or "
+        "density_first (the colour network on the composited samples only)",
     )
     p.add_argument(
         "--inference_math",
