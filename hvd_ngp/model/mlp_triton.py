@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from ..triton_support import inference_math_now
 from .encoding.hashgrid_triton import _rows  # the row count a launch computes: N, or min(N, *count)
+from .encoding.sh_triton import sh_basis
 
 WIDTHS = (16, 32, 64, 128)
 MAX_HIDDEN_LAYERS = 3
@@ -110,7 +111,7 @@ def _load_w(
 @triton.jit
 def _sh_input(d_ptr, x_ptr, x_row, x_col, r, rm, k, SH: tl.constexpr, IN: tl.constexpr):
     """The colour network's input rows ``r`` as a ``[BLOCK, IN_P]`` fp32 tile: the real SH basis (degree ``SH``,
-    ``SH**2`` columns; ``encoding.sh.sh_encode``) of the unit directions d ``[N, 3]``, then the features x
+    ``SH**2`` columns; ``sh_triton.sh_basis``) of the unit directions d ``[N, 3]``, then the features x
     ``[N, IN - SH**2]``; zeros in the padding and on masked rows."""
     D2: tl.constexpr = SH * SH
     c = k[None, :]
@@ -120,26 +121,9 @@ def _sh_input(d_ptr, x_ptr, x_row, x_col, r, rm, k, SH: tl.constexpr, IN: tl.con
     x = tl.load(d_ptr + r * 3, mask=rm, other=0.0)[:, None]
     y = tl.load(d_ptr + r * 3 + 1, mask=rm, other=0.0)[:, None]
     z = tl.load(d_ptr + r * 3 + 2, mask=rm, other=0.0)[:, None]
-    t = tl.where(c == 0, 0.28209479177387814, feat)
-    if SH > 1:
-        t = tl.where(c == 1, -0.48860251190291987 * y, t)
-        t = tl.where(c == 2, 0.48860251190291987 * z, t)
-        t = tl.where(c == 3, -0.48860251190291987 * x, t)
-    if SH > 2:
-        xy, xz, yz, x2, y2, z2 = x * y, x * z, y * z, x * x, y * y, z * z
-        t = tl.where(c == 4, 1.0925484305920792 * xy, t)
-        t = tl.where(c == 5, -1.0925484305920792 * yz, t)
-        t = tl.where(c == 6, 0.94617469575755997 * z2 - 0.31539156525251999, t)
-        t = tl.where(c == 7, -1.0925484305920792 * xz, t)
-        t = tl.where(c == 8, 0.54627421529603959 * x2 - 0.54627421529603959 * y2, t)
-        if SH > 3:
-            t = tl.where(c == 9, 0.59004358992664352 * y * (-3.0 * x2 + y2), t)
-            t = tl.where(c == 10, 2.8906114426405538 * xy * z, t)
-            t = tl.where(c == 11, 0.45704579946446572 * y * (1.0 - 5.0 * z2), t)
-            t = tl.where(c == 12, 0.3731763325901154 * z * (5.0 * z2 - 3.0), t)
-            t = tl.where(c == 13, 0.45704579946446572 * x * (1.0 - 5.0 * z2), t)
-            t = tl.where(c == 14, 1.4453057213202769 * z * (x2 - y2), t)
-            t = tl.where(c == 15, 0.59004358992664352 * x * (-x2 + 3.0 * y2), t)
+    t = feat
+    for b in tl.static_range(D2):
+        t = tl.where(c == b, sh_basis(x, y, z, b), t)
     return tl.where(rm[:, None], t, 0.0)
 
 
