@@ -264,42 +264,38 @@ class PiecewiseField(torch.nn.Module):
         self.partition = partition
         self.register_buffer("aabb", partition.aabb.float().clone())
 
-    def _dispatch(
-        self, x: Tensor, call: Callable[[RegionField, Tensor], tuple[Tensor, Tensor]]
-    ) -> tuple[Tensor, Tensor]:
+    def _dispatch(self, x: Tensor, call: Callable[[RegionField, Tensor], tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+        """``call(field, rows)`` for each region's field on the rows of x ``[M, 3]`` it owns -> its outputs, each
+        joined to ``[M, ...]`` (every row from its owner's field)."""
         owner = self.partition.owner(x)
-        outs: list[tuple[Tensor, tuple[Tensor, Tensor]]] = []  # per region: its rows of x, its field's outputs
+        outs: list[tuple[Tensor, tuple[Tensor, ...]]] = []  # per region: its rows of x, its field's outputs
         for k, f in enumerate(self.fields):
             sel = (owner == k).nonzero().squeeze(1)
             # a region's field is an NGPField (render may not import model: RegionField names what is used of
             # it); ModuleList hands its items back as plain Modules
             outs.append((sel, call(cast(RegionField, f), sel)))
         first = next(out for _, out in outs)
-        a = first[0].new_zeros((x.shape[0], *first[0].shape[1:]))
-        b = first[1].new_zeros((x.shape[0], *first[1].shape[1:]))
-        for sel, (u, v) in outs:
-            a = a.index_copy(0, sel, u.to(a.dtype))
-            b = b.index_copy(0, sel, v.to(b.dtype))
-        return a, b
+        joined = [u.new_zeros((x.shape[0], *u.shape[1:])) for u in first]
+        for sel, values in outs:
+            joined = [a.index_copy(0, sel, u.to(a.dtype)) for a, u in zip(joined, values)]
+        return tuple(joined)
 
     def query_density(self, x: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The region fields' density and features of ``x`` ``[M, 3]``; ``n_rows`` (the fast renderer's used
         rows, here and in ``forward``) is accepted as the field's callbacks take it, and ignored: every row is
         computed."""
-        return self._dispatch(x, lambda f, sel: f.query_density(x[sel]))
+        sigma, geo = self._dispatch(x, lambda f, sel: f.query_density(x[sel]))
+        return sigma, geo
 
     def density(self, x: Tensor, n_rows: Tensor | None = None) -> Tensor:
         """sigma ``[M]`` alone (the renderers' density callback)."""
         return self.query_density(x)[0]
 
     def forward(self, x: Tensor, d: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        return self._dispatch(x, lambda f, sel: f(x[sel], d[sel]))
+        rgb, sigma = self._dispatch(x, lambda f, sel: f(x[sel], d[sel]))
+        return rgb, sigma
 
     def colour(self, x: Tensor, d: Tensor, geo: Tensor) -> Tensor:
         """rgb ``[M, 3]`` of each point's owner's colour network from its ``query_density`` features ``geo``."""
-        owner = self.partition.owner(x)
-        rgb = torch.zeros(x.shape[0], 3, device=x.device, dtype=torch.float32)
-        for k, f in enumerate(self.fields):
-            sel = (owner == k).nonzero().squeeze(1)
-            rgb = rgb.index_copy(0, sel, cast(RegionField, f).colour(x[sel], d[sel], geo[sel]).float())
+        (rgb,) = self._dispatch(x, lambda f, sel: (f.colour(x[sel], d[sel], geo[sel]).float(),))
         return rgb
