@@ -326,6 +326,43 @@ def _launch_args(
     return o, d, j, bits, (triton.cdiv(max(R, 1), launch.block), nseg), consts, common
 
 
+def _run_march(
+    args: tuple,
+    R: int,
+    count: Tensor,
+    *,
+    start: Tensor | None = None,
+    fits: Tensor | None = None,
+    t: Tensor | None = None,
+    dt: Tensor | None = None,
+    ray: Tensor | None = None,
+    x: Tensor | None = None,
+    skip: Tensor | None = None,
+    resume: Tensor | None = None,
+    capacity: int = 0,
+    width: int = 0,
+    free: bool = False,
+) -> None:
+    """One ``_march`` launch over R rays with ``args`` (``_launch_args``'s). The buffers given decide the pass: a
+    count pass into ``count`` without ``t``; else a write pass (positions with ``x``, a window with ``skip`` or
+    ``free``, resumed with ``resume``). An absent buffer is passed as ``count``, never read."""
+    o, d, j, bits, grid_fn, consts, common = args
+    _march[grid_fn](
+        *(o, d, j, bits, count),
+        *(count if b is None else b for b in (start, fits, t, dt, ray, x, skip, resume)),
+        R,
+        *consts,
+        capacity,
+        width,
+        WRITE=t is not None,
+        WRITE_X=x is not None,
+        WINDOW=skip is not None or free,
+        RESUME=resume is not None,
+        FREE=free,
+        **common,
+    )
+
+
 def segments(schedule: StepSchedule, launch: MarchLaunch | None = None) -> int:
     """Segments of ``launch.segment`` steps per ray (default ``LAUNCH``): the columns of ``march_counts``."""
     return triton.cdiv(schedule.max_steps, (launch or LAUNCH).segment)
@@ -343,36 +380,10 @@ def march_counts(
     """The count pass: candidates per ray and segment ``[R, segments(schedule, launch)]`` int32 (``launch``:
     default ``LAUNCH``; the write pass takes the same)."""
     R = origins.shape[0]
-    o, d, j, bits, grid_fn, consts, common = _launch_args(
-        origins, directions, aabb, grid, schedule, jitter, launch or LAUNCH
-    )
-    seg_count = torch.zeros(R, common["NSEG"], device=origins.device, dtype=torch.int32)
+    args = _launch_args(origins, directions, aabb, grid, schedule, jitter, launch or LAUNCH)
+    seg_count = torch.zeros(R, args[-1]["NSEG"], device=origins.device, dtype=torch.int32)
     if R:
-        _march[grid_fn](
-            o,
-            d,
-            j,
-            bits,
-            seg_count,
-            seg_count,
-            seg_count,
-            seg_count,
-            seg_count,
-            seg_count,
-            seg_count,
-            seg_count,
-            seg_count,
-            R,
-            *consts,
-            0,
-            0,
-            WRITE=False,
-            WRITE_X=False,
-            WINDOW=False,
-            RESUME=False,
-            FREE=False,
-            **common,
-        )
+        _run_march(args, R, seg_count)
     return seg_count
 
 
@@ -402,10 +413,8 @@ def march_write(
     again; updated in place to where it stopped, for the next window."""
     R = origins.shape[0]
     dev = origins.device
-    o, d, j, bits, grid_fn, consts, common = _launch_args(
-        origins, directions, aabb, grid, schedule, jitter, launch or LAUNCH
-    )
-    seg_ends = torch.cumsum(seg_count.view(-1), 0, dtype=torch.int64).view(R, common["NSEG"])
+    args = _launch_args(origins, directions, aabb, grid, schedule, jitter, launch or LAUNCH)
+    seg_ends = torch.cumsum(seg_count.view(-1), 0, dtype=torch.int64).view(R, args[-1]["NSEG"])
     seg_start = (seg_ends - seg_count).to(torch.int32)
     count = seg_count.sum(1, dtype=torch.int32)
     ends = seg_ends[:, -1] if R else torch.zeros(0, dtype=torch.int64, device=dev)
@@ -421,30 +430,19 @@ def march_write(
     fits = ends <= capacity
     count = torch.where(fits, count, torch.zeros_like(count))
     if R and capacity:
-        _march[grid_fn](
-            o,
-            d,
-            j,
-            bits,
-            seg_count,
-            seg_start,
-            fits.to(torch.int8),
-            t,
-            dt,
-            ray,
-            t if x is None else x,
-            seg_count if skip is None else skip.to(torch.int32).contiguous(),
-            seg_count if resume is None else resume,
+        _run_march(
+            args,
             R,
-            *consts,
-            capacity,
-            0,
-            WRITE=True,
-            WRITE_X=x is not None,
-            WINDOW=skip is not None,
-            RESUME=resume is not None,
-            FREE=False,
-            **common,
+            seg_count,
+            start=seg_start,
+            fits=fits.to(torch.int8),
+            t=t,
+            dt=dt,
+            ray=ray,
+            x=x,
+            skip=None if skip is None else skip.to(torch.int32).contiguous(),
+            resume=resume,
+            capacity=capacity,
         )
     total = (count.to(torch.int64)).sum()
     return PackedSamples(t, dt, ray, start, count, fits, total, x)
@@ -483,8 +481,8 @@ def march_window(
     launch = launch or LAUNCH
     whole = dataclasses.replace(launch, segment=1 << max(schedule.max_steps - 1, 1).bit_length())
     A, dev = origins.shape[0], origins.device
-    o, d, j, bits, _, consts, common = _launch_args(origins, directions, aabb, grid, schedule, jitter, whole)
-    assert common["NSEG"] == 1 and resume.shape == (A,) and resume.dtype == torch.int32 and resume.is_contiguous()
+    args = _launch_args(origins, directions, aabb, grid, schedule, jitter, whole)
+    assert args[-1]["NSEG"] == 1 and resume.shape == (A,) and resume.dtype == torch.int32 and resume.is_contiguous()
     if out is None or min(out[0].numel(), out[1].numel()) < A * width:
         t, dt = torch.empty(A * width, device=dev), torch.empty(A * width, device=dev)
     else:
@@ -492,31 +490,7 @@ def march_window(
     x = torch.empty(A * width, 3, device=dev)
     count = torch.zeros(A, device=dev, dtype=torch.int32)
     if A and width:
-        _march[(triton.cdiv(A, whole.block), 1)](
-            o,
-            d,
-            j,
-            bits,
-            count,
-            count,
-            count,
-            t,
-            dt,
-            count,
-            x,
-            count,
-            resume,
-            A,
-            *consts,
-            A * width,
-            width,
-            WRITE=True,
-            WRITE_X=True,
-            WINDOW=True,
-            RESUME=True,
-            FREE=True,
-            **common,
-        )
+        _run_march(args, A, count, t=t, dt=dt, x=x, resume=resume, capacity=A * width, width=width, free=True)
     return Window(t, dt, x, count, width)
 
 
