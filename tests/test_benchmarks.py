@@ -115,23 +115,28 @@ def test_tables_read_runs_throughput_pytest_and_the_anchor(tmp_path, capsys):
             {"views": 20, "psnr_white_1spp": 34.5, "seconds_per_view": 0.02, "seconds_per_view_after_first": 0.005}
         )
     )
-    for path, psnr, seconds in (("two_pass", 35.1, 0.4), ("single_pass", 35.1, 0.03)):
-        (tmp_path / f"render_{path}.json").write_text(
+    # the third renders as instant-ngp does (its marching recorded in render.json): the row says so
+    ngp_marching = {"eval_steps_per_diagonal": 1024, "early_termination": 0.01, "cone_angle": 0}
+    runs = (("two_pass", 35.1, 0.4, {}), ("single_pass", 35.1, 0.03, {}), ("single_pass_ngp", 34.9, 0.02, ngp_marching))
+    for name, psnr, seconds, marching in runs:
+        (tmp_path / f"render_{name}.json").write_text(
             json.dumps(
                 {
-                    "inference": path,
+                    "inference": name.removesuffix("_ngp"),
                     "test_views": 20,
                     "test_psnr": psnr,
                     "test_seconds_per_view": seconds,
                     "test_seconds_per_view_after_first": seconds / 2,
+                    **({"marching": marching} if marching else {}),
                 }
             )
         )
-    ours = [str(tmp_path / f"render_{p}.json") for p in ("two_pass", "single_pass")]
+    ours = [str(tmp_path / f"render_{r[0]}.json") for r in runs]
     assert t.main(["renders", str(tmp_path), "render_lego", str(tmp_path / "ingp_render.json"), *ours]) == 0
     table = json.loads((tmp_path / "render_lego.json").read_text())
-    assert [r["x instant-ngp"] for r in table["rows"]] == [1.0, 20.0, 1.5]
-    assert [r["x after the first"] for r in table["rows"]] == [1.0, 40.0, 3.0]
+    assert [r["x instant-ngp"] for r in table["rows"]] == [1.0, 20.0, 1.5, 1.0]
+    assert [r["x after the first"] for r in table["rows"]] == [1.0, 40.0, 3.0, 2.0]
+    assert table["rows"][3]["renderer"] == "hvd_ngp single_pass (1024 steps, stop at 0.01)"
     assert table["summary"]["hvd_ngp single_pass"] == {
         "x_instant_ngp": 1.5,
         "x_instant_ngp_after_first": 3.0,

@@ -109,6 +109,39 @@ def test_newton_with_a_tolerance_stops_early_at_the_same_solution(fisheye, monke
     torch.testing.assert_close(fast, full, atol=1e-9, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "fisheye, k",
+    [
+        (False, [0.0] * 6),
+        (False, [0.0578, -0.0805, 0.01, 0.0, -0.00098, 0.00016]),
+        (True, [0.0] * 6),
+        (True, [0.03, -0.01, 0.002, 0.001, 0.0, 0.0]),
+    ],
+    ids=["pinhole", "opencv", "fisheye", "fisheye-k"],
+)
+def test_one_camera_rays_equal_the_per_ray_model(fisheye, k, monkeypatch):
+    """``camera_rays`` (a whole image of one camera: renders, exports) gives ``pixel_rays``' rays, which
+    solve both projections for every ray with 10 Newton iterations; and without distortion it solves nothing."""
+    g = torch.Generator().manual_seed(3)
+    c2w = torch.linalg.qr(torch.randn(3, 3, generator=g))[0]
+    c2w = torch.cat([c2w, torch.randn(3, 1, generator=g)], 1)
+    intr = torch.tensor([700.0, 690.0, 401.5, 299.0])
+    u, v = torch.rand(2, 5000, generator=g) * torch.tensor([[800.0], [600.0]])
+    dist = torch.tensor(k)
+    n = u.shape[0]
+    o_ref, d_ref = cameras.pixel_rays(
+        c2w.expand(n, 3, 4), intr.expand(n, 4), u, v, dist.expand(n, 6), torch.tensor(fisheye).expand(n)
+    )
+    solves = []
+    real = cameras.converged
+    monkeypatch.setattr(cameras, "converged", lambda step, tol: solves.append(tol) or real(step, tol))
+    o, d = cameras.camera_rays(c2w, intr, u, v, dist, fisheye)
+    assert o.shape == d.shape == (n, 3)
+    assert solves == [] if not any(k) else 1 <= len(solves) <= 6
+    torch.testing.assert_close(o, o_ref, atol=0, rtol=0)
+    torch.testing.assert_close(d, d_ref, atol=2e-6, rtol=0)
+
+
 def test_fisheye_rays_use_the_equidistant_model(tmp_path):
     s = scene_with(tmp_path, fl_x=4.0, is_fisheye=True)
     _, d = center_dir(s)

@@ -72,6 +72,23 @@ def pixel_rays(
     return c2w[:, :, 3].clone(), d
 
 
+def camera_rays(
+    c2w: Tensor, intrinsics: Tensor, u: Tensor, v: Tensor, distortion: Tensor, fisheye: bool
+) -> tuple[Tensor, Tensor]:
+    """``pixel_rays`` for the points ``u, v`` ``[N]`` of one camera: c2w ``[3, 4]``, intrinsics ``[4]``,
+    distortion ``[6]``, ``fisheye`` its projection. Only that projection's directions are computed, the Newton
+    solve runs only for a non-zero distortion and stops at ``MAP_TOL`` (a host sync per iteration), and the
+    rotation is one ``[N, 3] x [3, 3]`` product: a whole image's rays in tens of kernels, not hundreds.
+    Returns origins ``[N, 3]`` and unit directions ``[N, 3]``."""
+    fx, fy, cx, cy = intrinsics.unbind(-1)
+    x, y = (u - cx) / fx, (v - cy) / fy
+    dist = distortion[None] if bool((distortion != 0).any()) else None
+    solve = fisheye_directions if fisheye else pinhole_directions
+    d = solve(x, y, dist, tol=MAP_TOL) @ c2w[:, :3].T
+    d = d / d.norm(dim=-1, keepdim=True)
+    return c2w[:, 3].expand_as(d).contiguous(), d
+
+
 def pinhole_directions(x: Tensor, y: Tensor, distortion: Tensor | None, tol: float | None = None) -> Tensor:
     """Normalised image coordinates ``[N]`` -> camera-space directions ``[N, 3]`` (z forward). ``distortion``
     ``[N, 6]`` (or ``[1, 6]`` for one camera); ``tol``: see ``undistort``."""

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ..errors import SceneError
 from ..triton_support import triton_available
-from .cameras import DirectionMaps, pixel_rays
+from .cameras import DirectionMaps, camera_rays, pixel_rays
 from .pixels import StackedPixels, StreamedPixels
 from .scene import Frames
 from .shards import KeptPixels, TileGrid, auto_tile_size, shard_tiles, shard_units
@@ -435,15 +435,17 @@ class RaySampler:
 
 
 def image_rays(frames: Frames, index: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """All pixel-centre rays of one image (its own size): origins, directions ``[H*W, 3]``."""
+    """All pixel-centre rays of one image (its own size): origins, directions ``[H*W, 3]`` (``camera_rays``)."""
     w, h = frames.image_size(index)
     y, x = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
-    n = h * w
-    c2w = frames.c2w[index].to(device).expand(n, 3, 4)
-    intr = frames.intrinsics[index].to(device).expand(n, 4)
-    dist = frames.distortion[index].to(device).expand(n, 6)
-    fish = frames.fisheye[index].to(device).expand(n)
-    return pixel_rays(c2w, intr, x.reshape(-1).float() + 0.5, y.reshape(-1).float() + 0.5, dist, fish)
+    return camera_rays(
+        frames.c2w[index].to(device),
+        frames.intrinsics[index].to(device),
+        x.reshape(-1).float() + 0.5,
+        y.reshape(-1).float() + 0.5,
+        frames.distortion[index].to(device),
+        bool(frames.fisheye[index]),
+    )
 
 
 def image_pixels(frames: Frames, index: int) -> Tensor:

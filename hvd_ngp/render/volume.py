@@ -246,11 +246,11 @@ INFERENCE_PATHS = ("single_pass", "two_pass", "density_first")
 DEFAULT_INFERENCE = "single_pass"
 
 
-#: the fused kernels' math in inference outside autocast (``triton_support.inference_math``): tf32 tensor-core
-#: products. Lego (60 s snapshot, 20 test views at 800x800, H100, 2026-12-06): 0.447 -> 0.066 s per view, PSNR 35.902
-#: -> 35.908 dB, against fp32 "ieee" products (docs/inference.md). Training's own passes are not affected. "fp16"
-#: (half products, a half copy of the hash table) is the render tool's ``--inference_math fp16``: not yet timed on a GPU.
-INFERENCE_MATH = "tf32"
+#: the fused kernels' math in inference outside autocast (``triton_support.inference_math``): "fp16", half products
+#: with fp32 sums and the hash grid gathering from a half copy of its table. On an H100 (2026-12-07, 60 s snapshots,
+#: single_pass, one process): lego20 0.0308 -> 0.0275 s per view, PSNR 36.132 -> 36.128 dB; fox 0.2217 -> 0.1717 s,
+#: 28.479 -> 28.476 dB, against "tf32" (docs/inference.md). Training's own passes are not affected.
+INFERENCE_MATH = "fp16"
 
 
 def inference_scope():
