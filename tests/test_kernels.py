@@ -20,7 +20,7 @@ from hvd_ngp.cluster import dist
 from hvd_ngp.model.encoding.hashgrid import HashGridSpec, HashGridTorch
 from hvd_ngp.render import StepSchedule, accumulate, march, transmittance_weights
 from hvd_ngp.render.occupancy import OccupancyGrid
-from hvd_ngp.triton_support import triton_available
+from hvd_ngp.triton_support import inference_math, triton_available
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -648,6 +648,8 @@ def exercise_kernels() -> None:
         enc = HashGridTriton(HashGridSpec(4, 2, 10, 8, 2.0), dtype)
         enc(torch.rand(64, 3)).sum().backward()
         enc(torch.rand(64, 3), torch.tensor(40)).sum().backward()  # the density pass's device count
+    with torch.no_grad(), inference_math("fp16"):  # inference: the half table's copy, half features out
+        enc(torch.rand(64, 3), torch.tensor(40))
     for features in (2, 4):  # the backward that merges runs on one row (coarse levels), with and without a count
         enc = HashGridTriton(HashGridSpec(4, features, 10, 8, 2.0), merge_runs_below=16)
         enc(torch.rand(64, 3)).sum().backward()

@@ -327,6 +327,7 @@ def test_fp16_inference_math_gathers_a_half_table_once_and_stays_near_fp32():
     from conftest import TINY_ARGS
 
     from hvd_ngp.config import CPU_CONFIG, parse_args
+    from hvd_ngp.model.encoding import hashgrid_triton
     from hvd_ngp.model.field import NGPField
     from hvd_ngp.triton_support import inference_math
 
@@ -343,6 +344,12 @@ def test_fp16_inference_math_gathers_a_half_table_once_and_stays_near_fp32():
             half = enc.inference_table()
             assert half.dtype == torch.float16 and enc.inference_table() is half  # one copy per version
             rgb16, sigma16 = field(x, d)
+            # the half features the MLP reads are the fp32 interpolation of the half table, rounded once
+            features = enc(x)
+            assert features.dtype == torch.float16
+            assert torch.equal(features, hashgrid_triton.encode(x, half, enc, None).half())
+            # and the density MLP reads them as they are: the same network output as from fp32 features
+            assert torch.equal(field.density_mlp(features), field.density_mlp(features.float()))
         enc.params.mul_(0.5)  # an optimizer step or a load: the copy is made again
         with inference_math("fp16"):
             again = enc.inference_table()

@@ -172,7 +172,10 @@ class NGPField(nn.Module):
         return ((x - lo) / (hi - lo).max()).clamp(0.0, 1.0)
 
     def query_density(self, x: Tensor, n_rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        h = _call(self.density_mlp, _call(self.encoding, self.normalize(x), n_rows).to(x.dtype), n_rows)
+        features = _call(self.encoding, self.normalize(x), n_rows)  # [N, F]: half from a half table (inference)
+        if torch.is_grad_enabled() or not getattr(self.density_mlp, "casts_input", False):
+            features = features.to(x.dtype)  # else the fused kernel reads the half features: no [N, F] fp32 copy
+        h = _call(self.density_mlp, features, n_rows)
         logit = h[:, 0].float()
         return trunc_exp(logit + self.density_bias if self.density_bias else logit), h
 

@@ -536,6 +536,7 @@ class FusedMLP(nn.Sequential):
     evaluation) the fused forward kernel, which also skips rows past ``n_rows``."""
 
     skips_rows = True  # forward takes n_rows (the field passes the count through)
+    casts_input = True  # without gradients the kernel reads a half or fp32 input and casts it to its math itself
 
     def __init__(self, *layers: nn.Module, train_fused: bool = True) -> None:
         super().__init__(*layers)

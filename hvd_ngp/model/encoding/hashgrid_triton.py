@@ -131,7 +131,7 @@ def _hashgrid_fwd(
             i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
             c = (tl.program_id(1) * F + f[None, :]).to(tl.int64)
             out = out_ptr + i[:, None].to(tl.int64) * out_row + c * out_col
-            tl.store(out, tl.zeros((BLOCK, F), dtype=tl.float32), mask=(i < n_all)[:, None])
+            tl.store(out, tl.zeros((BLOCK, F), dtype=out_ptr.dtype.element_ty), mask=(i < n_all)[:, None])
         return
     i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed = _point_cells(
         x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N, BLOCK
@@ -143,7 +143,7 @@ def _hashgrid_fwd(
         v = tl.load(ptr, mask=m[:, None], other=0.0).to(tl.float32)
         acc += w[:, None] * v  # rows past the count (masked loads): zeros
     out = out_ptr + i[:, None].to(tl.int64) * out_row + (level * F + f[None, :]).to(tl.int64) * out_col
-    tl.store(out, acc, mask=(i < n_all)[:, None])
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(i < n_all)[:, None])  # fp32 or half (inference)
 
 
 @triton.jit
@@ -337,15 +337,18 @@ def vector_atomics_here(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-def encode(x: Tensor, table: Tensor, enc: "HashGridTriton", n_rows: Tensor | None) -> Tensor:
+def encode(
+    x: Tensor, table: Tensor, enc: "HashGridTriton", n_rows: Tensor | None, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """The forward kernel: x ``[N, 3]`` (fp32, contiguous) gathered from ``table`` (``enc``'s layout, any float
-    dtype) -> ``[N, L * F]`` float32 (feature-major when ``enc.feature_major``); rows past ``n_rows`` are zeros."""
+    dtype) -> ``[N, L * F]`` of ``dtype`` (interpolated in fp32, rounded once when stored; feature-major when
+    ``enc.feature_major``); rows past ``n_rows`` are zeros."""
     n, L, F = x.shape[0], enc.spec.n_levels, enc.spec.n_features_per_level
     # every row is written (zeros past n_rows): no zero fill first
     if enc.feature_major:  # [L * F, N] in memory: a program's stores (a level's features of its points) coalesce
-        out = torch.empty(L * F, n, device=x.device, dtype=torch.float32).t()
+        out = torch.empty(L * F, n, device=x.device, dtype=dtype).t()
     else:
-        out = torch.empty(n, L * F, device=x.device, dtype=torch.float32)
+        out = torch.empty(n, L * F, device=x.device, dtype=dtype)
     if n:
         count = x if n_rows is None else n_rows  # a placeholder pointer without a count (never read)
         block, warps = enc.forward_launch.block, enc.forward_launch.warps
@@ -472,5 +475,6 @@ class HashGridTriton(HashGridTorch):
     def forward(self, x: Tensor, n_rows: Tensor | None = None) -> Tensor:
         x = x.float().contiguous()
         if not torch.is_grad_enabled() and inference_math_now() == "fp16":
-            return encode(x, self.inference_table(), self, n_rows)
+            # half features: the fp16 MLP rounds its input to half anyway, and [N, L * F] half is half the bytes
+            return encode(x, self.inference_table(), self, n_rows, torch.float16)
         return _HashGridTritonFunction.apply(x, self.params, self, n_rows)
