@@ -10,7 +10,9 @@ Here, per iteration, in groups of alive rays that fill the workspace:
 1. every alive ray writes its next ``width`` candidates with their positions, from the lattice step where its
    last window stopped (``march_window``: no count pass over whole rays first, which walked every ray through
    the occupied space behind its surface), into ``width`` slots of its own;
-2. the written samples are packed ray after ray (``fast.compact``; reading their number is a host wait);
+2. the written samples are packed ray after ray with their directions (``compact_triton.compact_gather``, one
+   kernel; ``density_first``: ``fast.compact`` and gathers, which also give each row's ray); reading their
+   number is a host wait;
 3. the whole network on them (``rgb_sigma_fn``, ``plan.rows`` at a time);
 4. per ray, the prefix whose transmittance before it exceeds ``early_termination`` (``count_until_opaque``,
    the -sum(sigma dt) carried from the iterations before) is composited (``composite`` reads just that prefix)
@@ -32,6 +34,7 @@ from torch import Tensor
 
 from ..observe.profiling import NULL_TIMER, StageTimer
 from . import fast
+from .compact_triton import compact_gather
 from .composite_triton import composite, count_until_opaque
 from .fast import RenderWorkspace
 from .march_triton import march_window
@@ -189,9 +192,12 @@ def render_rays_single_pass(
             if n == 0:
                 continue
             base = torch.arange(ids.numel(), device=dev, dtype=torch.int32) * width
-            src, ray, start, count, _ = fast.compact(win.count, base, n)
-            start, count = start.int(), count.int()
-            x, t, dt, dr = win.x[src], win.t[src], win.dt[src], d[ray]
+            if colour_after_density:  # its colour pass needs each row's ray
+                src, ray, start, count, _ = fast.compact(win.count, base, n)
+                start, count = start.int(), count.int()
+                x, t, dt, dr = win.x[src], win.t[src], win.dt[src], d[ray]
+            else:  # the packing and the four gathers in one kernel (about twenty torch kernels otherwise)
+                t, dt, x, dr, start, count, _, _ = compact_gather(win.count, base, win.t, win.dt, win.x, o, d, n)
             timer.mark("compaction")
             if colour_after_density:
                 sigma, geo = density_pass(cast(SplitField, rgb_sigma_fn), x, plan.rows)
