@@ -29,11 +29,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-DEFAULT_SETTINGS = (  # the default first and last (a noise check); two_pass, training's ray step, narrower windows
-    # (fewer samples behind surfaces, more iterations), density_first, fp16 math
-    "single_pass:20:8:128,two_pass:20:32:2,single_pass:20:8:128::1024,"
-    "single_pass:20:4:32,single_pass:20:2:16,density_first:20:8:128,single_pass:20:8:128:::fp16,"
-    "density_first:20:8:128:::fp16,single_pass:20:4:32::1024:fp16,density_first:20:4:32::1024:fp16,"
+DEFAULT_SETTINGS = (  # the default first and last (a noise check); two_pass, tf32 math, training's ray step,
+    # narrower windows (fewer samples behind surfaces, more iterations), larger chunks
+    "single_pass:20:8:128,two_pass:20:32:2,single_pass:20:8:128:::tf32,single_pass:20:8:128::1024,"
+    "single_pass:20:4:32,single_pass:20:4:32::1024,single_pass:21:8:128,single_pass:21:4:32::1024,"
     "single_pass:20:8:128"
 )
 

@@ -495,8 +495,10 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     import hvd_ngp.render.fast as fast
     import hvd_ngp.render.infer as infer
     import hvd_ngp.render.plan as plan
+    from hvd_ngp.render.volume import INFERENCE_MATH
     from hvd_ngp.tools import render
 
+    assert INFERENCE_MATH != "tf32"  # the fifth setting asks for another math than the default
     before = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS
     seen = []
     main = render.main
@@ -511,9 +513,9 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
     # the third: a 4x coarser ray step; the fourth: the colour network on composited samples only; the fifth:
-    # fp16 math, which a torch-backend field ignores
+    # tf32 math (the default is fp16), which a torch-backend field ignores
     settings = (
-        "two_pass:10:4:2,single_pass:12:4:8:128,single_pass:12:4:8::64,density_first:12:4:8,single_pass:12:2:16:::fp16"
+        "two_pass:10:4:2,single_pass:12:4:8:128,single_pass:12:4:8::64,density_first:12:4:8,single_pass:12:2:16:::tf32"
     )
     rows = sweep.main(
         [str(snapshot), "--settings", settings, "--views", "1", "--device", "cpu", "--json", str(tmp_path / "s.json")]
@@ -522,11 +524,11 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     assert [
         (r["path"], r["chunk_rays"], r["windows"], r["segment"], r["steps_per_diagonal"], r["math"]) for r in rows
     ] == [
-        ("two_pass", 1024, "4:2", segment, None, "tf32"),
-        ("single_pass", 4096, "4:8", 128, None, "tf32"),
-        ("single_pass", 4096, "4:8", segment, 64, "tf32"),
-        ("density_first", 4096, "4:8", segment, None, "tf32"),
-        ("single_pass", 4096, "2:16", segment, None, "fp16"),
+        ("two_pass", 1024, "4:2", segment, None, INFERENCE_MATH),
+        ("single_pass", 4096, "4:8", 128, None, INFERENCE_MATH),
+        ("single_pass", 4096, "4:8", segment, 64, INFERENCE_MATH),
+        ("density_first", 4096, "4:8", segment, None, INFERENCE_MATH),
+        ("single_pass", 4096, "2:16", segment, None, "tf32"),
     ]
     assert seen[0][:2] == seen[1][:2] == (4, 2) and seen[0][2] == before[4]  # two_pass's windows, a warm-up and all
     assert [w[2] for w in seen[2::2]] == [infer.InferenceWindows(*w) for w in ((4, 8),) * 3 + ((2, 16),)]
@@ -535,5 +537,5 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     assert rows[4]["psnr"] == rows[1]["psnr"]  # a torch-backend field: the kernels' math is not its (test_render)
     assert json.loads((tmp_path / "s.json").read_text()) == rows
     out = capsys.readouterr().out
-    assert "| single_pass | 2^12 | 4:8 | 128 | snapshot | tf32 |" in out and f"| 4:8 | {segment} | 64 |" in out
+    assert f"| single_pass | 2^12 | 4:8 | 128 | snapshot | {INFERENCE_MATH} |" in out and f"| 4:8 | {segment} | 64 |" in out
     assert (plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS) == before
