@@ -537,5 +537,8 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     assert rows[4]["psnr"] == rows[1]["psnr"]  # a torch-backend field: the kernels' math is not its (test_render)
     assert json.loads((tmp_path / "s.json").read_text()) == rows
     out = capsys.readouterr().out
-    assert f"| single_pass | 2^12 | 4:8 | 128 | snapshot | {INFERENCE_MATH} |" in out and f"| 4:8 | {segment} | 64 |" in out
+    assert (
+        f"| single_pass | 2^12 | 4:8 | 128 | snapshot | {INFERENCE_MATH} |" in out
+        and f"| 4:8 | {segment} | 64 |" in out
+    )
     assert (plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS) == before
