@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -39,7 +40,7 @@ class HeadlessChromium:
         exe = executable or find_chromium()
         if exe is None:
             raise FileNotFoundError("no Chromium found (apt-get install chromium, or set HVD_NGP_CHROMIUM)")
-        self.profile = tempfile.TemporaryDirectory(prefix="hvd_ngp_chromium_")
+        self.profile = tempfile.TemporaryDirectory(prefix="hvd_ngp_chromium_", ignore_cleanup_errors=True)
         self.proc = subprocess.Popen(
             [
                 exe,
@@ -58,6 +59,7 @@ class HeadlessChromium:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # its own process group: close() ends its helper processes too
         )
         deadline = time.monotonic() + start_timeout_s
         port = None
@@ -103,6 +105,9 @@ class HeadlessChromium:
         return base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
 
     def close(self) -> None:
+        """End the browser and every helper process of its group, then remove its profile. Helpers that outlive
+        the main process could still be writing there ("Directory not empty"), so the removal is retried and a
+        profile left behind in the temporary folder is not an error."""
         if getattr(self, "ws", None) is not None:
             self.ws.close()
         if self.proc.poll() is None:
@@ -112,7 +117,19 @@ class HeadlessChromium:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.profile.cleanup()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group's helpers (renderer, GPU, crash handler)
+        except (ProcessLookupError, PermissionError):
+            pass  # none left
+        for attempt in range(5):
+            try:
+                shutil.rmtree(self.profile.name)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.2 * (attempt + 1))
+        self.profile.cleanup()  # a no-op once removed; ignore_cleanup_errors covers a profile still in use
 
     def __enter__(self) -> "HeadlessChromium":
         return self
