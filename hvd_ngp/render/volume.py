@@ -294,9 +294,9 @@ def render_in_chunks(
     rgbs, depths = [], []
     with torch.no_grad(), inference_scope():
         for s in range(0, origins.shape[0], chunk):
+            faultpoints.render_chunk()  # test hook (HVD_NGP_FAULTS): slow work before the check; a no-op otherwise
             if between_chunks is not None:
                 between_chunks()
-            faultpoints.render_chunk()  # test hook (HVD_NGP_FAULTS); a no-op otherwise
             o, d = origins[s : s + chunk], directions[s : s + chunk]
             j = None if step_offset == 0.5 else torch.full((o.shape[0],), step_offset, device=o.device)
             rgb, opacity, depth = render(o, d, j)

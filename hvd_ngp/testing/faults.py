@@ -14,8 +14,8 @@ step faults (``WHEN`` is a step ``S`` or a range ``A-B``, checked when step S st
     slow       the rank sleeps SLOW_SECONDS_PER_SAMPLE per sample it rendered in the step (a slower GPU:
                its time grows with its work, so load balancing can even it out)
 render faults (``WHEN`` is the N-th render chunk this process renders, from 1; evaluations render in chunks):
-    slow_render  the chunk sleeps SLOW_RENDER_S first (a long evaluation); the first one prints
-                 "fault: slow render chunk N"
+    slow_render  the chunk sleeps SLOW_RENDER_S first (slow work ahead of the stop check that opens each
+                 render chunk: a long evaluation); the first one prints "fault: slow render chunk N"
 checkpoint-write faults (``WHEN`` is the N-th checkpoint this process writes, from 1):
     save_enospc  the write fails with ENOSPC ("No space left on device") after 1 KiB
     save_pause   the write stops after 1 KiB, prints "fault: paused writing PATH" and sleeps forever
