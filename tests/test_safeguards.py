@@ -110,8 +110,11 @@ def test_a_stop_during_an_evaluation_checkpoints_before_the_launcher_kills(scene
     assert "[step 20] stop requested (SIGTERM on rank 0, SIGTERM on rank 1) during an evaluation" in text, text[-3000:]
     marker = json.loads((out / "preempted.json").read_text())
     assert marker["step"] == 20 and read_snapshot(marker["checkpoint"])["step"] == 20, marker
+    # horovodrun, signalled itself, may report 137 or 143 for a rank's shell, or no status at all (as in
+    # test_preempt): the rank's own stop line says it exited 75
     codes = {int(c) for c in re.findall(r"Process \d exit with status code (\d+)", text)}
-    assert preempt.EXIT_PREEMPTED in codes and codes <= {preempt.EXIT_PREEMPTED, 137}, (codes, text[-3000:])
+    assert codes <= {preempt.EXIT_PREEMPTED, 137, 143}, (codes, text[-3000:])
+    assert f"exit status {preempt.EXIT_PREEMPTED}" in text, text[-3000:]
     assert_all_ranks_gone(str(out))
 
 
