@@ -2,7 +2,7 @@
 
     python benchmarks/inference_sweep.py SNAPSHOT --json OUT.json [--settings two_pass:20:32:2,single_pass:20:4:32]
 
-Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH]]]``:
+Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP]]]]``:
 
 - the inference path (``render.volume.INFERENCE_PATHS``);
 - ``render.plan.MAX_CHUNK_RAYS`` as a power of two;
@@ -13,12 +13,16 @@ Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH]]]``:
 - the ray step as ``marching.eval_steps_per_diagonal`` (the render tool's ``--marching``; absent: the
   snapshot's, 2048 with base.json; training marches 1024: half the samples, for a PSNR the row shows);
 - the kernels' math (the render tool's ``--inference_math``: tf32, fp16 or ieee; absent:
-  ``render.volume.INFERENCE_MATH``).
+  ``render.volume.INFERENCE_MATH``);
+- the transmittance at which a ray stops, ``marching.early_termination`` (absent: the snapshot's; instant-ngp
+  renders with 0.01: ``single_pass:20:8:128::1024::0.01`` marches as it does).
 
 Every setting renders one view untimed (its kernels compile there), then the snapshot's test views (``--views``,
 all by default) with the render tool (``hvd-ngp-render --video none``) in this process, so each sees compiled
 kernels and a warm allocator. Prints a table (seconds per view, after the first view, PSNR) and writes the rows
-as JSON.
+as JSON. ``--profile N`` then renders N more views inside ``torch.profiler`` (the first setting's path, ray step,
+math and stop; the default windows and chunks) and prints where the device time went (the kernels, grouped by
+name, per view) beside the wall time per view: device time well under the wall time means the host bounds it.
 """
 
 from __future__ import annotations
@@ -37,9 +41,12 @@ DEFAULT_SETTINGS = (  # the default first and last (a noise check); two_pass, tf
 )
 
 
-def parse_setting(text: str) -> tuple[str, int, int, int, int | None, int | None, str | None]:
+Setting = tuple[str, int, int, int, int | None, int | None, str | None, float | None]
+
+
+def parse_setting(text: str) -> Setting:
     path, chunk, first, growth, *more = text.split(":")
-    segment, steps, math = (more + ["", "", ""])[:3]
+    segment, steps, math, stop = (more + ["", "", "", ""])[:4]
     return (
         path,
         int(chunk),
@@ -48,7 +55,16 @@ def parse_setting(text: str) -> tuple[str, int, int, int, int | None, int | None
         int(segment) if segment else None,
         int(steps) if steps else None,
         math or None,
+        float(stop) if stop else None,
     )
+
+
+def render_flags(steps: int | None, math: str | None, stop: float | None) -> list[str]:
+    """The render tool's flags for a setting's ray step, math and stop (none where the setting keeps them)."""
+    marching = {} if steps is None else {"eval_steps_per_diagonal": steps}
+    marching |= {} if stop is None else {"early_termination": stop}
+    flags = ["--marching", json.dumps(marching)] if marching else []
+    return flags + ([] if math is None else ["--inference_math", math])
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -57,11 +73,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument(
         "--settings",
         default=DEFAULT_SETTINGS,
-        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH]]] (A:B: the windows)",
+        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP]]]] (A:B: the windows)",
     )
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--views", type=int, default=-1, help="test views per setting (-1: all)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="as the render tool's")
+    p.add_argument("--profile", type=int, default=0, help="views rendered under the profiler after the sweep")
     opts = p.parse_args(argv)
     settings = [parse_setting(t) for t in opts.settings.split(",")]
 
@@ -78,7 +95,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     defaults = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS
     try:
-        for path, chunk, a, b, segment, steps, math in settings:
+        for path, chunk, a, b, segment, steps, math, stop in settings:
             plan.MAX_CHUNK_RAYS = 1 << chunk
             if path == "two_pass":
                 fast.FIRST_WINDOW, fast.WINDOW_GROWTH = a, b
@@ -88,8 +105,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             fast.INFERENCE_LAUNCH = launch
             # one view first under this setting: a new march launch compiles its own kernel variants, which
             # otherwise land in the timed views (the first H100 sweep of 2026-12-07 read 0.058 for 0.034 s)
-            marching = [] if steps is None else ["--marching", json.dumps({"eval_steps_per_diagonal": steps})]
-            marching += [] if math is None else ["--inference_math", math]
+            marching = render_flags(steps, math, stop)
             render.main([*base, *marching, "--inference", path, "--split_views", "1"])
             render.main([*base, *marching, "--inference", path, "--split_views", str(opts.views)])
             result = json.loads((out / "render.json").read_text())
@@ -101,6 +117,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "segment": launch.segment,
                     "steps_per_diagonal": steps,
                     "math": math or INFERENCE_MATH,  # asked for: the Triton backends' (a torch field ignores it)
+                    "early_termination": stop,  # None: the snapshot's
                     "seconds_per_view": result["test_seconds_per_view"],
                     "seconds_per_view_after_first": result["test_seconds_per_view_after_first"],
                     "psnr": result["test_psnr"],
@@ -108,17 +125,62 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
     finally:
         plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS = defaults
-    print("| path | chunk | windows | segment | ray steps | math | s per view | after the first | PSNR |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| path | chunk | windows | segment | ray steps | math | stop | s per view | after the first | PSNR |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['windows']} | {r['segment']} | "
-            f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | "
+            f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | {r['early_termination'] or 'snapshot'} | "
             f"{r['seconds_per_view']:.4f} | {r['seconds_per_view_after_first']:.4f} | {r['psnr']:.3f} |"
         )
+    profile = profile_views(base, out, settings[0], opts.profile) if opts.profile > 0 else None
     if opts.json:
-        Path(opts.json).write_text(json.dumps(rows, indent=1))
+        Path(opts.json).write_text(json.dumps({"rows": rows, "profile": profile} if profile else rows, indent=1))
     return rows
+
+
+def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> dict:
+    """Render ``views`` test views under ``setting`` (its path, ray step, math, stop) in ``torch.profiler``: the
+    device's time per view by kernel name (the top 15 and the rest; on a machine without CUDA the CPU operators'
+    own time) beside the render's own seconds per view (the render tool's ``render.json``); prints a table."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from hvd_ngp.tools import render
+
+    path, _, _, _, _, steps, math, stop = setting
+    args = [*base, *render_flags(steps, math, stop), "--inference", path, "--split_views", str(views)]
+    cuda = torch.cuda.is_available() and "cpu" not in base
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        render.main(args)
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    events = [e for e in prof.key_averages() if e.device_type == kind and e.count > 0]
+
+    def own_us(e) -> float:
+        return e.self_device_time_total if cuda else e.self_cpu_time_total
+
+    events.sort(key=lambda e: -own_us(e))
+    total_ms = sum(own_us(e) for e in events) / 1e3 / views
+    top = [(e.key[:70], own_us(e) / 1e3 / views, e.count / views) for e in events[:15]]
+    render_ms = json.loads((out / "render.json").read_text())["test_seconds_per_view"] * 1e3
+    where = "device" if cuda else "CPU operators"
+    print(f"profile: {views} views, the render {render_ms:.1f} ms per view, {where} {total_ms:.1f} ms per view")
+    print("| kernel | ms per view | launches per view |")
+    print("|---|---|---|")
+    for name, ms, n in top:
+        print(f"| {name} | {ms:.2f} | {n:.0f} |")
+    print(f"| (the other {max(len(events) - 15, 0)}) | {total_ms - sum(ms for _, ms, _ in top):.2f} | |")
+    launches = sum(e.count for e in events) / views
+    print(f"launches per view: {launches:.0f}")
+    return {
+        "views": views,
+        "render_ms_per_view": render_ms,
+        "device": "cuda" if cuda else "cpu",
+        "own_ms_per_view": total_ms,
+        "launches_per_view": launches,
+        "kernels": [{"name": n, "ms_per_view": ms, "launches_per_view": c} for n, ms, c in top],
+    }
 
 
 if __name__ == "__main__":
