@@ -20,7 +20,7 @@ Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP]]]]``:
 Every setting renders one view untimed (its kernels compile there), then the snapshot's test views (``--views``,
 all by default) with the render tool (``hvd-ngp-render --video none``) in this process, so each sees compiled
 kernels and a warm allocator. Prints a table (seconds per view, after the first view, PSNR) and writes the rows
-as JSON. ``--profile N`` then renders N more views inside ``torch.profiler`` (the first setting's path, ray step,
+as JSON. ``--profile N`` then renders N more views inside ``torch.profiler`` (the last setting's path, ray step,
 math and stop; the default windows and chunks) and prints where the device time went (the kernels, grouped by
 name, per view) beside the wall time per view: device time well under the wall time means the host bounds it.
 """
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | {r['early_termination'] or 'snapshot'} | "
             f"{r['seconds_per_view']:.4f} | {r['seconds_per_view_after_first']:.4f} | {r['psnr']:.3f} |"
         )
-    profile = profile_views(base, out, settings[0], opts.profile) if opts.profile > 0 else None
+    profile = profile_views(base, out, settings[-1], opts.profile) if opts.profile > 0 else None
     if opts.json:
         Path(opts.json).write_text(json.dumps({"rows": rows, "profile": profile} if profile else rows, indent=1))
     return rows
@@ -142,18 +142,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
 def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> dict:
     """Render ``views`` test views under ``setting`` (its path, ray step, math, stop) in ``torch.profiler``: the
     device's time per view by kernel name (the top 15 and the rest; on a machine without CUDA the CPU operators'
-    own time) beside the render's own seconds per view (the render tool's ``render.json``); prints a table."""
+    own time) beside the render's own seconds per view (the render tool's ``render.json``), and for the
+    ``single_pass`` renderers the rays, iterations, network rows and composited samples per view; prints a table."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    import hvd_ngp.render.infer as infer
     from hvd_ngp.tools import render
 
     path, _, _, _, _, steps, math, stop = setting
     args = [*base, *render_flags(steps, math, stop), "--inference", path, "--split_views", str(views)]
     cuda = torch.cuda.is_available() and "cpu" not in base
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        render.main(args)
+    stats, rays, plain = infer.InferenceStats(), [0], infer.render_rays_single_pass
+
+    def counted(rgb_sigma_fn, sigma_fn, origins, *more, **kw):
+        rays[0] += origins.shape[0]
+        return plain(rgb_sigma_fn, sigma_fn, origins, *more, **{**kw, "stats": stats})
+
+    infer.render_rays_single_pass = counted  # volume.inference_path looks it up at each render
+    try:
+        with profile(activities=activities) as prof:
+            render.main(args)
+    finally:
+        infer.render_rays_single_pass = plain
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     events = [e for e in prof.key_averages() if e.device_type == kind and e.count > 0]
 
@@ -173,7 +185,15 @@ def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> d
     print(f"| (the other {max(len(events) - 15, 0)}) | {total_ms - sum(ms for _, ms, _ in top):.2f} | |")
     launches = sum(e.count for e in events) / views
     print(f"launches per view: {launches:.0f}")
+    counts = {  # zeros for two_pass, which does not count
+        "rays_per_view": rays[0] / views,
+        "iterations_per_view": stats.iterations / views,
+        "network_rows_per_ray": stats.network_rows / max(rays[0], 1),
+        "composited_per_ray": int(stats.composited) / max(rays[0], 1),
+    }
+    print(", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in counts.items()))
     return {
+        **counts,
         "views": views,
         "render_ms_per_view": render_ms,
         "device": "cuda" if cuda else "cpu",

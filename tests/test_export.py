@@ -514,7 +514,7 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     spec.loader.exec_module(sweep)
     # the third: a 4x coarser ray step; the fourth: the colour network on composited samples only; the fifth:
     # tf32 math (the default is fp16), which a torch-backend field ignores; the sixth: rays stop at transmittance
-    # 0.5; then one view under the profiler (the first setting's)
+    # 0.5; then one view under the profiler (the last setting's)
     settings = (
         "two_pass:10:4:2,single_pass:12:4:8:128,single_pass:12:4:8::64,density_first:12:4:8,single_pass:12:2:16:::tf32,"
         "single_pass:12:4:8::::0.5"
@@ -543,7 +543,7 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     ]
     assert seen[0][:2] == seen[1][:2] == (4, 2) and seen[0][2] == before[4]  # two_pass's windows, a warm-up and all
     assert [w[2] for w in seen[2:11:2]] == [infer.InferenceWindows(*w) for w in ((4, 8),) * 3 + ((2, 16),) + ((4, 8),)]
-    assert len(seen) == 13 and seen[12][:2] == before[1:3]  # the profiled view: the default windows
+    assert len(seen) == 13 and seen[12][2] == before[4]  # the profiled view: the default windows
     assert rows[0]["psnr"] == rows[1]["psnr"] != rows[2]["psnr"] and all(r["seconds_per_view"] > 0 for r in rows)
     assert rows[3]["psnr"] == pytest.approx(rows[1]["psnr"], abs=1e-4)  # NGPField.colour on the kept rows alone
     assert rows[4]["psnr"] == rows[1]["psnr"]  # a torch-backend field: the kernels' math is not its (test_render)
@@ -552,6 +552,7 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     assert written["rows"] == rows
     profile = written["profile"]
     assert profile["views"] == 1 and profile["device"] == "cpu" and profile["render_ms_per_view"] > 0
+    assert profile["rays_per_view"] == 0  # the CPU renders by the reference, which the counts do not see
     assert profile["kernels"] and 0 < sum(k["ms_per_view"] for k in profile["kernels"]) <= profile["own_ms_per_view"]
     out = capsys.readouterr().out
     assert (
