@@ -2,7 +2,7 @@
 
     python benchmarks/inference_sweep.py SNAPSHOT --json OUT.json [--settings two_pass:20:32:2,single_pass:20:4:32]
 
-Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP]]]]``:
+Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE]]]]]``:
 
 - the inference path (``render.volume.INFERENCE_PATHS``);
 - ``render.plan.MAX_CHUNK_RAYS`` as a power of two;
@@ -15,14 +15,16 @@ Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP]]]]``:
 - the kernels' math (the render tool's ``--inference_math``: tf32, fp16 or ieee; absent:
   ``render.volume.INFERENCE_MATH``);
 - the transmittance at which a ray stops, ``marching.early_termination`` (absent: the snapshot's; instant-ngp
-  renders with 0.01: ``single_pass:20:8:128::1024::0.01`` marches as it does).
+  renders with 0.01: ``single_pass:20:8:128::1024::0.01`` marches as it does);
+- ``single_pass``'s update of the rays' state: ``fused`` (the default, ``render.infer.FUSED_UPDATE``: one
+  kernel) or ``torch`` (the count, the compositing and torch updates: the sequence it replaced).
 
 Every setting renders one view untimed (its kernels compile there), then the snapshot's test views (``--views``,
 all by default) with the render tool (``hvd-ngp-render --video none``) in this process, so each sees compiled
 kernels and a warm allocator. Prints a table (seconds per view, after the first view, PSNR) and writes the rows
 as JSON. ``--profile N`` then renders N more views inside ``torch.profiler`` (the last setting's path, ray step,
-math and stop; the default windows and chunks) and prints where the device time went (the kernels, grouped by
-name, per view) beside the wall time per view: device time well under the wall time means the host bounds it.
+math, stop and update; the default windows and chunks) and prints where the device time went (the kernels,
+grouped by name, per view) beside the render's time per view: device time well under it means the host bounds it.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ DEFAULT_SETTINGS = (  # the default first and last (a noise check); two_pass, tf
 )
 
 
-Setting = tuple[str, int, int, int, int | None, int | None, str | None, float | None]
+Setting = tuple[str, int, int, int, int | None, int | None, str | None, float | None, bool]
 
 
 def parse_setting(text: str) -> Setting:
     path, chunk, first, growth, *more = text.split(":")
-    segment, steps, math, stop = (more + ["", "", "", ""])[:4]
+    segment, steps, math, stop, update = (more + ["", "", "", "", ""])[:5]
+    if update not in ("", "fused", "torch"):
+        raise ValueError(f"setting {text!r}: the update is fused or torch, not {update!r}")
     return (
         path,
         int(chunk),
@@ -56,6 +60,7 @@ def parse_setting(text: str) -> Setting:
         int(steps) if steps else None,
         math or None,
         float(stop) if stop else None,
+        update != "torch",
     )
 
 
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument(
         "--settings",
         default=DEFAULT_SETTINGS,
-        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP]]]] (A:B: the windows)",
+        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE]]]]] (A:B: the windows)",
     )
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--views", type=int, default=-1, help="test views per setting (-1: all)")
@@ -94,9 +99,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     base = ["--load_snapshot", opts.snapshot, "--video", "none", "--out_dir", str(out), "--device", opts.device]
     rows = []
     defaults = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS
+    fused = infer.FUSED_UPDATE
     try:
-        for path, chunk, a, b, segment, steps, math, stop in settings:
+        for path, chunk, a, b, segment, steps, math, stop, update in settings:
             plan.MAX_CHUNK_RAYS = 1 << chunk
+            infer.FUSED_UPDATE = update
             if path == "two_pass":
                 fast.FIRST_WINDOW, fast.WINDOW_GROWTH = a, b
             else:
@@ -118,6 +125,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "steps_per_diagonal": steps,
                     "math": math or INFERENCE_MATH,  # asked for: the Triton backends' (a torch field ignores it)
                     "early_termination": stop,  # None: the snapshot's
+                    "update": "fused" if update else "torch",
                     "seconds_per_view": result["test_seconds_per_view"],
                     "seconds_per_view_after_first": result["test_seconds_per_view_after_first"],
                     "psnr": result["test_psnr"],
@@ -125,12 +133,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
     finally:
         plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS = defaults
-    print("| path | chunk | windows | segment | ray steps | math | stop | s per view | after the first | PSNR |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+        infer.FUSED_UPDATE = fused
+    print(
+        "| path | chunk | windows | segment | ray steps | math | stop | update | s per view | after the first | PSNR |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['windows']} | {r['segment']} | "
-            f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | {r['early_termination'] or 'snapshot'} | "
+            f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | {r['early_termination'] or 'snapshot'} | {r['update']} | "
             f"{r['seconds_per_view']:.4f} | {r['seconds_per_view_after_first']:.4f} | {r['psnr']:.3f} |"
         )
     profile = profile_views(base, out, settings[-1], opts.profile) if opts.profile > 0 else None
@@ -140,7 +151,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> dict:
-    """Render ``views`` test views under ``setting`` (its path, ray step, math, stop) in ``torch.profiler``: the
+    """Render ``views`` test views under ``setting`` (its path, ray step, math, stop, update) in ``torch.profiler``: the
     device's time per view by kernel name (the top 15 and the rest; on a machine without CUDA the CPU operators'
     own time) beside the render's own seconds per view (the render tool's ``render.json``), and for the
     ``single_pass`` renderers the rays, iterations, network rows and composited samples per view; prints a table."""
@@ -150,7 +161,7 @@ def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> d
     import hvd_ngp.render.infer as infer
     from hvd_ngp.tools import render
 
-    path, _, _, _, _, steps, math, stop = setting
+    path, _, _, _, _, steps, math, stop, update = setting
     args = [*base, *render_flags(steps, math, stop), "--inference", path, "--split_views", str(views)]
     cuda = torch.cuda.is_available() and "cpu" not in base
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -161,11 +172,12 @@ def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> d
         return plain(rgb_sigma_fn, sigma_fn, origins, *more, **{**kw, "stats": stats})
 
     infer.render_rays_single_pass = counted  # volume.inference_path looks it up at each render
+    fused, infer.FUSED_UPDATE = infer.FUSED_UPDATE, update
     try:
         with profile(activities=activities) as prof:
             render.main(args)
     finally:
-        infer.render_rays_single_pass = plain
+        infer.render_rays_single_pass, infer.FUSED_UPDATE = plain, fused
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     events = [e for e in prof.key_averages() if e.device_type == kind and e.count > 0]
 

@@ -517,29 +517,19 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     # 0.5; then one view under the profiler (the last setting's)
     settings = (
         "two_pass:10:4:2,single_pass:12:4:8:128,single_pass:12:4:8::64,density_first:12:4:8,single_pass:12:2:16:::tf32,"
-        "single_pass:12:4:8::::0.5"
+        "single_pass:12:4:8::::0.5:torch"
     )
     argv = ["--views", "1", "--device", "cpu", "--json", str(tmp_path / "s.json"), "--profile", "1"]
     rows = sweep.main([str(snapshot), "--settings", settings, *argv])
     segment = fast.INFERENCE_LAUNCH.segment
-    assert [
-        (
-            r["path"],
-            r["chunk_rays"],
-            r["windows"],
-            r["segment"],
-            r["steps_per_diagonal"],
-            r["math"],
-            r["early_termination"],
-        )
-        for r in rows
-    ] == [
-        ("two_pass", 1024, "4:2", segment, None, INFERENCE_MATH, None),
-        ("single_pass", 4096, "4:8", 128, None, INFERENCE_MATH, None),
-        ("single_pass", 4096, "4:8", segment, 64, INFERENCE_MATH, None),
-        ("density_first", 4096, "4:8", segment, None, INFERENCE_MATH, None),
-        ("single_pass", 4096, "2:16", segment, None, "tf32", None),
-        ("single_pass", 4096, "4:8", segment, None, INFERENCE_MATH, 0.5),
+    keys = ("path", "chunk_rays", "windows", "segment", "steps_per_diagonal", "math", "early_termination", "update")
+    assert [tuple(r[k] for k in keys) for r in rows] == [
+        ("two_pass", 1024, "4:2", segment, None, INFERENCE_MATH, None, "fused"),
+        ("single_pass", 4096, "4:8", 128, None, INFERENCE_MATH, None, "fused"),
+        ("single_pass", 4096, "4:8", segment, 64, INFERENCE_MATH, None, "fused"),
+        ("density_first", 4096, "4:8", segment, None, INFERENCE_MATH, None, "fused"),
+        ("single_pass", 4096, "2:16", segment, None, "tf32", None, "fused"),
+        ("single_pass", 4096, "4:8", segment, None, INFERENCE_MATH, 0.5, "torch"),
     ]
     assert seen[0][:2] == seen[1][:2] == (4, 2) and seen[0][2] == before[4]  # two_pass's windows, a warm-up and all
     assert [w[2] for w in seen[2:11:2]] == [infer.InferenceWindows(*w) for w in ((4, 8),) * 3 + ((2, 16),) + ((4, 8),)]
@@ -560,3 +550,4 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
         and f"| 4:8 | {segment} | 64 |" in out
     )
     assert (plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS) == before
+    assert infer.FUSED_UPDATE is True

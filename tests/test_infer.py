@@ -71,6 +71,27 @@ def test_single_pass_renders_the_reference_image_with_one_network_pass():
     assert stats.iterations >= 3 and int((out[1] > 0.99).sum()) >= 8
 
 
+def test_single_pass_updates_the_rays_in_one_kernel_as_the_torch_sequence_did(monkeypatch):
+    """``infer.FUSED_UPDATE`` (``composite_into``) against the count, ``composite`` and torch updates it replaced:
+    the same rgb, opacity, depth and composited samples, with rays stopping across windows."""
+    import hvd_ngp.render.infer as infer
+
+    aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
+    o, d, j = random_rays(20, torch.tensor([0.5] * 3), 2.0, 12)
+    outs = []
+    for fused in (True, False):
+        monkeypatch.setattr(infer, "FUSED_UPDATE", fused)
+        stats = InferenceStats()
+        out = render_rays_single_pass(
+            rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, jitter=j, windows=InferenceWindows(2, 8), stats=stats
+        )
+        outs.append((out, int(stats.composited), stats.iterations))
+    (fused_out, fused_n, fused_it), (torch_out, torch_n, torch_it) = outs
+    for a, b in zip(fused_out, torch_out):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert fused_n == torch_n > 0 and fused_it == torch_it >= 3
+
+
 def test_single_pass_without_early_termination_composites_every_candidate():
     aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
     o, d, j = random_rays(8, torch.tensor([0.5] * 3), 2.0, 13)

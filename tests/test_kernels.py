@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,7 +43,7 @@ from hvd_ngp.model.encoding.hashgrid_triton import (  # noqa: E402
 from hvd_ngp.model.encoding.sh import SphericalHarmonics  # noqa: E402
 from hvd_ngp.model.encoding.sh_triton import SphericalHarmonicsTriton  # noqa: E402
 from hvd_ngp.render.compact_triton import compact_gather  # noqa: E402
-from hvd_ngp.render.composite_triton import composite, count_until_opaque  # noqa: E402
+from hvd_ngp.render.composite_triton import composite, composite_into, count_until_opaque  # noqa: E402
 from hvd_ngp.render.fast import compact_gather_torch  # noqa: E402
 from hvd_ngp.render.march_triton import CANDIDATE_LAUNCHES, LAUNCH, MarchLaunch, march_packed  # noqa: E402
 
@@ -455,6 +456,45 @@ def test_count_until_opaque_matches_reference_transmittance():
     assert torch.equal(keep.cpu().long(), expected)
 
 
+def test_composite_into_is_the_count_the_composite_and_the_state_update_it_replaces():
+    """``composite_into`` (one kernel) against ``count_until_opaque`` with a carried log_t, ``composite`` of the
+    kept prefix and the torch updates of the rays' state it replaces in ``render.infer``: a group of 40 rays of
+    60 (ids shuffled), some carrying a log_t near or past the stop, in fp32 and fp16; and with no stop (eps 0)."""
+    sigma, rgb, dt, t, start, count, _, _ = packed_problem(9)
+    g = torch.Generator().manual_seed(3)
+    R, G = 60, start.shape[0]
+    ids = torch.randperm(R, generator=g)[:G]
+    log_t0 = -torch.rand(R, generator=g) * 3
+    log_t0[ids[:5]] = math.log(1e-2) + torch.tensor([-0.1, 0.0, 1e-3, 0.05, 0.5])  # past, at, just before the stop
+    trans0 = torch.rand(R, generator=g) * 0.9 + 0.1
+    rgb0, depth0 = torch.rand(R, 3, generator=g), torch.rand(R, generator=g)
+    for dtype, eps in ((torch.float32, 1e-2), (torch.float16, 1e-2), (torch.float32, 0.0)):
+        s, c = sigma.to(dtype).to(DEV), rgb.to(dtype).to(DEV)
+        dts, ts, st, ct, idd = dt.to(DEV), t.to(DEV), start.to(DEV), count.to(DEV), ids.to(DEV)
+        # the sequence render.infer ran before
+        log_t, trans, acc, dep = (v.clone().to(DEV) for v in (log_t0, trans0, rgb0, depth0))
+        carried = log_t[idd].contiguous()
+        keep_ref = count_until_opaque(s, dts, st, ct, eps, carried)
+        log_t[idd] = carried
+        w_rgb, w_op, w_depth = composite(s, c, dts, ts, st, keep_ref)
+        before = trans[idd]
+        acc[idd] += before[:, None] * w_rgb
+        dep[idd] += before * w_depth
+        trans[idd] = before * (1.0 - w_op)
+        # the one kernel
+        log_t2, trans2, acc2, dep2 = (v.clone().to(DEV) for v in (log_t0, trans0, rgb0, depth0))
+        keep = composite_into(s, c, dts, ts, st, ct, idd, eps, log_t2, trans2, acc2, dep2)
+        assert torch.equal(keep, keep_ref), (dtype, eps)
+        assert int(keep[:5].sum()) < int(ct[:5].sum()) or eps == 0  # the carried stops cut windows short
+        for got, want in ((log_t2, log_t), (trans2, trans), (acc2, acc), (dep2, dep)):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+        untouched = torch.ones(R, dtype=torch.bool)
+        untouched[ids] = False
+        assert torch.equal(trans2.cpu()[untouched], trans0[untouched]) and torch.equal(
+            acc2.cpu()[untouched], rgb0[untouched]
+        )
+
+
 def ball_scene(density: float = 40.0, occupied: bool = True):
     """A unit box (its occupancy grid all occupied, or random), a fine uniform step and a soft ball of radius
     0.3 at its centre: (aabb, grid, schedule, sigma_fn(x, n_rows=None), rgb_sigma_fn(x, dirs, n_rows=None))."""
@@ -693,6 +733,8 @@ def exercise_kernels() -> None:
         s, c = sigma.to(dtype).requires_grad_(True), rgb.to(dtype).requires_grad_(True)
         sum(x.sum() for x in composite(s, c, dt, t, start, count)).backward()
         count_until_opaque(s.detach(), dt, start, count, 1e-2)
+        state = torch.zeros(8), torch.ones(8), torch.zeros(8, 3), torch.zeros(8)  # log_t, transmittance, rgb, depth
+        composite_into(s.detach(), c.detach(), dt, t, start, count, torch.arange(6) + 2, 1e-2, *state)
     tiles = {k: torch.zeros(2, dtype=torch.int64) for k in ("image", "x0", "y0")}
     tiles.update(w=torch.ones(2, dtype=torch.int64), h=torch.ones(2, dtype=torch.int64))
     for offsets, weight, images in (
@@ -825,6 +867,7 @@ def test_every_kernel_compiles_for_hopper(tmp_path, monkeypatch):
         "_composite_fwd",
         "_composite_bwd",
         "_count_until_opaque",
+        "_composite_into",
         "_mlp_fwd",
         "_mlp_bwd",
         "_draw_rays",

@@ -1,6 +1,7 @@
 """Volume compositing of packed samples in Triton: forward, backward, and the early-termination count.
 
-Twin of ``hvd_ngp.render.volume.transmittance_weights`` + ``accumulate`` (the dense-lane reference). Each
+Twin of ``hvd_ngp.render.volume.transmittance_weights`` + ``accumulate`` (the dense-lane reference);
+``composite_into`` is inference's count, compositing and ray-state update in one launch. Each
 ray's samples are contiguous: ``start[r] .. start[r] + count[r]``. One lane per ray walks its
 samples front to back keeping the transmittance in a register. The backward recomputes the
 forward from the saved totals (instant-ngp's scheme), so nothing per sample is stored:
@@ -20,15 +21,15 @@ from torch import Tensor
 
 @triton.jit
 def _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live):
-    """Packed samples ``i`` of the live lanes: distance t, step dt, colour (r, g, b) in fp32 and the
-    decay exp(-sigma dt) across the sample (1 on lanes past their ray's end: weight 0)."""
+    """Packed samples ``i`` of the live lanes: distance t, step dt, colour (r, g, b) in fp32, the
+    decay exp(-sigma dt) across the sample (1 on lanes past their ray's end: weight 0) and sigma dt."""
     sigma = tl.load(sigma_ptr + i, mask=live, other=0.0).to(tl.float32)
     dt = tl.load(dt_ptr + i, mask=live, other=0.0)
     t = tl.load(t_ptr + i, mask=live, other=0.0)
     r = tl.load(rgb_ptr + i * 3 + 0, mask=live, other=0.0).to(tl.float32)
     g = tl.load(rgb_ptr + i * 3 + 1, mask=live, other=0.0).to(tl.float32)
     b = tl.load(rgb_ptr + i * 3 + 2, mask=live, other=0.0).to(tl.float32)
-    return t, dt, r, g, b, tl.exp(-sigma * dt)
+    return t, dt, r, g, b, tl.exp(-sigma * dt), sigma * dt
 
 
 @triton.jit
@@ -60,7 +61,7 @@ def _composite_fwd(
     while j < n_max:
         live = j < count
         i = start + j
-        t, _, sr, sg, sb, decay = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
+        t, _, sr, sg, sb, decay, _ = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
         w = T * (1.0 - decay)
         cr += w * sr
         cg += w * sg
@@ -119,7 +120,7 @@ def _composite_bwd(
     while j < n_max:
         live = j < count
         i = start + j
-        t, dt, cr, cg, cb, decay = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
+        t, dt, cr, cg, cb, decay, _ = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
         w = T * (1.0 - decay)
         T_next = T * decay
         gc = gr * cr + gg * cg + gb * cb + go + gd * t
@@ -161,6 +162,67 @@ def _count_until_opaque(
     tl.store(keep_ptr + r, keep, mask=m)
     if CARRY:
         tl.store(log_t_ptr + r, log_T, mask=m)
+
+
+@triton.jit
+def _composite_into(
+    sigma_ptr,
+    rgb_ptr,
+    dt_ptr,
+    t_ptr,
+    start_ptr,
+    count_ptr,
+    ids_ptr,
+    log_t_ptr,
+    trans_ptr,
+    acc_rgb_ptr,
+    acc_depth_ptr,
+    keep_ptr,
+    R,
+    eps,
+    BLOCK: tl.constexpr,
+):
+    """``_count_until_opaque`` (CARRY) and ``_composite_fwd`` over the kept prefix, in one walk, for the group's
+    lane r = ray ids[r]: its colour and depth go onto acc_*[ray] under its transmittance trans[ray], which then
+    takes the window's decay; log_t[ray] carries -sum(sigma dt)."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = r < R
+    ray = tl.load(ids_ptr + r, mask=m, other=0).to(tl.int64)
+    start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
+    count = tl.load(count_ptr + r, mask=m, other=0)
+    log_T = tl.load(log_t_ptr + ray, mask=m, other=0.0)
+    log_eps = tl.log(eps)
+    T = tl.full((BLOCK,), 1.0, tl.float32)
+    cr = tl.zeros((BLOCK,), tl.float32)
+    cg = tl.zeros((BLOCK,), tl.float32)
+    cb = tl.zeros((BLOCK,), tl.float32)
+    op = tl.zeros((BLOCK,), tl.float32)
+    dep = tl.zeros((BLOCK,), tl.float32)
+    keep = tl.zeros((BLOCK,), tl.int32)
+    n_max = tl.max(count, axis=0)
+    j = 0
+    while j < n_max:
+        live = (j < count) & (log_T > log_eps)
+        i = start + j
+        t, dt, sr, sg, sb, decay, sigma_dt = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
+        w = T * (1.0 - decay)
+        cr += w * sr
+        cg += w * sg
+        cb += w * sb
+        op += w
+        dep += w * t
+        T = tl.where(live, T * decay, T)
+        keep += live.to(tl.int32)
+        log_T = log_T - sigma_dt
+        j += 1
+    before = tl.load(trans_ptr + ray, mask=m, other=0.0)
+    tl.store(acc_rgb_ptr + ray * 3 + 0, tl.load(acc_rgb_ptr + ray * 3 + 0, mask=m, other=0.0) + before * cr, mask=m)
+    tl.store(acc_rgb_ptr + ray * 3 + 1, tl.load(acc_rgb_ptr + ray * 3 + 1, mask=m, other=0.0) + before * cg, mask=m)
+    tl.store(acc_rgb_ptr + ray * 3 + 2, tl.load(acc_rgb_ptr + ray * 3 + 2, mask=m, other=0.0) + before * cb, mask=m)
+    tl.store(acc_depth_ptr + ray, tl.load(acc_depth_ptr + ray, mask=m, other=0.0) + before * dep, mask=m)
+    tl.store(trans_ptr + ray, before * (1.0 - op), mask=m)
+    tl.store(log_t_ptr + ray, log_T, mask=m)
+    tl.store(keep_ptr + r, keep, mask=m)
 
 
 BLOCK = 64
@@ -239,5 +301,49 @@ def count_until_opaque(
             float(eps),
             BLOCK=BLOCK,
             CARRY=log_t is not None,
+        )
+    return keep
+
+
+def composite_into(
+    sigma: Tensor,
+    rgb: Tensor,
+    dt: Tensor,
+    t: Tensor,
+    start: Tensor,
+    count: Tensor,
+    ids: Tensor,
+    eps: float,
+    log_t: Tensor,
+    transmittance: Tensor,
+    acc_rgb: Tensor,
+    acc_depth: Tensor,
+) -> Tensor:
+    """Inference (no gradients): for lane r of a group of rays (ray ``ids[r]``, ``[G]`` int64, no repeats), its
+    packed samples ``start[r] .. start[r] + count[r]`` (sigma ``[M]``, rgb ``[M, 3]``, dt, t ``[M]``) up to
+    transmittance ``eps`` (``count_until_opaque`` with ``log_t``) composited (``composite``) and added to the
+    ray's state, all ``[R]``/``[R, 3]`` float32 contiguous and updated in place: ``acc_rgb`` and ``acc_depth``
+    += transmittance x the window's colour and depth, ``transmittance`` x= 1 - the window's opacity, ``log_t``
+    -= sum(sigma dt) over the kept samples. One launch where the torch sequence takes about fifteen. Returns the
+    kept count per lane ``[G]`` int32."""
+    G = start.shape[0]
+    keep = torch.empty(G, device=sigma.device, dtype=torch.int32)
+    if G:
+        _composite_into[_grid(G)](
+            sigma.contiguous(),
+            rgb.contiguous(),
+            dt.float().contiguous(),
+            t.float().contiguous(),
+            start,
+            count,
+            ids,
+            log_t,
+            transmittance,
+            acc_rgb,
+            acc_depth,
+            keep,
+            G,
+            float(eps),
+            BLOCK=BLOCK,
         )
     return keep

@@ -14,9 +14,11 @@ Here, per iteration, in groups of alive rays that fill the workspace:
    kernel; ``density_first``: ``fast.compact`` and gathers, which also give each row's ray); reading their
    number is a host wait;
 3. the whole network on them (``rgb_sigma_fn``, ``plan.rows`` at a time);
-4. per ray, the prefix whose transmittance before it exceeds ``early_termination`` (``count_until_opaque``,
-   the -sum(sigma dt) carried from the iterations before) is composited (``composite`` reads just that prefix)
-   under the carried transmittance; the rest of the window is the only evaluation wasted;
+4. per ray, the prefix whose transmittance before it exceeds ``early_termination`` (the -sum(sigma dt) carried
+   from the iterations before) is composited under the carried transmittance, and the ray's colour, depth,
+   transmittance and -sum(sigma dt) are updated, in one kernel (``composite_into``; ``density_first``:
+   ``count_until_opaque``, its colour pass, ``composite`` and torch updates); the rest of the window is the only
+   evaluation wasted;
 5. rays that are opaque or whose window came back short (no candidates left) drop out; ``width`` grows as rays
    die (``InferenceWindows``), so each iteration evaluates about as many samples as the first.
 Host synchronisations: one per group (its sample count) and one per iteration (the alive rays), none per
@@ -35,7 +37,7 @@ from torch import Tensor
 from ..observe.profiling import NULL_TIMER, StageTimer
 from . import fast
 from .compact_triton import compact_gather
-from .composite_triton import composite, count_until_opaque
+from .composite_triton import composite, composite_into, count_until_opaque
 from .fast import RenderWorkspace
 from .march_triton import march_window
 from .occupancy import OccupancyGrid
@@ -74,6 +76,9 @@ class InferenceWindows:
 
 #: the windows inference renders with unless told otherwise
 WINDOWS = InferenceWindows()
+#: ``single_pass`` updates the rays' state in the compositing kernel (``composite_into``); False: the count,
+#: ``composite`` and torch updates (``density_first``'s sequence), kept to time one against the other
+FUSED_UPDATE = True
 
 
 @dataclass
@@ -204,20 +209,27 @@ def render_rays_single_pass(
             else:
                 c, sigma = by_rows(lambda s: rgb_sigma_fn(x[s], dr[s]), n, plan.rows)
             timer.mark("network")
-            carried = log_t[ids].contiguous()
-            keep = count_until_opaque(sigma, dt, start, count, early_termination, carried)
-            log_t[ids] = carried
-            if colour_after_density:
+            if colour_after_density or not FUSED_UPDATE:  # density_first: the count first, then colour the kept
+                carried = log_t[ids].contiguous()
+                keep = count_until_opaque(sigma, dt, start, count, early_termination, carried)
+                log_t[ids] = carried
                 timer.mark("composite")
-                c, coloured = colour_of_kept(cast(SplitField, rgb_sigma_fn), x, dr, ray, geo, start, keep, plan.rows)
-                timer.mark("network")
-                if stats is not None:
-                    stats.colour_rows += coloured
-            w_rgb, w_opacity, w_depth = composite(sigma, c, dt, t, start, keep)
-            before = transmittance[ids]
-            rgb[ids] += before[:, None] * w_rgb
-            depth[ids] += before * w_depth
-            transmittance[ids] = before * (1.0 - w_opacity)
+                if colour_after_density:
+                    c, coloured = colour_of_kept(
+                        cast(SplitField, rgb_sigma_fn), x, dr, ray, geo, start, keep, plan.rows
+                    )
+                    timer.mark("network")
+                    if stats is not None:
+                        stats.colour_rows += coloured
+                w_rgb, w_opacity, w_depth = composite(sigma, c, dt, t, start, keep)
+                before = transmittance[ids]
+                rgb[ids] += before[:, None] * w_rgb
+                depth[ids] += before * w_depth
+                transmittance[ids] = before * (1.0 - w_opacity)
+            else:  # the count, the compositing and the rays' state in one kernel
+                keep = composite_into(
+                    sigma, c, dt, t, start, count, ids, early_termination, log_t, transmittance, rgb, depth
+                )
             timer.mark("composite")
             if stats is not None:
                 stats.network_rows += n
