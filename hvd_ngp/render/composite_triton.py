@@ -33,6 +33,42 @@ def _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live):
 
 
 @triton.jit
+def _front_to_back(
+    sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start, count, log_T, log_eps, BLOCK: tl.constexpr, STOP: tl.constexpr
+):
+    """Each lane's samples ``start .. start + count`` front to back: its composited (r, g, b), opacity and depth.
+    STOP: only while -sum(sigma dt), carried from ``log_T``, stays above ``log_eps`` (``_count_until_opaque``'s
+    rule); also returns that count and the carried sum (without STOP: zeros and ``log_T``)."""
+    T = tl.full((BLOCK,), 1.0, tl.float32)
+    cr = tl.zeros((BLOCK,), tl.float32)
+    cg = tl.zeros((BLOCK,), tl.float32)
+    cb = tl.zeros((BLOCK,), tl.float32)
+    op = tl.zeros((BLOCK,), tl.float32)
+    dep = tl.zeros((BLOCK,), tl.float32)
+    keep = tl.zeros((BLOCK,), tl.int32)
+    n_max = tl.max(count, axis=0)
+    j = 0
+    while j < n_max:
+        live = j < count
+        if STOP:
+            live = live & (log_T > log_eps)
+        i = start + j
+        t, _, sr, sg, sb, decay, sigma_dt = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
+        w = T * (1.0 - decay)
+        cr += w * sr
+        cg += w * sg
+        cb += w * sb
+        op += w
+        dep += w * t
+        T = tl.where(live, T * decay, T)
+        if STOP:
+            keep += live.to(tl.int32)
+            log_T = log_T - sigma_dt
+        j += 1
+    return cr, cg, cb, op, dep, keep, log_T
+
+
+@triton.jit
 def _composite_fwd(
     sigma_ptr,
     rgb_ptr,
@@ -50,26 +86,10 @@ def _composite_fwd(
     m = r < R
     start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
     count = tl.load(count_ptr + r, mask=m, other=0)
-    T = tl.full((BLOCK,), 1.0, tl.float32)
-    cr = tl.zeros((BLOCK,), tl.float32)
-    cg = tl.zeros((BLOCK,), tl.float32)
-    cb = tl.zeros((BLOCK,), tl.float32)
-    op = tl.zeros((BLOCK,), tl.float32)
-    dep = tl.zeros((BLOCK,), tl.float32)
-    n_max = tl.max(count, axis=0)
-    j = 0
-    while j < n_max:
-        live = j < count
-        i = start + j
-        t, _, sr, sg, sb, decay, _ = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
-        w = T * (1.0 - decay)
-        cr += w * sr
-        cg += w * sg
-        cb += w * sb
-        op += w
-        dep += w * t
-        T = tl.where(live, T * decay, T)
-        j += 1
+    no_stop = tl.zeros((BLOCK,), tl.float32)
+    cr, cg, cb, op, dep, _, _ = _front_to_back(
+        sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start, count, no_stop, 0.0, BLOCK, False
+    )
     tl.store(out_rgb_ptr + r * 3 + 0, cr, mask=m)
     tl.store(out_rgb_ptr + r * 3 + 1, cg, mask=m)
     tl.store(out_rgb_ptr + r * 3 + 2, cb, mask=m)
@@ -191,30 +211,9 @@ def _composite_into(
     start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
     count = tl.load(count_ptr + r, mask=m, other=0)
     log_T = tl.load(log_t_ptr + ray, mask=m, other=0.0)
-    log_eps = tl.log(eps)
-    T = tl.full((BLOCK,), 1.0, tl.float32)
-    cr = tl.zeros((BLOCK,), tl.float32)
-    cg = tl.zeros((BLOCK,), tl.float32)
-    cb = tl.zeros((BLOCK,), tl.float32)
-    op = tl.zeros((BLOCK,), tl.float32)
-    dep = tl.zeros((BLOCK,), tl.float32)
-    keep = tl.zeros((BLOCK,), tl.int32)
-    n_max = tl.max(count, axis=0)
-    j = 0
-    while j < n_max:
-        live = (j < count) & (log_T > log_eps)
-        i = start + j
-        t, dt, sr, sg, sb, decay, sigma_dt = _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live)
-        w = T * (1.0 - decay)
-        cr += w * sr
-        cg += w * sg
-        cb += w * sb
-        op += w
-        dep += w * t
-        T = tl.where(live, T * decay, T)
-        keep += live.to(tl.int32)
-        log_T = log_T - sigma_dt
-        j += 1
+    cr, cg, cb, op, dep, keep, log_T = _front_to_back(
+        sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start, count, log_T, tl.log(eps), BLOCK, True
+    )
     before = tl.load(trans_ptr + ray, mask=m, other=0.0)
     tl.store(acc_rgb_ptr + ray * 3 + 0, tl.load(acc_rgb_ptr + ray * 3 + 0, mask=m, other=0.0) + before * cr, mask=m)
     tl.store(acc_rgb_ptr + ray * 3 + 1, tl.load(acc_rgb_ptr + ray * 3 + 1, mask=m, other=0.0) + before * cg, mask=m)
