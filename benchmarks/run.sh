@@ -173,7 +173,7 @@ PY
       "old tree $([[ -d $S/old ]] && echo yes || echo no); /tmp/site: $(find /tmp/site -maxdepth 1 -name '*.dist-info' | wc -l) packages"
     ;;
   gpu-tests)
-    files=${HVD_NGP_TESTS:-tests/test_kernels.py tests/test_mlp_kernels.py tests/test_graphed.py tests/test_ahead.py tests/test_encoding.py tests/test_render.py tests/test_memory.py tests/test_evaluation.py tests/test_failures.py tests/test_observability_gpu.py}
+    files=${HVD_NGP_TESTS:-tests/test_kernels.py tests/test_infer.py tests/test_mlp_kernels.py tests/test_graphed.py tests/test_ahead.py tests/test_encoding.py tests/test_render.py tests/test_memory.py tests/test_evaluation.py tests/test_failures.py tests/test_observability_gpu.py}
     logs=()
     for f in $files; do
       log=$out/pytest_$(basename "$f" .py).log; logs+=("$log")

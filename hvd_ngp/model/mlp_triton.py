@@ -127,7 +127,7 @@ def _sh_input(d_ptr, x_ptr, x_row, x_col, r, rm, k, SH: tl.constexpr, IN: tl.con
     return tl.where(rm[:, None], t, 0.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N",))
 def _mlp_fwd(
     x_ptr,
     x_row,

@@ -21,7 +21,8 @@ from torch import Tensor
 BLOCK = 256
 
 
-@triton.jit
+# sizes, not constants: inference packs groups of every size, and each new value would compile a variant
+@triton.jit(do_not_specialize=("R", "S", "STEPS"))
 def _compact_gather(
     keep_ptr,
     ends_ptr,
@@ -41,7 +42,7 @@ def _compact_gather(
     total_out,
     R,
     S,
-    STEPS: tl.constexpr,
+    STEPS,
     BLOCK: tl.constexpr,
 ):
     lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -64,7 +65,7 @@ def _compact_gather(
     s = lane.to(tl.int64)
     lo = tl.zeros((BLOCK,), dtype=tl.int32)
     hi = tl.full((BLOCK,), R, dtype=tl.int32)
-    for _ in tl.static_range(STEPS):
+    for _ in range(STEPS):
         open_ = lo < hi
         mid = (lo + hi) // 2
         below = tl.load(ends_ptr + mid, mask=ms & open_, other=0) <= s

@@ -154,7 +154,7 @@ def _composite_bwd(
         j += 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("R",))
 def _count_until_opaque(
     sigma_ptr, dt_ptr, start_ptr, count_ptr, keep_ptr, log_t_ptr, R, eps, BLOCK: tl.constexpr, CARRY: tl.constexpr
 ):
@@ -184,7 +184,7 @@ def _count_until_opaque(
         tl.store(log_t_ptr + r, log_T, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("R",))
 def _composite_into(
     sigma_ptr,
     rgb_ptr,

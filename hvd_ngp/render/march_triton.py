@@ -70,7 +70,9 @@ def _dt_cascade(dt, cell0):
     return tl.ceil(tl.log2(tl.maximum(dt / cell0, 1e-12)))
 
 
-@triton.jit
+# the ray count, capacity and window width change from call to call in inference: not specialised on (each
+# new value's divisibility would compile another variant of this large kernel in the middle of a render)
+@triton.jit(do_not_specialize=("R", "capacity", "width"))
 def _march(
     o_ptr,
     d_ptr,

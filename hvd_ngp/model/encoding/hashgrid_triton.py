@@ -102,7 +102,7 @@ def _point_cells(x_ptr, scale_ptr, res_ptr, size_ptr, offset_ptr, hashed_ptr, N,
     return i, m, level, cx, cy, cz, fx, fy, fz, res, size, offset, hashed
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N",))
 def _hashgrid_fwd(
     x_ptr,
     table_ptr,
