@@ -184,7 +184,7 @@ def test_ctrl_c_to_the_process_group_stops_with_a_checkpoint(launcher, scene_cac
 
 def test_resume_after_a_stop_continues_the_same_trajectory(scene_cache, tmp_path):
     """Stop on a signal at some step S, resume: the final state is bit-identical to an uninterrupted run."""
-    n = "300"
+    n = "150"
     straight = subprocess.run(
         launch_cmd(
             "horovodrun-mpi",
