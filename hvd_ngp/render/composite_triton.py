@@ -68,7 +68,7 @@ def _front_to_back(
     return cr, cg, cb, op, dep, keep, log_T
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("R",))  # renders composite groups of every size
 def _composite_fwd(
     sigma_ptr,
     rgb_ptr,

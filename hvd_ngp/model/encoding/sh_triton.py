@@ -60,7 +60,7 @@ def sh_basis(x, y, z, C: tl.constexpr):
     return v
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N",))
 def _sh_concat(
     d_ptr, geo_ptr, geo_row, geo_col, out_ptr, N, DEGREE: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr
 ):
