@@ -310,13 +310,13 @@ def test_a_window_resumes_where_the_last_one_stopped():
     assert resume.tolist()[0] == [0, 16, 32, 48, 64, 80]
     done, windows = torch.zeros(10, dtype=torch.int32, device=DEV), 0
     while bool((done < total).any()):
-        skip, take = candidate_windows(seg_count, done, done + 5)
+        skip, take = candidate_windows(seg_count, done, done + 8)
         n = int(take.sum())
         walked = march_write(o, d, aabb, grid, sch, j, take, n, launch=launch, skip=skip)
         resumed = march_write(o, d, aabb, grid, sch, j, take, n, launch=launch, skip=skip, resume=resume)
         for name in ("t", "dt", "ray", "start", "count"):
             assert torch.equal(getattr(resumed, name)[:n], getattr(walked, name)[:n]), (windows, name)
-        done, windows = done + 5, windows + 1
+        done, windows = done + 8, windows + 1
     assert windows >= 3 and int(total.max()) > 16  # several windows; rays with candidates in several segments
     assert bool((resume >= window_start(10, sch, launch, DEV)).all())
 

@@ -221,7 +221,7 @@ def test_hashgrid_backward_merging_runs_matches_reference(spec, merge):
     with torch.no_grad():
         ref.params.normal_()
         fast.params.copy_(ref.params)
-    n = 300 if SMALL else 1 << 16
+    n = 200 if SMALL else 1 << 16
     for x, count in (
         (rays_of_points(n, 40, 1 / 256, 2).to(DEV), None),
         (torch.rand(n, 3, device=DEV), None),
