@@ -20,6 +20,15 @@ from torch import Tensor
 
 
 @triton.jit
+def _lanes(start_ptr, count_ptr, R, BLOCK: tl.constexpr):
+    """This program's lanes r (one ray each), which are real (r < R), and their rays' packed samples: first
+    (int64) and how many."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = r < R
+    return r, m, tl.load(start_ptr + r, mask=m, other=0).to(tl.int64), tl.load(count_ptr + r, mask=m, other=0)
+
+
+@triton.jit
 def _sample(sigma_ptr, rgb_ptr, dt_ptr, t_ptr, i, live):
     """Packed samples ``i`` of the live lanes: distance t, step dt, colour (r, g, b) in fp32, the
     decay exp(-sigma dt) across the sample (1 on lanes past their ray's end: weight 0) and sigma dt."""
@@ -82,10 +91,7 @@ def _composite_fwd(
     R,
     BLOCK: tl.constexpr,
 ):
-    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = r < R
-    start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
-    count = tl.load(count_ptr + r, mask=m, other=0)
+    r, m, start, count = _lanes(start_ptr, count_ptr, R, BLOCK)
     no_stop = tl.zeros((BLOCK,), tl.float32)
     cr, cg, cb, op, dep, _, _ = _front_to_back(
         sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start, count, no_stop, 0.0, BLOCK, False
@@ -116,10 +122,7 @@ def _composite_bwd(
     R,
     BLOCK: tl.constexpr,
 ):
-    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = r < R
-    start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
-    count = tl.load(count_ptr + r, mask=m, other=0)
+    r, m, start, count = _lanes(start_ptr, count_ptr, R, BLOCK)
     gr = tl.load(g_rgb_ptr + r * 3 + 0, mask=m, other=0.0)
     gg = tl.load(g_rgb_ptr + r * 3 + 1, mask=m, other=0.0)
     gb = tl.load(g_rgb_ptr + r * 3 + 2, mask=m, other=0.0)
@@ -160,10 +163,7 @@ def _count_until_opaque(
 ):
     """keep[r]: the samples of ray r whose transmittance before them exceeds eps (a prefix). CARRY: the ray's
     -sum(sigma dt) starts from log_t[r] (its samples before these) and is written back after the kept ones."""
-    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = r < R
-    start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
-    count = tl.load(count_ptr + r, mask=m, other=0)
+    r, m, start, count = _lanes(start_ptr, count_ptr, R, BLOCK)
     log_T = tl.zeros((BLOCK,), tl.float32)  # -sum(sigma dt) so far, as the reference computes it
     if CARRY:
         log_T = tl.load(log_t_ptr + r, mask=m, other=0.0)
@@ -205,11 +205,8 @@ def _composite_into(
     """``_count_until_opaque`` (CARRY) and ``_composite_fwd`` over the kept prefix, in one walk, for the group's
     lane r = ray ids[r]: its colour and depth go onto acc_*[ray] under its transmittance trans[ray], which then
     takes the window's decay; log_t[ray] carries -sum(sigma dt)."""
-    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = r < R
+    r, m, start, count = _lanes(start_ptr, count_ptr, R, BLOCK)
     ray = tl.load(ids_ptr + r, mask=m, other=0).to(tl.int64)
-    start = tl.load(start_ptr + r, mask=m, other=0).to(tl.int64)
-    count = tl.load(count_ptr + r, mask=m, other=0)
     log_T = tl.load(log_t_ptr + ray, mask=m, other=0.0)
     cr, cg, cb, op, dep, keep, log_T = _front_to_back(
         sigma_ptr, rgb_ptr, dt_ptr, t_ptr, start, count, log_T, tl.log(eps), BLOCK, True
