@@ -735,6 +735,10 @@ def exercise_kernels() -> None:
         count_until_opaque(s.detach(), dt, start, count, 1e-2)
         state = torch.zeros(8), torch.ones(8), torch.zeros(8, 3), torch.zeros(8)  # log_t, transmittance, rgb, depth
         composite_into(s.detach(), c.detach(), dt, t, start, count, torch.arange(6) + 2, 1e-2, *state)
+    # the network's rows packed from the kept samples (training's compaction and single_pass's windows)
+    compact_gather(count, start, t, dt, torch.rand(t.shape[0], 3), torch.rand(6, 3), torch.rand(6, 3), 12)
+    d = torch.nn.functional.normalize(torch.randn(20, 3), dim=-1)
+    SphericalHarmonicsTriton(4).concat(d, torch.randn(16, 20).t())  # the colour input, feature-major features
     tiles = {k: torch.zeros(2, dtype=torch.int64) for k in ("image", "x0", "y0")}
     tiles.update(w=torch.ones(2, dtype=torch.int64), h=torch.ones(2, dtype=torch.int64))
     for offsets, weight, images in (
@@ -868,6 +872,8 @@ def test_every_kernel_compiles_for_hopper(tmp_path, monkeypatch):
         "_composite_bwd",
         "_count_until_opaque",
         "_composite_into",
+        "_compact_gather",
+        "_sh_concat",
         "_mlp_fwd",
         "_mlp_bwd",
         "_draw_rays",
