@@ -2,7 +2,7 @@
 
     python benchmarks/inference_sweep.py SNAPSHOT --json OUT.json [--settings two_pass:20:32:2,single_pass:20:4:32]
 
-Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE]]]]]``:
+Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS]]]]]]]``:
 
 - the inference path (``render.volume.INFERENCE_PATHS``);
 - ``render.plan.MAX_CHUNK_RAYS`` as a power of two;
@@ -17,13 +17,17 @@ Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE]]]]]``
 - the transmittance at which a ray stops, ``marching.early_termination`` (absent: the snapshot's; instant-ngp
   renders with 0.01: ``single_pass:20:8:128::1024::0.01`` marches as it does);
 - ``single_pass``'s update of the rays' state: ``fused`` (the default, ``render.infer.FUSED_UPDATE``: one
-  kernel) or ``torch`` (the count, the compositing and torch updates: the sequence it replaced).
+  kernel) or ``torch`` (the count, the compositing and torch updates: the sequence it replaced);
+- ``single_pass``'s count of the network's rows: ``device`` (the default, ``render.infer.DEVICE_ROW_COUNT``: no
+  host wait per group) or ``host`` (read before each group's network call, which it sizes exactly);
+- ``render.plan.MAX_ROWS`` as a power of two: the most rows per network call, which also bounds the candidates
+  written at once (the rays per group are these over the window's width).
 
 Every setting renders one view untimed (its kernels compile there), then the snapshot's test views (``--views``,
 all by default) with the render tool (``hvd-ngp-render --video none``) in this process, so each sees compiled
 kernels and a warm allocator. Prints a table (seconds per view, after the first view, PSNR) and writes the rows
 as JSON. ``--profile N`` then renders N more views inside ``torch.profiler`` (the last setting's path, ray step,
-math, stop and update; the default windows and chunks) and prints where the device time went (the kernels,
+math, stop, update, row count and rows per call; the default windows and chunks) and prints where the device time went (the kernels,
 grouped by name, per view) beside the render's time per view: device time well under it means the host bounds it.
 """
 
@@ -34,6 +38,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 DEFAULT_SETTINGS = (  # the default first and last (a noise check); two_pass, tf32 math, training's ray step,
     # narrower windows (fewer samples behind surfaces, more iterations), larger chunks
@@ -43,15 +48,30 @@ DEFAULT_SETTINGS = (  # the default first and last (a noise check); two_pass, tf
 )
 
 
-Setting = tuple[str, int, int, int, int | None, int | None, str | None, float | None, bool]
+class Setting(NamedTuple):
+    """One row of the sweep (see the module docstring); None: the default."""
+
+    path: str
+    chunk: int  # log2 of render.plan.MAX_CHUNK_RAYS
+    first: int
+    growth: int
+    segment: int | None
+    steps: int | None
+    math: str | None
+    stop: float | None
+    fused: bool  # render.infer.FUSED_UPDATE
+    device_count: bool  # render.infer.DEVICE_ROW_COUNT
+    rows: int | None  # log2 of render.plan.MAX_ROWS
 
 
 def parse_setting(text: str) -> Setting:
     path, chunk, first, growth, *more = text.split(":")
-    segment, steps, math, stop, update = (more + ["", "", "", "", ""])[:5]
+    segment, steps, math, stop, update, count, rows = (more + [""] * 7)[:7]
     if update not in ("", "fused", "torch"):
         raise ValueError(f"setting {text!r}: the update is fused or torch, not {update!r}")
-    return (
+    if count not in ("", "device", "host"):
+        raise ValueError(f"setting {text!r}: the row count is device or host, not {count!r}")
+    return Setting(
         path,
         int(chunk),
         int(first),
@@ -61,12 +81,14 @@ def parse_setting(text: str) -> Setting:
         math or None,
         float(stop) if stop else None,
         update != "torch",
+        count != "host",
+        int(rows) if rows else None,
     )
 
 
 def render_flags(steps: int | None, math: str | None, stop: float | None) -> list[str]:
     """The render tool's flags for a setting's ray step, math and stop (none where the setting keeps them)."""
-    marching = {} if steps is None else {"eval_steps_per_diagonal": steps}
+    marching: dict[str, float] = {} if steps is None else {"eval_steps_per_diagonal": steps}
     marching |= {} if stop is None else {"early_termination": stop}
     flags = ["--marching", json.dumps(marching)] if marching else []
     return flags + ([] if math is None else ["--inference_math", math])
@@ -78,7 +100,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument(
         "--settings",
         default=DEFAULT_SETTINGS,
-        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE]]]]] (A:B: the windows)",
+        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS]]]]]]] (A:B: the windows)",
     )
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--views", type=int, default=-1, help="test views per setting (-1: all)")
@@ -99,33 +121,37 @@ def main(argv: list[str] | None = None) -> list[dict]:
     base = ["--load_snapshot", opts.snapshot, "--video", "none", "--out_dir", str(out), "--device", opts.device]
     rows = []
     defaults = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS
-    fused = infer.FUSED_UPDATE
+    flags = infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT, plan.MAX_ROWS
     try:
-        for path, chunk, a, b, segment, steps, math, stop, update in settings:
-            plan.MAX_CHUNK_RAYS = 1 << chunk
-            infer.FUSED_UPDATE = update
-            if path == "two_pass":
-                fast.FIRST_WINDOW, fast.WINDOW_GROWTH = a, b
+        for st in settings:
+            plan.MAX_CHUNK_RAYS = 1 << st.chunk
+            plan.MAX_ROWS = flags[2] if st.rows is None else 1 << st.rows
+            infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT = st.fused, st.device_count
+            if st.path == "two_pass":
+                fast.FIRST_WINDOW, fast.WINDOW_GROWTH = st.first, st.growth
             else:
-                infer.WINDOWS = infer.InferenceWindows(a, b)
-            launch = defaults[3] if segment is None else dataclasses.replace(defaults[3], segment=segment)
+                infer.WINDOWS = infer.InferenceWindows(st.first, st.growth)
+            launch = defaults[3] if st.segment is None else dataclasses.replace(defaults[3], segment=st.segment)
             fast.INFERENCE_LAUNCH = launch
             # one view first under this setting: a new march launch compiles its own kernel variants, which
             # otherwise land in the timed views (the first H100 sweep of 2026-12-07 read 0.058 for 0.034 s)
-            marching = render_flags(steps, math, stop)
-            render.main([*base, *marching, "--inference", path, "--split_views", "1"])
-            render.main([*base, *marching, "--inference", path, "--split_views", str(opts.views)])
+            marching = render_flags(st.steps, st.math, st.stop)
+            render.main([*base, *marching, "--inference", st.path, "--split_views", "1"])
+            render.main([*base, *marching, "--inference", st.path, "--split_views", str(opts.views)])
             result = json.loads((out / "render.json").read_text())
             rows.append(
                 {
-                    "path": path,
-                    "chunk_rays": 1 << chunk,
-                    "windows": f"{a}:{b}",  # two_pass: first window, growth; else first, most (InferenceWindows)
+                    "path": st.path,
+                    "chunk_rays": 1 << st.chunk,
+                    # two_pass: first window, growth; else first, most (InferenceWindows)
+                    "windows": f"{st.first}:{st.growth}",
                     "segment": launch.segment,
-                    "steps_per_diagonal": steps,
-                    "math": math or INFERENCE_MATH,  # asked for: the Triton backends' (a torch field ignores it)
-                    "early_termination": stop,  # None: the snapshot's
-                    "update": "fused" if update else "torch",
+                    "steps_per_diagonal": st.steps,
+                    "math": st.math or INFERENCE_MATH,  # asked for: the Triton backends' (a torch field ignores it)
+                    "early_termination": st.stop,  # None: the snapshot's
+                    "update": "fused" if st.fused else "torch",
+                    "row_count": "device" if st.device_count else "host",
+                    "max_rows": plan.MAX_ROWS,
                     "seconds_per_view": result["test_seconds_per_view"],
                     "seconds_per_view_after_first": result["test_seconds_per_view_after_first"],
                     "psnr": result["test_psnr"],
@@ -133,15 +159,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
             )
     finally:
         plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS = defaults
-        infer.FUSED_UPDATE = fused
+        infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT, plan.MAX_ROWS = flags
     print(
-        "| path | chunk | windows | segment | ray steps | math | stop | update | s per view | after the first | PSNR |"
+        "| path | chunk | windows | segment | ray steps | math | stop | update | row count | rows | s per view | "
+        "after the first | PSNR |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['windows']} | {r['segment']} | "
-            f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | {r['early_termination'] or 'snapshot'} | {r['update']} | "
+            f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | {r['early_termination'] or 'snapshot'} | "
+            f"{r['update']} | {r['row_count']} | 2^{r['max_rows'].bit_length() - 1} | "
             f"{r['seconds_per_view']:.4f} | {r['seconds_per_view_after_first']:.4f} | {r['psnr']:.3f} |"
         )
     profile = profile_views(base, out, settings[-1], opts.profile) if opts.profile > 0 else None
@@ -151,18 +179,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> dict:
-    """Render ``views`` test views under ``setting`` (its path, ray step, math, stop, update) in ``torch.profiler``: the
-    device's time per view by kernel name (the top 15 and the rest; on a machine without CUDA the CPU operators'
-    own time) beside the render's own seconds per view (the render tool's ``render.json``), and for the
+    """Render ``views`` test views under ``setting`` (its path, ray step, math, stop, update, row count and rows per
+    call) in ``torch.profiler``: the device's time per view by kernel name (the top 15 and the rest; on a machine
+    without CUDA the CPU operators' own time) beside the render's own seconds per view (the render tool's ``render.json``), and for the
     ``single_pass`` renderers the rays, iterations, network rows and composited samples per view; prints a table."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     import hvd_ngp.render.infer as infer
+    import hvd_ngp.render.plan as plan
     from hvd_ngp.tools import render
 
-    path, _, _, _, _, steps, math, stop, update = setting
-    args = [*base, *render_flags(steps, math, stop), "--inference", path, "--split_views", str(views)]
+    args = [*base, *render_flags(setting.steps, setting.math, setting.stop), "--inference", setting.path]
+    args += ["--split_views", str(views)]
     cuda = torch.cuda.is_available() and "cpu" not in base
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     stats, rays, plain = infer.InferenceStats(), [0], infer.render_rays_single_pass
@@ -172,12 +201,15 @@ def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> d
         return plain(rgb_sigma_fn, sigma_fn, origins, *more, **{**kw, "stats": stats})
 
     infer.render_rays_single_pass = counted  # volume.inference_path looks it up at each render
-    fused, infer.FUSED_UPDATE = infer.FUSED_UPDATE, update
+    flags = infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT, plan.MAX_ROWS
+    infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT = setting.fused, setting.device_count
+    plan.MAX_ROWS = flags[2] if setting.rows is None else 1 << setting.rows
     try:
         with profile(activities=activities) as prof:
             render.main(args)
     finally:
-        infer.render_rays_single_pass, infer.FUSED_UPDATE = plain, fused
+        infer.render_rays_single_pass = plain
+        infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT, plan.MAX_ROWS = flags
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     events = [e for e in prof.key_averages() if e.device_type == kind and e.count > 0]
 
@@ -200,7 +232,7 @@ def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> d
     counts = {  # zeros for two_pass, which does not count
         "rays_per_view": rays[0] / views,
         "iterations_per_view": stats.iterations / views,
-        "network_rows_per_ray": stats.network_rows / max(rays[0], 1),
+        "network_rows_per_ray": int(stats.network_rows) / max(rays[0], 1),
         "composited_per_ray": int(stats.composited) / max(rays[0], 1),
     }
     print(", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in counts.items()))

@@ -28,8 +28,10 @@ def small_ball(**kw):
 
 
 def counting(fn, calls: list):
+    """fn, recording the rows of each call: those it was told are in use (``n_rows``), else all of them."""
+
     def wrapped(x, *rest, **kw):
-        calls.append(x.shape[0])
+        calls.append(x.shape[0] if kw.get("n_rows") is None else int(kw["n_rows"]))
         return fn(x, *rest, **kw)
 
     return wrapped
@@ -65,9 +67,10 @@ def test_single_pass_renders_the_reference_image_with_one_network_pass():
     for name, a, b, c in zip(("rgb", "opacity", "depth"), out, (ref.rgb, ref.opacity, ref.depth), two):
         torch.testing.assert_close(a, b, **TIGHT, msg=f"{name} against the reference")
         torch.testing.assert_close(a, c, **TIGHT, msg=f"{name} against the two-pass renderer")
-    assert density_calls == [] and sum(full_calls) == stats.network_rows
+    rows = int(stats.network_rows)
+    assert density_calls == [] and sum(full_calls) == rows
     assert int(stats.composited) == ref.n_samples  # the same samples, none twice
-    assert ref.n_samples <= stats.network_rows < two_pass_rows and stats.network_rows < ref.n_candidates
+    assert ref.n_samples <= rows < two_pass_rows and rows < ref.n_candidates
     assert stats.iterations >= 3 and int((out[1] > 0.99).sum()) >= 8
 
 
@@ -92,6 +95,41 @@ def test_single_pass_updates_the_rays_in_one_kernel_as_the_torch_sequence_did(mo
     assert fused_n == torch_n > 0 and fused_it == torch_it >= 3
 
 
+def test_single_pass_counts_the_rows_on_the_device_as_the_host_count_did(monkeypatch):
+    """``infer.DEVICE_ROW_COUNT`` (network calls over every slot of a window, told the rows in use by a device count)
+    against the host's count (rows sized exactly): the same pixels and counts; the device count's calls are
+    larger than the rows they compute, in a workspace that splits the rays into groups and the rows into calls."""
+    import hvd_ngp.render.infer as infer
+
+    aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
+    o, d, j = random_rays(20, torch.tensor([0.5] * 3), 2.0, 12)
+    results = []
+    for on_device in (True, False):
+        monkeypatch.setattr(infer, "DEVICE_ROW_COUNT", on_device)
+        told, sizes, stats = [], [], InferenceStats()
+
+        def field(x, dirs, n_rows=None):
+            told.append(x.shape[0] if n_rows is None else int(n_rows))
+            sizes.append(x.shape[0])
+            return rgb_sigma(x, dirs)
+
+        # 8 slots at once (the windows' most): groups of 4 rays at width 2, each group's rows in calls of 6 and 2
+        space = RenderWorkspace(RenderPlan(20, 24, 6), DEV)
+        out = render_rays_single_pass(
+            field, ball, o, d, aabb, grid, sch, 1e-3, space, jitter=j, windows=InferenceWindows(2, 8), stats=stats
+        )
+        results.append((out, int(stats.network_rows), int(stats.composited), sum(told), sum(sizes), max(sizes)))
+    (
+        (dev_out, dev_rows, dev_n, dev_told, dev_sizes, dev_most),
+        (host_out, host_rows, host_n, host_told, host_sizes, _),
+    ) = results
+    for a, b in zip(dev_out, host_out):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert dev_rows == host_rows == dev_told == host_told == host_sizes and dev_n == host_n > 0
+    assert dev_sizes > dev_told  # the window's empty slots went to the network too, unused
+    assert dev_most == 6  # calls of at most plan.rows
+
+
 def test_single_pass_without_early_termination_composites_every_candidate():
     aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
     o, d, j = random_rays(8, torch.tensor([0.5] * 3), 2.0, 13)
@@ -100,7 +138,7 @@ def test_single_pass_without_early_termination_composites_every_candidate():
     out = render_rays_single_pass(rgb_sigma, ball, o, d, aabb, grid, sch, 0.0, jitter=j, stats=stats)
     torch.testing.assert_close(out[0], ref.rgb, **TIGHT)
     torch.testing.assert_close(out[2], ref.depth, **TIGHT)
-    assert int(stats.composited) == stats.network_rows == ref.n_candidates
+    assert int(stats.composited) == int(stats.network_rows) == ref.n_candidates
 
 
 def test_single_pass_in_a_small_workspace_equals_the_exact_render(monkeypatch):
@@ -276,8 +314,8 @@ def test_density_first_renders_the_single_pass_image_colouring_only_composited_s
     )
     for name, a, b in zip(("rgb", "opacity", "depth"), out, single):
         torch.testing.assert_close(a, b, **TIGHT, msg=f"{name} against single_pass")
-    assert sum(field.density_rows) == stats.network_rows
-    assert sum(field.colour_rows) == stats.colour_rows == int(stats.composited) < stats.network_rows
+    assert sum(field.density_rows) == int(stats.network_rows)
+    assert sum(field.colour_rows) == stats.colour_rows == int(stats.composited) < int(stats.network_rows)
     small = RenderWorkspace(RenderPlan(rays=20, candidates=40, rows=7), DEV)
     field.colour_rows.clear()
     again = render_rays_density_first(field, ball, o, d, aabb, grid, sch, 1e-3, small, jitter=j, windows=windows)

@@ -11,9 +11,11 @@ Here, per iteration, in groups of alive rays that fill the workspace:
    last window stopped (``march_window``: no count pass over whole rays first, which walked every ray through
    the occupied space behind its surface), into ``width`` slots of its own;
 2. the written samples are packed ray after ray with their directions (``compact_triton.compact_gather``, one
-   kernel; ``density_first``: ``fast.compact`` and gathers, which also give each row's ray); reading their
-   number is a host wait;
-3. the whole network on them (``rgb_sigma_fn``, ``plan.rows`` at a time);
+   kernel, which also counts them on the device; ``density_first``: ``fast.compact`` and gathers, which also
+   give each row's ray, sized by their number read on the host);
+3. the whole network on them (``rgb_sigma_fn``, ``plan.rows`` at a time): on rows for every slot of the window,
+   told by the device count how many are in use (``n_rows``; ``DEVICE_ROW_COUNT``), so that the host launches
+   the next group's work while the device still runs this one's;
 4. per ray, the prefix whose transmittance before it exceeds ``early_termination`` (the -sum(sigma dt) carried
    from the iterations before) is composited under the carried transmittance, and the ray's colour, depth,
    transmittance and -sum(sigma dt) are updated, in one kernel (``composite_into``; ``density_first``:
@@ -21,8 +23,8 @@ Here, per iteration, in groups of alive rays that fill the workspace:
    evaluation wasted;
 5. rays that are opaque or whose window came back short (no candidates left) drop out; ``width`` grows as rays
    die (``InferenceWindows``), so each iteration evaluates about as many samples as the first.
-Host synchronisations: one per group (its sample count) and one per iteration (the alive rays), none per
-sample. The samples and their compositing are the reference's (``volume.render_rays``), so the images match it.
+Host synchronisations: one per iteration (the alive rays), none per group or sample (``density_first``: one
+more per group, its sample count). The samples and their compositing are the reference's (``volume.render_rays``), so the images match it.
 """
 
 from __future__ import annotations
@@ -79,15 +81,19 @@ WINDOWS = InferenceWindows()
 #: ``single_pass`` updates the rays' state in the compositing kernel (``composite_into``); False: the count,
 #: ``composite`` and torch updates (``density_first``'s sequence), kept to time one against the other
 FUSED_UPDATE = True
+#: ``single_pass`` sizes its network calls by the window's slots and tells the network the rows in use by a device
+#: count (``compact_gather``'s total: its Triton kernels skip the rest), with no host wait per group; False: the
+#: host reads the count first (one wait per group, rows sized exactly), kept to time one against the other
+DEVICE_ROW_COUNT = True
 
 
 @dataclass
 class InferenceStats:
     """Counts of single-pass renders, summed over calls: iterations, network rows (samples evaluated) and
-    composited samples (device scalar, read it after the render)."""
+    composited samples (device scalars, read them after the render)."""
 
     iterations: int = 0
-    network_rows: int = 0
+    network_rows: Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.int64))
     composited: Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.int64))
     colour_rows: int = 0  # ``density_first``: samples the colour network ran on (the others: ``network_rows``)
 
@@ -109,6 +115,19 @@ def by_rows(call: Callable[[slice], tuple[Tensor, Tensor]], n: int, rows: int) -
         return call(slice(0, n))
     out = [call(slice(a, a + rows)) for a in range(0, n, rows)]
     return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+
+
+def rows_counted(rgb_sigma_fn: RGBSigmaFn, x: Tensor, d: Tensor, used: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+    """rgb ``[S, 3]`` and sigma ``[S]`` of the samples at x, along d ``[S, 3]``, of which the first ``used`` (a
+    device scalar) are in use: ``rows`` at a time, each call told how many of its rows are (``n_rows``: a
+    network of Triton kernels skips the rest, whose outputs no compositing reads); no host wait."""
+    n = x.shape[0]
+    if n <= rows:
+        return rgb_sigma_fn(x, d, n_rows=used)
+    parts = [
+        rgb_sigma_fn(x[a : a + rows], d[a : a + rows], n_rows=(used - a).clamp(0, rows)) for a in range(0, n, rows)
+    ]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def density_pass(field: SplitField, x: Tensor, rows: int) -> tuple[Tensor, Tensor]:
@@ -192,22 +211,31 @@ def render_rays_single_pass(
             resume[ids] = steps
             short[a : a + per_group] = win.count < width
             timer.mark("march")
-            n = int(win.count.sum())  # a host wait: sizes the packed samples
-            timer.mark("host waits")
-            if n == 0:
-                continue
             base = torch.arange(ids.numel(), device=dev, dtype=torch.int32) * width
-            if colour_after_density:  # its colour pass needs each row's ray
+            if colour_after_density:  # its colour pass needs each row's ray: torch packing, sized on the host
+                rows_used = n = int(win.count.sum())  # a host wait
+                timer.mark("host waits")
+                if n == 0:
+                    continue
                 src, ray, start, count, _ = fast.compact(win.count, base, n)
                 start, count = start.int(), count.int()
                 x, t, dt, dr = win.x[src], win.t[src], win.dt[src], d[ray]
             else:  # the packing and the four gathers in one kernel (about twenty torch kernels otherwise)
-                t, dt, x, dr, start, count, _, _ = compact_gather(win.count, base, win.t, win.dt, win.x, o, d, n)
+                if DEVICE_ROW_COUNT:  # a row for every slot; the rows in use counted on the device
+                    capacity = ids.numel() * width
+                else:
+                    capacity = int(win.count.sum())  # a host wait
+                    timer.mark("host waits")
+                    if capacity == 0:
+                        continue
+                t, dt, x, dr, start, count, _, rows_used = compact_gather(
+                    win.count, base, win.t, win.dt, win.x, o, d, capacity
+                )
             timer.mark("compaction")
             if colour_after_density:
                 sigma, geo = density_pass(cast(SplitField, rgb_sigma_fn), x, plan.rows)
             else:
-                c, sigma = by_rows(lambda s: rgb_sigma_fn(x[s], dr[s]), n, plan.rows)
+                c, sigma = rows_counted(rgb_sigma_fn, x, dr, rows_used, plan.rows)
             timer.mark("network")
             if colour_after_density or not FUSED_UPDATE:  # density_first: the count first, then colour the kept
                 carried = log_t[ids].contiguous()
@@ -232,7 +260,7 @@ def render_rays_single_pass(
                 )
             timer.mark("composite")
             if stats is not None:
-                stats.network_rows += n
+                stats.network_rows = stats.network_rows.to(dev) + rows_used
                 stats.composited = stats.composited.to(dev) + keep.sum()
         if stats is not None:
             stats.iterations += 1
