@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             return LiveViewer(tr, view.viewer_host, view.viewer, view.viewer_budget_ms / 1000, view.viewer_share)
 
     result = run(settings, attach=attach)
-    return preempt.EXIT_PREEMPTED if result.stopped else 0
+    return preempt.stop_exit_status() if result.stopped else 0
 
 
 def report_on_every_rank(exc: ConfigError, what: str) -> NoReturn:

@@ -136,9 +136,14 @@ def test_strong_scaling_arithmetic():
 
 @pytest.mark.parallel
 def test_scaling_end_to_end_on_cpu(scene_cache, tmp_path):
+    """bench scaling --mode both on 1 and 2 CPU ranks: weak (1024 samples per rank) and strong (1024 over both
+    ranks: 512 each) from three runs (one rank serves both), the allreduce ceiling and sharded update at 2 ranks,
+    the table and the dated markdown section."""
     markdown = tmp_path / "BENCHMARKS.md"
     proc = bench(
         "scaling",
+        "--mode",
+        "both",
         "--ranks",
         "1,2",
         "--ceiling_repeats",
@@ -166,85 +171,39 @@ def test_scaling_end_to_end_on_cpu(scene_cache, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     summary = json.loads((tmp_path / "runs" / "scaling.json").read_text())
-    one, two = summary["rows"]
-    assert (one["ranks"], two["ranks"]) == (1, 2) and one["speedup"] == pytest.approx(1.0)
-    assert one["samples_per_sec"] > 0 and two["samples_per_sec"] > 0
+    rows = summary["rows"]
+    assert [(r["mode"], r["ranks"]) for r in rows] == [("weak", 1), ("weak", 2), ("strong", 1), ("strong", 2)]
+    one, two, _, strong = rows
+    assert one["speedup"] == pytest.approx(1.0) and one["samples_per_sec"] > 0 and two["samples_per_sec"] > 0
     assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
     assert one["comm_share"] == 0 and 0 < two["comm_share"] < 1  # only 2 ranks wait for allreduces
     assert one["gpu_util_percent"] is None and one["samples_per_joule"] is None  # CPU: n/a
     assert one["time_to_psnr"]["35.0"] is None  # honestly not reached
-    ceiling = summary["runs"][1]["ceiling"]
-    assert [c["tensor"].split(" (")[0] for c in ceiling] == ["hash grid", "all gradients"]
-    assert all(c["backend"] == "gloo" and c["horovod_s"] > 0 and c["raw_s"] > 0 for c in ceiling)
-    assert summary["runs"][0]["ceiling"] == []  # nothing to reduce at 1 rank
-    # a sharded Adam update (reduce-scatter, 1/2 of the values each, all-gather) gives the allreduced one's values
-    update = summary["runs"][1]["update"]
-    assert update["max_difference"] < 1e-5 and update["allreduce_update_s"] > 0 and update["sharded_update_s"] > 0
-    assert update["values"] % 2 == 0 and summary["runs"][0]["update"] is None
-    assert re.search(r"^\| weak +\| 2 +\| [\d.]+ +\| [\d.]+ ms +\| [\d.]+ ms +\| [\d.]+x +\| ", proc.stdout, re.M)
-    # the table printed, and the dated section with the command
-    assert one["mode"] == two["mode"] == "weak" and one["samples_per_rank_step"] == two["samples_per_rank_step"] == 1024
-    assert re.search(
-        r"^\| weak +\| 2 +\| 1 +\| 1024 +\| [\d.]+ +\| [\d.]+ +\| [\d.]+x +\| [\d.]+% +\| n/a +\| "
-        r"[\d.]+% +\| n/a",
-        proc.stdout,
-        re.M,
-    ), proc.stdout
-    text = markdown.read_text()
-    assert text.startswith("# Benchmarks") and re.search(r"^## Scaling \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\)$", text, re.M)
-    assert "`python -m hvd_ngp.bench scaling --ranks 1,2" in text and "| not reached " in text
-    assert "average, flat allreduce, lr x1.41 at 2 ranks" in text, text  # one host: no hierarchical allreduce
-    assert re.search(r"^\| weak +\| 2 +\| hash grid \(encoding.params\) +\|", text, re.M), text
-
-
-@pytest.mark.parallel
-def test_strong_scaling_halves_the_per_rank_samples_on_cpu(scene_cache, tmp_path):
-    proc = bench(
-        "scaling",
-        "--mode",
-        "strong",
-        "--ranks",
-        "1,2",
-        "--ceiling_repeats",
-        "1",
-        "--psnr_targets",
-        "10",
-        "--out_dir",
-        str(tmp_path / "runs"),
-        "--markdown",
-        "none",
-        "--",
-        *TINY_ARGS,
-        "--scene_cache",
-        str(scene_cache),
-        "--n_steps",
-        "20",
-        "--log_every",
-        "5",
-        "--eval_every",
-        "10",
-        "--device",
-        "cpu",
-        timeout=900,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    summary = json.loads((tmp_path / "runs" / "scaling.json").read_text())
-    # what each run parsed (its own result file), not what the bench meant to pass
+    assert one["samples_per_rank_step"] == two["samples_per_rank_step"] == 1024
+    # strong: what each run parsed (its own result file), not what the bench meant to pass; one rank ran once
     used = {
-        n: json.loads((tmp_path / "runs" / f"strong-ranks{n}" / "result.json").read_text())["target_samples"]
-        for n in (1, 2)
+        n: json.loads((tmp_path / "runs" / d / "result.json").read_text())["target_samples"]
+        for n, d in ((1, "ranks1"), (2, "strong-ranks2"))
     }
-    assert used == {1: 1024, 2: 512}
+    assert used == {1: 1024, 2: 512} and not (tmp_path / "runs" / "strong-ranks1").exists()
     assert [(r["mode"], r["ranks"], r["target_samples"]) for r in summary["runs"]] == [
+        ("weak", 1, 1024),
+        ("weak", 2, 1024),
         ("strong", 1, 1024),
         ("strong", 2, 512),
     ]
-    one, two = summary["rows"]
-    assert (one["mode"], two["mode"]) == ("strong", "strong") and one["speedup"] == pytest.approx(1.0)
-    assert two["speedup"] == pytest.approx(one["step_s"] / two["step_s"]) and two["step_s"] > 0
-    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
-    assert set(two["time_to_psnr"]) == {"10.0"}
+    assert strong["speedup"] == pytest.approx(rows[2]["step_s"] / strong["step_s"]) and strong["step_s"] > 0
+    assert strong["efficiency"] == pytest.approx(strong["speedup"] / 2)
+    weak_two, strong_two = summary["runs"][1], summary["runs"][3]
+    ceiling = weak_two["ceiling"]
+    assert [c["tensor"].split(" (")[0] for c in ceiling] == ["hash grid", "all gradients"]
+    assert all(c["backend"] == "gloo" and c["horovod_s"] > 0 and c["raw_s"] > 0 for c in ceiling)
+    assert summary["runs"][0]["ceiling"] == [] and strong_two["ceiling"]  # nothing to reduce at 1 rank
+    # a sharded Adam update (reduce-scatter, 1/2 of the values each, all-gather) gives the allreduced one's values
+    update = weak_two["update"]
+    assert update["max_difference"] < 1e-5 and update["allreduce_update_s"] > 0 and update["sharded_update_s"] > 0
+    assert update["values"] % 2 == 0 and summary["runs"][0]["update"] is None
+    # the table printed, and the dated section with the command
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| mode"))
     assert [c.strip() for c in header.strip("|").split("|")][:8] == [
         "mode",
@@ -256,8 +215,21 @@ def test_strong_scaling_halves_the_per_rank_samples_on_cpu(scene_cache, tmp_path
         "speedup",
         "efficiency",
     ]
-    assert "time to 10 dB" in header
+    assert "time to 10 dB" in header and "time to 35 dB" in header
+    assert re.search(r"^\| weak +\| 2 +\| [\d.]+ +\| [\d.]+ ms +\| [\d.]+ ms +\| [\d.]+x +\| ", proc.stdout, re.M)
+    assert re.search(
+        r"^\| weak +\| 2 +\| 1 +\| 1024 +\| [\d.]+ +\| [\d.]+ +\| [\d.]+x +\| [\d.]+% +\| n/a +\| "
+        r"[\d.]+% +\| n/a",
+        proc.stdout,
+        re.M,
+    ), proc.stdout
     assert re.search(r"^\| strong +\| 2 +\| 1 +\| 512 +\|", proc.stdout, re.M), proc.stdout
+    text = markdown.read_text()
+    assert text.startswith("# Benchmarks") and re.search(r"^## Scaling \(\d{4}-\d\d-\d\d \d\d:\d\d UTC\)$", text, re.M)
+    assert "`python -m hvd_ngp.bench scaling --mode both --ranks 1,2" in text and "| not reached " in text
+    assert "weak and strong scaling (1024 samples per step per rank, and over all ranks)" in text, text
+    assert "average, flat allreduce, lr x" in text, text  # one host: no hierarchical allreduce
+    assert re.search(r"^\| weak +\| 2 +\| hash grid \(encoding.params\) +\|", text, re.M), text
 
 
 def test_memory_bench_gives_the_same_psnr_under_every_budget(tmp_path, scene_cache):

@@ -124,6 +124,22 @@ def test_hvd_ngp_launch_forwards_a_stop_and_exits_75(scene_cache, tmp_path):
     assert_all_ranks_gone(str(out))
 
 
+def test_ranks_under_hvd_ngp_launch_leave_the_stop_status_to_it(monkeypatch, capsys):
+    """A stopped rank exits 75 under any launcher but hvd-ngp-launch, which passes HVD_NGP_SUPERVISED to its
+    ranks (mpirun -x: every node) and exits 75 itself from the marker (test_deployment's SLURM test checks that
+    mpirun then ends without aborting the job)."""
+    from hvd_ngp.tools import launch
+
+    monkeypatch.delenv(preempt.SUPERVISED_ENV, raising=False)
+    assert preempt.stop_exit_status() == STOPPED
+    assert launch.main(["-H", "localhost:2", "--launcher", "mpirun", "--dry-run", "--", "--n_steps", "5"]) == 0
+    command = capsys.readouterr().out.splitlines()[-1]
+    assert f" -x {preempt.SUPERVISED_ENV} " in command and "-m hvd_ngp.train" in command, command
+    assert preempt.SUPERVISED_ENV not in os.environ  # the launcher's own environment is left as it was
+    monkeypatch.setenv(preempt.SUPERVISED_ENV, "1")
+    assert preempt.stop_exit_status() == 0
+
+
 def launch_via_hvd_ngp_launch(controller: str, module_args: list[str]) -> list[str]:
     return [
         sys.executable,

@@ -336,7 +336,9 @@ def test_disk_full_while_writing_a_checkpoint_stops_every_rank_and_keeps_the_pre
 
 
 def test_elastic_training_survives_losing_a_rank(scene_cache, tmp_path):
-    """Start on 2 ranks; the discovery script drops to 1 slot mid-run; training finishes on 1 rank."""
+    """Start on 2 ranks; the discovery script drops to 1 slot mid-run; training finishes on 1 rank. From step 31
+    every step sleeps about 10 ms (a ``slow`` fault on both ranks): on a loaded machine the 2-rank steps after
+    the drop must outlast Horovod's discovery (about a second), or the run ends before the world changes."""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:2\n")
     discover = tmp_path / "discover.sh"
@@ -369,7 +371,7 @@ def test_elastic_training_survives_losing_a_rank(scene_cache, tmp_path):
             str(tmp_path / "m.json"),
         ),
     ]
-    job = Job(cmd)
+    job = Job(cmd, env={"HVD_NGP_FAULTS": "slow@0:31-400,slow@1:31-400"})
     try:
         assert job.wait_for("[step 30]", 240), job.output[-3000:]
         hosts.write_text("localhost:1\n")

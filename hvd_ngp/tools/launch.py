@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 
 from ..cluster import fabric_model
 from ..cluster.comm import CommSettings, DistributedBlock
-from ..cluster.preempt import EXIT_PREEMPTED, MARKER
+from ..cluster.preempt import EXIT_PREEMPTED, MARKER, SUPERVISED_ENV
 from ..cluster.topology import (
     FABRICS,
     Host,
@@ -336,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     if opts.module == TRAINER:  # check the trainer's options here, before any rank starts
         trainer = parse_settings(program_args, default_config=BASE_CONFIG)
         comm = trainer.runtime.comm
-    launch = plan(opts, os.environ, program_args, comm)
+    # the ranks exit 0 after a stop with a checkpoint, and this process 75 from their marker (preempt.SUPERVISED_ENV)
+    environ = {**os.environ, SUPERVISED_ENV: "1"} if trainer else dict(os.environ)
+    launch = plan(opts, environ, program_args, comm)
     if opts.write_hostfile:
         hosts = resolve_hosts(opts, os.environ, comm.block.world_size if comm else None)
         Path(opts.write_hostfile).write_text(hosts.hostfile_text())
@@ -346,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     print(launch.describe(), file=sys.stderr, flush=True)
     marker = Path(trainer.output.out_dir) / MARKER if trainer else None
     return supervise(
-        launch.command, {**os.environ, **launch.env}, marker, trainer.loop.stop_signals if trainer else ("USR1",)
+        launch.command, {**environ, **launch.env}, marker, trainer.loop.stop_signals if trainer else ("USR1",)
     )
 
 
