@@ -102,7 +102,7 @@ def test_single_pass_counts_the_rows_on_the_device_as_the_host_count_did(monkeyp
     import hvd_ngp.render.infer as infer
 
     aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
-    o, d, j = random_rays(20, torch.tensor([0.5] * 3), 2.0, 12)
+    o, d, j = random_rays(10, torch.tensor([0.5] * 3), 2.0, 12)
     results = []
     for on_device in (True, False):
         monkeypatch.setattr(infer, "DEVICE_ROW_COUNT", on_device)

@@ -335,7 +335,7 @@ def test_march_skipping_empty_cells_keeps_every_sample(cone, cascades):
     rim = (g.abs().amax(dim=-1) > 0.5 - 1.6 / res).view(-1)  # a finer cascade's outermost cells: where a ray
     occupied = torch.stack([shell | rim if c < cascades - 1 else shell for c in range(cascades)])  # enters it
     grid.occupied.copy_(occupied & (torch.rand(grid.occupied.shape, device=DEV) < 0.7))
-    dt = 3**0.5 / (16 * res)
+    dt = 3**0.5 / ((8 if SMALL else 16) * res)  # the interpreter walks every step of a program's rays
     sch = StepSchedule(dt, dt * (8 if cone else 1) * 2 ** (cascades - 1), cone)
     o, d, j = random_rays(100 if SMALL else 4096, torch.tensor([0.5] * 3), 2.0 if cascades == 1 else 3.0, 9)
     ref = march(o, d, aabb, grid, sch, j)
@@ -602,7 +602,8 @@ def test_inference_march_launch_changes_no_pixel(monkeypatch, path):
     from hvd_ngp.render.schedule import MarchLaunch
     from hvd_ngp.render.volume import inference_path
 
-    aabb, grid, sch, ball, rgb_sigma_fn = ball_scene(density=300.0)
+    aabb, grid, _, ball, rgb_sigma_fn = ball_scene(density=300.0)
+    sch = StepSchedule.uniform(3**0.5 / 48, max_steps=64)  # 48 steps cross the box; the interpreter walks them all
     o, d, j = random_rays(24, torch.tensor([0.5] * 3), 2.0, 12)
     render = inference_path(path)
     monkeypatch.setattr(fast_mod, "FIRST_WINDOW", 3)
