@@ -387,8 +387,8 @@ def test_every_march_launch_writes_the_same_samples():
     segments). On a GPU, ``bench throughput --march_launches`` checks ``CANDIDATE_LAUNCHES`` the same way."""
     aabb = torch.tensor([[-1.5] * 3, [2.5] * 3], device=DEV)
     grid = random_grid(aabb, 16, 2, 5)
-    dt = 3**0.5 / (64 if SMALL else 512)
-    sch = StepSchedule(dt, dt * 8, 1 / 256, max_steps=256 if SMALL else 2048)  # ~200 / ~1600 steps across the box
+    dt = 3**0.5 / (32 if SMALL else 512)
+    sch = StepSchedule(dt, dt * 8, 1 / 256, max_steps=128 if SMALL else 2048)  # ~100 / ~1600 steps across the box
     o, d, j = random_rays(10 if SMALL else 24, torch.tensor([0.5] * 3), 3.0, 6)  # the interpreter walks programs
     ref = march_packed(o, d, aabb, grid, sch, j, capacity=100000, positions=True, launch=LAUNCH)
     n = int(ref.total)
