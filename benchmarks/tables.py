@@ -29,18 +29,11 @@ def runs(out: Path, pattern: str) -> list[dict]:
     rows = []
     for path in sorted(out.glob(f"{pattern}/metrics.json")):
         m = json.loads(path.read_text())
-        rows.append(
-            {
-                "run": path.parent.name,
-                "steps": m["steps"],
-                "train_s": m["train_seconds"],
-                "psnr": round(m["test_psnr"], 3),
-                "views": m["test_views"],
-                "curve": " ".join(f"{c['seconds']:g}s:{c['psnr']:.2f}" for c in m.get("curve", [])),
-                "memory budget GiB": (m.get("memory") or {}).get("budget_gib"),
-                "memory peaks": json.dumps((m.get("memory") or {}).get("peak", {}))[:120],
-            }
-        )
+        rows.append({"run": path.parent.name, "steps": m["steps"], "train_s": m["train_seconds"],
+                     "psnr": round(m["test_psnr"], 3), "views": m["test_views"],
+                     "curve": " ".join(f"{c['seconds']:g}s:{c['psnr']:.2f}" for c in m.get("curve", [])),
+                     "memory budget GiB": (m.get("memory") or {}).get("budget_gib"),
+                     "memory peaks": json.dumps((m.get("memory") or {}).get("peak", {}))[:120]})
     return rows
 
 
@@ -52,21 +45,12 @@ def throughput(files: list[Path]) -> tuple[list[dict], dict]:
         tag = re.sub(r"_\d+$", "", f.stem)
         for r in json.loads(f.read_text())["training"]:
             rate = r["samples_per_sec"] / 1e6
-            rows.append(
-                {
-                    "run": f.stem,
-                    "backend": r.get("backend", ""),
-                    "precision": r.get("precision", ""),
-                    "M samples/s": round(rate, 2),
-                    "ms/step": round(r["step_ms"], 2),
-                    "rays/step": round(r.get("rays_per_step", 0)),
-                    "GPU busy": r.get("gpu_busy_share", ""),
-                }
-            )
+            rows.append({"run": f.stem, "backend": r.get("backend", ""), "precision": r.get("precision", ""),
+                         "M samples/s": round(rate, 2), "ms/step": round(r["step_ms"], 2),
+                         "rays/step": round(r.get("rays_per_step", 0)), "GPU busy": r.get("gpu_busy_share", "")})
             rates.setdefault(f"{tag} {r.get('backend', '')}".strip(), []).append(rate)
-    return rows, {
-        k: {"median_M_samples_per_s": round(statistics.median(v), 2), "rounds": len(v)} for k, v in rates.items()
-    }
+    return rows, {k: {"median_M_samples_per_s": round(statistics.median(v), 2), "rounds": len(v)}
+                  for k, v in rates.items()}
 
 
 def pytest_logs(logs: list[Path]) -> list[dict]:
@@ -77,17 +61,9 @@ def pytest_logs(logs: list[Path]) -> list[dict]:
         closing = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", line)]
         last = closing[-1] if closing else ""
         count = lambda word: int(m.group(1)) if (m := re.search(rf"(\d+) {word}", last)) else 0  # noqa: E731
-        rows.append(
-            {
-                "file": log.stem.removeprefix("pytest_"),
-                "passed": count("passed"),
-                "failed": count("failed"),
-                "errors": count("error"),
-                "skipped": count("skipped"),
-                "finished": bool(closing),
-                "failures": " ".join(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M))[:300],
-            }
-        )
+        rows.append({"file": log.stem.removeprefix("pytest_"), "passed": count("passed"), "failed": count("failed"),
+                     "errors": count("error"), "skipped": count("skipped"), "finished": bool(closing),
+                     "failures": " ".join(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M))[:300]})
     return rows
 
 
@@ -104,14 +80,8 @@ def ingp(path: Path, ours: Path | None) -> list[dict]:
     rows = []
     for budget, steps, psnr in zip(data["budgets"], data["steps"], data["psnr_white_1spp"]):
         near = [c for c in curve if abs(c[0] - budget) <= 0.1 * budget]
-        rows.append(
-            {
-                "seconds": budget,
-                "instant-ngp steps": steps,
-                "instant-ngp dB": round(psnr, 3),
-                "ours dB": " ".join(f"{p:.3f} ({run})" for _, p, run in near) or "n/a",
-            }
-        )
+        rows.append({"seconds": budget, "instant-ngp steps": steps, "instant-ngp dB": round(psnr, 3),
+                     "ours dB": " ".join(f"{p:.3f} ({run})" for _, p, run in near) or "n/a"})
     return rows
 
 
@@ -122,58 +92,31 @@ def renders(anchor: Path, ours: list[Path]) -> tuple[list[dict], dict]:
     summary: each of ours as those multiples and its PSNR difference."""
     a = json.loads(anchor.read_text())
     a_later = a.get("seconds_per_view_after_first", a["seconds_per_view"])
-    rows = [
-        {
-            "renderer": "instant-ngp",
-            "views": a["views"],
-            "psnr": a["psnr_white_1spp"],
-            "s/view": a["seconds_per_view"],
-            "x instant-ngp": 1.0,
-            "s/view after the first": a_later,
-            "x after the first": 1.0,
-        }
-    ]
+    rows = [{"renderer": "instant-ngp", "views": a["views"], "psnr": a["psnr_white_1spp"],
+             "s/view": a["seconds_per_view"], "x instant-ngp": 1.0,
+             "s/view after the first": a_later, "x after the first": 1.0}]
     for f in ours:
         r = json.loads(f.read_text())
         mean = r["test_seconds_per_view"]
         later = r.get("test_seconds_per_view_after_first", mean)
         march = r.get("marching") or {}
         how = f" ({march['eval_steps_per_diagonal']} steps, stop at {march['early_termination']:g})" if march else ""
-        rows.append(
-            {
-                "renderer": f"hvd_ngp {r.get('inference') or f.stem}{how}",
-                "views": r["test_views"],
-                "psnr": round(r["test_psnr"], 3),
-                "s/view": round(mean, 4),
-                "x instant-ngp": round(mean / a["seconds_per_view"], 2),
-                "s/view after the first": round(later, 4),
-                "x after the first": round(later / a_later, 2),
-            }
-        )
-    summary = {
-        row["renderer"]: {
-            "x_instant_ngp": row["x instant-ngp"],
-            "x_instant_ngp_after_first": row["x after the first"],
-            "psnr_minus_instant_ngp": round(row["psnr"] - a["psnr_white_1spp"], 3),
-        }
-        for row in rows[1:]
-    }
+        rows.append({"renderer": f"hvd_ngp {r.get('inference') or f.stem}{how}", "views": r["test_views"],
+                     "psnr": round(r["test_psnr"], 3), "s/view": round(mean, 4),
+                     "x instant-ngp": round(mean / a["seconds_per_view"], 2),
+                     "s/view after the first": round(later, 4), "x after the first": round(later / a_later, 2)})
+    summary = {row["renderer"]: {"x_instant_ngp": row["x instant-ngp"],
+                                 "x_instant_ngp_after_first": row["x after the first"],
+                                 "psnr_minus_instant_ngp": round(row["psnr"] - a["psnr_white_1spp"], 3)}
+               for row in rows[1:]}
     return rows, summary
 
 
 def fields(files: list[Path]) -> list[dict]:
     """The top-level numbers, strings and booleans of each JSON file (lists and objects left out)."""
-    return [
-        {
-            "file": f.stem,
-            **{
-                k: v
-                for k, v in json.loads(f.read_text()).items()
-                if isinstance(v, (int, float, str, bool)) and not isinstance(v, dict)
-            },
-        }
-        for f in files
-    ]
+    return [{"file": f.stem, **{k: v for k, v in json.loads(f.read_text()).items()
+                                if isinstance(v, (int, float, str, bool)) and not isinstance(v, dict)}}
+            for f in files]
 
 
 def rows_of(path: Path, key: str) -> list[dict]:
@@ -208,10 +151,7 @@ def main(argv: list[str]) -> int:
     elif kind == "rows":
         rows = rows_of(Path(rest[0]), rest[1])
     else:
-        print(
-            f"tables.py: unknown table {kind!r} (runs, throughput, pytest, ingp, renders, fields, rows)",
-            file=sys.stderr,
-        )
+        print(f"tables.py: unknown table {kind!r} (runs, throughput, pytest, ingp, renders, fields, rows)", file=sys.stderr)
         return 2
     columns = list(dict.fromkeys(k for r in rows for k in r))
     print(f"{name}:\n{table(rows, columns) if rows else '(no results)'}")

@@ -24,7 +24,8 @@ Here, per iteration, in groups of alive rays that fill the workspace:
 5. rays that are opaque or whose window came back short (no candidates left) drop out; ``width`` grows as rays
    die (``InferenceWindows``), so each iteration evaluates about as many samples as the first.
 Host synchronisations: one per iteration (the alive rays), none per group or sample (``density_first``: one
-more per group, its sample count). The samples and their compositing are the reference's (``volume.render_rays``), so the images match it.
+more per group, its sample count). The samples and their compositing are the reference's
+(``volume.render_rays``), so the images match it.
 """
 
 from __future__ import annotations
