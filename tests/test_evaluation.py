@@ -71,6 +71,8 @@ def test_training_curve_and_render_tool(tmp_path, scene_cache):
             "16",
             "--eval_at_steps",
             "20,40",
+            "--n_eval_views",
+            "1",
             "--out_dir",
             str(tmp_path / "o"),
             "--save_snapshot",

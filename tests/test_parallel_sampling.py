@@ -12,7 +12,10 @@ from conftest import TINY_ARGS, run_ranks
 pytestmark = pytest.mark.parallel
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+#: one controller per check (the sampling plans are the same collectives under either): the strategies under Gloo,
+#: the time balancing under MPI, the job scripts' controller; each ran under both until 2026-12-07 (about 90 s of
+#: CI's lanes)
+@pytest.mark.parametrize("controller", ["gloo"])
 def test_each_strategy_and_a_streamed_store_train_with_ranks_in_agreement(controller, scene_cache, tmp_path):
     proc = run_ranks(
         ["tests/parallel/check_sampling.py", "modes", str(scene_cache), str(tmp_path)], controller=controller
@@ -40,7 +43,7 @@ def slow_rank_run(controller: str, cache, out) -> tuple[dict, str]:
     return json.JSONDecoder().raw_decode(line.split("SPREAD ", 1)[1])[0], text
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+@pytest.mark.parametrize("controller", ["mpi"])
 def test_time_balancing_moves_work_off_a_slow_rank_and_shrinks_the_spread(controller, scene_cache, tmp_path):
     """Rank 0 sleeps 10 us per sample it renders (the ``slow`` test fault: a slower GPU), so the job is
     deliberately unbalanced. The plan is asserted exactly (in the check script): --balance off and samples
