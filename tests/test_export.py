@@ -552,4 +552,4 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
         and f"| 4:8 | {segment} | 64 |" in out
     )
     assert (plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS) == before
-    assert infer.FUSED_UPDATE is True and infer.DEVICE_ROW_COUNT is True and plan.MAX_ROWS == 1 << 21
+    assert infer.FUSED_UPDATE is True and infer.DEVICE_ROW_COUNT is True and plan.MAX_ROWS == 1 << 23

@@ -19,7 +19,10 @@ RENDER_HEADROOM = 0.8
 #: 0.053 s per view, docs/inference.md)
 MAX_CHUNK_RAYS = 1 << 20
 MAX_CANDIDATES = 1 << 25
-MAX_ROWS = 1 << 21
+#: 2^23 rows: single_pass's first window of an 800x800 view (640k rays x 8 slots) in one group, not three. lego20,
+#: H100, 2026-12-07, against 2^21: with instant-ngp's marching 0.0186 -> 0.0101 s per view in the sweep's process,
+#: 0.0164 -> 0.0118 in the render tool's own; with the defaults 0.0202 -> 0.0164 and 0.0172 -> 0.0182 (docs/inference.md)
+MAX_ROWS = 1 << 23
 #: bytes per dense-lane slot of the reference renderer (positions, times, masks, densities, weights),
 #: besides its network row
 REFERENCE_LANE_BYTES = 256
