@@ -10,7 +10,7 @@
 #
 # Walltime: PBS sends SIGTERM to the job's processes and SIGKILL kill_delay (qmgr; often 10-30 s)
 # later; PBS has no early warning. This shell passes the SIGTERM to hvd-ngp-launch, the ranks stop
-# after the same step with a checkpoint and exit 75. With HVD_NGP_REQUEUE=1 the script then submits
+# after the same step with a checkpoint, and the launcher exits 75. With HVD_NGP_REQUEUE=1 the script then submits
 # itself again (qsub, same RUN_DIR and TRAIN_ARGS; --resume auto continues), or reruns the job with
 # qrerun when HVD_NGP_PBS_REQUEUE=qrerun (needs operator rights at most sites).
 #PBS -N hvd_ngp
