@@ -2,7 +2,7 @@
 
     python benchmarks/inference_sweep.py SNAPSHOT --json OUT.json [--settings two_pass:20:32:2,single_pass:20:4:32]
 
-Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS]]]]]]]``:
+Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS[:ALIVE]]]]]]]]``:
 
 - the inference path (``render.volume.INFERENCE_PATHS``);
 - ``render.plan.MAX_CHUNK_RAYS`` as a power of two;
@@ -21,24 +21,28 @@ Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT
 - ``single_pass``'s count of the network's rows: ``device`` (the default, ``render.infer.DEVICE_ROW_COUNT``: no
   host wait per group) or ``host`` (read before each group's network call, which it sizes exactly);
 - ``render.plan.MAX_ROWS`` as a power of two: the most rows per network call, which also bounds the candidates
-  written at once (the rays per group are these over the window's width).
+  written at once (the rays per group are these over the window's width);
+- ``single_pass``'s alive count: ``lag`` (the default, ``render.infer.LAGGED_COUNT``: each iteration after the
+  first sized by the count of the one before, no host wait) or ``wait`` (read after every iteration).
 
 Every setting renders one view untimed (its kernels compile there), then the snapshot's test views (``--views``,
 all by default) with the render tool (``hvd-ngp-render --video none``) in this process, so each sees compiled
 kernels and a warm allocator. Prints a table (seconds per view, after the first view, PSNR) and writes the rows
 as JSON. ``--profile N`` then renders N more views inside ``torch.profiler`` (the last setting's path, ray step,
-math, stop, update, row count and rows per call; the default windows and chunks) and prints where the device time went (the kernels,
-grouped by name, per view) beside the render's time per view: device time well under it means the host bounds it.
+math, stop, update, row count, rows per call and alive count; the default windows and chunks) and prints where the
+device time went (the kernels, grouped by name, per view) beside the render's time per view: device time well
+under it means the host bounds it. ``--trace FILE`` writes that profile's timeline (Chrome trace JSON) there.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 DEFAULT_SETTINGS = (  # the default first and last (a noise check); two_pass, tf32 math, training's ray step,
     # narrower windows (fewer samples behind surfaces, more iterations), larger chunks
@@ -62,15 +66,18 @@ class Setting(NamedTuple):
     fused: bool  # render.infer.FUSED_UPDATE
     device_count: bool  # render.infer.DEVICE_ROW_COUNT
     rows: int | None  # log2 of render.plan.MAX_ROWS
+    lagged: bool  # render.infer.LAGGED_COUNT
 
 
 def parse_setting(text: str) -> Setting:
     path, chunk, first, growth, *more = text.split(":")
-    segment, steps, math, stop, update, count, rows = (more + [""] * 7)[:7]
+    segment, steps, math, stop, update, count, rows, alive = (more + [""] * 8)[:8]
     if update not in ("", "fused", "torch"):
         raise ValueError(f"setting {text!r}: the update is fused or torch, not {update!r}")
     if count not in ("", "device", "host"):
         raise ValueError(f"setting {text!r}: the row count is device or host, not {count!r}")
+    if alive not in ("", "lag", "wait"):
+        raise ValueError(f"setting {text!r}: the alive count is lag or wait, not {alive!r}")
     return Setting(
         path,
         int(chunk),
@@ -83,7 +90,44 @@ def parse_setting(text: str) -> Setting:
         update != "torch",
         count != "host",
         int(rows) if rows else None,
+        alive != "wait",
     )
+
+
+@contextlib.contextmanager
+def applied(setting: Setting, windows: bool = True) -> Iterator[None]:
+    """The renderer's module settings of ``setting`` while inside (``windows``: its chunks, windows and march
+    segment too), restored after."""
+    import dataclasses
+
+    import hvd_ngp.render.fast as fast
+    import hvd_ngp.render.infer as infer
+    import hvd_ngp.render.plan as plan
+
+    names = [(infer, "FUSED_UPDATE"), (infer, "DEVICE_ROW_COUNT"), (infer, "LAGGED_COUNT"), (plan, "MAX_ROWS")]
+    values = [setting.fused, setting.device_count, setting.lagged]
+    values.append(plan.MAX_ROWS if setting.rows is None else 1 << setting.rows)
+    if windows:
+        launch = fast.INFERENCE_LAUNCH
+        names += [(plan, "MAX_CHUNK_RAYS"), (fast, "INFERENCE_LAUNCH")]
+        values += [
+            1 << setting.chunk,
+            launch if setting.segment is None else dataclasses.replace(launch, segment=setting.segment),
+        ]
+        if setting.path == "two_pass":
+            names += [(fast, "FIRST_WINDOW"), (fast, "WINDOW_GROWTH")]
+            values += [setting.first, setting.growth]
+        else:
+            names.append((infer, "WINDOWS"))
+            values.append(infer.InferenceWindows(setting.first, setting.growth))
+    saved = [getattr(module, name) for module, name in names]
+    try:
+        for (module, name), value in zip(names, values):
+            setattr(module, name, value)
+        yield
+    finally:
+        for (module, name), value in zip(names, saved):
+            setattr(module, name, value)
 
 
 def render_flags(steps: int | None, math: str | None, stop: float | None) -> list[str]:
@@ -100,19 +144,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument(
         "--settings",
         default=DEFAULT_SETTINGS,
-        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS]]]]]]] (A:B: the windows)",
+        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS[:ALIVE]]]]]]]] (A:B: the windows)",
     )
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--views", type=int, default=-1, help="test views per setting (-1: all)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="as the render tool's")
     p.add_argument("--profile", type=int, default=0, help="views rendered under the profiler after the sweep")
+    p.add_argument("--trace", default=None, help="with --profile: write the profile's timeline (Chrome trace) here")
     opts = p.parse_args(argv)
     settings = [parse_setting(t) for t in opts.settings.split(",")]
 
-    import dataclasses
-
     import hvd_ngp.render.fast as fast
-    import hvd_ngp.render.infer as infer
     import hvd_ngp.render.plan as plan
     from hvd_ngp.render.volume import INFERENCE_MATH
     from hvd_ngp.tools import render
@@ -120,74 +162,61 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out = Path(tempfile.mkdtemp(prefix="inference_sweep_"))
     base = ["--load_snapshot", opts.snapshot, "--video", "none", "--out_dir", str(out), "--device", opts.device]
     rows = []
-    defaults = plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS
-    flags = infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT, plan.MAX_ROWS
-    try:
-        for st in settings:
-            plan.MAX_CHUNK_RAYS = 1 << st.chunk
-            plan.MAX_ROWS = flags[2] if st.rows is None else 1 << st.rows
-            infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT = st.fused, st.device_count
-            if st.path == "two_pass":
-                fast.FIRST_WINDOW, fast.WINDOW_GROWTH = st.first, st.growth
-            else:
-                infer.WINDOWS = infer.InferenceWindows(st.first, st.growth)
-            launch = defaults[3] if st.segment is None else dataclasses.replace(defaults[3], segment=st.segment)
-            fast.INFERENCE_LAUNCH = launch
+    for st in settings:
+        with applied(st):
             # one view first under this setting: a new march launch compiles its own kernel variants, which
             # otherwise land in the timed views (the first H100 sweep of 2026-12-07 read 0.058 for 0.034 s)
             marching = render_flags(st.steps, st.math, st.stop)
             render.main([*base, *marching, "--inference", st.path, "--split_views", "1"])
             render.main([*base, *marching, "--inference", st.path, "--split_views", str(opts.views)])
-            result = json.loads((out / "render.json").read_text())
-            rows.append(
-                {
-                    "path": st.path,
-                    "chunk_rays": 1 << st.chunk,
-                    # two_pass: first window, growth; else first, most (InferenceWindows)
-                    "windows": f"{st.first}:{st.growth}",
-                    "segment": launch.segment,
-                    "steps_per_diagonal": st.steps,
-                    "math": st.math or INFERENCE_MATH,  # asked for: the Triton backends' (a torch field ignores it)
-                    "early_termination": st.stop,  # None: the snapshot's
-                    "update": "fused" if st.fused else "torch",
-                    "row_count": "device" if st.device_count else "host",
-                    "max_rows": plan.MAX_ROWS,
-                    "seconds_per_view": result["test_seconds_per_view"],
-                    "seconds_per_view_after_first": result["test_seconds_per_view_after_first"],
-                    "psnr": result["test_psnr"],
-                }
-            )
-    finally:
-        plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS = defaults
-        infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT, plan.MAX_ROWS = flags
+            segment, max_rows = fast.INFERENCE_LAUNCH.segment, plan.MAX_ROWS
+        result = json.loads((out / "render.json").read_text())
+        rows.append(
+            {
+                "path": st.path,
+                "chunk_rays": 1 << st.chunk,
+                # two_pass: first window, growth; else first, most (InferenceWindows)
+                "windows": f"{st.first}:{st.growth}",
+                "segment": segment,
+                "steps_per_diagonal": st.steps,
+                "math": st.math or INFERENCE_MATH,  # asked for: the Triton backends' (a torch field ignores it)
+                "early_termination": st.stop,  # None: the snapshot's
+                "update": "fused" if st.fused else "torch",
+                "row_count": "device" if st.device_count else "host",
+                "max_rows": max_rows,
+                "alive_count": "lag" if st.lagged else "wait",
+                "seconds_per_view": result["test_seconds_per_view"],
+                "seconds_per_view_after_first": result["test_seconds_per_view_after_first"],
+                "psnr": result["test_psnr"],
+            }
+        )
     print(
-        "| path | chunk | windows | segment | ray steps | math | stop | update | row count | rows | s per view | "
-        "after the first | PSNR |"
+        "| path | chunk | windows | segment | ray steps | math | stop | update | row count | rows | alive count | "
+        "s per view | after the first | PSNR |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['windows']} | {r['segment']} | "
             f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | {r['early_termination'] or 'snapshot'} | "
-            f"{r['update']} | {r['row_count']} | 2^{r['max_rows'].bit_length() - 1} | "
+            f"{r['update']} | {r['row_count']} | 2^{r['max_rows'].bit_length() - 1} | {r['alive_count']} | "
             f"{r['seconds_per_view']:.4f} | {r['seconds_per_view_after_first']:.4f} | {r['psnr']:.3f} |"
         )
-    profile = profile_views(base, out, settings[-1], opts.profile) if opts.profile > 0 else None
+    profile = profile_views(base, out, settings[-1], opts.profile, opts.trace) if opts.profile > 0 else None
     if opts.json:
         Path(opts.json).write_text(json.dumps({"rows": rows, "profile": profile} if profile else rows, indent=1))
     return rows
 
 
-def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> dict:
-    """Render ``views`` test views under ``setting`` (its path, ray step, math, stop, update, row count and rows per
-    call) in ``torch.profiler``: the device's time per view by kernel name (the top 15 and the rest; on a machine
+def profile_views(base: list[str], out: Path, setting: Setting, views: int, trace: str | None = None) -> dict:
+    """Render ``views`` test views under ``setting`` (its path, ray step, math, stop, update, row count, rows per
+    call and alive count) in ``torch.profiler``: the device's time per view by kernel name (the top 15 and the rest; on a machine
     without CUDA the CPU operators' own time) beside the render's own seconds per view (the render tool's ``render.json``), and for the
     ``single_pass`` renderers the rays, iterations, network rows and composited samples per view; prints a table."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     import hvd_ngp.render.infer as infer
-    import hvd_ngp.render.plan as plan
     from hvd_ngp.tools import render
 
     args = [*base, *render_flags(setting.steps, setting.math, setting.stop), "--inference", setting.path]
@@ -201,15 +230,13 @@ def profile_views(base: list[str], out: Path, setting: Setting, views: int) -> d
         return plain(rgb_sigma_fn, sigma_fn, origins, *more, **{**kw, "stats": stats})
 
     infer.render_rays_single_pass = counted  # volume.inference_path looks it up at each render
-    flags = infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT, plan.MAX_ROWS
-    infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT = setting.fused, setting.device_count
-    plan.MAX_ROWS = flags[2] if setting.rows is None else 1 << setting.rows
     try:
-        with profile(activities=activities) as prof:
+        with applied(setting, windows=False), profile(activities=activities) as prof:
             render.main(args)
     finally:
         infer.render_rays_single_pass = plain
-        infer.FUSED_UPDATE, infer.DEVICE_ROW_COUNT, plan.MAX_ROWS = flags
+    if trace:
+        prof.export_chrome_trace(trace)
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     events = [e for e in prof.key_averages() if e.device_type == kind and e.count > 0]
 

@@ -27,7 +27,7 @@ STEPS=(
   "batch|GPU: bench batch: steps to 33 and 35 dB (fox: 26-28 dB on its held-out photos; HVD_NGP_TARGETS) at K backward passes per step (K ranks' step on one device); gradient syncs HVD_NGP_MODES (every), HVD_NGP_PARALLEL runs at once (1), HVD_NGP_MAX_STEPS per run (no limit)"
   "syncmodes|GPU(s): bench syncmodes on a time budget: HVD_NGP_MODES (every,delayed_grid+fp16,delayed_grid+fp16+comp) on HVD_NGP_RANKS (1) ranks, seeds HVD_NGP_SEEDS (1337), HVD_NGP_SCENE (lego20) for HVD_NGP_SECONDS (60), CUDA graphs off for every mode"
   "inference|GPU: render speed of a trained snapshot: test views and orbit video frames per second (the load subtracted; PyAV from .whl_av)"
-  "inference-sweep|GPU: render settings side by side in one process on the snapshot (HVD_NGP_SCENE, lego): benchmarks/inference_sweep.py, HVD_NGP_SETTINGS (PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS]]]]]]],...; A:B the windows); HVD_NGP_PROFILE=N: N views of the last setting profiled"
+  "inference-sweep|GPU: render settings side by side in one process on the snapshot (HVD_NGP_SCENE, lego): benchmarks/inference_sweep.py, HVD_NGP_SETTINGS (PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS[:ALIVE]]]]]]]],...; A:B the windows); HVD_NGP_PROFILE=N: N views of the last setting profiled (HVD_NGP_TRACE=1: its timeline in OUT/trace.json.gz)"
   "export|GPU: the snapshot's marching-cubes mesh and its silhouette IoU on lego's test views, its point cloud, PNG pictures of both (mesh.png, points.png; trimesh etc. from .whl_look)"
   "browser|GPU: the snapshot viewer's page in headless Chromium (HVD_NGP_CHROMIUM: benchmarks/chromium/README.md) against the render tool's image of the first test view (bench pagecheck)"
   "viewer|GPU: bench viewer: training steps/s with a watcher against without: headless Chromium, else (none found) the python camera client; viser from .whl_view"
@@ -338,8 +338,9 @@ PY
   inference-sweep)
     snapshot
     "$PY" benchmarks/inference_sweep.py "$snap" --json "$out/inference_sweep.json" ${HVD_NGP_SETTINGS:+--settings "$HVD_NGP_SETTINGS"} \
-      ${HVD_NGP_PROFILE:+--profile "$HVD_NGP_PROFILE"} 2>&1 \
+      ${HVD_NGP_PROFILE:+--profile "$HVD_NGP_PROFILE"} ${HVD_NGP_TRACE:+--trace "$out/trace.json"} 2>&1 \
       | grep -vE "view/s|^test views"
+    [[ -f $out/trace.json ]] && gzip -f "$out/trace.json"
     ;;
   export)
     snapshot
