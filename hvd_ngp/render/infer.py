@@ -133,13 +133,9 @@ def rows_counted(rgb_sigma_fn: RGBSigmaFn, x: Tensor, d: Tensor, used: Tensor, r
     """rgb ``[S, 3]`` and sigma ``[S]`` of the samples at x, along d ``[S, 3]``, of which the first ``used`` (a
     device scalar) are in use: ``rows`` at a time, each call told how many of its rows are (``n_rows``: a
     network of Triton kernels skips the rest, whose outputs no compositing reads); no host wait."""
-    n = x.shape[0]
-    if n <= rows:
+    if x.shape[0] <= rows:  # one call: the count itself
         return rgb_sigma_fn(x, d, n_rows=used)
-    parts = [
-        rgb_sigma_fn(x[a : a + rows], d[a : a + rows], n_rows=(used - a).clamp(0, rows)) for a in range(0, n, rows)
-    ]
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return by_rows(lambda s: rgb_sigma_fn(x[s], d[s], n_rows=(used - s.start).clamp(0, rows)), x.shape[0], rows)
 
 
 def next_alive(alive: Tensor, still: Tensor, scratch: int) -> tuple[Tensor, Tensor]:
