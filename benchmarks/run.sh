@@ -21,7 +21,7 @@ STEPS=(
   "gpu-tests|GPU: the GPU test files, one pytest each, HVD_NGP_REQUIRE_GPU=1 (HVD_NGP_TESTS: other files)"
   "throughput|GPU: bench throughput late in training (2000 warm-up steps), triton (and tcnn when importable); beside .stage/old when carried; HVD_NGP_ROUNDS (2)"
   "quality-vs-time|GPU: test PSNR against training seconds: HVD_NGP_SCENE (lego | fox | a path), HVD_NGP_SECONDS (60), evaluations at HVD_NGP_EVAL_S (15,30), seeds HVD_NGP_SEEDS (1337)"
-  "against-instant-ngp|GPU: instant-ngp itself (the anchor) on the same machine: HVD_NGP_WHAT = lego (time budgets HVD_NGP_BUDGETS, 15,30,60) | fox | render (seconds per test view and PSNR, ours by both inference paths on a snapshot trained HVD_NGP_SECONDS, HVD_NGP_SCENE lego, lego20 or fox) | rate (samples/s) | steps (PSNR at HVD_NGP_STEPS, 6000,30000); ours beside it from quality-vs-time in the same OUT"
+  "against-instant-ngp|GPU: instant-ngp itself (the anchor) on the same machine: HVD_NGP_WHAT = lego (time budgets HVD_NGP_BUDGETS, 15,30,60) | fox | render (seconds per test view and PSNR, ours by both inference paths on a snapshot trained HVD_NGP_SECONDS, HVD_NGP_SCENE lego, lego20 or fox; HVD_NGP_PATHS: ours, from two_pass single_pass single_pass:ngp, all by default) | rate (samples/s) | steps (PSNR at HVD_NGP_STEPS, 6000,30000); ours beside it from quality-vs-time in the same OUT"
   "memory|GPU: lego 2000 steps under an 8 GiB memory budget and without one; bench memory (evaluation under budgets 0, 16, 8 GiB)"
   "scaling|GPUs: bench scaling on 1, 2, 4, 8 ranks (as the GPUs allow), weak and strong, time to 33/34/35 dB; Horovod from .whl_hvd"
   "batch|GPU: bench batch: steps to 33 and 35 dB (fox: 26-28 dB on its held-out photos; HVD_NGP_TARGETS) at K backward passes per step (K ranks' step on one device); gradient syncs HVD_NGP_MODES (every), HVD_NGP_PARALLEL runs at once (1), HVD_NGP_MAX_STEPS per run (no limit)"
@@ -239,7 +239,7 @@ PY
         files=()
         # ours: both paths as the snapshot marches, then single_pass as instant-ngp renders (its 1024 steps per
         # diagonal and its stop at transmittance 0.01, testbed.h's render_min_transmittance)
-        for run in two_pass single_pass single_pass:ngp; do  # one view first: kernels compile outside the timed run
+        for run in ${HVD_NGP_PATHS:-two_pass single_pass single_pass:ngp}; do  # one view first: kernels compile outside the timed run
           path=${run%%:*}; name=${run/:/_}; marching=()
           [[ $run == *:ngp ]] && marching=(--marching '{"eval_steps_per_diagonal": 1024, "early_termination": 0.01}')
           for views in 1 -1; do
