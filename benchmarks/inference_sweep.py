@@ -2,7 +2,7 @@
 
     python benchmarks/inference_sweep.py SNAPSHOT --json OUT.json [--settings two_pass:20:32:2,single_pass:20:4:32]
 
-Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS[:ALIVE]]]]]]]]``:
+Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS]]]]]]]``:
 
 - the inference path (``render.volume.INFERENCE_PATHS``);
 - ``render.plan.MAX_CHUNK_RAYS`` as a power of two;
@@ -21,15 +21,13 @@ Each setting is ``PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT
 - ``single_pass``'s count of the network's rows: ``device`` (the default, ``render.infer.DEVICE_ROW_COUNT``: no
   host wait per group) or ``host`` (read before each group's network call, which it sizes exactly);
 - ``render.plan.MAX_ROWS`` as a power of two: the most rows per network call, which also bounds the candidates
-  written at once (the rays per group are these over the window's width);
-- ``single_pass``'s alive count: ``lag`` (the default, ``render.infer.LAGGED_COUNT``: each iteration after the
-  first sized by the count of the one before, no host wait) or ``wait`` (read after every iteration).
+  written at once (the rays per group are these over the window's width).
 
 Every setting renders one view untimed (its kernels compile there), then the snapshot's test views (``--views``,
 all by default) with the render tool (``hvd-ngp-render --video none``) in this process, so each sees compiled
 kernels and a warm allocator. Prints a table (seconds per view, after the first view, PSNR) and writes the rows
 as JSON. ``--profile N`` then renders N more views inside ``torch.profiler`` (the last setting's path, ray step,
-math, stop, update, row count, rows per call and alive count; the default windows and chunks) and prints where the
+math, stop, update, row count and rows per call; the default windows and chunks) and prints where the
 device time went (the kernels, grouped by name, per view) beside the render's time per view: device time well
 under it means the host bounds it. ``--trace FILE`` writes that profile's timeline (Chrome trace JSON) there.
 """
@@ -66,18 +64,15 @@ class Setting(NamedTuple):
     fused: bool  # render.infer.FUSED_UPDATE
     device_count: bool  # render.infer.DEVICE_ROW_COUNT
     rows: int | None  # log2 of render.plan.MAX_ROWS
-    lagged: bool  # render.infer.LAGGED_COUNT
 
 
 def parse_setting(text: str) -> Setting:
     path, chunk, first, growth, *more = text.split(":")
-    segment, steps, math, stop, update, count, rows, alive = (more + [""] * 8)[:8]
+    segment, steps, math, stop, update, count, rows = (more + [""] * 7)[:7]
     if update not in ("", "fused", "torch"):
         raise ValueError(f"setting {text!r}: the update is fused or torch, not {update!r}")
     if count not in ("", "device", "host"):
         raise ValueError(f"setting {text!r}: the row count is device or host, not {count!r}")
-    if alive not in ("", "lag", "wait"):
-        raise ValueError(f"setting {text!r}: the alive count is lag or wait, not {alive!r}")
     return Setting(
         path,
         int(chunk),
@@ -90,7 +85,6 @@ def parse_setting(text: str) -> Setting:
         update != "torch",
         count != "host",
         int(rows) if rows else None,
-        alive != "wait",
     )
 
 
@@ -104,8 +98,8 @@ def applied(setting: Setting, windows: bool = True) -> Iterator[None]:
     import hvd_ngp.render.infer as infer
     import hvd_ngp.render.plan as plan
 
-    names = [(infer, "FUSED_UPDATE"), (infer, "DEVICE_ROW_COUNT"), (infer, "LAGGED_COUNT"), (plan, "MAX_ROWS")]
-    values = [setting.fused, setting.device_count, setting.lagged]
+    names = [(infer, "FUSED_UPDATE"), (infer, "DEVICE_ROW_COUNT"), (plan, "MAX_ROWS")]
+    values: list[object] = [setting.fused, setting.device_count]
     values.append(plan.MAX_ROWS if setting.rows is None else 1 << setting.rows)
     if windows:
         launch = fast.INFERENCE_LAUNCH
@@ -144,7 +138,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument(
         "--settings",
         default=DEFAULT_SETTINGS,
-        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS[:ALIVE]]]]]]]] (A:B: the windows)",
+        help="comma-separated PATH:LOG2_CHUNK:A:B[:SEGMENT[:STEPS[:MATH[:STOP[:UPDATE[:COUNT[:LOG2_ROWS]]]]]]] (A:B: the windows)",
     )
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--views", type=int, default=-1, help="test views per setting (-1: all)")
@@ -184,22 +178,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "update": "fused" if st.fused else "torch",
                 "row_count": "device" if st.device_count else "host",
                 "max_rows": max_rows,
-                "alive_count": "lag" if st.lagged else "wait",
                 "seconds_per_view": result["test_seconds_per_view"],
                 "seconds_per_view_after_first": result["test_seconds_per_view_after_first"],
                 "psnr": result["test_psnr"],
             }
         )
     print(
-        "| path | chunk | windows | segment | ray steps | math | stop | update | row count | rows | alive count | "
-        "s per view | after the first | PSNR |"
+        "| path | chunk | windows | segment | ray steps | math | stop | update | row count | rows | s per view | "
+        "after the first | PSNR |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['path']} | 2^{r['chunk_rays'].bit_length() - 1} | {r['windows']} | {r['segment']} | "
             f"{r['steps_per_diagonal'] or 'snapshot'} | {r['math'] or '-'} | {r['early_termination'] or 'snapshot'} | "
-            f"{r['update']} | {r['row_count']} | 2^{r['max_rows'].bit_length() - 1} | {r['alive_count']} | "
+            f"{r['update']} | {r['row_count']} | 2^{r['max_rows'].bit_length() - 1} | "
             f"{r['seconds_per_view']:.4f} | {r['seconds_per_view_after_first']:.4f} | {r['psnr']:.3f} |"
         )
     profile = profile_views(base, out, settings[-1], opts.profile, opts.trace) if opts.profile > 0 else None
@@ -209,8 +202,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 def profile_views(base: list[str], out: Path, setting: Setting, views: int, trace: str | None = None) -> dict:
-    """Render ``views`` test views under ``setting`` (its path, ray step, math, stop, update, row count, rows per
-    call and alive count) in ``torch.profiler``: the device's time per view by kernel name (the top 15 and the rest; on a machine
+    """Render ``views`` test views under ``setting`` (its path, ray step, math, stop, update, row count and rows per
+    call) in ``torch.profiler``: the device's time per view by kernel name (the top 15 and the rest; on a machine
     without CUDA the CPU operators' own time) beside the render's own seconds per view (the render tool's ``render.json``), and for the
     ``single_pass`` renderers the rays, iterations, network rows and composited samples per view; prints a table."""
     import torch

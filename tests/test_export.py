@@ -504,7 +504,7 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     main = render.main
 
     def watched(argv):
-        seen.append((fast.FIRST_WINDOW, fast.WINDOW_GROWTH, infer.WINDOWS, infer.LAGGED_COUNT))
+        seen.append((fast.FIRST_WINDOW, fast.WINDOW_GROWTH, infer.WINDOWS))
         return main(argv)
 
     monkeypatch.setattr(render, "main", watched)
@@ -514,11 +514,11 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     spec.loader.exec_module(sweep)
     # the third: a 4x coarser ray step; the fourth: the colour network on composited samples only; the fifth:
     # tf32 math (the default is fp16), which a torch-backend field ignores; the sixth: rays stop at transmittance
-    # 0.5, the torch update, the host's row count, 2^14 rows per call, a wait for the alive count; then one view
+    # 0.5, the torch update, the host's row count, 2^14 rows per call; then one view
     # under the profiler (the last setting's), its timeline written
     settings = (
         "two_pass:10:4:2,single_pass:12:4:8:128,single_pass:12:4:8::64,density_first:12:4:8,single_pass:12:2:16:::tf32,"
-        "single_pass:12:4:8::::0.5:torch:host:14:wait"
+        "single_pass:12:4:8::::0.5:torch:host:14"
     )
     argv = ["--views", "1", "--device", "cpu", "--json", str(tmp_path / "s.json"), "--profile", "1"]
     argv += ["--trace", str(tmp_path / "trace.json")]
@@ -534,8 +534,6 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
         ("single_pass", 4096, "4:8", segment, None, INFERENCE_MATH, 0.5, "torch"),
     ]
     assert [(r["row_count"], r["max_rows"]) for r in rows] == [("device", plan.MAX_ROWS)] * 5 + [("host", 1 << 14)]
-    assert [r["alive_count"] for r in rows] == ["lag"] * 5 + ["wait"]
-    assert [w[3] for w in seen] == [True] * 10 + [False] * 3  # the sixth setting's two renders and the profiled one
     assert seen[0][:2] == seen[1][:2] == (4, 2) and seen[0][2] == before[4]  # two_pass's windows, a warm-up and all
     assert [w[2] for w in seen[2:11:2]] == [infer.InferenceWindows(*w) for w in ((4, 8),) * 3 + ((2, 16),) + ((4, 8),)]
     assert len(seen) == 13 and seen[12][2] == before[4]  # the profiled view: the default windows
@@ -557,4 +555,3 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     )
     assert (plan.MAX_CHUNK_RAYS, fast.FIRST_WINDOW, fast.WINDOW_GROWTH, fast.INFERENCE_LAUNCH, infer.WINDOWS) == before
     assert infer.FUSED_UPDATE is True and infer.DEVICE_ROW_COUNT is True and plan.MAX_ROWS == 1 << 23
-    assert infer.LAGGED_COUNT is True

@@ -130,50 +130,6 @@ def test_single_pass_counts_the_rows_on_the_device_as_the_host_count_did(monkeyp
     assert dev_most == 6  # calls of at most plan.rows
 
 
-def test_the_alive_rays_are_packed_on_the_device_in_order():
-    from hvd_ngp.render.infer import next_alive
-
-    alive = torch.tensor([3, 7, 9, 12, 20])
-    packed, n = next_alive(alive, torch.tensor([False, True, False, True, True]), 99)
-    assert packed.tolist() == [7, 12, 20, 99, 99] and int(n) == 3
-    packed, n = next_alive(alive, torch.zeros(5, dtype=torch.bool), 99)
-    assert packed.tolist() == [99] * 5 and int(n) == 0
-
-
-def test_single_pass_sized_by_the_count_of_an_iteration_before_renders_the_same(monkeypatch):
-    """``infer.LAGGED_COUNT`` (each iteration after the first sized by the alive count that entered the one before,
-    the lanes past the count a scratch ray) against a wait for the count after every iteration: the same pixels
-    and composited samples; the lagged render marched scratch lanes, which found no candidates, and ran at least
-    as many iterations."""
-    import hvd_ngp.render.infer as infer
-
-    aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
-    o, d, j = random_rays(20, torch.tensor([0.5] * 3), 2.0, 12)
-    plain, results = infer.march_window, []
-    for lagged in (True, False):
-        monkeypatch.setattr(infer, "LAGGED_COUNT", lagged)
-        scratch = []  # per march call: (scratch lanes, candidates they found)
-
-        def march(o_, d_, aabb_, grid_, sch_, jit, steps, *more):
-            idle = steps >= infer.NO_STEPS
-            win = plain(o_, d_, aabb_, grid_, sch_, jit, steps, *more)
-            scratch.append((int(idle.sum()), int(win.count[idle].sum())))
-            return win
-
-        monkeypatch.setattr(infer, "march_window", march)
-        stats = InferenceStats()
-        out = render_rays_single_pass(
-            rgb_sigma, ball, o, d, aabb, grid, sch, 1e-3, jitter=j, windows=InferenceWindows(2, 8), stats=stats
-        )
-        results.append((out, int(stats.composited), stats.iterations, scratch))
-    (lag_out, lag_n, lag_it, lag_scratch), (wait_out, wait_n, wait_it, wait_scratch) = results
-    for a, b in zip(lag_out, wait_out):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert lag_n == wait_n > 0 and lag_it >= wait_it >= 3
-    assert sum(n for n, _ in lag_scratch) > 0 and sum(found for _, found in lag_scratch) == 0
-    assert sum(n for n, _ in wait_scratch) == 0  # waiting for the count, no lane idles
-
-
 def test_single_pass_without_early_termination_composites_every_candidate():
     aabb, grid, sch, ball, rgb_sigma = small_ball(density=300.0)
     o, d, j = random_rays(8, torch.tensor([0.5] * 3), 2.0, 13)

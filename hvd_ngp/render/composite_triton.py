@@ -315,9 +315,9 @@ def composite_into(
     acc_rgb: Tensor,
     acc_depth: Tensor,
 ) -> Tensor:
-    """Inference (no gradients): for lane r of a group of rays (ray ``ids[r]``, ``[G]`` int64, no repeats but of
-    a scratch ray whose lanes have count 0 and whose state no one reads), its packed samples ``start[r] ..
-    start[r] + count[r]`` (sigma ``[M]``, rgb ``[M, 3]``, dt, t ``[M]``) up to transmittance ``eps`` (``count_until_opaque`` with ``log_t``) composited (``composite``) and added to the
+    """Inference (no gradients): for lane r of a group of rays (ray ``ids[r]``, ``[G]`` int64, no repeats), its
+    packed samples ``start[r] .. start[r] + count[r]`` (sigma ``[M]``, rgb ``[M, 3]``, dt, t ``[M]``) up to
+    transmittance ``eps`` (``count_until_opaque`` with ``log_t``) composited (``composite``) and added to the
     ray's state, all ``[R]``/``[R, 3]`` float32 contiguous and updated in place: ``acc_rgb`` and ``acc_depth``
     += transmittance x the window's colour and depth, ``transmittance`` x= 1 - the window's opacity, ``log_t``
     -= sum(sigma dt) over the kept samples. One launch where the torch sequence takes about fifteen. Returns the

@@ -21,16 +21,11 @@ Here, per iteration, in groups of alive rays that fill the workspace:
    transmittance and -sum(sigma dt) are updated, in one kernel (``composite_into``; ``density_first``:
    ``count_until_opaque``, its colour pass, ``composite`` and torch updates); the rest of the window is the only
    evaluation wasted;
-5. rays that are opaque or whose window came back short (no candidates left) drop out, packed on the device
-   into the front of the alive buffer (``next_alive``); ``width`` grows as rays die (``InferenceWindows``), so
-   each iteration evaluates about as many samples as the first.
-The alive buffer keeps its length until the host knows the count: with ``LAGGED_COUNT`` the host sizes
-iteration j + 1 (after the first) by the count that entered iteration j (copied back while the device runs
-iteration j), so it does not wait for the device to drain; the lanes past the count are a scratch ray ``R`` with
-no candidates, whose state (one row more in every per-ray buffer) no pixel reads. The last iteration then runs
-on scratch lanes only. Host waits: one after the first iteration, none per later iteration or group with the lag
-(one per iteration without it; ``density_first``: one more per group, its sample count). The samples and
-their compositing are the reference's (``volume.render_rays``), so the images match it.
+5. rays that are opaque or whose window came back short (no candidates left) drop out; ``width`` grows as rays
+   die (``InferenceWindows``), so each iteration evaluates about as many samples as the first.
+Host synchronisations: one per iteration (the alive rays), none per group or sample (``density_first``: one
+more per group, its sample count). The samples and their compositing are the reference's
+(``volume.render_rays``), so the images match it.
 """
 
 from __future__ import annotations
@@ -91,12 +86,6 @@ FUSED_UPDATE = True
 #: count (``compact_gather``'s total: its Triton kernels skip the rest), with no host wait per group; False: the
 #: host reads the count first (one wait per group, rows sized exactly), kept to time one against the other
 DEVICE_ROW_COUNT = True
-#: ``single_pass`` sizes each iteration by the alive count of the iteration before (read back while the device
-#: runs that one: no host wait; the lanes past the count idle as the scratch ray); False: it waits for the count
-#: at the end of each iteration, kept to time one against the other
-LAGGED_COUNT = True
-#: the scratch ray's lattice step: past every schedule's last, so its windows come back empty
-NO_STEPS = 1 << 30
 
 
 @dataclass
@@ -136,33 +125,6 @@ def rows_counted(rgb_sigma_fn: RGBSigmaFn, x: Tensor, d: Tensor, used: Tensor, r
     if x.shape[0] <= rows:  # one call: the count itself
         return rgb_sigma_fn(x, d, n_rows=used)
     return by_rows(lambda s: rgb_sigma_fn(x[s], d[s], n_rows=(used - s.start).clamp(0, rows)), x.shape[0], rows)
-
-
-def next_alive(alive: Tensor, still: Tensor, scratch: int) -> tuple[Tensor, Tensor]:
-    """The lanes of ``alive`` ``[C]`` (ray ids) where ``still`` ``[C]`` bool packed to the front of a new ``[C]``
-    buffer in order, the rest ``scratch``; and their number (an int64 device scalar). No host wait."""
-    place = torch.cumsum(still, 0)
-    out = torch.full((alive.shape[0] + 1,), scratch, device=alive.device, dtype=alive.dtype)
-    out[torch.where(still, place - 1, alive.shape[0])] = alive  # the dropped lanes all land in the extra slot
-    return out[:-1], place[-1]
-
-
-def count_later(n: Tensor) -> Callable[[], int]:
-    """``n`` (a device scalar) for the host, copied back without waiting: the returned call waits only for the
-    copy (on a CUDA device; elsewhere it reads at once)."""
-    if n.device.type != "cuda":
-        value = int(n)
-        return lambda: value
-    host = torch.empty((), dtype=n.dtype, pin_memory=True)
-    host.copy_(n, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-
-    def read() -> int:
-        done.synchronize()
-        return int(host)
-
-    return read
 
 
 def density_pass(field: SplitField, x: Tensor, rows: int) -> tuple[Tensor, Tensor]:
@@ -228,24 +190,16 @@ def render_rays_single_pass(
         workspace = RenderWorkspace(RenderPlan(max(R, 1), n, n), dev)
     plan = workspace.plan
     slots = min(plan.candidates, max(plan.rows, windows.most))  # candidates written at once (the workspace's)
-    # every per-ray buffer has one row more: the scratch ray R, the lanes past the alive count
-    origins, directions = torch.cat([origins, origins[:1]]), torch.cat([directions, directions[:1]])
-    jitter = None if jitter is None else torch.cat([jitter, jitter[:1]])
-    rgb = torch.zeros(R + 1, 3, device=dev)
-    depth, transmittance = torch.zeros(R + 1, device=dev), torch.ones(R + 1, device=dev)
-    log_t = torch.zeros(R + 1, device=dev)  # -sum(sigma dt) over each ray's composited samples
-    resume = torch.zeros(R + 1, device=dev, dtype=torch.int32)  # each ray's lattice step where its next window starts
-    resume[R] = NO_STEPS
+    rgb = torch.zeros(R, 3, device=dev)
+    depth, transmittance = torch.zeros(R, device=dev), torch.ones(R, device=dev)
+    log_t = torch.zeros(R, device=dev)  # -sum(sigma dt) over each ray's composited samples
+    resume = torch.zeros(R, device=dev, dtype=torch.int32)  # each ray's lattice step where its next window starts
     alive = torch.arange(R, device=dev)  # a ray without candidates ends in its first window
     width, log_eps = windows.first, math.log(early_termination) if early_termination > 0 else -math.inf
-    known = R  # at least the alive rays (the lanes of ``alive`` that are not the scratch ray)
-    entered: Callable[[], int] | None = None  # the count that entered this iteration, on its way to the host
-    iteration = 0
-    while known:
-        alive = alive[:known]
-        short = torch.zeros(known, device=dev, dtype=torch.bool)  # the window ran out of candidates
+    while alive.numel():
+        short = torch.zeros(alive.numel(), device=dev, dtype=torch.bool)  # the window ran out of candidates
         per_group = max(slots // width, 1)
-        for a in range(0, known, per_group):
+        for a in range(0, alive.numel(), per_group):
             ids = alive[a : a + per_group]
             o, d = origins[ids], directions[ids]
             steps = resume[ids]  # a copy: the march moves it on, then it goes back
@@ -307,18 +261,12 @@ def render_rays_single_pass(
                 stats.composited = stats.composited.to(dev) + keep.sum()
         if stats is not None:
             stats.iterations += 1
-        alive, n_alive = next_alive(alive, ~short & (log_t[alive] > log_eps), R)
+        still = ~short & (log_t[alive] > log_eps)
         timer.mark("compaction")
-        if LAGGED_COUNT and iteration:  # the count that entered this iteration bounds the next one's
-            bound = entered() if entered is not None else known
-            entered = count_later(n_alive)  # this one's: read after the next iteration is launched
-            known = min(known, bound)
-        else:  # the first drops most rays, and the next one is large: its count is worth a wait
-            known = int(n_alive)  # a host wait
-        iteration += 1
+        alive = alive[still]  # reads the count back: a host wait
         timer.mark("host waits")
-        width = windows.next_width(R, known)
-    return rgb[:R], 1.0 - transmittance[:R], depth[:R]
+        width = windows.next_width(R, alive.numel())
+    return rgb, 1.0 - transmittance, depth
 
 
 def render_rays_density_first(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor]:
