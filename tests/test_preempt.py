@@ -199,7 +199,9 @@ def test_ctrl_c_to_the_process_group_stops_with_a_checkpoint(launcher, scene_cac
 
 
 def test_resume_after_a_stop_continues_the_same_trajectory(scene_cache, tmp_path):
-    """Stop on a signal at some step S, resume: the final state is bit-identical to an uninterrupted run."""
+    """Two ranks, periodic checkpoints every 10 steps; stop on a signal at some step S, resume (``auto``: the
+    stop's checkpoint, the newest): the final state, each rank's own streams included, is bit-identical to an
+    uninterrupted run."""
     n = "150"
     straight = subprocess.run(
         launch_cmd(
@@ -216,7 +218,7 @@ def test_resume_after_a_stop_continues_the_same_trajectory(scene_cache, tmp_path
     assert straight.returncode == 0, (straight.stdout + straight.stderr)[-3000:]
     out = tmp_path / "b"
     args = trainer(scene_cache, out, *COMMON, "--n_steps", n, "--save_snapshot", str(tmp_path / "resumed.pt"))
-    job = Job(launch_cmd("horovodrun-mpi", args))
+    job = Job(launch_cmd("horovodrun-mpi", [*args, "--ckpt_every", "10"]))
     try:
         assert job.wait_for("[step 20]", 240), job.output[-3000:]
         os.kill(rank_pids(str(out))[0], signal.SIGUSR1)
@@ -232,6 +234,7 @@ def test_resume_after_a_stop_continues_the_same_trajectory(scene_cache, tmp_path
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
     assert f"at step {step}" in text and not (out / "preempted.json").exists()
+    assert read_snapshot(tmp_path / "resumed.pt")["rank_streams"].shape[0] == 2
     assert final_state(tmp_path / "straight.pt") == final_state(tmp_path / "resumed.pt")
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, TINY_ARGS, horovodrun, run_ranks
-from test_checkpoint import final_state
 
 from hvd_ngp.state.checkpoint import read_snapshot
 
@@ -244,9 +243,15 @@ def max_difference(path_a: Path, path_b: Path) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
+@pytest.mark.skipif(
+    DEVICE == "cpu",
+    reason="on CPU ranks test_preempt's stop-and-resume test checks the same, bitwise (and test_checkpoint a "
+    "periodic checkpoint's resume on one rank)",
+)
 def test_resume_on_two_ranks_continues_the_same_trajectory(scene_cache, tmp_path):
-    """2N steps straight == N steps + resume N steps, including each rank's own streams: bitwise on CPU;
-    on GPUs (atomics make two straight runs differ) within 10x the spread of two straight runs."""
+    """On GPUs (HVD_NGP_TEST_DEVICE=cuda): 2N steps straight and N steps + resume N steps from the periodic
+    checkpoint, including each rank's own streams, end within 10x the spread of two straight runs (atomics make
+    two straight runs differ)."""
     common = ["--log_every", "6", "--save_renders", "0", "--n_eval_views", "1", "--ckpt_every", "12"]
     straight = [
         trainer(
@@ -258,7 +263,7 @@ def test_resume_on_two_ranks_continues_the_same_trajectory(scene_cache, tmp_path
             "--save_snapshot",
             str(tmp_path / f"straight{i}.pt"),
         )
-        for i in range(1 + (DEVICE == "cuda"))
+        for i in range(2)
     ]
     runs = [
         *straight,
@@ -280,13 +285,10 @@ def test_resume_on_two_ranks_continues_the_same_trajectory(scene_cache, tmp_path
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "resumed from" in proc.stderr + proc.stdout and "ckpt-00000012.pt at step 12" in proc.stderr + proc.stdout
     assert read_snapshot(tmp_path / "resumed.pt")["rank_streams"].shape[0] == 2
-    if DEVICE == "cpu":
-        assert final_state(tmp_path / "straight0.pt") == final_state(tmp_path / "resumed.pt")
-    else:
-        spread = max_difference(tmp_path / "straight0.pt", tmp_path / "straight1.pt")
-        off = max_difference(tmp_path / "straight0.pt", tmp_path / "resumed.pt")
-        print(f"GPU resume: max parameter difference {off:.3g}, two straight runs differ by {spread:.3g}")
-        assert off <= max(10 * spread, 1e-6), (off, spread)
+    spread = max_difference(tmp_path / "straight0.pt", tmp_path / "straight1.pt")
+    off = max_difference(tmp_path / "straight0.pt", tmp_path / "resumed.pt")
+    print(f"GPU resume: max parameter difference {off:.3g}, two straight runs differ by {spread:.3g}")
+    assert off <= max(10 * spread, 1e-6), (off, spread)
 
 
 def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one(scene_cache, tmp_path):
