@@ -340,7 +340,7 @@ PY
     "$PY" benchmarks/inference_sweep.py "$snap" --json "$out/inference_sweep.json" ${HVD_NGP_SETTINGS:+--settings "$HVD_NGP_SETTINGS"} \
       ${HVD_NGP_PROFILE:+--profile "$HVD_NGP_PROFILE"} ${HVD_NGP_TRACE:+--trace "$out/trace.json"} 2>&1 \
       | grep -vE "view/s|^test views"
-    [[ -f $out/trace.json ]] && gzip -f "$out/trace.json"
+    if [[ -f $out/trace.json ]]; then gzip -f "$out/trace.json"; fi
     ;;
   export)
     snapshot

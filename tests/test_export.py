@@ -514,8 +514,8 @@ def test_inference_sweep_renders_each_setting_to_the_same_image(snapshot, tmp_pa
     spec.loader.exec_module(sweep)
     # the third: a 4x coarser ray step; the fourth: the colour network on composited samples only; the fifth:
     # tf32 math (the default is fp16), which a torch-backend field ignores; the sixth: rays stop at transmittance
-    # 0.5, the torch update, the host's row count, 2^14 rows per call; then one view
-    # under the profiler (the last setting's), its timeline written
+    # 0.5, the torch update, the host's row count, 2^14 rows per call; then one view under the profiler (the last
+    # setting's), its timeline written
     settings = (
         "two_pass:10:4:2,single_pass:12:4:8:128,single_pass:12:4:8::64,density_first:12:4:8,single_pass:12:2:16:::tf32,"
         "single_pass:12:4:8::::0.5:torch:host:14"
