@@ -59,8 +59,7 @@ def _tiny_block(flag: str, **changes) -> str:
 #: through every program in Python (a 5-step test took minutes with the GPU's launches): few programs (big
 #: launch blocks: every launch computes the same values, test_kernels checks that), the hash-grid backward
 #: without run merging (a segmented scan the interpreter walks element by element; its own parity test covers
-#: it) and at most 128 march steps, in one march segment per ray (the tiny model's training rays take at most 66:
-#: test_graphed checks that; four segments of 32 took three times as long, each walking its loop to the end)
+#: it) and at most 128 march steps (the tiny model's training rays take at most 66: test_graphed checks that)
 INTERPRETER_ARGS = [
     "--encoding",
     _tiny_block(
@@ -70,7 +69,7 @@ INTERPRETER_ARGS = [
         backward_launch={"block": 1024, "warps": 4},
     ),
     "--marching",
-    _tiny_block("--marching", max_steps=128, kernel_launch={"block": 128, "segment": 128, "warps": 1}),
+    _tiny_block("--marching", max_steps=128, kernel_launch={"block": 128, "segment": 32, "warps": 1}),
 ]
 
 
