@@ -3,7 +3,7 @@
 #   parallel     tests that launch real ranks (horovodrun/mpirun, Gloo and MPI)   -m parallel
 #   interpreter  Triton kernels under the CPU interpreter (tests/conftest.py's INTERPRETER_MODULES)
 #   unit         everything else
-# The interpreter lane runs beside the parallel lane, and the unit lane follows the interpreter lane (the two sides
+# The interpreter lane runs beside the parallel lane, and the unit lane follows the parallel lane (the two sides
 # take about as long). The parallel lane spreads its tests over two pytest-xdist workers
 # (HVD_NGP_PARALLEL_WORKERS), since its ranks idle in start-up, collectives and waits for signals (tests of
 # simulated hosts share one worker: tests/conftest.py's xdist groups). Each lane keeps pytest's --durations table
@@ -50,10 +50,10 @@ t0=$(date +%s)
 rm -f "$LOGS"/*.status
 has() { [[ " ${lanes[*]} " == *" $1 "* ]]; }
 pids=()
-if has interpreter; then { run_lane interpreter; if has unit; then run_lane unit; fi; } & pids+=($!); fi
+if has parallel; then { run_lane parallel; if has unit; then run_lane unit; fi; } & pids+=($!); fi
 for lane in "${lanes[@]}"; do
-  [[ $lane == interpreter ]] && continue
-  [[ $lane == unit ]] && has interpreter && continue  # it follows the interpreter lane
+  [[ $lane == parallel ]] && continue
+  [[ $lane == unit ]] && has parallel && continue  # it follows the parallel lane
   run_lane "$lane"
 done
 wait "${pids[@]}" 2>/dev/null
