@@ -99,8 +99,11 @@ def applied(setting: Setting, windows: bool = True) -> Iterator[None]:
     import hvd_ngp.render.plan as plan
 
     names = [(infer, "FUSED_UPDATE"), (infer, "DEVICE_ROW_COUNT"), (plan, "MAX_ROWS")]
-    values: list[object] = [setting.fused, setting.device_count]
-    values.append(plan.MAX_ROWS if setting.rows is None else 1 << setting.rows)
+    values: list[object] = [
+        setting.fused,
+        setting.device_count,
+        plan.MAX_ROWS if setting.rows is None else 1 << setting.rows,
+    ]
     if windows:
         launch = fast.INFERENCE_LAUNCH
         names += [(plan, "MAX_CHUNK_RAYS"), (fast, "INFERENCE_LAUNCH")]

@@ -681,7 +681,8 @@ def test_grid_update_through_fixed_buffers_trains_as_the_eager_update(scene_cach
 @pytest.mark.parallel
 def test_grid_update_through_fixed_buffers_on_two_ranks(scene_cache, tmp_path):
     """Its merge reduces the ranks' fresh values in place: the same grid on both ranks, as the eager update's.
-    (Under MPI only: its allreduce is the one every training step runs under both controllers elsewhere.)"""
+    (Under MPI only: its Max allreduce is ``OccupancyGrid.merge``'s, which the eager grid update of every two-rank
+    training run in the parallel tests also runs, under Gloo and MPI.)"""
     proc = run_ranks(
         ["tests/parallel/check_grid_update.py", str(scene_cache), str(tmp_path)], controller="mpi", timeout=240
     )
